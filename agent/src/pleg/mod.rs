@@ -1,0 +1,3 @@
+//! The PLEG core: pure logic, no I/O.
+
+pub mod record;

@@ -1,0 +1,69 @@
+//! What a relist reads from the runtime: pods, their sandboxes and containers.
+//!
+//! Records are plain data, identical whichever backend (CRI, containerd) produced them, so the
+//! diff, the cache and the tests never see a runtime type.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+/// A pod's uid (`io.kubernetes.pod.uid`), or the container id for a container that has no pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodUid(pub String);
+
+impl std::fmt::Display for PodUid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A container's (or sandbox's) runtime id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ContainerId(pub String);
+
+impl std::fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A container's state as the runtime reports it (CRI `ContainerState`; sandboxes map
+/// READY -> Running and NOTREADY -> Exited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// One container or sandbox of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRecord {
+    pub id: ContainerId,
+    /// Container name from the runtime metadata; empty for sandboxes.
+    pub name: String,
+    pub attempt: u32,
+    pub image: String,
+    pub state: ContainerState,
+    /// True for the pod's sandbox; kubelet's PLEG treats sandboxes as containers of their pod.
+    pub sandbox: bool,
+    pub created_at: Option<SystemTime>,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
+    /// Exit code once exited (from a status call; a list call does not carry it).
+    pub exit_code: Option<i32>,
+    /// Runtime's reason for the state, e.g. "Error", "OOMKilled", "Completed".
+    pub reason: String,
+}
+
+/// One pod as listed by the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    pub uid: PodUid,
+    pub namespace: String,
+    pub name: String,
+    /// Sandboxes and containers, keyed by id (sorted, so diffs are deterministic).
+    pub containers: BTreeMap<ContainerId, ContainerRecord>,
+}
+
+/// Every pod a relist saw, keyed by uid.
+pub type PodRecords = BTreeMap<PodUid, PodRecord>;

@@ -1,0 +1,69 @@
+//! The container runtime, seen through a narrow trait: the one place plegd reads state from.
+//!
+//! Two real backends: CRI v1 (`cri`) and containerd's native API (`containerd`). A relist asks
+//! for the pods within a [`Scope`]; every call has a timeout and its errors name the endpoint and
+//! the call.
+
+use std::{future::Future, time::Duration};
+
+use crate::pleg::record::{ContainerId, PodRecord, PodUid};
+
+/// What part of the node a relist reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every pod.
+    All,
+    /// One pod (targeted relist).
+    Pod(PodUid),
+    /// The pod holding this container (targeted relist from a kernel or stream hint that only
+    /// knows the container id).
+    Container(ContainerId),
+}
+
+/// Default deadline of one runtime call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A runtime call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{endpoint}: connecting: {source}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("{endpoint}: {call} timed out after {timeout:?}")]
+    Timeout {
+        endpoint: String,
+        call: &'static str,
+        timeout: Duration,
+    },
+    #[error("{endpoint}: {call}: {status}")]
+    Call {
+        endpoint: String,
+        call: &'static str,
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+/// Reads pod and container state from a container runtime.
+pub trait Runtime: Send + Sync + 'static {
+    /// A human-readable name of the endpoint, for logs and errors.
+    fn endpoint(&self) -> &str;
+
+    /// Lists the pods within `scope` with their sandboxes and containers, from the runtime's
+    /// cheap list calls: ids, names, states, no exit codes. A targeted scope whose pod does not
+    /// exist yields an empty list, not an error.
+    fn list_pods(
+        &self,
+        scope: &Scope,
+    ) -> impl Future<Output = Result<Vec<PodRecord>, RuntimeError>> + Send;
+
+    /// Inspects one pod (kubelet's GetPodStatus): the same records completed by the status
+    /// calls (exit codes, reasons, timestamps). `None` when the pod no longer exists.
+    fn inspect_pod(
+        &self,
+        pod: &PodUid,
+    ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
+}
