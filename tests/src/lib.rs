@@ -1,1 +1,96 @@
+//! The real-runtime harness for plegd's tests, demo and benchmarks.
+//!
+//! # Layout
+//! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
+//! - `image`: OCI image tarballs built from busybox-static (no registry needed).
+//! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
+//! - `native`: test-support calls through containerd's own API (containers and tasks).
+//! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
+//! - `wait`: bounded waits on awaited conditions.
 
+pub mod containerd;
+pub mod cri;
+pub mod image;
+pub mod native;
+pub mod process;
+pub mod wait;
+
+use std::path::{Path, PathBuf};
+
+pub use containerd::{ContainerdOptions, HarnessError, PrivateContainerd};
+
+/// A gRPC channel over a unix socket (tonic needs a dummy URI; the connector ignores it).
+pub async fn unix_channel(
+    socket: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket: PathBuf = socket.to_owned();
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+/// Where a container's processes live: v1 hierarchies and the cgroup2 tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupPaths {
+    /// `(controllers, path below the hierarchy root)` per cgroup v1 hierarchy, e.g.
+    /// `("memory", "/k8s.io/<id>")`.
+    pub v1: Vec<(String, String)>,
+    /// Path in the cgroup2 tree (hierarchy 0), e.g. `/k8s.io/<id>`.
+    pub unified: Option<String>,
+}
+
+impl CgroupPaths {
+    /// Reads `/proc/<pid>/cgroup`.
+    pub fn of_pid(pid: i32) -> std::io::Result<Self> {
+        Ok(Self::parse(&std::fs::read_to_string(format!(
+            "/proc/{pid}/cgroup"
+        ))?))
+    }
+
+    /// Parses the `hierarchy-id:controllers:path` lines of `/proc/<pid>/cgroup`.
+    pub fn parse(text: &str) -> Self {
+        let mut paths = Self {
+            v1: Vec::new(),
+            unified: None,
+        };
+        for line in text.lines() {
+            let mut fields = line.splitn(3, ':');
+            let (Some(id), Some(controllers), Some(path)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            if id == "0" && controllers.is_empty() {
+                paths.unified = Some(path.to_owned());
+            } else {
+                paths.v1.push((controllers.to_owned(), path.to_owned()));
+            }
+        }
+        paths
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hybrid_proc_cgroup_is_split_into_v1_and_unified() {
+        let text = "12:pids:/k8s.io/abc\n4:cpu,cpuacct:/k8s.io/abc\n1:name=systemd:/k8s.io/abc\n0::/k8s.io/abc\n";
+        let paths = CgroupPaths::parse(text);
+        assert_eq!(paths.unified.as_deref(), Some("/k8s.io/abc"));
+        assert_eq!(paths.v1.len(), 3);
+        assert!(
+            paths
+                .v1
+                .contains(&("cpu,cpuacct".into(), "/k8s.io/abc".into()))
+        );
+    }
+}

@@ -1,0 +1,287 @@
+//! Test support through CRI v1, as kubelet would drive containerd: pod sandboxes with host
+//! networking and containers in them.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, ContainerStatusRequest,
+    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerResources,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest, runtime_service_client::RuntimeServiceClient,
+};
+use tonic::transport::Channel;
+
+use crate::{
+    PrivateContainerd, containerd::InstancePaths, image::BUSYBOX_IMAGE, unix_channel, wait,
+};
+
+/// A CRI client of the harness's containerd.
+#[derive(Clone)]
+pub struct Cri {
+    runtime: RuntimeServiceClient<Channel>,
+    instance: InstancePaths,
+}
+
+/// A running pod sandbox.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    /// Sandbox id.
+    pub id: String,
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    config: PodSandboxConfig,
+}
+
+/// What to run in a CRI container.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub command: Vec<String>,
+    /// cgroup memory limit in bytes.
+    pub memory_limit: Option<i64>,
+}
+
+impl ContainerSpec {
+    /// Runs `sh -c script`.
+    pub fn shell(name: &str, script: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            memory_limit: None,
+        }
+    }
+
+    /// Sleeps until killed.
+    pub fn sleeper(name: &str) -> Self {
+        Self::shell(name, "exec sleep 2147483647")
+    }
+
+    /// Exits with `code` at once.
+    pub fn exiting(name: &str, code: u8) -> Self {
+        Self::shell(name, &format!("exit {code}"))
+    }
+
+    /// Allocates far beyond a 32 MiB memory limit, so the kernel OOM-kills it.
+    pub fn oom(name: &str) -> Self {
+        Self {
+            memory_limit: Some(32 << 20),
+            ..Self::shell(name, "dd if=/dev/zero of=/dev/null bs=200M count=1")
+        }
+    }
+}
+
+impl Cri {
+    pub async fn connect(containerd: &PrivateContainerd) -> anyhow::Result<Self> {
+        let channel = unix_channel(&containerd.socket())
+            .await
+            .with_context(|| format!("connecting to {}", containerd.socket().display()))?;
+        Ok(Self {
+            runtime: RuntimeServiceClient::new(channel),
+            instance: containerd.paths().clone(),
+        })
+    }
+
+    /// Runs a pod sandbox with host networking (no CNI here) in namespace `plegd-test`, under
+    /// kubelet's cgroupfs layout (`/kubepods/besteffort/pod<uid>`).
+    pub async fn run_pod(&self, name: &str) -> anyhow::Result<Pod> {
+        let uid = format!("{name}-{}", unique_suffix());
+        let namespace = "plegd-test".to_owned();
+        let cgroup_parent = format!("/kubepods/besteffort/pod{uid}");
+        self.instance
+            .record_cgroup_parent(&cgroup_parent)
+            .context("recording the pod cgroup for cleanup")?;
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: uid.clone(),
+                namespace: namespace.clone(),
+                attempt: 0,
+            }),
+            // CRI sets the hostname itself only with a pod network namespace.
+            hostname: String::new(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent,
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        pid: NamespaceMode::Container as i32,
+                        ipc: NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let id = self
+            .runtime
+            .clone()
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .with_context(|| format!("RunPodSandbox {name}"))?
+            .into_inner()
+            .pod_sandbox_id;
+        Ok(Pod {
+            id,
+            uid,
+            name: name.to_owned(),
+            namespace,
+            config,
+        })
+    }
+
+    /// Creates a container in the pod (not started).
+    pub async fn create_container(
+        &self,
+        pod: &Pod,
+        spec: &ContainerSpec,
+    ) -> anyhow::Result<String> {
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: spec.name.clone(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: BUSYBOX_IMAGE.into(),
+                ..Default::default()
+            }),
+            command: spec.command.clone(),
+            linux: Some(LinuxContainerConfig {
+                resources: spec.memory_limit.map(|limit| LinuxContainerResources {
+                    memory_limit_in_bytes: limit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Ok(self
+            .runtime
+            .clone()
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.id.clone(),
+                config: Some(config),
+                sandbox_config: Some(pod.config.clone()),
+            })
+            .await
+            .with_context(|| format!("CreateContainer {} in {}", spec.name, pod.name))?
+            .into_inner()
+            .container_id)
+    }
+
+    pub async fn start_container(&self, id: &str) -> anyhow::Result<()> {
+        self.runtime
+            .clone()
+            .start_container(StartContainerRequest {
+                container_id: id.to_owned(),
+            })
+            .await
+            .with_context(|| format!("StartContainer {id}"))?;
+        Ok(())
+    }
+
+    /// Creates and starts a container; returns its id.
+    pub async fn run_container(&self, pod: &Pod, spec: &ContainerSpec) -> anyhow::Result<String> {
+        let id = self.create_container(pod, spec).await?;
+        self.start_container(&id).await?;
+        Ok(id)
+    }
+
+    /// Stops a container: SIGTERM, then SIGKILL after `timeout` (0: SIGKILL at once).
+    pub async fn stop_container(&self, id: &str, timeout: Duration) -> anyhow::Result<()> {
+        self.runtime
+            .clone()
+            .stop_container(StopContainerRequest {
+                container_id: id.to_owned(),
+                timeout: i64::try_from(timeout.as_secs())?,
+            })
+            .await
+            .with_context(|| format!("StopContainer {id}"))?;
+        Ok(())
+    }
+
+    pub async fn remove_container(&self, id: &str) -> anyhow::Result<()> {
+        self.runtime
+            .clone()
+            .remove_container(RemoveContainerRequest {
+                container_id: id.to_owned(),
+            })
+            .await
+            .with_context(|| format!("RemoveContainer {id}"))?;
+        Ok(())
+    }
+
+    /// Stops and removes the pod with all its containers.
+    pub async fn remove_pod(&self, pod: &Pod) -> anyhow::Result<()> {
+        let mut runtime = self.runtime.clone();
+        runtime
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: pod.id.clone(),
+            })
+            .await
+            .with_context(|| format!("StopPodSandbox {}", pod.name))?;
+        runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: pod.id.clone(),
+            })
+            .await
+            .with_context(|| format!("RemovePodSandbox {}", pod.name))?;
+        Ok(())
+    }
+
+    pub async fn container_status(&self, id: &str) -> anyhow::Result<ContainerStatus> {
+        self.runtime
+            .clone()
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner()
+            .status
+            .with_context(|| format!("ContainerStatus {id}: empty status"))
+    }
+
+    /// Every container the runtime lists.
+    pub async fn list_containers(&self) -> anyhow::Result<Vec<k8s_cri::v1::Container>> {
+        Ok(self
+            .runtime
+            .clone()
+            .list_containers(ListContainersRequest { filter: None })
+            .await
+            .context("ListContainers")?
+            .into_inner()
+            .containers)
+    }
+
+    /// Waits until the container is in `state`; returns its status then.
+    pub async fn wait_state(
+        &self,
+        id: &str,
+        state: ContainerState,
+        timeout: Duration,
+    ) -> anyhow::Result<ContainerStatus> {
+        let what = format!("container {id} to be {state:?}");
+        Ok(wait::until(&what, timeout, || async {
+            let status = self.container_status(id).await?;
+            anyhow::Ok((status.state == state as i32).then_some(status))
+        })
+        .await?)
+    }
+}
+
+/// A short suffix unique within this run (pod uids must not collide across tests).
+fn unique_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
