@@ -1,1 +1,60 @@
-fn main() {}
+//! Project tasks, run as `cargo xtask <command>`.
+//!
+//! One module per subcommand; each exposes an `Options` struct (its clap arguments) and
+//! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
+//! `demo` start with `setup::run`).
+
+mod setup;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "plegd project tasks", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install and check everything the build and the tests need on this machine (run as root):
+    /// apt packages, nightly rust-src, bpf-linker, tracefs. Idempotent.
+    Setup(setup::Options),
+}
+
+fn main() -> ExitCode {
+    let Cli { command } = Cli::parse();
+    let result = match command {
+        Command::Setup(opts) => setup::run(&opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn setup_parses() {
+        let cli = Cli::try_parse_from(["cargo xtask", "setup", "--check"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Setup(setup::Options { check: true })
+        ));
+    }
+}
