@@ -4,7 +4,11 @@
 //! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
 //! `demo` start with `setup::run`).
 
+mod cmd;
+mod containerd;
+mod harness;
 mod setup;
+mod test;
 
 use std::process::ExitCode;
 
@@ -22,12 +26,19 @@ enum Command {
     /// Install and check everything the build and the tests need on this machine (run as root):
     /// apt packages, nightly rust-src, bpf-linker, tracefs. Idempotent.
     Setup(setup::Options),
+    /// Start, stop or query a private containerd (never the node's own), for trying plegd by
+    /// hand: `cargo xtask containerd start`.
+    Containerd(containerd::Options),
+    /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
+    Test(test::Options),
 }
 
 fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
     let result = match command {
         Command::Setup(opts) => setup::run(&opts),
+        Command::Containerd(opts) => containerd::run(&opts),
+        Command::Test(opts) => test::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,17 +12,17 @@
 
 use std::{
     collections::BTreeSet,
-    env,
-    ffi::OsStr,
-    fs,
+    env, fs,
     io::ErrorKind,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd::{capture, failure, output, stream};
 
 /// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the test
 /// harness (a private containerd, runc, a busybox image) need.
@@ -525,72 +525,6 @@ fn program_version(program: &Path) -> Result<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running commands: every failure names the command, its exit status and its stderr.
-
-/// Runs `cmd` with its output captured, whatever its exit status; fails only if it cannot start.
-fn output(cmd: &mut Command) -> Result<Output> {
-    cmd.stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("could not run `{}`", render(cmd)))
-}
-
-/// Runs `cmd` with its output captured and returns its stdout; fails unless it exits 0.
-fn capture(cmd: &mut Command) -> Result<String> {
-    let out = output(cmd)?;
-    if !out.status.success() {
-        return Err(failure(cmd, &out));
-    }
-    String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", render(cmd)))
-}
-
-/// Runs `cmd` with its output shown as it goes (long installs); fails unless it exits 0.
-fn stream(cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .stdin(Stdio::null())
-        .status()
-        .with_context(|| format!("could not run `{}`", render(cmd)))?;
-    if !status.success() {
-        bail!("`{}` failed ({status}); its output is above", render(cmd));
-    }
-    Ok(())
-}
-
-fn failure(cmd: &Command, out: &Output) -> anyhow::Error {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stderr = stderr.trim();
-    if stderr.is_empty() {
-        anyhow!("`{}` failed ({})", render(cmd), out.status)
-    } else {
-        anyhow!("`{}` failed ({}): {stderr}", render(cmd), out.status)
-    }
-}
-
-/// `cmd` as a shell line: the environment it sets, the program, the arguments.
-fn render(cmd: &Command) -> String {
-    let envs = cmd.get_envs().filter_map(|(key, value)| {
-        value.map(|v| format!("{}={}", key.to_string_lossy(), quote(v)))
-    });
-    let words = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(quote);
-    envs.chain(words).collect::<Vec<_>>().join(" ")
-}
-
-/// `word` quoted for a POSIX shell when it needs to be.
-fn quote(word: &OsStr) -> String {
-    let word = word.to_string_lossy();
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c));
-    if plain {
-        word.into_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Reporting
 
 fn say(step: &str, message: impl AsRef<str>) {
@@ -679,33 +613,6 @@ mod tests {
         assert!(!has_component("rust-src-extra\n", "rust-src"));
         assert!(has_component("rust-src (installed)\n", "rust-src"));
         assert!(!has_component("", "rust-src"));
-    }
-
-    #[test]
-    fn render_quotes_what_the_shell_would_mangle() {
-        let mut cmd = Command::new("dpkg-query");
-        cmd.args(["-W", "-f=${Package}\t${Status}\n", "it's", ""])
-            .env("LLVM_PREFIX", "/usr/lib/llvm-22");
-        assert_eq!(
-            render(&cmd),
-            "LLVM_PREFIX=/usr/lib/llvm-22 dpkg-query -W '-f=${Package}\t${Status}\n' \
-             'it'\\''s' ''"
-        );
-    }
-
-    #[test]
-    fn failing_command_names_itself_its_status_and_stderr() {
-        let err = capture(Command::new("sh").args(["-c", "echo oops >&2; exit 3"])).unwrap_err();
-        let msg = format!("{err:#}");
-        assert!(msg.contains("`sh -c 'echo oops >&2; exit 3'`"), "{msg}");
-        assert!(msg.contains("exit status: 3"), "{msg}");
-        assert!(msg.contains("oops"), "{msg}");
-    }
-
-    #[test]
-    fn missing_program_is_an_error_not_a_panic() {
-        let err = capture(&mut Command::new("/nonexistent/plegd-xtask-test")).unwrap_err();
-        assert!(format!("{err:#}").starts_with("could not run `/nonexistent/plegd-xtask-test`"));
     }
 
     #[test]

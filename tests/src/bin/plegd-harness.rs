@@ -1,1 +1,97 @@
-fn main() {}
+//! `plegd-harness`: the private containerd and the demo, for `cargo xtask containerd|demo`.
+//! (xtask itself stays free of gRPC dependencies so it builds before `cargo xtask setup`.)
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use plegd_tests::{ContainerdOptions, PrivateContainerd, containerd};
+
+#[derive(Debug, Parser)]
+#[command(name = "plegd-harness", about = "plegd's real-runtime harness")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage a private containerd (own config, state and sockets under the temp dir).
+    Containerd {
+        #[command(subcommand)]
+        action: ContainerdAction,
+        /// Instance name (its directory under $TMPDIR/plegd-harness).
+        #[arg(long, default_value = "dev", global = true)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContainerdAction {
+    /// Start it in the background and print its socket; `stop` ends it.
+    Start,
+    /// Stop it and remove everything it left (processes, mounts, cgroups, sockets, files).
+    Stop,
+    /// Say whether it runs, with its pid and socket.
+    Status,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("plegd-harness: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plegd-harness: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Containerd { action, name } => {
+            let options = ContainerdOptions::named(&name);
+            match action {
+                ContainerdAction::Start => {
+                    if let Some((pid, socket)) = containerd::instance_status(&options) {
+                        println!(
+                            "containerd {name} already running (pid {pid}), socket {}",
+                            socket.display()
+                        );
+                        return Ok(());
+                    }
+                    let instance = PrivateContainerd::start(&options).await?;
+                    let pid = instance.pid().unwrap_or_default();
+                    let paths = instance.detach();
+                    println!("containerd {name} started (pid {pid})");
+                    println!("  socket: {}", paths.socket().display());
+                    println!("  log:    {}", paths.log().display());
+                    println!(
+                        "  images: localhost/busybox:latest, localhost/pause:latest (namespaces k8s.io, plegd-native)"
+                    );
+                }
+                ContainerdAction::Stop => {
+                    if containerd::stop_instance(&options) {
+                        println!("containerd {name} stopped and cleaned up");
+                    } else {
+                        println!("containerd {name} is not running");
+                    }
+                }
+                ContainerdAction::Status => match containerd::instance_status(&options) {
+                    Some((pid, socket)) => println!(
+                        "containerd {name} running (pid {pid}), socket {}",
+                        socket.display()
+                    ),
+                    None => println!("containerd {name} is not running"),
+                },
+            }
+        }
+    }
+    Ok(())
+}
