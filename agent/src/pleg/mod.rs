@@ -1,3 +1,10 @@
 //! The PLEG core: pure logic, no I/O.
 
+pub mod cache;
+pub mod clock;
+pub mod diff;
+pub mod event;
+pub mod health;
 pub mod record;
+pub mod relist;
+pub mod scheduler;

@@ -4,6 +4,8 @@
 //! for the pods within a [`Scope`]; every call has a timeout and its errors name the endpoint and
 //! the call.
 
+pub mod testing;
+
 use std::{future::Future, time::Duration};
 
 use crate::pleg::record::{ContainerId, PodRecord, PodUid};

@@ -1,0 +1,124 @@
+//! What the PLEG emits and what drives it: types and constants only.
+//!
+//! # Design assumptions
+//!
+//! - **The runtime is the source of truth.** Every [`PodLifecycleEvent`] comes from diffing two
+//!   runtime snapshots ([`crate::pleg::record::PodRecords`]); nothing else creates one. So every
+//!   source of hints produces the same events, deduplicated, in per-pod order.
+//! - **A relist sees snapshots, not history.** A container that started and died between two
+//!   relists yields `ContainerDied` only (never `ContainerStarted`); one that was created, ran and
+//!   was removed between two relists yields nothing at all. Kubelet has the same blind spot;
+//!   consumers must treat events as "look at this pod now", not as a complete log.
+//! - **Triggers are hints.** A [`Trigger`] (kernel, containerd or CRI event stream) says *where*
+//!   and *when* to look, so a targeted relist can run within milliseconds instead of waiting for
+//!   the next period. A trigger may arrive before the runtime reflects the change (the scheduler
+//!   retries a few times), or be lost (ring buffer overflow, stream reconnect).
+//! - **The safety net is the periodic full relist.** Whatever the hints miss, the next full
+//!   relist finds, at most [`DEFAULT_RELIST_PERIOD`] (or the configured period) late. Any sign of
+//!   loss schedules a full relist at once.
+//! - **Observations the runtime cannot give** (exit signal, OOM kill, exec of a new binary, an
+//!   exit code seen before the runtime reports it) ride along as [`Observation`]s on the events
+//!   of the container they are about, tagged with their source. They never create events.
+//! - **Health is relist age.** The PLEG is unhealthy when no full relist has succeeded within
+//!   [`DEFAULT_RELIST_THRESHOLD`]; a relist that hangs therefore makes it unhealthy.
+
+use std::time::{Duration, SystemTime};
+
+use crate::{
+    pleg::record::{ContainerId, PodUid},
+    runtime::Scope,
+};
+
+/// How often a full relist runs when nothing else asks for one (kubelet's `relistPeriod`).
+pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
+
+/// How old the last successful full relist may be before the PLEG is unhealthy (kubelet's
+/// `relistThreshold`).
+pub const DEFAULT_RELIST_THRESHOLD: Duration = Duration::from_secs(3 * 60);
+
+/// Capacity of the channel between the relist and its consumer (kubelet's `plegChannelCapacity`).
+pub const DEFAULT_EVENT_CHANNEL_CAPACITY: usize = 1000;
+
+/// Kind of a lifecycle event (kubelet's `PodLifeCycleEventType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PodLifecycleEventType {
+    /// A container (or sandbox) is now running.
+    ContainerStarted,
+    /// A container (or sandbox) is now exited, or vanished while running.
+    ContainerDied,
+    /// An exited container (or sandbox) no longer exists.
+    ContainerRemoved,
+    /// A container's state became unknown (or created). Not sent by default: kubelet considers
+    /// it unreliable.
+    ContainerChanged,
+    /// Something about the pod changed: resync it. The relist never emits it (neither does
+    /// kubelet's generic PLEG); it is for layers that only want to poke a consumer.
+    PodSync,
+}
+
+/// Where a trigger (and so an event) came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TriggerSource {
+    /// A kernel tracepoint seen by the eBPF programs.
+    Ebpf,
+    /// containerd's native event stream.
+    Containerd,
+    /// CRI `GetContainerEvents`.
+    CriEvents,
+    /// A relist that nothing specific asked for (the periodic safety net).
+    Relist,
+}
+
+/// A fact a source saw that runtime records may not carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub source: TriggerSource,
+    pub kind: ObservationKind,
+}
+
+/// What an [`Observation`] says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObservationKind {
+    /// The container's main process exited with this code.
+    ExitCode(i32),
+    /// The container's main process was killed by this signal.
+    Signal(i32),
+    /// The kernel's OOM killer chose a process of the container.
+    OomKilled,
+    /// A process of the container executed this binary.
+    Exec(String),
+}
+
+/// A hint that part of the node may have changed: relist `scope` soon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub scope: Scope,
+    pub source: TriggerSource,
+    /// When the source saw the change (wall clock, so it can be shown to users).
+    pub observed_at: SystemTime,
+    /// Facts about the container of a [`Scope::Container`] trigger. Observations of pod or
+    /// node wide triggers cannot be tied to a container and are dropped by the scheduler.
+    pub observations: Vec<Observation>,
+}
+
+/// One lifecycle event, as kubelet's PLEG would emit it plus plegd's provenance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodLifecycleEvent {
+    /// Increases by one per sent event, across all pods, for the life of the relister.
+    pub sequence: u64,
+    pub pod: PodUid,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    /// The container (or sandbox) the event is about; `None` for [`PodLifecycleEventType::PodSync`].
+    pub container_id: Option<ContainerId>,
+    /// Empty for sandboxes and for `PodSync`.
+    pub container_name: String,
+    pub event_type: PodLifecycleEventType,
+    /// When the change was first seen: by the earliest trigger, else by the relist's list call.
+    pub observed_at: SystemTime,
+    pub emitted_at: SystemTime,
+    /// Sources of the triggers that led to the event; `[Relist]` when none did.
+    pub sources: Vec<TriggerSource>,
+    /// What the triggers saw about this container.
+    pub observations: Vec<Observation>,
+}

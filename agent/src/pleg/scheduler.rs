@@ -1,0 +1,591 @@
+//! When to relist what: turns a stream of [`Trigger`]s into relist batches.
+//!
+//! Pure bookkeeping; the driver owns the tasks and the timer. It pushes triggers as they come,
+//! then loops on [`RelistScheduler::next_due`] until it yields nothing and sleeps until
+//! [`RelistScheduler::next_deadline`] or the next trigger, whichever comes first.
+//!
+//! - Triggers coalesce per pod (a container trigger whose pod is known counts for its pod), so a
+//!   burst of kernel and stream events about one pod costs one targeted relist.
+//! - A due full relist subsumes every targeted one, and carries their hints along, so the events
+//!   it finds are still credited to the sources that saw them first.
+//! - A trigger can beat the runtime (containerd's exit event before CRI says exited); the driver
+//!   hands such a batch back with [`RelistScheduler::retry`], which backs off exponentially a
+//!   bounded number of times. After that, the periodic full relist is the safety net.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, SystemTime},
+};
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::{
+    pleg::{
+        event::{DEFAULT_RELIST_PERIOD, Observation, Trigger, TriggerSource},
+        record::{ContainerId, PodUid},
+    },
+    runtime::Scope,
+};
+
+/// Default delay before the first retry; doubles with each attempt.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(10);
+
+/// Default number of retries of one targeted relist (10 + 20 + 40 + 80 + 160 ms in all).
+pub const DEFAULT_MAX_RETRIES: u32 = 5;
+
+/// Scheduler settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    pub full_relist_period: Duration,
+    pub retry_base: Duration,
+    pub max_retries: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            full_relist_period: DEFAULT_RELIST_PERIOD,
+            retry_base: DEFAULT_RETRY_BASE,
+            max_retries: DEFAULT_MAX_RETRIES,
+        }
+    }
+}
+
+/// What a targeted relist is about: a pod, or a container whose pod no relist has seen yet.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Pod(PodUid),
+    Container(ContainerId),
+}
+
+impl Target {
+    fn scope(&self) -> Scope {
+        match self {
+            Self::Pod(uid) => Scope::Pod(uid.clone()),
+            Self::Container(id) => Scope::Container(id.clone()),
+        }
+    }
+}
+
+/// What the triggers coalesced into one target said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hint {
+    /// Distinct sources, sorted.
+    pub sources: BTreeSet<TriggerSource>,
+    /// The earliest trigger's time.
+    pub observed_at: SystemTime,
+    /// Observations with the container each is about, in arrival order.
+    pub observations: Vec<(ContainerId, Observation)>,
+}
+
+impl Hint {
+    fn merge(&mut self, other: Hint) {
+        self.sources.extend(other.sources);
+        self.observed_at = self.observed_at.min(other.observed_at);
+        self.observations.extend(other.observations);
+    }
+}
+
+/// The hints behind one relist, by target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints(BTreeMap<Target, Hint>);
+
+impl Hints {
+    /// What the triggers said about one container of one pod: the pod's hint and the
+    /// container's own, merged, keeping only the observations about this container.
+    pub fn for_container(&self, pod: &PodUid, container: &ContainerId) -> Option<Hint> {
+        let by_pod = self.0.get(&Target::Pod(pod.clone()));
+        let by_container = self.0.get(&Target::Container(container.clone()));
+        let mut hint: Option<Hint> = None;
+        for h in by_pod.into_iter().chain(by_container) {
+            let only_this = Hint {
+                observations: h
+                    .observations
+                    .iter()
+                    .filter(|(id, _)| id == container)
+                    .cloned()
+                    .collect(),
+                ..h.clone()
+            };
+            match &mut hint {
+                Some(acc) => acc.merge(only_this),
+                None => hint = Some(only_this),
+            }
+        }
+        hint
+    }
+
+    /// Every observation, with its container.
+    pub fn observations(&self) -> impl Iterator<Item = &(ContainerId, Observation)> {
+        self.0.values().flat_map(|h| &h.observations)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn insert(&mut self, target: Target, hint: Hint) {
+        match self.0.get_mut(&target) {
+            Some(existing) => existing.merge(hint),
+            None => {
+                self.0.insert(target, hint);
+            }
+        }
+    }
+}
+
+/// One relist to run now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub scope: Scope,
+    pub hints: Hints,
+    /// Retries so far (0 for a first run).
+    pub attempt: u32,
+}
+
+/// Why a batch handed to [`RelistScheduler::retry`] was not requeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RetryError {
+    #[error("a full relist is not retried; the next period runs it again")]
+    FullRelist,
+    #[error("gave up after {attempts} retries; the next full relist will catch up")]
+    Exhausted { attempts: u32 },
+}
+
+#[derive(Debug)]
+struct Pending {
+    due: Instant,
+    attempt: u32,
+    hint: Hint,
+}
+
+/// Coalesces triggers into batches; see the module doc.
+#[derive(Debug)]
+pub struct RelistScheduler {
+    config: SchedulerConfig,
+    pending: BTreeMap<Target, Pending>,
+    /// Start of the last full relist handed out; `None` before the first.
+    last_full: Option<Instant>,
+    /// When the next periodic full relist is due.
+    periodic_due: Instant,
+    /// Earliest full relist asked for out of period (sign of loss), if any.
+    full_requested: Option<Instant>,
+}
+
+impl RelistScheduler {
+    /// A scheduler whose first full relist is due at `now`.
+    pub fn new(config: SchedulerConfig, now: Instant) -> Self {
+        Self {
+            config,
+            pending: BTreeMap::new(),
+            last_full: None,
+            periodic_due: now,
+            full_requested: None,
+        }
+    }
+
+    /// Queues a trigger, due at `now`. `pod_of` maps a container to its pod when a relist has
+    /// seen it, so container triggers coalesce with the rest of their pod's.
+    pub fn push(
+        &mut self,
+        trigger: Trigger,
+        now: Instant,
+        pod_of: impl FnOnce(&ContainerId) -> Option<PodUid>,
+    ) {
+        let Trigger {
+            scope,
+            source,
+            observed_at,
+            observations,
+        } = trigger;
+        let (target, observations) = match scope {
+            Scope::All => {
+                debug!(?source, "node-wide trigger: full relist requested");
+                self.request_full_relist(now);
+                return;
+            }
+            Scope::Pod(uid) => {
+                if !observations.is_empty() {
+                    debug!(%uid, ?observations, "pod-wide observations dropped: no container to attach them to");
+                }
+                (Target::Pod(uid), Vec::new())
+            }
+            Scope::Container(id) => {
+                let observations = observations.into_iter().map(|o| (id.clone(), o)).collect();
+                let target = match pod_of(&id) {
+                    Some(uid) => Target::Pod(uid),
+                    None => Target::Container(id),
+                };
+                (target, observations)
+            }
+        };
+        let hint = Hint {
+            sources: BTreeSet::from([source]),
+            observed_at,
+            observations,
+        };
+        self.enqueue(target, hint, now, 0);
+    }
+
+    /// Asks for a full relist at `now` (stream reconnect, ring buffer loss, dropped events).
+    pub fn request_full_relist(&mut self, now: Instant) {
+        self.full_requested = Some(self.full_requested.map_or(now, |t| t.min(now)));
+    }
+
+    /// Changes the period of full relists from the last one on (e.g. longer while event
+    /// sources are healthy). A requested full relist stays due.
+    pub fn set_full_relist_period(&mut self, period: Duration) {
+        self.config.full_relist_period = period;
+        if let Some(last) = self.last_full {
+            self.periodic_due = last + period;
+        }
+    }
+
+    /// Whether a full relist is due at `now`.
+    pub fn full_relist_due(&self, now: Instant) -> bool {
+        self.full_deadline() <= now
+    }
+
+    /// The next relist due at `now`, if any: a full relist (carrying every pending hint) first,
+    /// else the targeted relist due the earliest.
+    pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
+        if self.full_relist_due(now) {
+            let mut hints = Hints::default();
+            for (target, pending) in std::mem::take(&mut self.pending) {
+                hints.insert(target, pending.hint);
+            }
+            self.last_full = Some(now);
+            self.periodic_due = now + self.config.full_relist_period;
+            self.full_requested = None;
+            return Some(Batch {
+                scope: Scope::All,
+                hints,
+                attempt: 0,
+            });
+        }
+        let target = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.due <= now)
+            .min_by_key(|(_, p)| p.due)
+            .map(|(target, _)| target.clone())?;
+        let pending = self.pending.remove(&target)?;
+        let mut hints = Hints::default();
+        let scope = target.scope();
+        hints.insert(target, pending.hint);
+        Some(Batch {
+            scope,
+            hints,
+            attempt: pending.attempt,
+        })
+    }
+
+    /// When [`Self::next_due`] will next have something (the next full relist at the latest).
+    pub fn next_deadline(&self) -> Instant {
+        self.pending
+            .values()
+            .map(|p| p.due)
+            .fold(self.full_deadline(), Instant::min)
+    }
+
+    /// Requeues a targeted batch whose trigger the runtime did not reflect yet, after an
+    /// exponential backoff. New triggers for the same target merge with it.
+    pub fn retry(&mut self, batch: Batch, now: Instant) -> Result<(), RetryError> {
+        if batch.scope == Scope::All {
+            return Err(RetryError::FullRelist);
+        }
+        if batch.attempt >= self.config.max_retries {
+            return Err(RetryError::Exhausted {
+                attempts: batch.attempt,
+            });
+        }
+        let delay = self
+            .config
+            .retry_base
+            .saturating_mul(1 << batch.attempt.min(16));
+        for (target, hint) in batch.hints.0 {
+            self.enqueue(target, hint, now + delay, batch.attempt + 1);
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, target: Target, hint: Hint, due: Instant, attempt: u32) {
+        match self.pending.get_mut(&target) {
+            Some(pending) => {
+                pending.hint.merge(hint);
+                pending.due = pending.due.min(due);
+                pending.attempt = pending.attempt.max(attempt);
+            }
+            None => {
+                self.pending.insert(target, Pending { due, attempt, hint });
+            }
+        }
+    }
+
+    fn full_deadline(&self) -> Instant {
+        self.full_requested.map_or(self.periodic_due, |requested| {
+            requested.min(self.periodic_due)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pleg::event::ObservationKind;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn uid(s: &str) -> PodUid {
+        PodUid(s.to_owned())
+    }
+
+    fn cid(s: &str) -> ContainerId {
+        ContainerId(s.to_owned())
+    }
+
+    fn trigger(scope: Scope, source: TriggerSource, at_secs: u64) -> Trigger {
+        Trigger {
+            scope,
+            source,
+            observed_at: SystemTime::UNIX_EPOCH + Duration::from_secs(at_secs),
+            observations: Vec::new(),
+        }
+    }
+
+    fn exit_code(source: TriggerSource, code: i32) -> Observation {
+        Observation {
+            source,
+            kind: ObservationKind::ExitCode(code),
+        }
+    }
+
+    fn no_index(_: &ContainerId) -> Option<PodUid> {
+        None
+    }
+
+    /// A scheduler that has just run its first full relist at `t0`.
+    fn after_first_full(t0: Instant) -> RelistScheduler {
+        let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
+        let first = scheduler.next_due(t0).expect("first full relist");
+        assert_eq!(first.scope, Scope::All);
+        scheduler
+    }
+
+    #[test]
+    fn full_relist_is_due_at_once_then_every_period() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        assert_eq!(scheduler.next_due(t0), None);
+        assert_eq!(scheduler.next_deadline(), t0 + DEFAULT_RELIST_PERIOD);
+        assert!(!scheduler.full_relist_due(t0 + DEFAULT_RELIST_PERIOD - MS));
+        let t1 = t0 + DEFAULT_RELIST_PERIOD;
+        assert!(scheduler.full_relist_due(t1));
+        assert_eq!(scheduler.next_due(t1).map(|b| b.scope), Some(Scope::All));
+        assert_eq!(scheduler.next_deadline(), t1 + DEFAULT_RELIST_PERIOD);
+    }
+
+    #[test]
+    fn period_can_change_at_run_time() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(30));
+        assert_eq!(scheduler.next_deadline(), t0 + Duration::from_secs(30));
+        assert_eq!(scheduler.next_due(t0 + Duration::from_secs(29)), None);
+        scheduler.set_full_relist_period(Duration::from_millis(500));
+        assert!(scheduler.full_relist_due(t0 + Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn triggers_coalesce_per_pod() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        let mut from_kernel = trigger(Scope::Container(cid("c1")), TriggerSource::Ebpf, 5);
+        from_kernel.observations = vec![exit_code(TriggerSource::Ebpf, 137)];
+        scheduler.push(from_kernel, t0, |c| (c == &cid("c1")).then(|| uid("p")));
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 3),
+            t0,
+            no_index,
+        );
+        scheduler.push(
+            trigger(Scope::Pod(uid("q")), TriggerSource::Containerd, 4),
+            t0,
+            no_index,
+        );
+
+        let batch = scheduler.next_due(t0).expect("a batch for p");
+        assert_eq!(batch.scope, Scope::Pod(uid("p")));
+        assert_eq!(batch.attempt, 0);
+        let hint = batch
+            .hints
+            .for_container(&uid("p"), &cid("c1"))
+            .expect("hint for c1");
+        assert_eq!(
+            hint.sources,
+            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        );
+        assert_eq!(
+            hint.observed_at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(3)
+        );
+        assert_eq!(
+            hint.observations,
+            [(cid("c1"), exit_code(TriggerSource::Ebpf, 137))]
+        );
+        // Another container of the pod shares the sources, not the observations.
+        let other = batch
+            .hints
+            .for_container(&uid("p"), &cid("c2"))
+            .expect("pod hint");
+        assert!(other.observations.is_empty());
+
+        assert_eq!(
+            scheduler.next_due(t0).map(|b| b.scope),
+            Some(Scope::Pod(uid("q")))
+        );
+        assert_eq!(scheduler.next_due(t0), None);
+    }
+
+    #[test]
+    fn unknown_container_is_relisted_by_container() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.push(
+            trigger(Scope::Container(cid("new")), TriggerSource::CriEvents, 1),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("batch");
+        assert_eq!(batch.scope, Scope::Container(cid("new")));
+        assert!(
+            batch
+                .hints
+                .for_container(&uid("any"), &cid("new"))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn full_relist_subsumes_targeted_ones() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1),
+            t0,
+            no_index,
+        );
+        scheduler.push(
+            trigger(Scope::All, TriggerSource::Containerd, 2),
+            t0,
+            no_index,
+        );
+        scheduler.push(
+            trigger(Scope::Container(cid("c")), TriggerSource::CriEvents, 3),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("full relist");
+        assert_eq!(batch.scope, Scope::All);
+        assert!(batch.hints.for_container(&uid("p"), &cid("x")).is_some());
+        assert!(
+            batch
+                .hints
+                .for_container(&uid("other"), &cid("c"))
+                .is_some()
+        );
+        assert_eq!(scheduler.next_due(t0), None);
+    }
+
+    #[test]
+    fn pod_wide_observations_are_dropped() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        let mut pod_trigger = trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1);
+        pod_trigger.observations = vec![exit_code(TriggerSource::Ebpf, 1)];
+        scheduler.push(pod_trigger, t0, no_index);
+        let batch = scheduler.next_due(t0).expect("batch");
+        assert_eq!(batch.hints.observations().count(), 0);
+    }
+
+    #[test]
+    fn retry_backs_off_exponentially_then_gives_up() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(3600));
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
+            t0,
+            no_index,
+        );
+        let mut now = t0;
+        let mut batch = scheduler.next_due(now).expect("first run");
+        for (attempt, delay_ms) in [10, 20, 40, 80, 160].into_iter().enumerate() {
+            assert_eq!(batch.attempt, attempt as u32);
+            scheduler.retry(batch, now).expect("retry allowed");
+            assert_eq!(scheduler.next_deadline(), now + delay_ms * MS);
+            assert_eq!(scheduler.next_due(now + (delay_ms - 1) * MS), None);
+            now += delay_ms * MS;
+            batch = scheduler.next_due(now).expect("retry due");
+            assert_eq!(batch.scope, Scope::Pod(uid("p")));
+        }
+        assert_eq!(
+            scheduler.retry(batch, now),
+            Err(RetryError::Exhausted { attempts: 5 })
+        );
+        assert_eq!(scheduler.next_deadline(), t0 + Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_new_trigger_during_backoff_runs_at_once_with_the_retry_merged() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("first run");
+        scheduler.retry(batch, t0).expect("retry allowed");
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 2),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("due at once");
+        assert_eq!(batch.attempt, 1);
+        let hint = batch
+            .hints
+            .for_container(&uid("p"), &cid("c"))
+            .expect("hint");
+        assert_eq!(
+            hint.sources,
+            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        );
+    }
+
+    #[test]
+    fn full_relists_are_not_retried() {
+        let t0 = Instant::now();
+        let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
+        let batch = scheduler.next_due(t0).expect("full relist");
+        assert_eq!(scheduler.retry(batch, t0), Err(RetryError::FullRelist));
+    }
+
+    #[test]
+    fn requested_full_relist_is_due_before_the_period() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.request_full_relist(t0 + 5 * MS);
+        assert_eq!(scheduler.next_deadline(), t0 + 5 * MS);
+        assert_eq!(
+            scheduler.next_due(t0 + 5 * MS).map(|b| b.scope),
+            Some(Scope::All)
+        );
+        assert_eq!(
+            scheduler.next_deadline(),
+            t0 + 5 * MS + DEFAULT_RELIST_PERIOD
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! A recording fake [`Runtime`] for tests and benchmarks: in-memory pods that tests change
+//! between relists, call counters, and injectable delays, hangs and errors.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use crate::{
+    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    runtime::{Runtime, RuntimeError, Scope},
+};
+
+const ENDPOINT: &str = "fake";
+
+/// In-memory runtime. Inspection returns the records as set; listing strips what a CRI list
+/// call does not carry (exit code, reason, timestamps), as the real backends do.
+///
+/// Clones share their state: a test keeps one to change the pods while the relister owns
+/// another.
+#[derive(Clone, Debug, Default)]
+pub struct FakeRuntime {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pods: BTreeMap<PodUid, PodRecord>,
+    list_calls: Vec<Scope>,
+    inspect_calls: Vec<PodUid>,
+    failing_inspections: BTreeSet<PodUid>,
+    failing_lists: bool,
+    delay: Option<Duration>,
+    hang: bool,
+}
+
+/// A container record with the given state; exited containers get exit code 0.
+pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord {
+    ContainerRecord {
+        id: ContainerId(id.to_owned()),
+        name: name.to_owned(),
+        attempt: 0,
+        image: "localhost/busybox:latest".to_owned(),
+        state,
+        sandbox: false,
+        created_at: None,
+        started_at: None,
+        finished_at: None,
+        exit_code: (state == ContainerState::Exited).then_some(0),
+        reason: String::new(),
+    }
+}
+
+impl FakeRuntime {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an empty pod (or empties an existing one).
+    pub fn add_pod(&self, uid: &str, namespace: &str, name: &str) {
+        let pod = PodRecord {
+            uid: PodUid(uid.to_owned()),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            containers: BTreeMap::new(),
+        };
+        self.lock().pods.insert(pod.uid.clone(), pod);
+    }
+
+    /// Adds or replaces a container of an existing pod; ignored if the pod does not exist.
+    pub fn set_container(&self, pod: &str, record: ContainerRecord) {
+        if let Some(pod) = self.lock().pods.get_mut(&PodUid(pod.to_owned())) {
+            pod.containers.insert(record.id.clone(), record);
+        }
+    }
+
+    /// Changes a container's state (and exit code); ignored if it does not exist.
+    pub fn set_state(&self, pod: &str, id: &str, state: ContainerState, exit_code: Option<i32>) {
+        let mut guard = self.lock();
+        let record = guard
+            .pods
+            .get_mut(&PodUid(pod.to_owned()))
+            .and_then(|pod| pod.containers.get_mut(&ContainerId(id.to_owned())));
+        if let Some(record) = record {
+            record.state = state;
+            record.exit_code = exit_code;
+        }
+    }
+
+    pub fn remove_container(&self, pod: &str, id: &str) {
+        if let Some(pod) = self.lock().pods.get_mut(&PodUid(pod.to_owned())) {
+            pod.containers.remove(&ContainerId(id.to_owned()));
+        }
+    }
+
+    pub fn remove_pod(&self, uid: &str) {
+        self.lock().pods.remove(&PodUid(uid.to_owned()));
+    }
+
+    /// Makes `inspect_pod` of this pod fail (or succeed again).
+    pub fn fail_inspection(&self, uid: &str, fail: bool) {
+        let uid = PodUid(uid.to_owned());
+        let mut state = self.lock();
+        if fail {
+            state.failing_inspections.insert(uid);
+        } else {
+            state.failing_inspections.remove(&uid);
+        }
+    }
+
+    /// Makes `list_pods` fail (or succeed again).
+    pub fn fail_lists(&self, fail: bool) {
+        self.lock().failing_lists = fail;
+    }
+
+    /// Delays every call by `delay` (tokio time).
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        self.lock().delay = delay;
+    }
+
+    /// Makes every call from now on never return.
+    pub fn set_hang(&self, hang: bool) {
+        self.lock().hang = hang;
+    }
+
+    /// Scopes of every `list_pods` call so far.
+    pub fn list_calls(&self) -> Vec<Scope> {
+        self.lock().list_calls.clone()
+    }
+
+    /// Pods of every `inspect_pod` call so far, in call order.
+    pub fn inspect_calls(&self) -> Vec<PodUid> {
+        self.lock().inspect_calls.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Test state, written in single statements: a poisoned lock is still consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies the injected delay or hang, without holding the lock across the wait.
+    async fn wait(&self) {
+        let (delay, hang) = {
+            let state = self.lock();
+            (state.delay, state.hang)
+        };
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+fn injected(call: &'static str) -> RuntimeError {
+    RuntimeError::Call {
+        endpoint: ENDPOINT.to_owned(),
+        call,
+        status: tonic::Status::unavailable("injected failure"),
+    }
+}
+
+/// What a list call returns: no exit codes, reasons or timestamps.
+fn listed(pod: &PodRecord) -> PodRecord {
+    let mut pod = pod.clone();
+    for c in pod.containers.values_mut() {
+        c.exit_code = None;
+        c.reason.clear();
+        c.started_at = None;
+        c.finished_at = None;
+    }
+    pod
+}
+
+impl Runtime for FakeRuntime {
+    fn endpoint(&self) -> &str {
+        ENDPOINT
+    }
+
+    async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
+        self.lock().list_calls.push(scope.clone());
+        self.wait().await;
+        let state = self.lock();
+        if state.failing_lists {
+            return Err(injected("list_pods"));
+        }
+        let pods = state.pods.values();
+        Ok(match scope {
+            Scope::All => pods.map(listed).collect(),
+            Scope::Pod(uid) => pods.filter(|p| &p.uid == uid).map(listed).collect(),
+            Scope::Container(id) => pods
+                .filter(|p| p.containers.contains_key(id))
+                .map(listed)
+                .collect(),
+        })
+    }
+
+    async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+        self.lock().inspect_calls.push(uid.clone());
+        self.wait().await;
+        let state = self.lock();
+        if state.failing_inspections.contains(uid) {
+            return Err(injected("inspect_pod"));
+        }
+        Ok(state.pods.get(uid).cloned())
+    }
+}
