@@ -81,9 +81,11 @@ pub fn build_images(dir: &Path) -> Result<ImageTarballs, ImageError> {
     ];
     for (path, name, cmd) in images {
         let tarball = image_tarball(&layer, name, cmd).map_err(write_err(path))?;
-        // Written to a temporary name and renamed, so concurrent test binaries never read a
-        // half-written tarball.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Written to a name unique to this write and renamed, so concurrent tests (threads or
+        // processes) never read a half-written tarball.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         fs::write(&tmp, tarball).map_err(write_err(&tmp))?;
         fs::rename(&tmp, path).map_err(write_err(path))?;
     }

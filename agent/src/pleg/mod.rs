@@ -4,6 +4,7 @@ pub mod cache;
 pub mod clock;
 pub mod diff;
 pub mod event;
+pub mod generator;
 pub mod health;
 pub mod record;
 pub mod relist;

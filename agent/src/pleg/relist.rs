@@ -238,17 +238,19 @@ impl<R: Runtime> Relister<R> {
             .map(|uid| (uid.clone(), Inspection::Gone))
             .collect();
         let (runtime, clock) = (&self.runtime, &self.clock);
-        let found: Vec<(PodUid, Inspection)> = stream::iter(present)
+        // Owned uids: futures borrowing from the iterator trip rustc's higher-ranked `Send`
+        // inference when the relist runs in a spawned task.
+        let found: Vec<(PodUid, Inspection)> = stream::iter(present.into_iter().cloned())
             .map(|uid| async move {
                 // Taken before the call: the record is at least this fresh.
                 let read_at = clock.now();
-                let inspection = match runtime.inspect_pod(uid).await {
+                let inspection = match runtime.inspect_pod(&uid).await {
                     Ok(Some(record)) => Inspection::Found { record, read_at },
                     // Removed between the list and the inspection: the next relist sees it gone.
                     Ok(None) => Inspection::Gone,
                     Err(e) => Inspection::Failed(e),
                 };
-                (uid.clone(), inspection)
+                (uid, inspection)
             })
             .buffer_unordered(self.config.inspect_concurrency.max(1))
             .collect()

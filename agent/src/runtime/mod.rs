@@ -4,9 +4,19 @@
 //! for the pods within a [`Scope`]; every call has a timeout and its errors name the endpoint and
 //! the call.
 
+pub mod containerd;
+pub mod cri;
+pub mod endpoint;
 pub mod testing;
 
 use std::{future::Future, time::Duration};
+
+pub use containerd::{ContainerdRuntime, InvalidNamespace};
+pub use cri::CriRuntime;
+pub use endpoint::{
+    AnyRuntime, ConnectError, EndpointError, RuntimeKind, RuntimeOptions, RuntimeVersion,
+    UnknownRuntimeKind,
+};
 
 use crate::pleg::record::{ContainerId, PodRecord, PodUid};
 

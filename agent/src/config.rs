@@ -1,0 +1,348 @@
+//! `plegd run` configuration: flags, `PLEGD_*` environment variables and an optional TOML file,
+//! in that order of precedence, over built-in defaults.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+use crate::{
+    pleg::{
+        event::{DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_RELIST_PERIOD, DEFAULT_RELIST_THRESHOLD},
+        relist::DEFAULT_INSPECT_CONCURRENCY,
+    },
+    runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
+};
+
+/// How events are written to stdout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How logs are written to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Flags of `plegd run`; every one also reads a `PLEGD_*` variable and a key of the file.
+#[derive(Clone, Debug, Default, Args)]
+pub struct RunArgs {
+    /// TOML file with any of the settings below (keys are the flag names, e.g.
+    /// `relist-period = "1s"`). Flags and environment variables override it.
+    #[arg(long, env = "PLEGD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Runtime API to read state from: `cri` (any CRI runtime: containerd, CRI-O) or
+    /// `containerd` (containerd's own API, also sees containers not made through CRI).
+    /// [default: cri]
+    #[arg(long, env = "PLEGD_RUNTIME", value_name = "cri|containerd")]
+    pub runtime: Option<RuntimeKind>,
+
+    /// Runtime socket (`unix:///run/containerd/containerd.sock` or a plain path). [default:
+    /// the first that exists of /run/containerd/containerd.sock, /run/crio/crio.sock, ...]
+    #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "SOCKET")]
+    pub runtime_endpoint: Option<String>,
+
+    /// containerd namespaces to watch with `--runtime containerd`, comma separated.
+    /// [default: k8s.io]
+    #[arg(
+        long,
+        env = "PLEGD_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NS,..."
+    )]
+    pub namespaces: Option<Vec<String>>,
+
+    /// Period of the full relist. [default: 1s]
+    #[arg(long, env = "PLEGD_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    pub relist_period: Option<Duration>,
+
+    /// The PLEG is unhealthy when no full relist succeeded for this long. [default: 3m]
+    #[arg(long, env = "PLEGD_RELIST_THRESHOLD", value_parser = parse_duration, value_name = "DURATION")]
+    pub relist_threshold: Option<Duration>,
+
+    /// Deadline of each runtime call. [default: 10s]
+    #[arg(long, env = "PLEGD_RUNTIME_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub runtime_timeout: Option<Duration>,
+
+    /// Capacity of the event channel; events beyond it are discarded, counted and regenerated
+    /// by the next relist. [default: 1000]
+    #[arg(long, env = "PLEGD_EVENT_CHANNEL_CAPACITY", value_name = "N")]
+    pub event_channel_capacity: Option<usize>,
+
+    /// Pod inspections in flight at once during a relist. [default: 8]
+    #[arg(long, env = "PLEGD_INSPECT_CONCURRENCY", value_name = "N")]
+    pub inspect_concurrency: Option<usize>,
+
+    /// Also emit ContainerChanged (a container became unknown or created), which kubelet
+    /// computes but does not send. [default: false]
+    #[arg(long, env = "PLEGD_EMIT_CHANGED", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub emit_changed: Option<bool>,
+
+    /// Event output on stdout. [default: text]
+    #[arg(long, env = "PLEGD_OUTPUT", value_enum)]
+    pub output: Option<OutputFormat>,
+
+    /// Log format on stderr (level from RUST_LOG, default info). [default: text]
+    #[arg(long, env = "PLEGD_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// The file form of [`RunArgs`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    runtime: Option<String>,
+    runtime_endpoint: Option<String>,
+    namespaces: Option<Vec<String>>,
+    relist_period: Option<String>,
+    relist_threshold: Option<String>,
+    runtime_timeout: Option<String>,
+    event_channel_capacity: Option<usize>,
+    inspect_concurrency: Option<usize>,
+    emit_changed: Option<bool>,
+    output: Option<OutputFormat>,
+    log_format: Option<LogFormat>,
+}
+
+/// Resolved settings of `plegd run`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub runtime: RuntimeKind,
+    /// `None`: detect from the well-known sockets.
+    pub runtime_endpoint: Option<String>,
+    pub namespaces: Vec<String>,
+    pub relist_period: Duration,
+    pub relist_threshold: Duration,
+    pub runtime_timeout: Duration,
+    pub event_channel_capacity: usize,
+    pub inspect_concurrency: usize,
+    pub emit_changed: bool,
+    pub output: OutputFormat,
+    pub log_format: LogFormat,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {path}: {key}: {message}")]
+    Value {
+        path: PathBuf,
+        key: &'static str,
+        message: String,
+    },
+    #[error("{key} must be greater than zero")]
+    Zero { key: &'static str },
+}
+
+impl Config {
+    /// Resolves flags and environment (already merged by clap) over the file over defaults.
+    pub fn load(args: &RunArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let path = args.config.clone().unwrap_or_default();
+        let file_duration =
+            |key: &'static str, value: &Option<String>| -> Result<Option<Duration>, ConfigError> {
+                value
+                    .as_deref()
+                    .map(|v| {
+                        parse_duration(v).map_err(|message| ConfigError::Value {
+                            path: path.clone(),
+                            key,
+                            message,
+                        })
+                    })
+                    .transpose()
+            };
+        let file_runtime = file
+            .runtime
+            .as_deref()
+            .map(|v| {
+                v.parse::<RuntimeKind>().map_err(|e| ConfigError::Value {
+                    path: path.clone(),
+                    key: "runtime",
+                    message: e.to_string(),
+                })
+            })
+            .transpose()?;
+        let config = Self {
+            runtime: args.runtime.or(file_runtime).unwrap_or(RuntimeKind::Cri),
+            runtime_endpoint: args.runtime_endpoint.clone().or(file.runtime_endpoint),
+            namespaces: args
+                .namespaces
+                .clone()
+                .or(file.namespaces)
+                .unwrap_or_else(|| vec!["k8s.io".to_owned()]),
+            relist_period: args
+                .relist_period
+                .or(file_duration("relist-period", &file.relist_period)?)
+                .unwrap_or(DEFAULT_RELIST_PERIOD),
+            relist_threshold: args
+                .relist_threshold
+                .or(file_duration("relist-threshold", &file.relist_threshold)?)
+                .unwrap_or(DEFAULT_RELIST_THRESHOLD),
+            runtime_timeout: args
+                .runtime_timeout
+                .or(file_duration("runtime-timeout", &file.runtime_timeout)?)
+                .unwrap_or(DEFAULT_CALL_TIMEOUT),
+            event_channel_capacity: args
+                .event_channel_capacity
+                .or(file.event_channel_capacity)
+                .unwrap_or(DEFAULT_EVENT_CHANNEL_CAPACITY),
+            inspect_concurrency: args
+                .inspect_concurrency
+                .or(file.inspect_concurrency)
+                .unwrap_or(DEFAULT_INSPECT_CONCURRENCY),
+            emit_changed: args.emit_changed.or(file.emit_changed).unwrap_or(false),
+            output: args.output.or(file.output).unwrap_or_default(),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let zero = [
+            ("relist-period", self.relist_period.is_zero()),
+            ("relist-threshold", self.relist_threshold.is_zero()),
+            ("runtime-timeout", self.runtime_timeout.is_zero()),
+            ("event-channel-capacity", self.event_channel_capacity == 0),
+            ("inspect-concurrency", self.inspect_concurrency == 0),
+        ];
+        match zero.into_iter().find(|(_, is_zero)| *is_zero) {
+            Some((key, _)) => Err(ConfigError::Zero { key }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source: Box::new(source),
+    })
+}
+
+/// Parses `1s`, `500ms`, `3m`, `1h 30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    #[test]
+    fn defaults_match_kubelet() {
+        let config = Config::load(&RunArgs::default()).unwrap();
+        assert_eq!(config.relist_period, Duration::from_secs(1));
+        assert_eq!(config.relist_threshold, Duration::from_secs(180));
+        assert_eq!(config.event_channel_capacity, 1000);
+        assert_eq!(config.runtime, RuntimeKind::Cri);
+        assert!(!config.emit_changed);
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "relist-period = \"250ms\"\nrelist-threshold = \"1m\"\noutput = \"json\"\nnamespaces = [\"a\", \"b\"]"
+        )
+        .unwrap();
+        let args = RunArgs {
+            config: Some(file.path().to_owned()),
+            relist_period: Some(Duration::from_secs(2)),
+            ..RunArgs::default()
+        };
+        let config = Config::load(&args).unwrap();
+        assert_eq!(config.relist_period, Duration::from_secs(2));
+        assert_eq!(config.relist_threshold, Duration::from_secs(60));
+        assert_eq!(config.output, OutputFormat::Json);
+        assert_eq!(config.namespaces, ["a", "b"]);
+    }
+
+    #[test]
+    fn bad_files_and_values_are_errors_naming_what_is_wrong() {
+        let missing = RunArgs {
+            config: Some("/nonexistent/plegd.toml".into()),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&missing),
+            Err(ConfigError::Read { .. })
+        ));
+
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "relist-perod = \"1s\"").unwrap();
+        let typo = RunArgs {
+            config: Some(file.path().to_owned()),
+            ..RunArgs::default()
+        };
+        let err = Config::load(&typo).unwrap_err().to_string();
+        assert!(err.contains("relist-perod"), "{err}");
+
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "relist-period = \"soon\"").unwrap();
+        let bad = RunArgs {
+            config: Some(file.path().to_owned()),
+            ..RunArgs::default()
+        };
+        let err = Config::load(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("relist-period") && err.contains("soon"),
+            "{err}"
+        );
+
+        let zero = RunArgs {
+            event_channel_capacity: Some(0),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&zero),
+            Err(ConfigError::Zero {
+                key: "event-channel-capacity"
+            })
+        ));
+    }
+
+    #[test]
+    fn durations_parse_in_human_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
+        assert!(parse_duration("3 parsecs").is_err());
+    }
+}

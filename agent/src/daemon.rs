@@ -1,0 +1,129 @@
+//! `plegd run`: the PLEG core wired to a runtime, a trigger channel, the sync loop and the
+//! event output, until shutdown.
+
+use std::sync::Arc;
+
+use tokio::{
+    io::{AsyncWrite, AsyncWriteExt as _},
+    sync::{mpsc, watch},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    config::Config,
+    output::EventLine,
+    pleg::{
+        cache::PodCache,
+        clock::{Clock, SystemClock},
+        generator::{self, TriggerSender},
+        health::Health,
+        relist::{RelistConfig, Relister},
+        scheduler::{RelistScheduler, SchedulerConfig},
+    },
+    runtime::Runtime,
+    sync_loop::{self, RecordingSyncHandler, SyncConfig},
+};
+
+/// What a running daemon shares with its surroundings (API servers, sources, tests).
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub cache: Arc<PodCache>,
+    pub health: Arc<Health>,
+    pub triggers: TriggerSender,
+}
+
+/// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`.
+/// `started` receives the shared handles once everything is wired.
+pub async fn serve<R, W>(
+    runtime: R,
+    config: &Config,
+    out: W,
+    shutdown: CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<Shared>>,
+) -> std::io::Result<()>
+where
+    R: Runtime,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let cache = Arc::new(PodCache::new());
+    let health = Arc::new(Health::new(Arc::clone(&clock), config.relist_threshold));
+    let (events_tx, events_rx) = mpsc::channel(config.event_channel_capacity);
+    let relister = Relister::new(
+        runtime,
+        Arc::clone(&clock),
+        Arc::clone(&cache),
+        Arc::clone(&health),
+        events_tx,
+        RelistConfig {
+            inspect_concurrency: config.inspect_concurrency,
+            emit_changed: config.emit_changed,
+        },
+    );
+    let scheduler = RelistScheduler::new(
+        SchedulerConfig {
+            full_relist_period: config.relist_period,
+            ..SchedulerConfig::default()
+        },
+        clock.now(),
+    );
+    let (triggers, trigger_rx) = generator::trigger_channel();
+    // The period stays fixed until push sources exist to make it adaptive.
+    let (_period_tx, period_rx) = watch::channel(config.relist_period);
+
+    let generator = tokio::spawn(generator::run(
+        relister,
+        scheduler,
+        Arc::clone(&clock),
+        trigger_rx,
+        period_rx,
+        shutdown.clone(),
+    ));
+    let (forward_tx, mut forward_rx) = mpsc::channel(config.event_channel_capacity);
+    let sync = tokio::spawn(sync_loop::run(
+        events_rx,
+        forward_tx,
+        Arc::clone(&cache),
+        Arc::clone(&health),
+        Arc::clone(&clock),
+        Arc::new(RecordingSyncHandler::default()),
+        SyncConfig::default(),
+        shutdown.clone(),
+    ));
+    if let Some(started) = started {
+        // The receiver may have stopped caring; the daemon runs regardless.
+        let _ = started.send(Shared {
+            cache: Arc::clone(&cache),
+            health: Arc::clone(&health),
+            triggers,
+        });
+    }
+    info!(period = ?config.relist_period, threshold = ?config.relist_threshold, "plegd running (polling mode)");
+
+    let mut out = out;
+    let mut result = Ok(());
+    while let Some(event) = forward_rx.recv().await {
+        let mut line = EventLine::new(&event, &cache).render(config.output);
+        line.push('\n');
+        if let Err(e) = write_line(&mut out, &line).await {
+            warn!(error = %e, "writing events failed; stopping");
+            shutdown.cancel();
+            result = Err(e);
+            break;
+        }
+    }
+    for task in [generator, sync] {
+        if let Err(e) = task.await {
+            warn!(error = %e, "a daemon task ended abnormally");
+        }
+    }
+    info!("plegd stopped");
+    result
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &str) -> std::io::Result<()> {
+    out.write_all(line.as_bytes()).await?;
+    // One line at a time: a consumer piping stdout must see each event as it happens.
+    out.flush().await
+}

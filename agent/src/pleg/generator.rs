@@ -1,0 +1,304 @@
+//! The generator loop: feeds triggers from every source to the scheduler and runs the relists
+//! it hands out, one at a time, until shut down (kubelet's `GenericPLEG.Start` + `Relist`
+//! ticker, with targeted relists beside the periodic one).
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    pleg::{
+        clock::Clock,
+        event::Trigger,
+        relist::{RelistError, Relister},
+        scheduler::{Batch, RelistScheduler, RetryError},
+    },
+    runtime::{Runtime, Scope},
+};
+
+/// Capacity of the trigger channel shared by every source. A full channel means the loop is
+/// behind; sources then fall back to asking for a full relist (see [`TriggerSender`]).
+pub const TRIGGER_CHANNEL_CAPACITY: usize = 4096;
+
+/// How sources hand triggers to the generator. Never blocks a source: when the channel is
+/// full, the trigger is dropped and a full relist is requested instead, so the change is still
+/// found.
+#[derive(Clone, Debug)]
+pub struct TriggerSender {
+    triggers: mpsc::Sender<Trigger>,
+    full_relist: Arc<tokio::sync::Notify>,
+}
+
+impl TriggerSender {
+    /// Hands a trigger to the generator.
+    pub fn send(&self, trigger: Trigger) {
+        if self.triggers.try_send(trigger).is_err() {
+            debug!("trigger channel full or closed: asking for a full relist instead");
+            self.full_relist.notify_one();
+        }
+    }
+
+    /// Asks for a full relist now (a source saw signs of loss: dropped kernel events, a stream
+    /// reconnect).
+    pub fn request_full_relist(&self) {
+        self.full_relist.notify_one();
+    }
+}
+
+/// The receiving half, owned by [`run`].
+#[derive(Debug)]
+pub struct TriggerReceiver {
+    triggers: mpsc::Receiver<Trigger>,
+    full_relist: Arc<tokio::sync::Notify>,
+}
+
+/// A trigger channel for the sources and the generator.
+pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
+    let (tx, rx) = mpsc::channel(TRIGGER_CHANNEL_CAPACITY);
+    let full_relist = Arc::new(tokio::sync::Notify::new());
+    (
+        TriggerSender {
+            triggers: tx,
+            full_relist: Arc::clone(&full_relist),
+        },
+        TriggerReceiver {
+            triggers: rx,
+            full_relist,
+        },
+    )
+}
+
+/// Runs relists until `shutdown` is cancelled or the event consumer goes away. The full relist
+/// period can be changed while running through `period` (adaptive relist: long while push
+/// sources are healthy, short otherwise).
+pub async fn run<R: Runtime>(
+    mut relister: Relister<R>,
+    mut scheduler: RelistScheduler,
+    clock: Arc<dyn Clock>,
+    mut triggers: TriggerReceiver,
+    mut period: watch::Receiver<Duration>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let deadline = scheduler.next_deadline();
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            Some(trigger) = triggers.triggers.recv() => {
+                scheduler.push(trigger, clock.now(), |c| relister.pod_of(c));
+            }
+            () = triggers.full_relist.notified() => scheduler.request_full_relist(clock.now()),
+            Ok(()) = period.changed() => {
+                let new = *period.borrow_and_update();
+                info!(period = ?new, "full relist period changed");
+                scheduler.set_full_relist_period(new);
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                while let Some(batch) = scheduler.next_due(clock.now()) {
+                    if !run_batch(&mut relister, &mut scheduler, clock.as_ref(), batch).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    debug!("generator stopped");
+}
+
+/// Runs one relist and feeds its outcome back to the scheduler. Returns false when the event
+/// consumer is gone and the generator must stop.
+async fn run_batch<R: Runtime>(
+    relister: &mut Relister<R>,
+    scheduler: &mut RelistScheduler,
+    clock: &dyn Clock,
+    batch: Batch,
+) -> bool {
+    let retry = match relister.relist(&batch.scope, &batch.hints).await {
+        Ok(outcome) => {
+            if outcome.full_relist_needed {
+                scheduler.request_full_relist(clock.now());
+            }
+            outcome.not_reflected
+        }
+        Err(RelistError::EventChannelClosed) => {
+            info!("event consumer gone; stopping the generator");
+            return false;
+        }
+        Err(RelistError::List(error)) => {
+            // A failed full relist is retried by the next period; health reports it if it
+            // lasts. A failed targeted one is retried like an unreflected trigger.
+            warn!(scope = ?batch.scope, %error, "relist failed");
+            batch.scope != Scope::All
+        }
+    };
+    if retry {
+        let scope = batch.scope.clone();
+        match scheduler.retry(batch, clock.now()) {
+            Ok(()) => {}
+            Err(RetryError::FullRelist) => {}
+            Err(e @ RetryError::Exhausted { .. }) => {
+                debug!(?scope, %e, "targeted relist not reflected");
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::{
+        pleg::{
+            cache::PodCache,
+            clock::SystemClock,
+            event::{PodLifecycleEvent, PodLifecycleEventType, TriggerSource},
+            health::Health,
+            record::{ContainerId, ContainerState, PodUid},
+            relist::RelistConfig,
+            scheduler::SchedulerConfig,
+        },
+        runtime::testing::{FakeRuntime, container},
+    };
+
+    struct Harness {
+        runtime: FakeRuntime,
+        triggers: TriggerSender,
+        events: mpsc::Receiver<PodLifecycleEvent>,
+        period: watch::Sender<Duration>,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(period: Duration) -> Harness {
+        let runtime = FakeRuntime::new();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+        let (tx, events) = mpsc::channel(100);
+        let relister = Relister::new(
+            runtime.clone(),
+            Arc::clone(&clock),
+            Arc::new(PodCache::new()),
+            health,
+            tx,
+            RelistConfig::default(),
+        );
+        let scheduler = RelistScheduler::new(
+            SchedulerConfig {
+                full_relist_period: period,
+                ..SchedulerConfig::default()
+            },
+            clock.now(),
+        );
+        let (triggers, receiver) = trigger_channel();
+        let (period_tx, period_rx) = watch::channel(period);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            relister,
+            scheduler,
+            clock,
+            receiver,
+            period_rx,
+            shutdown.clone(),
+        ));
+        Harness {
+            runtime,
+            triggers,
+            events,
+            period: period_tx,
+            shutdown,
+            task,
+        }
+    }
+
+    fn add_running(runtime: &FakeRuntime, pod: &str, id: &str) {
+        runtime.add_pod(pod, "ns", pod);
+        runtime.set_container(pod, container(id, "app", ContainerState::Running));
+    }
+
+    fn trigger(id: &str) -> Trigger {
+        Trigger {
+            scope: Scope::Container(ContainerId(id.into())),
+            source: TriggerSource::Containerd,
+            observed_at: SystemTime::now(),
+            observations: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn periodic_full_relist_finds_changes() {
+        let mut h = start(Duration::from_secs(1));
+        add_running(&h.runtime, "p", "c");
+        let event = h.events.recv().await.unwrap();
+        assert_eq!(event.event_type, PodLifecycleEventType::ContainerStarted);
+        assert_eq!(event.sources, vec![TriggerSource::Relist]);
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trigger_relists_long_before_the_period() {
+        let mut h = start(Duration::from_secs(3600));
+        add_running(&h.runtime, "p", "c");
+        // The first full relist (due at start) sees the pod.
+        assert_eq!(
+            h.events.recv().await.unwrap().event_type,
+            PodLifecycleEventType::ContainerStarted
+        );
+        let before = tokio::time::Instant::now();
+        h.runtime
+            .set_state("p", "c", ContainerState::Exited, Some(137));
+        h.triggers.send(trigger("c"));
+        let event = h.events.recv().await.unwrap();
+        assert_eq!(event.event_type, PodLifecycleEventType::ContainerDied);
+        assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+        assert!(tokio::time::Instant::now() - before < Duration::from_secs(1));
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
+        let mut h = start(Duration::from_secs(3600));
+        // Let the first (empty) full relist run.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        h.triggers.send(trigger("late"));
+        // The runtime learns of the container only after the first targeted relist.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        add_running(&h.runtime, "p", "late");
+        let event = h.events.recv().await.unwrap();
+        assert_eq!(event.container_id, Some(ContainerId("late".into())));
+        assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+        assert_eq!(event.pod, PodUid("p".into()));
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shortening_the_period_takes_effect_at_once() {
+        let mut h = start(Duration::from_secs(3600));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        add_running(&h.runtime, "p", "c");
+        h.period.send(Duration::from_secs(1)).unwrap();
+        let started = tokio::time::Instant::now();
+        h.events.recv().await.unwrap();
+        assert!(tokio::time::Instant::now() - started <= Duration::from_secs(1));
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_when_the_consumer_is_gone() {
+        let h = start(Duration::from_millis(10));
+        add_running(&h.runtime, "p", "c");
+        drop(h.events);
+        // Without a consumer the next relist with events ends the loop by itself.
+        tokio::time::timeout(Duration::from_secs(5), h.task)
+            .await
+            .expect("generator stops")
+            .unwrap();
+    }
+}

@@ -1,0 +1,788 @@
+//! The containerd backend: containers and tasks through containerd's own API, in one or more
+//! namespaces, so containers made without CRI (ctr, nerdctl, buildkit) are seen too.
+//!
+//! Pod identity comes from kubelet's labels, else from the OCI spec annotations containerd's CRI
+//! plugin writes (`io.kubernetes.cri.sandbox-uid`, ...: set even when the CRI client adds no
+//! labels), else a container is its own pod: uid `<namespace>/<id>`, name `<id>`.
+//!
+//! State comes from the container's task: no task or a created one is Created,
+//! running/paused/pausing is Running, stopped is Exited. One exception: the CRI plugin deletes
+//! the task of a CRI container as soon as it exits, so a task-less CRI container is either
+//! not started yet or exited, and its exit code survives only in the CRI plugin's own store.
+//! For those (few) containers the backend asks CRI on the same socket. containerd keeps no
+//! start time: `started_at` is always `None`.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+    str::FromStr,
+    time::{Duration, SystemTime},
+};
+
+use containerd_client::{
+    services::v1::{
+        Container, GetRequest, ListContainersRequest, ListTasksRequest,
+        containers_client::ContainersClient, tasks_client::TasksClient,
+        version_client::VersionClient,
+    },
+    types::v1::{Process, Status},
+};
+use futures::future::{try_join, try_join_all};
+use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
+
+use crate::{
+    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    runtime::{
+        Runtime, RuntimeError, Scope,
+        cri::{
+            CriRuntime, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL, apply_status,
+            container_state,
+        },
+        endpoint::{
+            ConnectError, MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name,
+            is_not_found,
+        },
+    },
+};
+
+/// The namespace containerd's CRI plugin keeps Kubernetes containers in.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+/// Set by the CRI plugin on every container it makes: `sandbox` or `container`.
+const KIND_LABEL: &str = "io.cri-containerd.kind";
+/// Set by kubelet on its containers.
+const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
+/// OCI spec annotations the CRI plugin sets whatever the CRI client's labels.
+const SANDBOX_UID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-uid";
+const SANDBOX_NAME_ANNOTATION: &str = "io.kubernetes.cri.sandbox-name";
+const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
+const CONTAINER_NAME_ANNOTATION: &str = "io.kubernetes.cri.container-name";
+/// containerd's identifier limit (namespaces, container ids).
+const MAX_NAMESPACE_LEN: usize = 76;
+
+/// A containerd namespace name, checked once (containerd's identifier rules) so every request
+/// can carry it as the `containerd-namespace` header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Namespace {
+    name: String,
+    header: AsciiMetadataValue,
+}
+
+/// A namespace containerd would reject.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid containerd namespace {0:?}: expected letters and digits separated by single '.', '_' or '-', at most 76 characters"
+)]
+pub struct InvalidNamespace(String);
+
+impl Namespace {
+    /// `k8s.io`, where containerd's CRI plugin keeps Kubernetes containers.
+    pub(crate) fn cri() -> Self {
+        Self {
+            name: CRI_NAMESPACE.to_owned(),
+            header: AsciiMetadataValue::from_static(CRI_NAMESPACE),
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert("containerd-namespace", self.header.clone());
+        request
+    }
+}
+
+impl FromStr for Namespace {
+    type Err = InvalidNamespace;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let separator = |c: char| matches!(c, '.' | '_' | '-');
+        let valid = !s.is_empty()
+            && s.len() <= MAX_NAMESPACE_LEN
+            && s.split(separator)
+                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()));
+        let header = s.parse().ok().filter(|_| valid);
+        header
+            .map(|header| Self {
+                name: s.to_owned(),
+                header,
+            })
+            .ok_or_else(|| InvalidNamespace(s.to_owned()))
+    }
+}
+
+/// containerd's own API over a unix socket, for a set of namespaces.
+#[derive(Clone, Debug)]
+pub struct ContainerdRuntime {
+    endpoint: String,
+    channel: Channel,
+    namespaces: Vec<Namespace>,
+    call_timeout: Duration,
+    /// The CRI plugin on the same socket, for CRI containers whose task it has deleted.
+    cri: CriRuntime,
+}
+
+/// One container read from containerd, before grouping into pods.
+#[derive(Debug)]
+struct Entry {
+    pod: PodIdentity,
+    record: ContainerRecord,
+    /// A CRI container without a task: its state is the CRI plugin's to tell.
+    ask_cri: bool,
+}
+
+impl ContainerdRuntime {
+    /// Connects to containerd's socket; reads `namespaces` (`k8s.io` if empty). Namespace
+    /// names are checked before connecting.
+    pub async fn connect(
+        socket: &Path,
+        namespaces: &[impl AsRef<str>],
+        call_timeout: Duration,
+    ) -> Result<Self, ConnectError> {
+        let mut namespaces = namespaces
+            .iter()
+            .map(|n| n.as_ref().parse())
+            .collect::<Result<Vec<Namespace>, _>>()?;
+        if namespaces.is_empty() {
+            namespaces.push(Namespace::cri());
+        }
+        let channel = connect_unix(socket, call_timeout).await?;
+        let endpoint = endpoint_name(socket);
+        Ok(Self {
+            cri: CriRuntime::from_channel(endpoint.clone(), channel.clone(), call_timeout),
+            endpoint,
+            channel,
+            namespaces,
+            call_timeout,
+        })
+    }
+
+    /// containerd's version (`Version`).
+    pub async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        let mut client = VersionClient::new(self.channel.clone());
+        let response = call(
+            &self.endpoint,
+            "Version",
+            self.call_timeout,
+            client.version(()),
+        )
+        .await?;
+        Ok(RuntimeVersion {
+            name: "containerd".to_owned(),
+            version: response.version,
+        })
+    }
+
+    /// Containers.ListStream: a stream rather than List so a node with many containers (whose
+    /// full OCI specs come along) does not hit the message size limit.
+    async fn containers(
+        &self,
+        namespace: &Namespace,
+        filters: Vec<String>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        let mut client =
+            ContainersClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_SIZE);
+        let request = namespace.request(ListContainersRequest { filters });
+        let listing = async move {
+            let mut stream = client.list_stream(request).await?.into_inner();
+            let mut containers = Vec::new();
+            while let Some(message) = stream.message().await? {
+                containers.extend(message.container);
+            }
+            Ok(tonic::Response::new(containers))
+        };
+        call(
+            &self.endpoint,
+            "Containers.List",
+            self.call_timeout,
+            listing,
+        )
+        .await
+    }
+
+    async fn tasks(&self, namespace: &Namespace) -> Result<Vec<Process>, RuntimeError> {
+        let mut client =
+            TasksClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_SIZE);
+        let request = client.list(namespace.request(ListTasksRequest::default()));
+        Ok(
+            call(&self.endpoint, "Tasks.List", self.call_timeout, request)
+                .await?
+                .tasks,
+        )
+    }
+
+    /// Tasks.Get; `None` when the container has no task.
+    async fn task(&self, namespace: &Namespace, id: &str) -> Result<Option<Process>, RuntimeError> {
+        let mut client = TasksClient::new(self.channel.clone());
+        let request = client.get(namespace.request(GetRequest {
+            container_id: id.to_owned(),
+            exec_id: String::new(),
+        }));
+        match call(&self.endpoint, "Tasks.Get", self.call_timeout, request).await {
+            Ok(response) => Ok(response.process),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every container of one namespace, with its task.
+    async fn read_namespace(&self, namespace: &Namespace) -> Result<Vec<Entry>, RuntimeError> {
+        let (containers, tasks) = try_join(
+            self.containers(namespace, Vec::new()),
+            self.tasks(namespace),
+        )
+        .await?;
+        // containerd 1.6 leaves `container_id` empty: a task's `id` is its container's id.
+        let tasks: HashMap<&str, &Process> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
+        Ok(containers
+            .iter()
+            .map(|c| entry(namespace.as_str(), c, tasks.get(c.id.as_str()).copied()))
+            .collect())
+    }
+
+    /// Some containers of one namespace, each with its task (Tasks.Get, with exit details).
+    async fn with_tasks(
+        &self,
+        namespace: &Namespace,
+        containers: &[Container],
+    ) -> Result<Vec<Entry>, RuntimeError> {
+        try_join_all(containers.iter().map(|c| async move {
+            let task = self.task(namespace, &c.id).await?;
+            Ok(entry(namespace.as_str(), c, task.as_ref()))
+        }))
+        .await
+    }
+
+    /// The containers of one pod, in every namespace read.
+    async fn read_pod(&self, uid: &PodUid) -> Result<Vec<Entry>, RuntimeError> {
+        if let Some((namespace, id)) = uid.0.split_once('/')
+            && let Some(namespace) = self.namespaces.iter().find(|n| n.as_str() == namespace)
+        {
+            // A container that is its own pod.
+            let containers: Vec<Container> = self
+                .containers(namespace, vec![format!("id=={}", quote(id))])
+                .await?
+                .into_iter()
+                .filter(|c| identity(namespace.as_str(), c).pod.uid == *uid)
+                .collect();
+            return self.with_tasks(namespace, &containers).await;
+        }
+        let per_namespace = try_join_all(self.namespaces.iter().map(|namespace| async move {
+            // kubelet labels every container: filter server-side. Containers of CRI clients
+            // that set no labels are only found by their annotations, client-side.
+            let by_label = format!("labels.{}=={}", quote(POD_UID_LABEL), quote(&uid.0));
+            let mut containers = self.containers(namespace, vec![by_label]).await?;
+            if containers.is_empty() {
+                containers = self.containers(namespace, Vec::new()).await?;
+            }
+            containers.retain(|c| identity(namespace.as_str(), c).pod.uid == *uid);
+            self.with_tasks(namespace, &containers).await
+        }))
+        .await?;
+        Ok(per_namespace.into_iter().flatten().collect())
+    }
+
+    /// The pod holding a container or sandbox id.
+    async fn read_container_pod(&self, id: &ContainerId) -> Result<Vec<Entry>, RuntimeError> {
+        let filter = format!("id=={}", quote(&id.0));
+        for namespace in &self.namespaces {
+            let containers = self.containers(namespace, vec![filter.clone()]).await?;
+            if let Some(container) = containers.iter().find(|c| c.id == id.0) {
+                let uid = identity(namespace.as_str(), container).pod.uid;
+                return self.read_pod(&uid).await;
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Settles task-less CRI containers with the CRI plugin: one ListContainers for a full
+    /// list, ContainerStatus each (with exit code and reason) otherwise. Those CRI no longer
+    /// knows were removed in between and are dropped.
+    async fn ask_cri(&self, entries: Vec<Entry>, bulk: bool) -> Result<Vec<Entry>, RuntimeError> {
+        if !entries.iter().any(|e| e.ask_cri) {
+            return Ok(entries);
+        }
+        if bulk {
+            let states: HashMap<String, ContainerState> = self
+                .cri
+                .containers(None)
+                .await?
+                .into_iter()
+                .map(|c| (c.id, container_state(c.state)))
+                .collect();
+            return Ok(entries
+                .into_iter()
+                .filter_map(|mut e| {
+                    if e.ask_cri {
+                        e.record.state = *states.get(&e.record.id.0)?;
+                    }
+                    Some(e)
+                })
+                .collect());
+        }
+        let settled = try_join_all(entries.into_iter().map(|mut e| async move {
+            if e.ask_cri {
+                let Some(status) = self.cri.container_status(&e.record.id.0).await? else {
+                    return Ok(None);
+                };
+                // containerd's image name is the one the container was made from; CRI's
+                // status may give a digest instead.
+                let image = std::mem::take(&mut e.record.image);
+                apply_status(&mut e.record, &status);
+                e.record.image = image;
+            }
+            Ok::<_, RuntimeError>(Some(e))
+        }))
+        .await?;
+        Ok(settled.into_iter().flatten().collect())
+    }
+}
+
+impl Runtime for ContainerdRuntime {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
+        let entries = match scope {
+            Scope::All => {
+                let per_namespace =
+                    try_join_all(self.namespaces.iter().map(|n| self.read_namespace(n))).await?;
+                per_namespace.into_iter().flatten().collect()
+            }
+            Scope::Pod(uid) => self.read_pod(uid).await?,
+            Scope::Container(id) => self.read_container_pod(id).await?,
+        };
+        let entries = self.ask_cri(entries, *scope == Scope::All).await?;
+        let mut pods = assemble(entries);
+        // A list carries states, not exit details, whichever backend (the CRI list has none):
+        // exit codes come from inspect_pod.
+        for record in pods.iter_mut().flat_map(|p| p.containers.values_mut()) {
+            record.exit_code = None;
+            record.reason.clear();
+            record.started_at = None;
+            record.finished_at = None;
+        }
+        Ok(pods)
+    }
+
+    async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+        let entries = self.ask_cri(self.read_pod(uid).await?, false).await?;
+        Ok(assemble(entries).into_iter().find(|p| &p.uid == uid))
+    }
+}
+
+/// A pod's identity, before its records are attached.
+#[derive(Debug, PartialEq, Eq)]
+struct PodIdentity {
+    uid: PodUid,
+    namespace: String,
+    name: String,
+}
+
+/// Who a container is: its pod, its name and whether it is a sandbox.
+#[derive(Debug, PartialEq, Eq)]
+struct Identity {
+    pod: PodIdentity,
+    name: String,
+    sandbox: bool,
+    /// Made by containerd's CRI plugin.
+    cri: bool,
+}
+
+/// The part of an OCI runtime spec read here.
+#[derive(Debug, Default, serde::Deserialize)]
+struct SpecAnnotations {
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+}
+
+/// Pod and container identity: kubelet's labels, else the CRI plugin's spec annotations, else
+/// the container is its own pod.
+fn identity(namespace: &str, container: &Container) -> Identity {
+    let kind = container.labels.get(KIND_LABEL).map(String::as_str);
+    let sandbox = kind == Some("sandbox");
+    let cri = kind.is_some();
+    let labels = &container.labels;
+    let annotations = if labels.contains_key(POD_UID_LABEL) {
+        HashMap::new()
+    } else {
+        spec_annotations(container)
+    };
+    let lookup = |label: &str, annotation: &str| {
+        labels
+            .get(label)
+            .or_else(|| annotations.get(annotation))
+            .cloned()
+    };
+    match lookup(POD_UID_LABEL, SANDBOX_UID_ANNOTATION) {
+        Some(uid) => Identity {
+            pod: PodIdentity {
+                uid: PodUid(uid),
+                namespace: lookup(POD_NAMESPACE_LABEL, SANDBOX_NAMESPACE_ANNOTATION)
+                    .unwrap_or_default(),
+                name: lookup(POD_NAME_LABEL, SANDBOX_NAME_ANNOTATION).unwrap_or_default(),
+            },
+            // Sandboxes have no container name, as in CRI.
+            name: if sandbox {
+                String::new()
+            } else {
+                lookup(CONTAINER_NAME_LABEL, CONTAINER_NAME_ANNOTATION).unwrap_or_default()
+            },
+            sandbox,
+            cri,
+        },
+        None => Identity {
+            pod: PodIdentity {
+                uid: PodUid(format!("{namespace}/{}", container.id)),
+                namespace: namespace.to_owned(),
+                name: container.id.clone(),
+            },
+            name: container.id.clone(),
+            sandbox,
+            cri,
+        },
+    }
+}
+
+/// The spec's annotations; none if the spec is missing or not JSON.
+fn spec_annotations(container: &Container) -> HashMap<String, String> {
+    container
+        .spec
+        .as_ref()
+        .and_then(|spec| serde_json::from_slice::<SpecAnnotations>(&spec.value).ok())
+        .map(|spec| spec.annotations)
+        .unwrap_or_default()
+}
+
+/// A task's status as a record state; no task means not started yet.
+fn task_state(task: Option<&Process>) -> ContainerState {
+    let Some(task) = task else {
+        return ContainerState::Created;
+    };
+    match Status::try_from(task.status) {
+        Ok(Status::Created) => ContainerState::Created,
+        // A paused container still has its processes: kubelet sees it running.
+        Ok(Status::Running | Status::Paused | Status::Pausing) => ContainerState::Running,
+        Ok(Status::Stopped) => ContainerState::Exited,
+        Ok(Status::Unknown) | Err(_) => ContainerState::Unknown,
+    }
+}
+
+/// containerd cannot tell an OOM kill from another SIGKILL; the reason says only whether the
+/// exit was clean.
+fn exit_reason(exit_code: i32) -> &'static str {
+    if exit_code == 0 { "Completed" } else { "Error" }
+}
+
+/// A protobuf timestamp; containerd sends Go's zero time for "never", which lies before the
+/// epoch.
+fn time_from_timestamp(timestamp: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
+    SystemTime::try_from(*timestamp?)
+        .ok()
+        .filter(|&t| t > SystemTime::UNIX_EPOCH)
+}
+
+fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entry {
+    let identity = identity(namespace, container);
+    let state = task_state(task);
+    let exited = task.filter(|_| state == ContainerState::Exited);
+    let exit_code = exited.and_then(|t| i32::try_from(t.exit_status).ok());
+    let record = ContainerRecord {
+        id: ContainerId(container.id.clone()),
+        name: identity.name,
+        attempt: 0,
+        image: container.image.clone(),
+        // The CRI plugin deletes a sandbox's task when it stops it: CRI's NOTREADY.
+        state: if identity.cri && identity.sandbox && task.is_none() {
+            ContainerState::Exited
+        } else {
+            state
+        },
+        sandbox: identity.sandbox,
+        created_at: time_from_timestamp(container.created_at.as_ref()),
+        started_at: None,
+        finished_at: exited.and_then(|t| time_from_timestamp(t.exited_at.as_ref())),
+        exit_code,
+        reason: exit_code.map(exit_reason).unwrap_or_default().to_owned(),
+    };
+    Entry {
+        pod: identity.pod,
+        record,
+        ask_cri: identity.cri && !identity.sandbox && task.is_none(),
+    }
+}
+
+fn assemble(entries: Vec<Entry>) -> Vec<PodRecord> {
+    let mut pods: BTreeMap<PodUid, PodRecord> = BTreeMap::new();
+    for Entry { pod, record, .. } in entries {
+        pods.entry(pod.uid.clone())
+            .or_insert_with(|| PodRecord {
+                uid: pod.uid,
+                namespace: pod.namespace,
+                name: pod.name,
+                containers: BTreeMap::new(),
+            })
+            .containers
+            .insert(record.id.clone(), record);
+    }
+    pods.into_values().collect()
+}
+
+/// A containerd filter value: quoted, so ids and uids with any character stay one value.
+fn quote(value: &str) -> String {
+    let mut quoted = String::with_capacity(value.len() + 2);
+    quoted.push('"');
+    for c in value.chars() {
+        if matches!(c, '"' | '\\') {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    quoted
+}
+
+#[cfg(test)]
+mod tests {
+    use prost_types::{Any, Timestamp};
+
+    use super::*;
+
+    fn process(status: Status, exit_status: u32) -> Process {
+        Process {
+            id: "c".into(),
+            status: status as i32,
+            exit_status,
+            exited_at: Some(Timestamp {
+                seconds: 10,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn container(id: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Container {
+        let annotations: HashMap<_, _> = annotations.iter().copied().collect();
+        Container {
+            id: id.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            image: "localhost/busybox:latest".into(),
+            spec: Some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".into(),
+                value: serde_json::to_vec(&serde_json::json!({
+                    "ociVersion": "1.0.2",
+                    "annotations": annotations,
+                }))
+                .unwrap(),
+            }),
+            created_at: Some(Timestamp {
+                seconds: 5,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn task_statuses_map_to_states() {
+        let cases = [
+            (None, ContainerState::Created),
+            (Some(Status::Created), ContainerState::Created),
+            (Some(Status::Running), ContainerState::Running),
+            (Some(Status::Paused), ContainerState::Running),
+            (Some(Status::Pausing), ContainerState::Running),
+            (Some(Status::Stopped), ContainerState::Exited),
+            (Some(Status::Unknown), ContainerState::Unknown),
+        ];
+        for (status, expected) in cases {
+            let task = status.map(|s| process(s, 0));
+            assert_eq!(task_state(task.as_ref()), expected, "{status:?}");
+        }
+        let bogus = Process {
+            status: 99,
+            ..Default::default()
+        };
+        assert_eq!(task_state(Some(&bogus)), ContainerState::Unknown);
+    }
+
+    #[test]
+    fn kubelet_labels_name_the_pod_and_container() {
+        let c = container(
+            "c1",
+            &[
+                (KIND_LABEL, "container"),
+                (POD_UID_LABEL, "uid-1"),
+                (POD_NAME_LABEL, "web"),
+                (POD_NAMESPACE_LABEL, "prod"),
+                (CONTAINER_NAME_LABEL, "nginx"),
+            ],
+            &[],
+        );
+        let id = identity("k8s.io", &c);
+        assert_eq!(
+            id.pod,
+            PodIdentity {
+                uid: PodUid("uid-1".into()),
+                namespace: "prod".into(),
+                name: "web".into()
+            }
+        );
+        assert_eq!(id.name, "nginx");
+        assert!(id.cri && !id.sandbox);
+    }
+
+    #[test]
+    fn cri_annotations_name_the_pod_when_labels_do_not() {
+        let sandbox = container(
+            "s1",
+            &[(KIND_LABEL, "sandbox")],
+            &[
+                (SANDBOX_UID_ANNOTATION, "uid-2"),
+                (SANDBOX_NAME_ANNOTATION, "db"),
+                (SANDBOX_NAMESPACE_ANNOTATION, "test"),
+            ],
+        );
+        let id = identity("k8s.io", &sandbox);
+        assert_eq!(id.pod.uid, PodUid("uid-2".into()));
+        assert_eq!(
+            (id.pod.namespace.as_str(), id.pod.name.as_str()),
+            ("test", "db")
+        );
+        assert_eq!(id.name, "");
+        assert!(id.sandbox && id.cri);
+
+        let c = container(
+            "c2",
+            &[(KIND_LABEL, "container")],
+            &[
+                (SANDBOX_UID_ANNOTATION, "uid-2"),
+                (CONTAINER_NAME_ANNOTATION, "postgres"),
+            ],
+        );
+        let id = identity("k8s.io", &c);
+        assert_eq!(id.pod.uid, PodUid("uid-2".into()));
+        assert_eq!(id.name, "postgres");
+    }
+
+    #[test]
+    fn a_container_without_pod_labels_is_its_own_pod() {
+        let mut c = container("web", &[], &[]);
+        c.spec = Some(Any {
+            type_url: String::new(),
+            value: b"not json".to_vec(),
+        });
+        let id = identity("plegd-native", &c);
+        assert_eq!(
+            id.pod,
+            PodIdentity {
+                uid: PodUid("plegd-native/web".into()),
+                namespace: "plegd-native".into(),
+                name: "web".into()
+            }
+        );
+        assert_eq!(id.name, "web");
+        assert!(!id.cri && !id.sandbox);
+    }
+
+    #[test]
+    fn stopped_tasks_give_exit_code_reason_and_time() {
+        let c = container("c", &[], &[]);
+        let killed = entry("ns", &c, Some(&process(Status::Stopped, 137)));
+        assert_eq!(killed.record.state, ContainerState::Exited);
+        assert_eq!(killed.record.exit_code, Some(137));
+        assert_eq!(killed.record.reason, "Error");
+        assert_eq!(
+            killed.record.finished_at,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(10))
+        );
+        assert_eq!(
+            killed.record.created_at,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(5))
+        );
+        let clean = entry("ns", &c, Some(&process(Status::Stopped, 0)));
+        assert_eq!(clean.record.reason, "Completed");
+        let running = entry("ns", &c, Some(&process(Status::Running, 0)));
+        assert_eq!(
+            (running.record.exit_code, running.record.finished_at),
+            (None, None)
+        );
+        assert!(!running.ask_cri);
+    }
+
+    #[test]
+    fn taskless_cri_sandboxes_have_exited_and_taskless_cri_containers_ask_cri() {
+        let sandbox = entry(
+            "k8s.io",
+            &container("s", &[(KIND_LABEL, "sandbox")], &[]),
+            None,
+        );
+        assert_eq!(sandbox.record.state, ContainerState::Exited);
+        assert!(!sandbox.ask_cri);
+        let c = entry(
+            "k8s.io",
+            &container("c", &[(KIND_LABEL, "container")], &[]),
+            None,
+        );
+        assert!(c.ask_cri);
+        let native = entry("ns", &container("n", &[], &[]), None);
+        assert_eq!(native.record.state, ContainerState::Created);
+        assert!(!native.ask_cri);
+    }
+
+    #[test]
+    fn go_zero_time_and_missing_timestamps_are_none() {
+        // Go's time.Time{} as a protobuf timestamp.
+        let zero = Timestamp {
+            seconds: -62_135_596_800,
+            nanos: 0,
+        };
+        assert_eq!(time_from_timestamp(Some(&zero)), None);
+        assert_eq!(time_from_timestamp(None), None);
+        let t = Timestamp {
+            seconds: 1,
+            nanos: 500_000_000,
+        };
+        assert_eq!(
+            time_from_timestamp(Some(&t)),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1500))
+        );
+    }
+
+    #[test]
+    fn entries_are_grouped_by_pod() {
+        let labels = |uid: &'static str| [(POD_UID_LABEL, uid), (KIND_LABEL, "container")];
+        let entries = vec![
+            entry("k8s.io", &container("a", &labels("p1"), &[]), None),
+            entry("k8s.io", &container("b", &labels("p1"), &[]), None),
+            entry("k8s.io", &container("c", &labels("p2"), &[]), None),
+        ];
+        let pods = assemble(entries);
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[0].containers.len(), 2);
+    }
+
+    #[test]
+    fn namespaces_follow_containerd_identifier_rules() {
+        for good in ["k8s.io", "plegd-native", "a", "moby_1"] {
+            assert_eq!(good.parse::<Namespace>().unwrap().as_str(), good);
+        }
+        for bad in ["", "-a", "a..b", "a/b", "é", "a b", &"x".repeat(77)] {
+            assert!(bad.parse::<Namespace>().is_err(), "{bad:?}");
+        }
+        assert_eq!(Namespace::cri().as_str(), "k8s.io");
+    }
+
+    #[test]
+    fn filter_values_are_quoted_and_escaped() {
+        assert_eq!(quote("abc"), "\"abc\"");
+        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}

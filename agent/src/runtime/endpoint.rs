@@ -1,0 +1,372 @@
+//! Finding and dialling the runtime: endpoint parsing, socket auto-detection, the choice of
+//! backend at run time ([`RuntimeKind`], [`AnyRuntime`]) and the per-call deadline both backends
+//! share.
+
+use std::{
+    fmt,
+    future::Future,
+    os::unix::fs::FileTypeExt as _,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{
+    pleg::record::{PodRecord, PodUid},
+    runtime::{
+        DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, Scope,
+        containerd::{CRI_NAMESPACE, ContainerdRuntime, InvalidNamespace},
+        cri::CriRuntime,
+    },
+};
+
+/// Sockets tried, in order, when no endpoint is configured: containerd, CRI-O, k3s's containerd
+/// (with and without the `/var/run -> /run` symlink some distributions lack).
+pub const WELL_KNOWN_SOCKETS: [&str; 5] = [
+    "/run/containerd/containerd.sock",
+    "/var/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/var/run/crio/crio.sock",
+    "/run/k3s/containerd/containerd.sock",
+];
+
+/// A runtime endpoint that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("empty runtime endpoint")]
+    Empty,
+    #[error(
+        "unsupported runtime endpoint {endpoint:?}: only unix sockets are supported (unix:///path or /path)"
+    )]
+    UnsupportedScheme { endpoint: String },
+    #[error("no container runtime socket found (tried {}); pass --runtime-endpoint", display_paths(.tried))]
+    NotFound { tried: Vec<PathBuf> },
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Parses a runtime endpoint as kubelet's `--container-runtime-endpoint` accepts it:
+/// `unix:///run/containerd/containerd.sock` or a plain path.
+pub fn parse_endpoint(endpoint: &str) -> Result<PathBuf, EndpointError> {
+    let path = match endpoint.split_once("://") {
+        Some(("unix", path)) => path,
+        Some(_) => {
+            return Err(EndpointError::UnsupportedScheme {
+                endpoint: endpoint.to_owned(),
+            });
+        }
+        None => endpoint,
+    };
+    if path.is_empty() {
+        return Err(EndpointError::Empty);
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// The first candidate that is a unix socket. A path that exists but is not a socket (a stale
+/// directory left by a package) is skipped, not returned.
+pub fn detect(candidates: &[impl AsRef<Path>]) -> Result<PathBuf, EndpointError> {
+    candidates
+        .iter()
+        .map(AsRef::as_ref)
+        .find(|path| std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()))
+        .map(Path::to_path_buf)
+        .ok_or_else(|| EndpointError::NotFound {
+            tried: candidates.iter().map(|p| p.as_ref().to_owned()).collect(),
+        })
+}
+
+/// Largest response accepted, as kubelet's CRI client (tonic's default of 4 MiB is too small
+/// for a full list on a busy node).
+pub(crate) const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// How to display a socket in logs and errors.
+pub(crate) fn endpoint_name(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
+}
+
+/// Dials a unix socket. Waits for the connection (so a missing socket fails here, naming it),
+/// within `timeout`; tonic's channel redials by itself if the runtime restarts later.
+pub(crate) async fn connect_unix(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<Channel, RuntimeError> {
+    let endpoint = endpoint_name(socket);
+    let socket = socket.to_owned();
+    // tonic needs a URI; the connector ignores it.
+    let uri = Endpoint::from_static("http://[::]:50051");
+    let connecting = uri.connect_with_connector(tower::service_fn(move |_| {
+        let socket = socket.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(socket).await?,
+            ))
+        }
+    }));
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(source)) => Err(RuntimeError::Connect { endpoint, source }),
+        Err(_) => Err(RuntimeError::Timeout {
+            endpoint,
+            call: "connect",
+            timeout,
+        }),
+    }
+}
+
+/// Runs one gRPC call under the call deadline, naming the endpoint and the call on failure.
+pub(crate) async fn call<T>(
+    endpoint: &str,
+    call: &'static str,
+    timeout: Duration,
+    request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, RuntimeError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(RuntimeError::Call {
+            endpoint: endpoint.to_owned(),
+            call,
+            status,
+        }),
+        Err(_) => Err(RuntimeError::Timeout {
+            endpoint: endpoint.to_owned(),
+            call,
+            timeout,
+        }),
+    }
+}
+
+/// Whether an error says the object is gone: it vanished between a list and a status call.
+pub(crate) fn is_not_found(error: &RuntimeError) -> bool {
+    matches!(error, RuntimeError::Call { status, .. } if status.code() == tonic::Code::NotFound)
+}
+
+/// Why a backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Namespace(#[from] InvalidNamespace),
+}
+
+/// Which API plegd reads the runtime through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// CRI v1: containerd, CRI-O, anything kubelet talks to.
+    #[default]
+    Cri,
+    /// containerd's own API: also sees containers made without CRI (nerdctl, ctr, buildkit).
+    Containerd,
+}
+
+/// A runtime kind that is neither `cri` nor `containerd`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown runtime kind {0:?}: expected `cri` or `containerd`")]
+pub struct UnknownRuntimeKind(String);
+
+impl FromStr for RuntimeKind {
+    type Err = UnknownRuntimeKind;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "cri" => Ok(Self::Cri),
+            "containerd" => Ok(Self::Containerd),
+            _ => Err(UnknownRuntimeKind(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cri => "cri",
+            Self::Containerd => "containerd",
+        })
+    }
+}
+
+/// How to talk to the runtime, whichever backend.
+#[derive(Clone, Debug)]
+pub struct RuntimeOptions {
+    /// Deadline of every call (and of connecting).
+    pub call_timeout: Duration,
+    /// containerd namespaces to read (containerd backend only; CRI has a single view).
+    pub namespaces: Vec<String>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            namespaces: vec![CRI_NAMESPACE.to_owned()],
+        }
+    }
+}
+
+/// The runtime's own name and version, for the start-up log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeVersion {
+    pub name: String,
+    pub version: String,
+}
+
+impl fmt::Display for RuntimeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.version)
+    }
+}
+
+/// Either backend, chosen at run time; an enum rather than `dyn Runtime` because the trait's
+/// async methods are not object safe.
+#[derive(Clone, Debug)]
+pub enum AnyRuntime {
+    Cri(CriRuntime),
+    Containerd(ContainerdRuntime),
+}
+
+impl AnyRuntime {
+    pub async fn connect(
+        kind: RuntimeKind,
+        socket: &Path,
+        options: RuntimeOptions,
+    ) -> Result<Self, ConnectError> {
+        Ok(match kind {
+            RuntimeKind::Cri => Self::Cri(CriRuntime::connect(socket, options.call_timeout).await?),
+            RuntimeKind::Containerd => Self::Containerd(
+                ContainerdRuntime::connect(socket, &options.namespaces, options.call_timeout)
+                    .await?,
+            ),
+        })
+    }
+
+    /// Asks the runtime who it is: the start-up check that it answers at all.
+    pub async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.version().await,
+            Self::Containerd(runtime) => runtime.version().await,
+        }
+    }
+}
+
+impl Runtime for AnyRuntime {
+    fn endpoint(&self) -> &str {
+        match self {
+            Self::Cri(runtime) => runtime.endpoint(),
+            Self::Containerd(runtime) => runtime.endpoint(),
+        }
+    }
+
+    async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.list_pods(scope).await,
+            Self::Containerd(runtime) => runtime.list_pods(scope).await,
+        }
+    }
+
+    async fn inspect_pod(&self, pod: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.inspect_pod(pod).await,
+            Self::Containerd(runtime) => runtime.inspect_pod(pod).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_unix_urls_or_plain_paths() {
+        assert_eq!(
+            parse_endpoint("unix:///run/containerd/containerd.sock").unwrap(),
+            PathBuf::from("/run/containerd/containerd.sock")
+        );
+        assert_eq!(
+            parse_endpoint("/run/crio/crio.sock").unwrap(),
+            PathBuf::from("/run/crio/crio.sock")
+        );
+        assert_eq!(
+            parse_endpoint("relative.sock").unwrap(),
+            PathBuf::from("relative.sock")
+        );
+    }
+
+    #[test]
+    fn other_schemes_and_empty_endpoints_are_rejected() {
+        assert!(matches!(
+            parse_endpoint("tcp://localhost:1234"),
+            Err(EndpointError::UnsupportedScheme { .. })
+        ));
+        assert!(matches!(
+            parse_endpoint("npipe:////./pipe/containerd"),
+            Err(EndpointError::UnsupportedScheme { .. })
+        ));
+        assert!(matches!(parse_endpoint(""), Err(EndpointError::Empty)));
+        assert!(matches!(
+            parse_endpoint("unix://"),
+            Err(EndpointError::Empty)
+        ));
+    }
+
+    #[tokio::test]
+    async fn detection_picks_the_first_socket_and_skips_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.sock");
+        let not_a_socket = dir.path().join("dir.sock");
+        std::fs::create_dir(&not_a_socket).unwrap();
+        let first = dir.path().join("first.sock");
+        let second = dir.path().join("second.sock");
+        let _first = tokio::net::UnixListener::bind(&first).unwrap();
+        let _second = tokio::net::UnixListener::bind(&second).unwrap();
+
+        let found = detect(&[&missing, &not_a_socket, &first, &second]).unwrap();
+        assert_eq!(found, first);
+    }
+
+    #[test]
+    fn failed_detection_names_every_path_tried() {
+        let err = detect(&["/nonexistent/a.sock", "/nonexistent/b.sock"]).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("/nonexistent/a.sock, /nonexistent/b.sock"),
+            "{message}"
+        );
+        assert!(matches!(err, EndpointError::NotFound { tried } if tried.len() == 2));
+    }
+
+    #[test]
+    fn runtime_kinds_parse_and_print() {
+        assert_eq!("cri".parse::<RuntimeKind>().unwrap(), RuntimeKind::Cri);
+        assert_eq!(
+            "Containerd".parse::<RuntimeKind>().unwrap(),
+            RuntimeKind::Containerd
+        );
+        assert!("docker".parse::<RuntimeKind>().is_err());
+        assert_eq!(RuntimeKind::Containerd.to_string(), "containerd");
+    }
+
+    #[test]
+    fn not_found_is_recognised_only_for_call_errors() {
+        let gone = RuntimeError::Call {
+            endpoint: "e".into(),
+            call: "ContainerStatus",
+            status: tonic::Status::not_found("gone"),
+        };
+        let failed = RuntimeError::Call {
+            endpoint: "e".into(),
+            call: "ContainerStatus",
+            status: tonic::Status::unavailable("down"),
+        };
+        assert!(is_not_found(&gone));
+        assert!(!is_not_found(&failed));
+    }
+}

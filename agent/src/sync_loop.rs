@@ -1,0 +1,377 @@
+//! The sync loop (kubelet's `syncLoop`/`syncLoopIteration`): selects over PLEG events, a sync
+//! tick, housekeeping and health, and dispatches pods to per-pod workers that read the cache
+//! with `get_newer_than` and call a [`SyncHandler`].
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::pleg::{
+    cache::{CachedPod, PodCache},
+    clock::Clock,
+    event::PodLifecycleEvent,
+    health::Health,
+    record::PodUid,
+};
+
+/// kubelet's `syncPeriod`: how often the loop looks for pods due for a resync.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(1);
+/// kubelet's `housekeepingPeriod`: how often workers of vanished pods are reaped.
+pub const DEFAULT_HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+/// kubelet's default `--sync-frequency`: a pod is resynced at least this often.
+pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Why a pod is being synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncReason {
+    /// A lifecycle event arrived for the pod.
+    Event,
+    /// Its periodic resync came due.
+    Resync,
+}
+
+/// kubelet's extension point: what to do with a pod's fresh status.
+pub trait SyncHandler: Send + Sync + 'static {
+    /// Called by the pod's worker with a status newer than the one of its previous call.
+    fn sync_pod(
+        &self,
+        pod: &PodUid,
+        status: &CachedPod,
+        reason: SyncReason,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The default handler: logs each sync and keeps the last status it saw per pod.
+#[derive(Debug, Default)]
+pub struct RecordingSyncHandler {
+    synced: Mutex<HashMap<PodUid, (CachedPod, u64)>>,
+}
+
+impl RecordingSyncHandler {
+    /// The last status synced for `pod` and how many syncs it had.
+    pub fn last(&self, pod: &PodUid) -> Option<(CachedPod, u64)> {
+        self.lock().get(pod).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, (CachedPod, u64)>> {
+        self.synced.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl SyncHandler for RecordingSyncHandler {
+    async fn sync_pod(&self, pod: &PodUid, status: &CachedPod, reason: SyncReason) {
+        let containers = status.record.as_ref().map_or(0, |r| r.containers.len());
+        debug!(%pod, ?reason, containers, "pod synced");
+        let mut synced = self.lock();
+        let entry = synced
+            .entry(pod.clone())
+            .or_insert_with(|| (CachedPod::default(), 0));
+        *entry = (status.clone(), entry.1 + 1);
+    }
+}
+
+/// Sync loop timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncConfig {
+    pub sync_period: Duration,
+    pub housekeeping_period: Duration,
+    pub resync_interval: Duration,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            sync_period: DEFAULT_SYNC_PERIOD,
+            housekeeping_period: DEFAULT_HOUSEKEEPING_PERIOD,
+            resync_interval: DEFAULT_RESYNC_INTERVAL,
+        }
+    }
+}
+
+/// One pod's worker: a task that syncs the pod each time it is poked, never twice on the same
+/// cache state. Pokes while it is busy coalesce into one.
+struct Worker {
+    poke: watch::Sender<SyncReason>,
+    last_dispatch: Instant,
+}
+
+/// Runs the sync loop until `shutdown`, forwarding every event it handles to `forward` (the
+/// daemon's output) after dispatching its pod.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's inputs, each distinct"
+)]
+pub async fn run<H: SyncHandler>(
+    mut events: mpsc::Receiver<PodLifecycleEvent>,
+    forward: mpsc::Sender<PodLifecycleEvent>,
+    cache: Arc<PodCache>,
+    health: Arc<Health>,
+    clock: Arc<dyn Clock>,
+    handler: Arc<H>,
+    config: SyncConfig,
+    shutdown: CancellationToken,
+) {
+    let mut workers: HashMap<PodUid, Worker> = HashMap::new();
+    let mut sync_tick = tokio::time::interval(config.sync_period);
+    let mut housekeeping = tokio::time::interval(config.housekeeping_period);
+    let mut healthy = true;
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            event = events.recv() => {
+                let Some(event) = event else { break };
+                dispatch(&mut workers, &event.pod, SyncReason::Event, &cache, &clock, &handler, &shutdown);
+                if forward.send(event).await.is_err() {
+                    debug!("event output closed");
+                    break;
+                }
+            }
+            _ = sync_tick.tick() => {
+                // kubelet skips pod syncs while the PLEG is unhealthy: their statuses would be
+                // stale.
+                match health.check() {
+                    Ok(()) => {
+                        if !healthy {
+                            info!("PLEG healthy again; resuming pod synchronization");
+                        }
+                        healthy = true;
+                    }
+                    Err(e) => {
+                        if healthy {
+                            warn!(error = %e, "skipping pod synchronization - PLEG is not healthy");
+                        }
+                        healthy = false;
+                        continue;
+                    }
+                }
+                let now = clock.now();
+                let due: Vec<PodUid> = workers
+                    .iter()
+                    .filter(|(_, w)| now.saturating_duration_since(w.last_dispatch) >= config.resync_interval)
+                    .map(|(uid, _)| uid.clone())
+                    .collect();
+                for uid in due {
+                    dispatch(&mut workers, &uid, SyncReason::Resync, &cache, &clock, &handler, &shutdown);
+                }
+            }
+            _ = housekeeping.tick() => {
+                // Reap workers of pods the cache no longer holds.
+                let known: std::collections::HashSet<PodUid> =
+                    cache.pods().into_iter().map(|(uid, _)| uid).collect();
+                workers.retain(|uid, _| known.contains(uid));
+            }
+        }
+    }
+}
+
+fn dispatch<H: SyncHandler>(
+    workers: &mut HashMap<PodUid, Worker>,
+    uid: &PodUid,
+    reason: SyncReason,
+    cache: &Arc<PodCache>,
+    clock: &Arc<dyn Clock>,
+    handler: &Arc<H>,
+    shutdown: &CancellationToken,
+) {
+    let now = clock.now();
+    if let Some(worker) = workers.get_mut(uid)
+        && !worker.poke.is_closed()
+    {
+        worker.last_dispatch = now;
+        worker.poke.send_replace(reason);
+        return;
+    }
+    let (poke, pokes) = watch::channel(reason);
+    tokio::spawn(pod_worker(
+        uid.clone(),
+        pokes,
+        Arc::clone(cache),
+        Arc::clone(handler),
+        shutdown.clone(),
+    ));
+    workers.insert(
+        uid.clone(),
+        Worker {
+            poke,
+            last_dispatch: now,
+        },
+    );
+}
+
+async fn pod_worker<H: SyncHandler>(
+    uid: PodUid,
+    mut pokes: watch::Receiver<SyncReason>,
+    cache: Arc<PodCache>,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) {
+    // The first poke is the channel's initial value.
+    pokes.mark_changed();
+    let mut last_seen: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = pokes.changed() => if changed.is_err() { return },
+        }
+        let reason = *pokes.borrow_and_update();
+        let status = match last_seen {
+            // Wait for data newer than what the last sync acted on (kubelet's GetNewerThan).
+            Some(seen) => tokio::select! {
+                () = shutdown.cancelled() => return,
+                status = cache.get_newer_than(&uid, seen) => status,
+            },
+            None => cache.get(&uid),
+        };
+        last_seen = status.modified.or(last_seen);
+        handler.sync_pod(&uid, &status, reason).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::pleg::{
+        clock::SystemClock,
+        event::{PodLifecycleEventType, TriggerSource},
+        record::PodRecord,
+    };
+
+    fn event(pod: &str) -> PodLifecycleEvent {
+        PodLifecycleEvent {
+            sequence: 1,
+            pod: PodUid(pod.into()),
+            pod_namespace: "ns".into(),
+            pod_name: pod.into(),
+            container_id: None,
+            container_name: String::new(),
+            event_type: PodLifecycleEventType::ContainerStarted,
+            observed_at: SystemTime::now(),
+            emitted_at: SystemTime::now(),
+            sources: vec![TriggerSource::Relist],
+            observations: Vec::new(),
+        }
+    }
+
+    fn record(pod: &str) -> PodRecord {
+        PodRecord {
+            uid: PodUid(pod.into()),
+            namespace: "ns".into(),
+            name: pod.into(),
+            containers: Default::default(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_forwarded_and_their_pods_synced_with_cached_status() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let cache = Arc::new(PodCache::new());
+        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+        health.relist_succeeded(clock.now());
+        let handler = Arc::new(RecordingSyncHandler::default());
+        let (events_tx, events_rx) = mpsc::channel(10);
+        let (out_tx, mut out_rx) = mpsc::channel(10);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            events_rx,
+            out_tx,
+            Arc::clone(&cache),
+            health,
+            Arc::clone(&clock),
+            Arc::clone(&handler),
+            SyncConfig::default(),
+            shutdown.clone(),
+        ));
+
+        cache.set(PodUid("p".into()), Some(record("p")), clock.now());
+        events_tx.send(event("p")).await.unwrap();
+        assert_eq!(out_rx.recv().await.unwrap().pod, PodUid("p".into()));
+        let uid = PodUid("p".into());
+        let synced = loop {
+            if let Some(s) = handler.last(&uid) {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(synced.0.record, Some(record("p")));
+        assert_eq!(synced.1, 1);
+
+        // A second event with no newer cache data waits for the cache (get_newer_than).
+        events_tx.send(event("p")).await.unwrap();
+        out_rx.recv().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            handler.last(&uid).unwrap().1,
+            1,
+            "synced again on stale data"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.set(uid.clone(), Some(record("p")), clock.now());
+        let count = loop {
+            let count = handler.last(&uid).unwrap().1;
+            if count == 2 {
+                break count;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(count, 2);
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_pleg_pauses_resyncs() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let cache = Arc::new(PodCache::new());
+        // Never succeeded: unhealthy.
+        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(1)));
+        let handler = Arc::new(RecordingSyncHandler::default());
+        let (events_tx, events_rx) = mpsc::channel(10);
+        let (out_tx, mut out_rx) = mpsc::channel(10);
+        let shutdown = CancellationToken::new();
+        let config = SyncConfig {
+            resync_interval: Duration::from_secs(2),
+            ..SyncConfig::default()
+        };
+        let task = tokio::spawn(run(
+            events_rx,
+            out_tx,
+            Arc::clone(&cache),
+            Arc::clone(&health),
+            Arc::clone(&clock),
+            Arc::clone(&handler),
+            config,
+            shutdown.clone(),
+        ));
+        let uid = PodUid("p".into());
+        cache.set(uid.clone(), Some(record("p")), clock.now());
+        events_tx.send(event("p")).await.unwrap();
+        out_rx.recv().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        // Only the event's sync: resyncs were skipped while unhealthy.
+        assert_eq!(handler.last(&uid).unwrap().1, 1);
+
+        health.relist_succeeded(clock.now());
+        cache.set(uid.clone(), Some(record("p")), clock.now());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            handler.last(&uid).unwrap().1,
+            2,
+            "resync resumed once healthy"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+}
