@@ -131,8 +131,8 @@ impl InstancePaths {
     pub fn owner_file(&self) -> PathBuf {
         self.dir.join("owner")
     }
-    /// cgroup parents of the harness's containers, one per line: containerd removes container
-    /// cgroups but not their parents (pod cgroups are the kubelet's to remove), so cleanup does.
+    /// Pod cgroups the harness made, one per line: containerd removes container cgroups but not
+    /// pod cgroups (the kubelet's to remove), so cleanup does.
     pub fn cgroup_parents_file(&self) -> PathBuf {
         self.dir.join("cgroup-parents")
     }
@@ -532,33 +532,21 @@ pub fn cleanup(dir: &Path) {
             cgroups.push(hierarchy.join(parent.trim_start_matches('/')));
         }
     }
-    // Deepest first, then parents that became empty (rmdir fails harmlessly on the others).
+    // Deepest first. Only what this instance made: shared parents (`/kubepods/besteffort`,
+    // `/plegd-native`) stay, since another instance may be creating a cgroup below them.
     cgroups.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for cgroup in &cgroups {
-        remove_cgroup_and_empty_parents(cgroup);
+        if let Err(e) = fs::remove_dir(cgroup)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("harness: removing cgroup {}: {e}", cgroup.display());
+        }
     }
 
     if let Err(e) = fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
         eprintln!("harness: removing {}: {e}", dir.display());
-    }
-}
-
-/// Removes a cgroup directory, then its parents while they are empty, stopping below the
-/// hierarchy's mount point.
-fn remove_cgroup_and_empty_parents(cgroup: &Path) {
-    let mut current = Some(cgroup);
-    while let Some(dir) = current {
-        // A hierarchy root (e.g. /sys/fs/cgroup/memory) has a parent that is not a cgroup.
-        let Some(parent) = dir.parent() else { break };
-        if !parent.join("cgroup.procs").exists() {
-            break;
-        }
-        if fs::remove_dir(dir).is_err() {
-            break;
-        }
-        current = Some(parent);
     }
 }
 

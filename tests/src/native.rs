@@ -105,9 +105,6 @@ impl Native {
 
     /// Creates and starts a container; returns its init pid.
     pub async fn run(&self, id: &str, spec: &NativeSpec) -> anyhow::Result<u32> {
-        self.instance
-            .record_cgroup_parent(&format!("/{}", self.namespace))
-            .context("recording the cgroup parent for cleanup")?;
         let runtime_options = Any {
             type_url: "containerd.runc.v1.Options".into(),
             value: prost::Message::encode_to_vec(&RuncOptions {

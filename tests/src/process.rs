@@ -230,7 +230,15 @@ mod tests {
             .args(["-c", "sleep 30; true", &marker])
             .spawn()
             .expect("spawn sh");
-        let found = find_by_args(&["sleep 30; true", &marker]);
+        // Until the child has exec'd, its cmdline is still this test binary's.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            let found = find_by_args(&["sleep 30; true", &marker]);
+            if !found.is_empty() || Instant::now() >= deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(found, vec![child.id() as i32]);
