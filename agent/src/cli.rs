@@ -7,10 +7,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{
-    config::{Config, LogFormat, RunArgs},
-    runtime::{AnyRuntime, RuntimeOptions, endpoint},
-};
+use crate::config::{Config, LogFormat, RunArgs};
 
 /// plegd: pod lifecycle events for a Linux node, with kubelet's PLEG semantics.
 ///
@@ -72,33 +69,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
 }
 
 async fn run_daemon(config: Config) -> anyhow::Result<()> {
-    let socket = match &config.runtime_endpoint {
-        Some(endpoint) => endpoint::parse_endpoint(endpoint)?,
-        None => endpoint::detect(&endpoint::WELL_KNOWN_SOCKETS)?,
-    };
-    let runtime = AnyRuntime::connect(
-        config.runtime,
-        &socket,
-        RuntimeOptions {
-            call_timeout: config.runtime_timeout,
-            namespaces: config.namespaces.clone(),
-        },
-    )
-    .await?;
-    match runtime.version().await {
-        Ok(version) => info!(
-            endpoint = %socket.display(),
-            runtime = %version.name,
-            version = %version.version,
-            "connected to the runtime"
-        ),
-        // Not fatal: a runtime restarting with the node comes back; every relist retries,
-        // and health reports the outage once it lasts past the threshold.
-        Err(error) => warn!(%error, "runtime not answering yet; relists will retry"),
-    }
-
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let Some(runtime) = crate::daemon::connect(&config, &shutdown).await? else {
+        return Ok(());
+    };
     crate::daemon::serve(runtime, &config, tokio::io::stdout(), shutdown, None)
         .await
         .context("writing events to stdout")

@@ -1,14 +1,14 @@
 //! `plegd run`: the PLEG core wired to a runtime, a trigger channel, the sync loop and the
 //! event output, until shutdown.
 
-use std::sync::Arc;
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncWrite, AsyncWriteExt as _},
     sync::{mpsc, watch},
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     config::Config,
@@ -21,9 +21,98 @@ use crate::{
         relist::{RelistConfig, Relister},
         scheduler::{RelistScheduler, SchedulerConfig},
     },
-    runtime::Runtime,
+    runtime::{AnyRuntime, ConnectError, EndpointError, Runtime, RuntimeOptions, endpoint},
     sync_loop::{self, RecordingSyncHandler, SyncConfig},
 };
+
+/// Longest wait between two attempts to reach the runtime at start.
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A start-up problem that retrying cannot fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Namespace(#[from] crate::runtime::InvalidNamespace),
+}
+
+/// Finds and connects to the runtime, retrying with backoff while it is not there (a node's
+/// runtime may start after plegd). Each failed attempt logs why. `Ok(None)`: shut down while
+/// waiting.
+pub async fn connect(
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> Result<Option<AnyRuntime>, StartError> {
+    let options = RuntimeOptions {
+        call_timeout: config.runtime_timeout,
+        namespaces: config.namespaces.clone(),
+    };
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match try_connect(config, &options).await {
+            Ok((runtime, socket)) => {
+                match runtime.version().await {
+                    Ok(version) => info!(
+                        endpoint = %socket.display(),
+                        runtime = %version,
+                        "connected to the runtime"
+                    ),
+                    // Connected but not answering (yet): relists retry, and health reports an
+                    // outage once it lasts past the threshold.
+                    Err(error) => warn!(%error, "runtime not answering yet; relists will retry"),
+                }
+                return Ok(Some(runtime));
+            }
+            Err(Retry::Never(e)) => return Err(e),
+            Err(Retry::After(reason)) => {
+                error!("cannot reach the runtime: {reason}; retrying in {delay:?}");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
+    }
+}
+
+enum Retry {
+    Never(StartError),
+    After(String),
+}
+
+async fn try_connect(
+    config: &Config,
+    options: &RuntimeOptions,
+) -> Result<(AnyRuntime, PathBuf), Retry> {
+    let socket = match &config.runtime_endpoint {
+        Some(given) => endpoint::parse_endpoint(given).map_err(|e| Retry::Never(e.into()))?,
+        None => endpoint::detect(&endpoint::WELL_KNOWN_SOCKETS)
+            .map_err(|e| Retry::After(e.to_string()))?,
+    };
+    match AnyRuntime::connect(config.runtime, &socket, options.clone()).await {
+        Ok(runtime) => Ok((runtime, socket)),
+        Err(ConnectError::Namespace(e)) => Err(Retry::Never(e.into())),
+        Err(ConnectError::Runtime(e)) => Err(Retry::After(error_chain(&e))),
+    }
+}
+
+/// An error with its causes, `a: b: c` (tonic's transport errors hide the cause, e.g. "No such
+/// file or directory", in their source chain).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
 
 /// What a running daemon shares with its surroundings (API servers, sources, tests).
 #[derive(Clone, Debug)]

@@ -122,8 +122,14 @@ pub async fn run<H: SyncHandler>(
     shutdown: CancellationToken,
 ) {
     let mut workers: HashMap<PodUid, Worker> = HashMap::new();
-    let mut sync_tick = tokio::time::interval(config.sync_period);
-    let mut housekeeping = tokio::time::interval(config.housekeeping_period);
+    // First ticks one period in: the first relist has a chance to succeed before health is
+    // looked at.
+    let start = Instant::now();
+    let mut sync_tick = tokio::time::interval_at(start + config.sync_period, config.sync_period);
+    let mut housekeeping = tokio::time::interval_at(
+        start + config.housekeeping_period,
+        config.housekeeping_period,
+    );
     let mut healthy = true;
     loop {
         tokio::select! {

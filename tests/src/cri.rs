@@ -43,6 +43,8 @@ pub struct ContainerSpec {
     pub command: Vec<String>,
     /// cgroup memory limit in bytes.
     pub memory_limit: Option<i64>,
+    /// Restart count, as kubelet sets it when it recreates a container of the same name.
+    pub attempt: u32,
 }
 
 impl ContainerSpec {
@@ -52,7 +54,14 @@ impl ContainerSpec {
             name: name.to_owned(),
             command: vec!["sh".into(), "-c".into(), script.into()],
             memory_limit: None,
+            attempt: 0,
         }
+    }
+
+    /// The same container, recreated by a restart (next attempt).
+    pub fn restarted(mut self) -> Self {
+        self.attempt += 1;
+        self
     }
 
     /// Sleeps until killed.
@@ -147,7 +156,7 @@ impl Cri {
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: spec.name.clone(),
-                attempt: 0,
+                attempt: spec.attempt,
             }),
             image: Some(ImageSpec {
                 image: BUSYBOX_IMAGE.into(),

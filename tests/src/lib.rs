@@ -3,6 +3,7 @@
 //! # Layout
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
 //! - `image`: OCI image tarballs built from busybox-static (no registry needed).
+//! - `demo`: what `cargo xtask demo` shows.
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
 //! - `native`: test-support calls through containerd's own API (containers and tasks).
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
@@ -10,6 +11,7 @@
 
 pub mod containerd;
 pub mod cri;
+pub mod demo;
 pub mod image;
 pub mod native;
 pub mod process;

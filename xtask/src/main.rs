@@ -6,6 +6,7 @@
 
 mod cmd;
 mod containerd;
+mod demo;
 mod harness;
 mod setup;
 mod test;
@@ -29,6 +30,8 @@ enum Command {
     /// Start, stop or query a private containerd (never the node's own), for trying plegd by
     /// hand: `cargo xtask containerd start`.
     Containerd(containerd::Options),
+    /// Run plegd against a private containerd while real containers start, die and go.
+    Demo(demo::Options),
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
     Test(test::Options),
 }
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Setup(opts) => setup::run(&opts),
         Command::Containerd(opts) => containerd::run(&opts),
+        Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
     };
     match result {

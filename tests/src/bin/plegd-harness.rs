@@ -23,6 +23,23 @@ enum Command {
         #[arg(long, default_value = "dev", global = true)]
         name: String,
     },
+    /// Run plegd against a private containerd while real containers start, die and go.
+    Demo {
+        /// The plegd binary to run.
+        #[arg(long, default_value = "target/debug/plegd")]
+        plegd: std::path::PathBuf,
+        /// How long to let plegd catch up between steps.
+        #[arg(long, default_value = "2s", value_parser = parse_seconds)]
+        pause: std::time::Duration,
+    },
+}
+
+fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
+    text.trim_end_matches('s')
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("invalid duration {text:?}: expected seconds, e.g. 2s"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -55,6 +72,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Demo { plegd, pause } => plegd_tests::demo::run(&plegd, pause).await?,
         Command::Containerd { action, name } => {
             let options = ContainerdOptions::named(&name);
             match action {

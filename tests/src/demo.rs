@@ -1,0 +1,117 @@
+//! The demo behind `cargo xtask demo`: plegd runs against a private containerd while real
+//! containers start, get killed, exit, run out of memory, restart and go. plegd's events go to
+//! stdout; the narration goes to stderr.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use k8s_cri::v1::ContainerState;
+
+use crate::{
+    ContainerdOptions, PrivateContainerd,
+    containerd::CRI_NAMESPACE,
+    cri::{ContainerSpec, Cri},
+    native::Native,
+    process,
+};
+
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Stops plegd (SIGTERM, as a service manager would) when the demo ends, however it ends.
+struct Plegd(Child);
+
+impl Drop for Plegd {
+    fn drop(&mut self) {
+        process::terminate(
+            i32::try_from(self.0.id()).unwrap_or_default(),
+            Duration::from_secs(5),
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn say(text: &str) {
+    eprintln!("\n### {text}");
+}
+
+/// Runs the demo with the plegd binary at `plegd`; `pause` is how long to let plegd catch up
+/// between steps (a relist period plus margin).
+pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
+    say("starting a private containerd (config, state and sockets in $TMPDIR/plegd-harness)");
+    let containerd = PrivateContainerd::start(&ContainerdOptions::named("demo")).await?;
+    let socket = containerd.socket();
+    eprintln!("    socket {}", socket.display());
+
+    say(&format!(
+        "starting plegd run --runtime-endpoint {} (polling mode, relist every 1s)",
+        socket.display()
+    ));
+    let _plegd = Plegd(
+        Command::new(plegd)
+            .args(["run", "--relist-period", "1s", "--runtime-endpoint"])
+            .arg(&socket)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", plegd.display()))?,
+    );
+    let cri = Cri::connect(&containerd).await?;
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE).await?;
+    tokio::time::sleep(pause).await;
+
+    say("pod web: sandbox + containers app and sidecar start");
+    let pod = cri.run_pod("web").await?;
+    let app = cri
+        .run_container(&pod, &ContainerSpec::sleeper("app"))
+        .await?;
+    cri.run_container(&pod, &ContainerSpec::sleeper("sidecar"))
+        .await?;
+    cri.wait_state(&app, ContainerState::ContainerRunning, STEP_TIMEOUT)
+        .await?;
+    tokio::time::sleep(pause).await;
+
+    say("kill -9 of app's init process: ContainerDied, exit 137");
+    let pid = tasks.init_pid(&app).await?;
+    process::kill_all(&[pid], STEP_TIMEOUT);
+    cri.wait_state(&app, ContainerState::ContainerExited, STEP_TIMEOUT)
+        .await?;
+    tokio::time::sleep(pause).await;
+
+    say("kubelet would restart it: app, attempt 1, starts");
+    cri.run_container(&pod, &ContainerSpec::sleeper("app").restarted())
+        .await?;
+    tokio::time::sleep(pause).await;
+
+    say(
+        "container job runs `exit 3`: ContainerStarted (if a relist sees it run), ContainerDied exit 3",
+    );
+    let job = cri
+        .run_container(&pod, &ContainerSpec::shell("job", "sleep 1.5; exit 3"))
+        .await?;
+    cri.wait_state(&job, ContainerState::ContainerExited, STEP_TIMEOUT)
+        .await?;
+    tokio::time::sleep(pause).await;
+
+    say("container hog allocates past its 32 MiB limit: ContainerDied, OOMKilled");
+    let hog = cri.run_container(&pod, &ContainerSpec::oom("hog")).await?;
+    cri.wait_state(&hog, ContainerState::ContainerExited, STEP_TIMEOUT)
+        .await?;
+    tokio::time::sleep(pause).await;
+
+    say("the exited containers are removed: ContainerRemoved");
+    for id in [&app, &job, &hog] {
+        cri.remove_container(id).await?;
+    }
+    tokio::time::sleep(pause).await;
+
+    say("pod web is stopped and removed: every container and the sandbox die and go");
+    cri.remove_pod(&pod).await?;
+    tokio::time::sleep(pause).await;
+
+    say("done: stopping plegd and the private containerd");
+    Ok(())
+}
