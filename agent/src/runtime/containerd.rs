@@ -16,6 +16,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
     str::FromStr,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -124,15 +125,33 @@ pub struct ContainerdRuntime {
     call_timeout: Duration,
     /// The CRI plugin on the same socket, for CRI containers whose task it has deleted.
     cri: CriRuntime,
+    ran: Arc<RunMemory>,
+}
+
+/// Non-CRI containers seen with a task, by (namespace, id), with how their task ended.
+/// containerd forgets a task once it is deleted, after which the container looks like one never
+/// started; remembering keeps it exited (with its exit code) until it is removed.
+#[derive(Debug, Default)]
+struct RunMemory(Mutex<HashMap<(String, String), Option<ExitDetails>>>);
+
+/// How a task ended, kept for after containerd deletes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ExitDetails {
+    exit_code: Option<i32>,
+    reason: String,
+    finished_at: Option<SystemTime>,
 }
 
 /// One container read from containerd, before grouping into pods.
 #[derive(Debug)]
 struct Entry {
+    namespace: String,
     pod: PodIdentity,
     record: ContainerRecord,
     /// A CRI container without a task: its state is the CRI plugin's to tell.
     ask_cri: bool,
+    /// Made by the CRI plugin (which keeps exit state itself).
+    cri: bool,
 }
 
 impl ContainerdRuntime {
@@ -158,6 +177,7 @@ impl ContainerdRuntime {
             channel,
             namespaces,
             call_timeout,
+            ran: Arc::default(),
         })
     }
 
@@ -342,6 +362,56 @@ impl ContainerdRuntime {
     }
 }
 
+impl RunMemory {
+    /// Keeps non-CRI containers whose task was deleted exited. A full listing also forgets
+    /// containers that no longer exist.
+    fn apply(&self, entries: &mut [Entry], full: bool) {
+        // Plain map updates: a poisoned lock still holds consistent data.
+        let mut ran = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if full {
+            let present: std::collections::HashSet<(&str, &str)> = entries
+                .iter()
+                .map(|e| (e.namespace.as_str(), e.record.id.0.as_str()))
+                .collect();
+            ran.retain(|(ns, id), _| present.contains(&(ns.as_str(), id.as_str())));
+        }
+        for entry in entries.iter_mut().filter(|e| !e.cri) {
+            let key = (entry.namespace.clone(), entry.record.id.0.clone());
+            let record = &mut entry.record;
+            match record.state {
+                ContainerState::Created => {
+                    if let Some(ended) = ran.get(&key) {
+                        record.state = ContainerState::Exited;
+                        if let Some(ended) = ended {
+                            record.exit_code = ended.exit_code;
+                            record.reason.clone_from(&ended.reason);
+                            record.finished_at = ended.finished_at;
+                        }
+                    }
+                }
+                ContainerState::Exited => {
+                    let details = ExitDetails {
+                        exit_code: record.exit_code,
+                        reason: record.reason.clone(),
+                        finished_at: record.finished_at,
+                    };
+                    // A list carries no exit details: keep those an inspection saw.
+                    let known = ran.get(&key).cloned().flatten();
+                    let details = if details.exit_code.is_none() {
+                        known
+                    } else {
+                        Some(details)
+                    };
+                    ran.insert(key, details);
+                }
+                ContainerState::Running | ContainerState::Unknown => {
+                    ran.entry(key).or_insert(None);
+                }
+            }
+        }
+    }
+}
+
 impl Runtime for ContainerdRuntime {
     fn endpoint(&self) -> &str {
         &self.endpoint
@@ -357,7 +427,8 @@ impl Runtime for ContainerdRuntime {
             Scope::Pod(uid) => self.read_pod(uid).await?,
             Scope::Container(id) => self.read_container_pod(id).await?,
         };
-        let entries = self.ask_cri(entries, *scope == Scope::All).await?;
+        let mut entries = self.ask_cri(entries, *scope == Scope::All).await?;
+        self.ran.apply(&mut entries, *scope == Scope::All);
         let mut pods = assemble(entries);
         // A list carries states, not exit details, whichever backend (the CRI list has none):
         // exit codes come from inspect_pod.
@@ -371,7 +442,8 @@ impl Runtime for ContainerdRuntime {
     }
 
     async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
-        let entries = self.ask_cri(self.read_pod(uid).await?, false).await?;
+        let mut entries = self.ask_cri(self.read_pod(uid).await?, false).await?;
+        self.ran.apply(&mut entries, false);
         Ok(assemble(entries).into_iter().find(|p| &p.uid == uid))
     }
 }
@@ -511,9 +583,11 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entr
         reason: exit_code.map(exit_reason).unwrap_or_default().to_owned(),
     };
     Entry {
+        namespace: namespace.to_owned(),
         pod: identity.pod,
         record,
         ask_cri: identity.cri && !identity.sandbox && task.is_none(),
+        cri: identity.cri,
     }
 }
 
@@ -735,6 +809,35 @@ mod tests {
         let native = entry("ns", &container("n", &[], &[]), None);
         assert_eq!(native.record.state, ContainerState::Created);
         assert!(!native.ask_cri);
+    }
+
+    #[test]
+    fn a_native_container_whose_task_was_deleted_stays_exited_until_removed() {
+        let memory = RunMemory::default();
+        let solo = container("solo", &[], &[]);
+        let running = process(Status::Running, 0);
+        let stopped = process(Status::Stopped, 137);
+        let state_after = |task: Option<&Process>, full: bool| {
+            let mut entries = vec![entry("ns", &solo, task)];
+            memory.apply(&mut entries, full);
+            entries.remove(0).record
+        };
+        // Never started: created.
+        assert_eq!(state_after(None, true).state, ContainerState::Created);
+        assert_eq!(
+            state_after(Some(&running), true).state,
+            ContainerState::Running
+        );
+        assert_eq!(state_after(Some(&stopped), false).exit_code, Some(137));
+        // Task deleted: still exited, with the exit code seen before.
+        let record = state_after(None, false);
+        assert_eq!(
+            (record.state, record.exit_code),
+            (ContainerState::Exited, Some(137))
+        );
+        // Removed (absent from a full listing), then recreated with the same id: created.
+        memory.apply(&mut [], true);
+        assert_eq!(state_after(None, true).state, ContainerState::Created);
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! plegd run in-process against the harness's containerd, its event lines read back as JSON.
+
+#![allow(
+    dead_code,
+    reason = "each test file uses a different part of the support module"
+)]
+
+use std::{collections::HashMap, path::Path, time::Duration};
+
+use plegd::{
+    config::{Config, OutputFormat, RunArgs},
+    daemon::{self, Shared},
+    runtime::{AnyRuntime, RuntimeKind, RuntimeOptions},
+};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader, DuplexStream, Lines};
+use tokio_util::sync::CancellationToken;
+
+/// A running plegd whose stdout is read line by line.
+pub struct RunningPlegd {
+    lines: Lines<BufReader<DuplexStream>>,
+    pub shared: Shared,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Every event read so far, in order.
+    pub events: Vec<Value>,
+}
+
+/// Settings for a test daemon: fast relists, JSON output.
+pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Config {
+    Config::load(&RunArgs {
+        runtime: Some(kind),
+        runtime_endpoint: Some(socket.display().to_string()),
+        relist_period: Some(relist_period),
+        output: Some(OutputFormat::Json),
+        namespaces: Some(vec!["k8s.io".into(), "plegd-native".into()]),
+        ..RunArgs::default()
+    })
+    .expect("valid test config")
+}
+
+impl RunningPlegd {
+    pub async fn start(config: Config) -> Self {
+        let shutdown = CancellationToken::new();
+        let runtime = daemon::connect(&config, &shutdown)
+            .await
+            .expect("runtime reachable")
+            .expect("not shut down");
+        Self::start_with(runtime, config, shutdown).await
+    }
+
+    pub async fn start_with(
+        runtime: AnyRuntime,
+        config: Config,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (writer, reader) = tokio::io::duplex(1 << 20);
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { daemon::serve(runtime, &config, writer, shutdown, Some(started_tx)).await }
+        });
+        let shared = started_rx.await.expect("daemon started");
+        Self {
+            lines: BufReader::new(reader).lines(),
+            shared,
+            shutdown,
+            task,
+            events: Vec::new(),
+        }
+    }
+
+    /// Reads events until `done` holds over everything read so far, or fails at the deadline
+    /// with what was read.
+    pub async fn read_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&[Value]) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !done(&self.events) {
+            let line = tokio::time::timeout_at(deadline, self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "timed out after {timeout:?} waiting for {what}; events: {:#?}",
+                        self.events
+                    )
+                })
+                .expect("reading plegd output")
+                .expect("plegd output open");
+            self.events.push(
+                serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("bad event line {line:?}: {e}")),
+            );
+        }
+    }
+
+    /// Waits until `container` has had exactly the event types `expected` (more would fail
+    /// the final check of the test, not this wait).
+    pub async fn wait_container(&mut self, container: &str, expected: &[&str], timeout: Duration) {
+        let what = format!("{container}: {expected:?}");
+        self.read_until(&what, timeout, |events| {
+            types_of(events, container).len() >= expected.len()
+        })
+        .await;
+        assert_eq!(
+            types_of(&self.events, container),
+            expected,
+            "events of {container}"
+        );
+    }
+
+    /// The last event of `container`.
+    pub fn last_of(&self, container: &str) -> &Value {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e["container_id"] == container)
+            .unwrap_or_else(|| panic!("no event for {container}"))
+    }
+
+    /// Reads whatever plegd prints during `settle` (absence of extra events can only be seen
+    /// over time: a few relist periods).
+    pub async fn drain(&mut self, settle: Duration) {
+        let deadline = tokio::time::Instant::now() + settle;
+        while let Ok(line) = tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+            let line = line
+                .expect("reading plegd output")
+                .expect("plegd output open");
+            self.events
+                .push(serde_json::from_str(&line).expect("event line"));
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task
+            .await
+            .expect("daemon task")
+            .expect("daemon output");
+    }
+}
+
+/// The event types of one container, in order.
+pub fn types_of(events: &[Value], container: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["container_id"] == container)
+        .map(|e| e["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Every container's event types, for the final "nothing else happened" check.
+pub fn types_by_container(events: &[Value]) -> HashMap<String, Vec<String>> {
+    let mut by = HashMap::<String, Vec<String>>::new();
+    for event in events {
+        by.entry(
+            event["container_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+        .or_default()
+        .push(event["type"].as_str().unwrap_or_default().to_owned());
+    }
+    by
+}
+
+/// The options `daemon::connect` would use, for tests that connect by hand.
+pub fn runtime_options(config: &Config) -> RuntimeOptions {
+    RuntimeOptions {
+        call_timeout: config.runtime_timeout,
+        namespaces: config.namespaces.clone(),
+    }
+}
