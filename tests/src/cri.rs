@@ -112,6 +112,7 @@ impl Cri {
             }),
             // CRI sets the hostname itself only with a pod network namespace.
             hostname: String::new(),
+            labels: pod_labels(name, &namespace, &uid),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent,
                 security_context: Some(LinuxSandboxSecurityContext {
@@ -163,6 +164,11 @@ impl Cri {
                 ..Default::default()
             }),
             command: spec.command.clone(),
+            labels: {
+                let mut labels = pod.config.labels.clone();
+                labels.insert("io.kubernetes.container.name".into(), spec.name.clone());
+                labels
+            },
             linux: Some(LinuxContainerConfig {
                 resources: spec.memory_limit.map(|limit| LinuxContainerResources {
                     memory_limit_in_bytes: limit,
@@ -286,6 +292,18 @@ impl Cri {
         })
         .await?)
     }
+}
+
+/// The labels kubelet puts on every sandbox (and, with the container name, every container).
+fn pod_labels(name: &str, namespace: &str, uid: &str) -> std::collections::HashMap<String, String> {
+    [
+        ("io.kubernetes.pod.name", name),
+        ("io.kubernetes.pod.namespace", namespace),
+        ("io.kubernetes.pod.uid", uid),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 /// A short suffix unique within this run (pod uids must not collide across tests).

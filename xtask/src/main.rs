@@ -4,6 +4,7 @@
 //! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
 //! `demo` start with `setup::run`).
 
+mod bench;
 mod cmd;
 mod containerd;
 mod demo;
@@ -30,6 +31,8 @@ enum Command {
     /// Start, stop or query a private containerd (never the node's own), for trying plegd by
     /// hand: `cargo xtask containerd start`.
     Containerd(containerd::Options),
+    /// Benchmarks (release build, real runtime and fake): full relist time by backend and scale.
+    Bench(bench::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Setup(opts) => setup::run(&opts),
         Command::Containerd(opts) => containerd::run(&opts),
+        Command::Bench(opts) => bench::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
     };

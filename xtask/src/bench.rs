@@ -1,0 +1,23 @@
+//! `cargo xtask bench`: benchmarks, measured side by side in one run (release build): full
+//! relist time on the real runtime (both backends) and on a fake runtime at node scale.
+
+use std::process::Command;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{cmd::stream, setup};
+
+#[derive(Debug, Clone, Args)]
+pub struct Options {}
+
+pub fn run(_opts: &Options) -> Result<()> {
+    setup::run(&setup::Options::default())?;
+    stream(Command::new(env!("CARGO")).args([
+        "bench",
+        "--package",
+        "plegd-tests",
+        "--bench",
+        "relist",
+    ]))
+}
