@@ -281,13 +281,17 @@ impl Native {
             .delete(self.request(DeleteContainerRequest { id: id.to_owned() }))
             .await
             .with_context(|| format!("deleting container {id}"))?;
-        SnapshotsClient::new(self.channel.clone())
+        // containerd's garbage collector may remove the snapshot of a deleted container first.
+        match SnapshotsClient::new(self.channel.clone())
             .remove(self.request(RemoveSnapshotRequest {
                 snapshotter: SNAPSHOTTER.into(),
                 key: id.to_owned(),
             }))
             .await
-            .with_context(|| format!("removing snapshot {id}"))?;
-        Ok(())
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+            Err(status) => Err(status).with_context(|| format!("removing snapshot {id}")),
+        }
     }
 }

@@ -318,6 +318,24 @@ impl<R: Runtime> Relister<R> {
         if events.is_empty() {
             return Ok(true);
         }
+        // A pod with more events than the whole channel holds could never publish them all
+        // together: send what can ever fit and count the rest as lost, rather than retrying
+        // forever.
+        let mut events = events;
+        let capacity = self.events.max_capacity();
+        if events.len() > capacity {
+            let lost = events.len() - capacity;
+            warn!(
+                pod = %events[0].pod,
+                count = events.len(),
+                capacity,
+                lost,
+                "a pod has more events than the event channel holds; raise --event-channel-capacity"
+            );
+            events.truncate(capacity);
+            self.discarded_events += lost as u64;
+            outcome.events_discarded += lost;
+        }
         let permits = match self.events.try_reserve_many(events.len()) {
             Ok(permits) => permits,
             Err(TrySendError::Full(())) => {
@@ -529,6 +547,19 @@ mod tests {
             .relist(&Scope::All, &Hints::default())
             .await
             .expect("relist")
+    }
+
+    /// A pod with more events than the channel's whole capacity is published as far as it
+    /// fits, the rest counted as lost, and committed: no endless retry.
+    #[tokio::test]
+    async fn a_pod_larger_than_the_channel_does_not_wedge_the_relist() {
+        let mut h = harness(1, RelistConfig::default());
+        add_running_pod(&h.runtime, "p", &["c"]);
+        let outcome = relist_all(&mut h).await;
+        assert_eq!((outcome.events_sent, outcome.events_discarded), (1, 1));
+        assert_eq!(drain(&mut h.events).len(), 1);
+        assert_eq!(relist_all(&mut h).await, RelistOutcome::default());
+        assert_eq!(h.relister.discarded_events(), 1);
     }
 
     #[tokio::test]
