@@ -17,6 +17,9 @@ use crate::{
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
 };
 
+/// Full relist period while a push source is connected.
+pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
+
 /// How events are written to stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +73,11 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
     pub relist_period: Option<Duration>,
 
+    /// Period of the full relist while at least one push source (eBPF, containerd events, CRI
+    /// events) is connected: the safety net, slowed. [default: 30s]
+    #[arg(long, env = "PLEGD_SLOW_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    pub slow_relist_period: Option<Duration>,
+
     /// The PLEG is unhealthy when no full relist succeeded for this long. [default: 3m]
     #[arg(long, env = "PLEGD_RELIST_THRESHOLD", value_parser = parse_duration, value_name = "DURATION")]
     pub relist_threshold: Option<Duration>,
@@ -109,6 +117,7 @@ struct FileConfig {
     runtime_endpoint: Option<String>,
     namespaces: Option<Vec<String>>,
     relist_period: Option<String>,
+    slow_relist_period: Option<String>,
     relist_threshold: Option<String>,
     runtime_timeout: Option<String>,
     event_channel_capacity: Option<usize>,
@@ -126,6 +135,7 @@ pub struct Config {
     pub runtime_endpoint: Option<String>,
     pub namespaces: Vec<String>,
     pub relist_period: Duration,
+    pub slow_relist_period: Duration,
     pub relist_threshold: Duration,
     pub runtime_timeout: Duration,
     pub event_channel_capacity: usize,
@@ -204,6 +214,13 @@ impl Config {
                 .relist_period
                 .or(file_duration("relist-period", &file.relist_period)?)
                 .unwrap_or(DEFAULT_RELIST_PERIOD),
+            slow_relist_period: args
+                .slow_relist_period
+                .or(file_duration(
+                    "slow-relist-period",
+                    &file.slow_relist_period,
+                )?)
+                .unwrap_or(DEFAULT_SLOW_RELIST_PERIOD),
             relist_threshold: args
                 .relist_threshold
                 .or(file_duration("relist-threshold", &file.relist_threshold)?)
@@ -231,6 +248,7 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let zero = [
             ("relist-period", self.relist_period.is_zero()),
+            ("slow-relist-period", self.slow_relist_period.is_zero()),
             ("relist-threshold", self.relist_threshold.is_zero()),
             ("runtime-timeout", self.runtime_timeout.is_zero()),
             ("event-channel-capacity", self.event_channel_capacity == 0),

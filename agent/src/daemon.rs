@@ -22,6 +22,7 @@ use crate::{
         scheduler::{RelistScheduler, SchedulerConfig},
     },
     runtime::{AnyRuntime, ConnectError, EndpointError, Runtime, RuntimeOptions, endpoint},
+    sources::status::SourceRegistry,
     sync_loop::{self, RecordingSyncHandler, SyncConfig},
 };
 
@@ -120,6 +121,7 @@ pub struct Shared {
     pub cache: Arc<PodCache>,
     pub health: Arc<Health>,
     pub triggers: TriggerSender,
+    pub sources: SourceRegistry,
 }
 
 /// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`.
@@ -158,8 +160,13 @@ where
         clock.now(),
     );
     let (triggers, trigger_rx) = generator::trigger_channel();
-    // The period stays fixed until push sources exist to make it adaptive.
-    let (_period_tx, period_rx) = watch::channel(config.relist_period);
+    let sources = SourceRegistry::new();
+    let (period_tx, period_rx) = watch::channel(config.relist_period);
+    let adaptive_period = tokio::spawn(sources.clone().drive_relist_period(
+        period_tx,
+        config.relist_period,
+        config.slow_relist_period,
+    ));
 
     let generator = tokio::spawn(generator::run(
         relister,
@@ -186,6 +193,7 @@ where
             cache: Arc::clone(&cache),
             health: Arc::clone(&health),
             triggers,
+            sources: sources.clone(),
         });
     }
     info!(period = ?config.relist_period, threshold = ?config.relist_threshold, "plegd running (polling mode)");
@@ -202,6 +210,7 @@ where
             break;
         }
     }
+    adaptive_period.abort();
     for task in [generator, sync] {
         if let Err(e) = task.await {
             warn!(error = %e, "a daemon task ended abnormally");

@@ -1,3 +1,6 @@
-//! Trigger sources: the kernel (eBPF), runtime event streams and the relist timer.
+//! Trigger sources: the kernel (eBPF), runtime event streams and the relist timer. Each push
+//! source hands triggers to the generator through a [`crate::pleg::generator::TriggerSender`]
+//! and reports its state in the [`status::SourceRegistry`].
 
 pub mod ebpf;
+pub mod status;
