@@ -1,7 +1,7 @@
 //! `#[repr(C)]` types shared between plegd's eBPF programs and the agent.
 //!
 //! Every struct here crosses the kernel/user boundary as raw bytes (ring buffer records, map
-//! keys and values), so each one documents its layout and padding, and flags are `u32`, never
+//! values, globals), so each one documents its layout and padding, and flags are `u32`, never
 //! `bool`.
 #![no_std]
 
@@ -9,40 +9,112 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelEventKind {
-    /// A process called exec (`sched/sched_process_exec`).
-    Exec = 1,
+    /// A cgroup2 directory was created (`cgroup/cgroup_mkdir`); `path` holds its path.
+    CgroupMkdir = 1,
+    /// A cgroup2 directory was removed (`cgroup/cgroup_rmdir`); `path` holds its path.
+    CgroupRmdir = 2,
+    /// A process in a watched cgroup called exec (`sched/sched_process_exec`); `path` holds
+    /// the file name.
+    Exec = 3,
+    /// The init process (pid 1 of its pid namespace) of a watched cgroup exited
+    /// (`sched/sched_process_exit`, whole thread group); `exit_status` is its wait status when
+    /// `flags` has [`EVENT_HAS_EXIT_STATUS`].
+    Exit = 4,
+    /// The OOM killer chose a victim (`oom/mark_victim`); `pid` is the victim.
+    Oom = 5,
 }
 
 impl KernelEventKind {
     /// Decodes the raw `kind` field; unknown values (a newer eBPF object) yield `None`.
     pub const fn from_raw(raw: u32) -> Option<Self> {
         match raw {
-            1 => Some(Self::Exec),
+            1 => Some(Self::CgroupMkdir),
+            2 => Some(Self::CgroupRmdir),
+            3 => Some(Self::Exec),
+            4 => Some(Self::Exit),
+            5 => Some(Self::Oom),
             _ => None,
         }
     }
 }
 
+/// [`KernelEvent::flags`]: `exit_status` is valid.
+pub const EVENT_HAS_EXIT_STATUS: u32 = 1;
+
+/// Bytes of a path or file name carried in an event (longer ones are truncated).
+pub const EVENT_PATH_BYTES: usize = 256;
+
 /// One record in the `EVENTS` ring buffer.
 ///
-/// Layout (24 bytes, no implicit padding):
-/// `kind: u32 @0`, `pid: u32 @4`, `cgroup_id: u64 @8`, `ktime_ns: u64 @16`.
+/// Layout (288 bytes, no implicit padding): `kind: u32 @0`, `pid: u32 @4`, `cgroup_id: u64
+/// @8`, `ktime_ns: u64 @16`, `exit_status: i32 @24`, `flags: u32 @28`, `path: [u8; 256]
+/// @32` (NUL-terminated unless full).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelEvent {
     /// A [`KernelEventKind`] as `u32`.
     pub kind: u32,
-    /// Thread-group id (userspace "pid") of the task that triggered the probe.
+    /// Thread-group id (userspace "pid") the event is about.
     pub pid: u32,
-    /// cgroup2 id of the task (inode number of its cgroup2 directory).
+    /// cgroup2 id (inode of the cgroup2 directory): the cgroup made or removed, or the one of
+    /// the task that ran the probe.
     pub cgroup_id: u64,
     /// `bpf_ktime_get_ns()` when the probe ran (CLOCK_MONOTONIC).
     pub ktime_ns: u64,
+    /// `task_struct.exit_code`: `code << 8` for an exit, the signal number for a kill.
+    pub exit_status: i32,
+    /// `EVENT_*` bits.
+    pub flags: u32,
+    pub path: [u8; EVENT_PATH_BYTES],
+}
+
+/// Offsets of kernel fields the exit probe reads, found by userspace in the kernel's BTF and
+/// set as the `PROBE_CONFIG` global at load time.
+///
+/// Layout (32 bytes): seven `u32` offsets/sizes, then `valid: u32` (1 when set; 0 makes the
+/// exit probe report every thread-group exit in a watched cgroup, without exit status).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeConfig {
+    pub task_exit_code: u32,
+    pub task_group_leader: u32,
+    pub task_thread_pid: u32,
+    pub pid_level: u32,
+    pub pid_numbers: u32,
+    pub upid_nr: u32,
+    pub upid_size: u32,
+    pub valid: u32,
+}
+
+/// Tracepoint field offsets the programs read (from the tracefs `format` files of this
+/// kernel); the loader checks them before attaching.
+pub mod tracepoint_offsets {
+    /// `cgroup/cgroup_mkdir|rmdir`: `int root`.
+    pub const CGROUP_ROOT: usize = 8;
+    /// `cgroup/cgroup_mkdir|rmdir`: `int level`.
+    pub const CGROUP_LEVEL: usize = 12;
+    /// `cgroup/cgroup_mkdir|rmdir`: `u64 id`.
+    pub const CGROUP_ID: usize = 16;
+    /// `cgroup/cgroup_mkdir|rmdir`: `__data_loc char[] path`.
+    pub const CGROUP_PATH: usize = 24;
+    /// `sched/sched_process_exec`: `__data_loc char[] filename`.
+    pub const EXEC_FILENAME: usize = 8;
+    /// `sched/sched_process_exit`: `bool group_dead`.
+    pub const EXIT_GROUP_DEAD: usize = 32;
+    /// `oom/mark_victim`: `int pid`.
+    pub const OOM_PID: usize = 8;
 }
 
 #[cfg(feature = "user")]
-// SAFETY: KernelEvent is repr(C), Copy, and every bit pattern is a valid value.
+// SAFETY: repr(C), Copy, no padding, and every bit pattern is a valid value.
 unsafe impl aya::Pod for KernelEvent {}
 
+#[cfg(feature = "user")]
+// SAFETY: repr(C), Copy, no padding, and every bit pattern is a valid value.
+unsafe impl aya::Pod for ProbeConfig {}
+
 /// Size in bytes of the `EVENTS` ring buffer (a power of two, a multiple of the page size).
-pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+pub const EVENTS_RING_BYTES: u32 = 1 << 20;
+
+/// Entries of the `WATCHED` map (container cgroup ids userspace knows).
+pub const WATCHED_CGROUPS: u32 = 65_536;

@@ -1,0 +1,310 @@
+//! Kernel events to triggers: which container an event is about (through the cgroup index),
+//! what it observed, and which cgroups the probes should start or stop watching. Pure: no
+//! maps, no ring buffer, so it is tested with plain values.
+
+use std::time::{Duration, SystemTime};
+
+use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
+
+use crate::{
+    pleg::{
+        event::{Observation, ObservationKind, Trigger, TriggerSource},
+        record::ContainerId,
+    },
+    runtime::Scope,
+    sources::ebpf::{cgroup_path, index::CgroupIndex},
+};
+
+/// What one kernel event asks of the source.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// Relist this container.
+    pub trigger: Option<Trigger>,
+    /// Add this cgroup id to the probes' watch list.
+    pub watch: Option<u64>,
+    /// Remove this cgroup id from it.
+    pub unwatch: Option<u64>,
+}
+
+/// Turns kernel events into triggers, keeping the cgroup index current.
+#[derive(Debug)]
+pub struct Decoder {
+    pub index: CgroupIndex,
+    namespaces: Vec<String>,
+}
+
+impl Decoder {
+    pub fn new(index: CgroupIndex, namespaces: Vec<String>) -> Self {
+        Self { index, namespaces }
+    }
+
+    /// Decodes one event; `observed_at` is its wall-clock time. `victim_cgroup` resolves an OOM
+    /// victim's pid to its cgroup2 path (from /proc), when it can.
+    pub fn decode(
+        &mut self,
+        event: &KernelEvent,
+        observed_at: SystemTime,
+        victim_cgroup: impl FnOnce(u32) -> Option<String>,
+    ) -> Decoded {
+        let trigger = |id: &str, observations: Vec<ObservationKind>| Trigger {
+            scope: Scope::Container(ContainerId(id.to_owned())),
+            source: TriggerSource::Ebpf,
+            observed_at,
+            observations: observations
+                .into_iter()
+                .map(|kind| Observation {
+                    source: TriggerSource::Ebpf,
+                    kind,
+                })
+                .collect(),
+        };
+        match KernelEventKind::from_raw(event.kind) {
+            Some(KernelEventKind::CgroupMkdir) => {
+                let path = text(&event.path);
+                match self.index.insert(event.cgroup_id, &path, &self.namespaces) {
+                    Some(owner) => Decoded {
+                        trigger: Some(trigger(&owner.container_id, Vec::new())),
+                        watch: Some(event.cgroup_id),
+                        unwatch: None,
+                    },
+                    None => Decoded::default(),
+                }
+            }
+            Some(KernelEventKind::CgroupRmdir) => match self.index.remove(event.cgroup_id) {
+                Some(owner) => Decoded {
+                    trigger: Some(trigger(&owner.container_id, Vec::new())),
+                    watch: None,
+                    unwatch: Some(event.cgroup_id),
+                },
+                None => Decoded::default(),
+            },
+            Some(KernelEventKind::Exec) => self.about_cgroup(event.cgroup_id, |id| {
+                trigger(id, vec![ObservationKind::Exec(text(&event.path))])
+            }),
+            Some(KernelEventKind::Exit) => {
+                let observations = if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
+                    vec![exit_observation(event.exit_status)]
+                } else {
+                    Vec::new()
+                };
+                self.about_cgroup(event.cgroup_id, |id| trigger(id, observations))
+            }
+            Some(KernelEventKind::Oom) => {
+                let owner = victim_cgroup(event.pid)
+                    .and_then(|path| cgroup_path::parse(&path, &self.namespaces))
+                    .map(|owner| owner.container_id)
+                    .or_else(|| {
+                        self.index
+                            .get(event.cgroup_id)
+                            .map(|o| o.container_id.clone())
+                    });
+                Decoded {
+                    trigger: owner.map(|id| trigger(&id, vec![ObservationKind::OomKilled])),
+                    ..Decoded::default()
+                }
+            }
+            None => Decoded::default(),
+        }
+    }
+
+    fn about_cgroup(&self, cgroup_id: u64, make: impl FnOnce(&str) -> Trigger) -> Decoded {
+        Decoded {
+            trigger: self.index.get(cgroup_id).map(|o| make(&o.container_id)),
+            ..Decoded::default()
+        }
+    }
+}
+
+/// A wait status as an observation: killed by a signal, or exited with a code.
+fn exit_observation(status: i32) -> ObservationKind {
+    match status & 0x7f {
+        0 => ObservationKind::ExitCode((status >> 8) & 0xff),
+        signal => ObservationKind::Signal(signal),
+    }
+}
+
+/// A NUL-terminated kernel string.
+fn text(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// The wall-clock time of a `bpf_ktime_get_ns()` stamp.
+pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let mono_now = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
+    let age = mono_now.saturating_sub(Duration::from_nanos(ktime_ns));
+    SystemTime::now() - age
+}
+
+/// The cgroup2 path of a process, from /proc (`0::<path>`).
+pub fn proc_cgroup2_path(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use plegd_common::EVENT_PATH_BYTES;
+
+    use super::*;
+
+    const ID: &str = "0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77";
+
+    fn event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
+        let mut bytes = [0u8; EVENT_PATH_BYTES];
+        bytes[..path.len()].copy_from_slice(path.as_bytes());
+        KernelEvent {
+            kind: kind as u32,
+            pid: 42,
+            cgroup_id,
+            ktime_ns: 0,
+            exit_status: 0,
+            flags: 0,
+            path: bytes,
+        }
+    }
+
+    fn decoder() -> Decoder {
+        Decoder::new(CgroupIndex::default(), vec!["k8s.io".into()])
+    }
+
+    fn no_proc(_: u32) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn mkdir_of_a_container_watches_it_and_triggers_a_relist() {
+        let mut d = decoder();
+        let path = format!("/kubepods/besteffort/pod12345678-aaaa/{ID}");
+        let decoded = d.decode(
+            &event(KernelEventKind::CgroupMkdir, 7, &path),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        assert_eq!(decoded.watch, Some(7));
+        let trigger = decoded.trigger.unwrap();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
+        assert_eq!(trigger.source, TriggerSource::Ebpf);
+
+        // A non-container cgroup is ignored.
+        let other = d.decode(
+            &event(KernelEventKind::CgroupMkdir, 8, "/system.slice/x.service"),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        assert_eq!(other, Decoded::default());
+
+        // rmdir forgets and unwatches.
+        let gone = d.decode(
+            &event(KernelEventKind::CgroupRmdir, 7, ""),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        assert_eq!(gone.unwatch, Some(7));
+        assert!(d.index.get(7).is_none());
+    }
+
+    #[test]
+    fn exits_carry_the_signal_or_the_code() {
+        let mut d = decoder();
+        d.decode(
+            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        for (status, expected) in [
+            (9, ObservationKind::Signal(9)),
+            (3 << 8, ObservationKind::ExitCode(3)),
+            (0, ObservationKind::ExitCode(0)),
+        ] {
+            let mut exit = event(KernelEventKind::Exit, 7, "");
+            exit.exit_status = status;
+            exit.flags = EVENT_HAS_EXIT_STATUS;
+            let trigger = d
+                .decode(&exit, SystemTime::UNIX_EPOCH, no_proc)
+                .trigger
+                .unwrap();
+            assert_eq!(trigger.observations[0].kind, expected);
+        }
+        // Without exit details: a bare hint.
+        let trigger = d
+            .decode(
+                &event(KernelEventKind::Exit, 7, ""),
+                SystemTime::UNIX_EPOCH,
+                no_proc,
+            )
+            .trigger
+            .unwrap();
+        assert!(trigger.observations.is_empty());
+        // An unknown cgroup: nothing.
+        assert_eq!(
+            d.decode(
+                &event(KernelEventKind::Exit, 99, ""),
+                SystemTime::UNIX_EPOCH,
+                no_proc
+            ),
+            Decoded::default()
+        );
+    }
+
+    #[test]
+    fn oom_victims_are_found_through_proc_then_the_index() {
+        let mut d = decoder();
+        let via_proc = d.decode(
+            &event(KernelEventKind::Oom, 1, ""),
+            SystemTime::UNIX_EPOCH,
+            |_| Some(format!("/k8s.io/{ID}")),
+        );
+        assert_eq!(
+            via_proc.trigger.unwrap().observations[0].kind,
+            ObservationKind::OomKilled
+        );
+        d.decode(
+            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        let via_index = d.decode(
+            &event(KernelEventKind::Oom, 7, ""),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        assert!(via_index.trigger.is_some());
+    }
+
+    #[test]
+    fn exec_names_the_binary_and_unknown_kinds_are_ignored() {
+        let mut d = decoder();
+        d.decode(
+            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        let trigger = d
+            .decode(
+                &event(KernelEventKind::Exec, 7, "/bin/sleep"),
+                SystemTime::UNIX_EPOCH,
+                no_proc,
+            )
+            .trigger
+            .unwrap();
+        assert_eq!(
+            trigger.observations[0].kind,
+            ObservationKind::Exec("/bin/sleep".into())
+        );
+        let mut unknown = event(KernelEventKind::Exec, 7, "");
+        unknown.kind = 99;
+        assert_eq!(
+            d.decode(&unknown, SystemTime::UNIX_EPOCH, no_proc),
+            Decoded::default()
+        );
+    }
+}
