@@ -1,13 +1,16 @@
 //! The `plegd` command line.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{Config, LogFormat, RunArgs};
+use crate::{
+    api::{self, client::WatchOptions},
+    config::{Config, LogFormat, OutputFormat, RunArgs},
+};
 
 /// plegd: pod lifecycle events for a Linux node, with kubelet's PLEG semantics.
 ///
@@ -25,9 +28,73 @@ struct Cli {
 enum Command {
     /// Run the daemon: relist the runtime, print lifecycle events on stdout, logs on stderr.
     /// Stops cleanly on SIGTERM or SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Load and attach the eBPF probes, report what loaded, and exit.
     ProbeCheck,
+    /// Follow a running plegd's events: a live table (or JSON lines), resumed across
+    /// disconnects and daemon restarts. Stops on Ctrl-C.
+    Watch(WatchArgs),
+    /// List a running plegd's cached pods and their containers.
+    Pods(ClientArgs),
+    /// Print a running plegd's health and event sources. Exit code 0: healthy, 1: unhealthy,
+    /// 2: unreachable.
+    Health(ClientArgs),
+}
+
+/// Where the daemon is.
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// The daemon's API socket.
+    #[arg(long, env = "PLEGD_SOCKET", default_value = crate::api::DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
+}
+
+/// Flags of `plegd watch`.
+#[derive(Debug, Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// `text`: a table; `json`: one object per line.
+    #[arg(long, value_enum, default_value = "text")]
+    output: OutputFormat,
+    /// Start at this sequence number of the current run, if the daemon still has it
+    /// (default: new events only).
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    from: u64,
+    /// Only pods of this namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pod_namespace: Option<String>,
+    /// Only pods with this name.
+    #[arg(long, value_name = "NAME")]
+    pod_name: Option<String>,
+    /// Only the pod with this uid.
+    #[arg(long, value_name = "UID")]
+    pod_uid: Option<String>,
+    /// Only these event types (repeat or comma separate).
+    #[arg(long = "type", value_enum, value_delimiter = ',', value_name = "TYPE")]
+    types: Vec<EventTypeArg>,
+}
+
+/// Event types as `plegd watch --type` names them.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EventTypeArg {
+    ContainerStarted,
+    ContainerDied,
+    ContainerRemoved,
+    ContainerChanged,
+    PodSync,
+}
+
+impl From<EventTypeArg> for plegd_proto::v1::EventType {
+    fn from(t: EventTypeArg) -> Self {
+        match t {
+            EventTypeArg::ContainerStarted => Self::ContainerStarted,
+            EventTypeArg::ContainerDied => Self::ContainerDied,
+            EventTypeArg::ContainerRemoved => Self::ContainerRemoved,
+            EventTypeArg::ContainerChanged => Self::ContainerChanged,
+            EventTypeArg::PodSync => Self::PodSync,
+        }
+    }
 }
 
 /// Entry point of the `plegd` binary.
@@ -39,6 +106,9 @@ pub fn main() -> ExitCode {
             init_logging(LogFormat::Text);
             probe_check()
         }
+        Command::Watch(args) => client(watch(args)),
+        Command::Pods(args) => client(pods(args)),
+        Command::Health(args) => return health(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -71,12 +141,44 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
 async fn run_daemon(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let Some(runtime) = crate::daemon::connect(&config, &shutdown).await? else {
+    // Bound first: a socket in use or a bad certificate stops plegd before anything else.
+    let listeners = api::Listeners::bind(&config)
+        .await
+        .context("starting the API")?;
+    let Some(connected) = crate::daemon::connect(&config, &shutdown).await? else {
         return Ok(());
     };
-    crate::daemon::serve(runtime, &config, tokio::io::stdout(), shutdown, None)
-        .await
-        .context("writing events to stdout")
+    let socket = Some(connected.socket);
+    let (started, shared) = tokio::sync::oneshot::channel();
+    let api = tokio::spawn(serve_api(listeners, shared, shutdown.clone()));
+    let served = crate::daemon::serve(
+        connected.runtime,
+        socket,
+        &config,
+        tokio::io::stdout(),
+        shutdown.clone(),
+        Some(started),
+    )
+    .await
+    .context("writing events to stdout");
+    shutdown.cancel();
+    let _ = api.await;
+    served
+}
+
+/// Serves the API once the daemon is wired; an API that fails stops the daemon.
+async fn serve_api(
+    listeners: api::Listeners,
+    shared: tokio::sync::oneshot::Receiver<crate::daemon::Shared>,
+    shutdown: CancellationToken,
+) {
+    let Ok(shared) = shared.await else {
+        return;
+    };
+    if let Err(e) = listeners.serve(shared, shutdown.clone()).await {
+        tracing::error!("the API failed: {e}; shutting down");
+        shutdown.cancel();
+    }
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {
@@ -93,6 +195,54 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
         _ = int.recv() => info!("SIGINT: shutting down"),
     }
     shutdown.cancel();
+}
+
+/// Runs a client command on a small runtime.
+fn client<T>(command: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(command)
+}
+
+async fn watch(args: WatchArgs) -> anyhow::Result<()> {
+    let options = WatchOptions {
+        socket: args.client.socket,
+        output: args.output,
+        from: args.from,
+        pod_namespace: args.pod_namespace.unwrap_or_default(),
+        pod_name: args.pod_name.unwrap_or_default(),
+        pod_uid: args.pod_uid.unwrap_or_default(),
+        types: args.types.into_iter().map(Into::into).collect(),
+    };
+    let (mut out, mut notes) = (std::io::stdout().lock(), std::io::stderr());
+    tokio::select! {
+        result = api::client::watch(&options, &mut out, &mut notes) => Ok(result?),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+async fn pods(args: ClientArgs) -> anyhow::Result<()> {
+    Ok(api::client::pods(&args.socket, &mut std::io::stdout().lock()).await?)
+}
+
+fn health(args: &ClientArgs) -> ExitCode {
+    let checked = client(async {
+        Ok(api::client::health(&args.socket, &mut std::io::stdout().lock()).await)
+    });
+    match checked {
+        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(false)) => ExitCode::from(1),
+        Ok(Err(e)) => {
+            eprintln!("plegd: {e}");
+            ExitCode::from(if e.is_unreachable() { 2 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("plegd: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 fn probe_check() -> anyhow::Result<()> {

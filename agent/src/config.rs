@@ -2,6 +2,8 @@
 //! in that order of precedence, over built-in defaults.
 
 use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -19,6 +21,32 @@ use crate::{
 
 /// Full relist period while a push source is connected.
 pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
+
+/// A trigger source, as `--sources` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceName {
+    /// Kernel tracepoints.
+    Ebpf,
+    /// containerd's event stream (Events.Subscribe).
+    Containerd,
+    /// CRI GetContainerEvents.
+    CriEvents,
+    /// The periodic full relist: always on, accepted so `--sources relist` says "polling only".
+    Relist,
+}
+
+impl SourceName {
+    /// The sources that can be turned off, all on by default.
+    pub const PUSH: [Self; 3] = [Self::Ebpf, Self::Containerd, Self::CriEvents];
+}
+
+impl Config {
+    /// Whether `source` is enabled (the relist always is).
+    pub fn source_enabled(&self, source: SourceName) -> bool {
+        source == SourceName::Relist || self.sources.contains(&source)
+    }
+}
 
 /// How events are written to stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -78,6 +106,18 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_SLOW_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
     pub slow_relist_period: Option<Duration>,
 
+    /// Push sources to use, comma separated: `ebpf`, `containerd` (containerd's event stream),
+    /// `cri-events` (CRI GetContainerEvents). The periodic full relist always runs; `relist`
+    /// alone means polling only. [default: ebpf,containerd,cri-events]
+    #[arg(
+        long,
+        env = "PLEGD_SOURCES",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "SOURCE,..."
+    )]
+    pub sources: Option<Vec<SourceName>>,
+
     /// The PLEG is unhealthy when no full relist succeeded for this long. [default: 3m]
     #[arg(long, env = "PLEGD_RELIST_THRESHOLD", value_parser = parse_duration, value_name = "DURATION")]
     pub relist_threshold: Option<Duration>,
@@ -107,6 +147,43 @@ pub struct RunArgs {
     /// Log format on stderr (level from RUST_LOG, default info). [default: text]
     #[arg(long, env = "PLEGD_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+
+    /// Unix socket of the plegd.v1 gRPC API (and grpc.health.v1); its directory is created
+    /// 0700, the socket is 0600. [default: /run/plegd/plegd.sock]
+    #[arg(long, env = "PLEGD_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+
+    /// Also serve the API on this TCP address, with TLS (needs --tls-cert and --tls-key).
+    /// [default: off]
+    #[arg(long, env = "PLEGD_LISTEN", value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+
+    /// PEM certificate (chain) of the TLS listener.
+    #[arg(long, env = "PLEGD_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the TLS listener.
+    #[arg(long, env = "PLEGD_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificate(s): when given, TLS clients must present a certificate it signed
+    /// (mutual TLS).
+    #[arg(long, env = "PLEGD_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve Prometheus /metrics, /healthz and /readyz over HTTP on this address, e.g.
+    /// 127.0.0.1:9809. [default: off]
+    #[arg(long, env = "PLEGD_METRICS_ADDRESS", value_name = "ADDR:PORT")]
+    pub metrics_address: Option<SocketAddr>,
+
+    /// Events kept for watchers that reconnect and resume. [default: 10000]
+    #[arg(long, env = "PLEGD_EVENT_HISTORY", value_name = "N")]
+    pub event_history: Option<usize>,
+
+    /// Events queued per watcher; a watcher that falls further behind is ended as lagged.
+    /// [default: 1024]
+    #[arg(long, env = "PLEGD_WATCH_QUEUE", value_name = "N")]
+    pub watch_queue: Option<usize>,
 }
 
 /// The file form of [`RunArgs`].
@@ -118,6 +195,7 @@ struct FileConfig {
     namespaces: Option<Vec<String>>,
     relist_period: Option<String>,
     slow_relist_period: Option<String>,
+    sources: Option<Vec<SourceName>>,
     relist_threshold: Option<String>,
     runtime_timeout: Option<String>,
     event_channel_capacity: Option<usize>,
@@ -125,6 +203,14 @@ struct FileConfig {
     emit_changed: Option<bool>,
     output: Option<OutputFormat>,
     log_format: Option<LogFormat>,
+    socket: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    metrics_address: Option<SocketAddr>,
+    event_history: Option<usize>,
+    watch_queue: Option<usize>,
 }
 
 /// Resolved settings of `plegd run`.
@@ -136,6 +222,8 @@ pub struct Config {
     pub namespaces: Vec<String>,
     pub relist_period: Duration,
     pub slow_relist_period: Duration,
+    /// Enabled push sources (never [`SourceName::Relist`], which always runs).
+    pub sources: BTreeSet<SourceName>,
     pub relist_threshold: Duration,
     pub runtime_timeout: Duration,
     pub event_channel_capacity: usize,
@@ -143,6 +231,20 @@ pub struct Config {
     pub emit_changed: bool,
     pub output: OutputFormat,
     pub log_format: LogFormat,
+    /// Unix socket of the API.
+    pub socket: PathBuf,
+    /// TCP address of the TLS API listener, if any.
+    pub listen: Option<SocketAddr>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Client CA for mutual TLS.
+    pub tls_client_ca: Option<PathBuf>,
+    /// HTTP address of /metrics, /healthz and /readyz, if any.
+    pub metrics_address: Option<SocketAddr>,
+    /// Events kept for resuming watchers.
+    pub event_history: usize,
+    /// Events queued per watcher.
+    pub watch_queue: usize,
 }
 
 /// A configuration that cannot be used.
@@ -168,6 +270,8 @@ pub enum ConfigError {
     },
     #[error("{key} must be greater than zero")]
     Zero { key: &'static str },
+    #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
+    ListenWithoutTls,
 }
 
 impl Config {
@@ -221,6 +325,14 @@ impl Config {
                     &file.slow_relist_period,
                 )?)
                 .unwrap_or(DEFAULT_SLOW_RELIST_PERIOD),
+            sources: args
+                .sources
+                .clone()
+                .or(file.sources)
+                .unwrap_or_else(|| SourceName::PUSH.to_vec())
+                .into_iter()
+                .filter(|s| *s != SourceName::Relist)
+                .collect(),
             relist_threshold: args
                 .relist_threshold
                 .or(file_duration("relist-threshold", &file.relist_threshold)?)
@@ -240,6 +352,24 @@ impl Config {
             emit_changed: args.emit_changed.or(file.emit_changed).unwrap_or(false),
             output: args.output.or(file.output).unwrap_or_default(),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            socket: args
+                .socket
+                .clone()
+                .or(file.socket)
+                .unwrap_or_else(|| PathBuf::from(crate::api::DEFAULT_SOCKET)),
+            listen: args.listen.or(file.listen),
+            tls_cert: args.tls_cert.clone().or(file.tls_cert),
+            tls_key: args.tls_key.clone().or(file.tls_key),
+            tls_client_ca: args.tls_client_ca.clone().or(file.tls_client_ca),
+            metrics_address: args.metrics_address.or(file.metrics_address),
+            event_history: args
+                .event_history
+                .or(file.event_history)
+                .unwrap_or(crate::api::bus::DEFAULT_EVENT_HISTORY),
+            watch_queue: args
+                .watch_queue
+                .or(file.watch_queue)
+                .unwrap_or(crate::api::bus::DEFAULT_WATCH_QUEUE),
         };
         config.validate()?;
         Ok(config)
@@ -253,7 +383,12 @@ impl Config {
             ("runtime-timeout", self.runtime_timeout.is_zero()),
             ("event-channel-capacity", self.event_channel_capacity == 0),
             ("inspect-concurrency", self.inspect_concurrency == 0),
+            ("event-history", self.event_history == 0),
+            ("watch-queue", self.watch_queue == 0),
         ];
+        if self.listen.is_some() && (self.tls_cert.is_none() || self.tls_key.is_none()) {
+            return Err(ConfigError::ListenWithoutTls);
+        }
         match zero.into_iter().find(|(_, is_zero)| *is_zero) {
             Some((key, _)) => Err(ConfigError::Zero { key }),
             None => Ok(()),
@@ -355,6 +490,69 @@ mod tests {
                 key: "event-channel-capacity"
             })
         ));
+    }
+
+    #[test]
+    fn sources_default_to_every_push_source_and_relist_alone_means_polling() {
+        let all = Config::load(&RunArgs::default()).unwrap();
+        assert_eq!(all.sources, SourceName::PUSH.into_iter().collect());
+        let polling = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert!(polling.sources.is_empty());
+        assert!(polling.source_enabled(SourceName::Relist));
+        assert!(!polling.source_enabled(SourceName::Containerd));
+
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "sources = [\"containerd\", \"cri-events\"]").unwrap();
+        let from_file = Config::load(&RunArgs {
+            config: Some(file.path().to_owned()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert_eq!(
+            from_file.sources,
+            [SourceName::Containerd, SourceName::CriEvents].into()
+        );
+        assert_eq!(
+            SourceName::from_str("cri-events", false),
+            Ok(SourceName::CriEvents)
+        );
+    }
+
+    #[test]
+    fn api_settings_default_to_the_socket_only_and_tls_needs_a_certificate() {
+        let config = Config::load(&RunArgs::default()).unwrap();
+        assert_eq!(config.socket, PathBuf::from("/run/plegd/plegd.sock"));
+        assert_eq!((config.listen, config.metrics_address), (None, None));
+        assert_eq!((config.event_history, config.watch_queue), (10_000, 1024));
+        let plain_tcp = RunArgs {
+            listen: Some("127.0.0.1:9810".parse().unwrap()),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&plain_tcp),
+            Err(ConfigError::ListenWithoutTls)
+        ));
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "socket = \"/tmp/p.sock\"\nmetrics-address = \"127.0.0.1:9809\"\nevent-history = 5"
+        )
+        .unwrap();
+        let config = Config::load(&RunArgs {
+            config: Some(file.path().to_owned()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert_eq!(config.socket, PathBuf::from("/tmp/p.sock"));
+        assert_eq!(
+            config.metrics_address,
+            Some("127.0.0.1:9809".parse().unwrap())
+        );
+        assert_eq!(config.event_history, 5);
     }
 
     #[test]

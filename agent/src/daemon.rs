@@ -11,18 +11,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::{
-    config::Config,
+    api::{self, ApiBus, Metrics},
+    config::{Config, SourceName},
     output::EventLine,
     pleg::{
         cache::PodCache,
         clock::{Clock, SystemClock},
+        event::TriggerSource,
         generator::{self, TriggerSender},
         health::Health,
         relist::{RelistConfig, Relister},
         scheduler::{RelistScheduler, SchedulerConfig},
     },
-    runtime::{AnyRuntime, ConnectError, EndpointError, Runtime, RuntimeOptions, endpoint},
-    sources::status::SourceRegistry,
+    runtime::{
+        AnyRuntime, ConnectError, EndpointError, Runtime, RuntimeKind, RuntimeOptions,
+        containerd::CRI_NAMESPACE, endpoint,
+    },
+    sources::{
+        containerd_events::{self, ContainerdEventsConfig},
+        cri_events::{self, CriEventsConfig},
+        status::{SourceRegistry, SourceState},
+    },
     sync_loop::{self, RecordingSyncHandler, SyncConfig},
 };
 
@@ -38,13 +47,21 @@ pub enum StartError {
     Namespace(#[from] crate::runtime::InvalidNamespace),
 }
 
+/// A runtime reached by [`connect`], and the socket it answers on (where the event sources
+/// subscribe).
+#[derive(Clone, Debug)]
+pub struct Connected {
+    pub runtime: AnyRuntime,
+    pub socket: PathBuf,
+}
+
 /// Finds and connects to the runtime, retrying with backoff while it is not there (a node's
 /// runtime may start after plegd). Each failed attempt logs why. `Ok(None)`: shut down while
 /// waiting.
 pub async fn connect(
     config: &Config,
     shutdown: &CancellationToken,
-) -> Result<Option<AnyRuntime>, StartError> {
+) -> Result<Option<Connected>, StartError> {
     let options = RuntimeOptions {
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
@@ -63,7 +80,7 @@ pub async fn connect(
                     // outage once it lasts past the threshold.
                     Err(error) => warn!(%error, "runtime not answering yet; relists will retry"),
                 }
-                return Ok(Some(runtime));
+                return Ok(Some(Connected { runtime, socket }));
             }
             Err(Retry::Never(e)) => return Err(e),
             Err(Retry::After(reason)) => {
@@ -122,12 +139,17 @@ pub struct Shared {
     pub health: Arc<Health>,
     pub triggers: TriggerSender,
     pub sources: SourceRegistry,
+    /// Every published event, for the API's watchers.
+    pub bus: ApiBus,
+    pub metrics: Metrics,
 }
 
 /// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`.
+/// `runtime_socket`: where the runtime's event streams are (none: no stream sources).
 /// `started` receives the shared handles once everything is wired.
 pub async fn serve<R, W>(
     runtime: R,
+    runtime_socket: Option<PathBuf>,
     config: &Config,
     out: W,
     shutdown: CancellationToken,
@@ -140,6 +162,8 @@ where
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(Arc::clone(&clock), config.relist_threshold));
+    let metrics = Metrics::new();
+    let bus = ApiBus::new(api::new_run_id(), config.event_history, config.watch_queue);
     let (events_tx, events_rx) = mpsc::channel(config.event_channel_capacity);
     let relister = Relister::new(
         runtime,
@@ -151,7 +175,8 @@ where
             inspect_concurrency: config.inspect_concurrency,
             emit_changed: config.emit_changed,
         },
-    );
+    )
+    .with_metrics(metrics.clone());
     let scheduler = RelistScheduler::new(
         SchedulerConfig {
             full_relist_period: config.relist_period,
@@ -167,6 +192,9 @@ where
         config.relist_period,
         config.slow_relist_period,
     ));
+
+    let stream_sources =
+        start_stream_sources(config, runtime_socket, &triggers, &sources, &shutdown);
 
     let generator = tokio::spawn(generator::run(
         relister,
@@ -194,13 +222,23 @@ where
             health: Arc::clone(&health),
             triggers,
             sources: sources.clone(),
+            bus: bus.clone(),
+            metrics: metrics.clone(),
         });
     }
-    info!(period = ?config.relist_period, threshold = ?config.relist_threshold, "plegd running (polling mode)");
+    info!(
+        period = ?config.relist_period,
+        slow_period = ?config.slow_relist_period,
+        threshold = ?config.relist_threshold,
+        sources = ?config.sources,
+        "plegd running"
+    );
 
     let mut out = out;
     let mut result = Ok(());
     while let Some(event) = forward_rx.recv().await {
+        // The API's watchers get it through the bus, which never blocks; stdout below.
+        api::publish(&bus, &metrics, &event, &cache);
         let mut line = EventLine::new(&event, &cache).render(config.output);
         line.push('\n');
         if let Err(e) = write_line(&mut out, &line).await {
@@ -211,6 +249,9 @@ where
         }
     }
     adaptive_period.abort();
+    for source in &stream_sources {
+        source.abort();
+    }
     for task in [generator, sync] {
         if let Err(e) = task.await {
             warn!(error = %e, "a daemon task ended abnormally");
@@ -218,6 +259,70 @@ where
     }
     info!("plegd stopped");
     result
+}
+
+/// Starts the runtime event stream sources `config` enables, on `socket`; marks the disabled
+/// ones so health shows why they are off.
+fn start_stream_sources(
+    config: &Config,
+    socket: Option<PathBuf>,
+    triggers: &TriggerSender,
+    registry: &SourceRegistry,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    if !config.source_enabled(SourceName::Ebpf) {
+        registry.set(
+            TriggerSource::Ebpf,
+            SourceState::Disabled,
+            "turned off by --sources",
+        );
+    }
+    let mut tasks = Vec::new();
+    for (name, source) in [
+        (SourceName::Containerd, TriggerSource::Containerd),
+        (SourceName::CriEvents, TriggerSource::CriEvents),
+    ] {
+        let Some(socket) = socket.clone().filter(|_| config.source_enabled(name)) else {
+            let why = if config.source_enabled(name) {
+                "no runtime socket"
+            } else {
+                "turned off by --sources"
+            };
+            registry.set(source, SourceState::Disabled, why);
+            continue;
+        };
+        let (triggers, registry, shutdown) = (triggers.clone(), registry.clone(), shutdown.clone());
+        tasks.push(match name {
+            SourceName::Containerd => {
+                // CRI keeps its containers in one namespace; the containerd backend reads those
+                // configured.
+                let namespaces = match config.runtime {
+                    RuntimeKind::Cri => vec![CRI_NAMESPACE.to_owned()],
+                    RuntimeKind::Containerd => config.namespaces.clone(),
+                };
+                tokio::spawn(containerd_events::run(
+                    ContainerdEventsConfig {
+                        socket,
+                        namespaces,
+                        timeout: config.runtime_timeout,
+                    },
+                    triggers,
+                    registry,
+                    shutdown,
+                ))
+            }
+            _ => tokio::spawn(cri_events::run(
+                CriEventsConfig {
+                    socket,
+                    timeout: config.runtime_timeout,
+                },
+                triggers,
+                registry,
+                shutdown,
+            )),
+        });
+    }
+    tasks
 }
 
 async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &str) -> std::io::Result<()> {

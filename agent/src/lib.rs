@@ -1,6 +1,8 @@
 //! plegd: kubelet's Pod Lifecycle Event Generator as a standalone, event-driven node daemon.
 //!
 //! # Layout
+//! - `api`: the plegd.v1 gRPC API (event bus with resume, server, client), grpc.health.v1 and
+//!   Prometheus metrics.
 //! - `cli`: the `plegd` command line (thin; each subcommand delegates to a module).
 //! - `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
 //! - `daemon`: the core wired to a runtime, the sync loop and the event output.
@@ -11,6 +13,7 @@
 //! - `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.
 //! - `sync_loop`: kubelet's sync loop: PLEG events, sync tick, housekeeping, per-pod workers.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod daemon;

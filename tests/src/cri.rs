@@ -7,10 +7,10 @@ use anyhow::Context as _;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, ContainerStatusRequest,
     CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerResources,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest, runtime_service_client::RuntimeServiceClient,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    ListContainersRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopContainerRequest, StopPodSandboxRequest, runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::Channel;
 
@@ -97,7 +97,7 @@ impl Cri {
     /// Runs a pod sandbox with host networking (no CNI here) in namespace `plegd-test`, under
     /// kubelet's cgroupfs layout (`/kubepods/besteffort/pod<uid>`).
     pub async fn run_pod(&self, name: &str) -> anyhow::Result<Pod> {
-        let uid = format!("{name}-{}", unique_suffix());
+        let uid = pod_uid();
         let namespace = "plegd-test".to_owned();
         let cgroup_parent = format!("/kubepods/besteffort/pod{uid}");
         self.instance
@@ -116,12 +116,7 @@ impl Cri {
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent,
                 security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Node as i32,
-                        pid: NamespaceMode::Container as i32,
-                        ipc: NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
+                    namespace_options: Some(pod_namespaces()),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -174,7 +169,12 @@ impl Cri {
                     memory_limit_in_bytes: limit,
                     ..Default::default()
                 }),
-                ..Default::default()
+                // As kubelet does for a pod without shareProcessNamespace: the container has
+                // its own pid namespace, so its command is pid 1 there.
+                security_context: Some(LinuxContainerSecurityContext {
+                    namespace_options: Some(pod_namespaces()),
+                    ..Default::default()
+                }),
             }),
             ..Default::default()
         };
@@ -294,6 +294,16 @@ impl Cri {
     }
 }
 
+/// Host network (no CNI here), a pid namespace per container, IPC shared in the pod.
+fn pod_namespaces() -> NamespaceOption {
+    NamespaceOption {
+        network: NamespaceMode::Node as i32,
+        pid: NamespaceMode::Container as i32,
+        ipc: NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
 /// The labels kubelet puts on every sandbox (and, with the container name, every container).
 fn pod_labels(name: &str, namespace: &str, uid: &str) -> std::collections::HashMap<String, String> {
     [
@@ -306,9 +316,24 @@ fn pod_labels(name: &str, namespace: &str, uid: &str) -> std::collections::HashM
     .collect()
 }
 
-/// A short suffix unique within this run (pod uids must not collide across tests).
-fn unique_suffix() -> String {
-    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{}-{n}", std::process::id())
+/// A fresh pod uid shaped like kubelet's (a random UUID), so cgroup paths look real.
+fn pod_uid() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    let (a, b) = (hasher.finish(), {
+        hasher.write_u8(1);
+        hasher.finish()
+    });
+    let hex = format!("{a:016x}{b:016x}");
+    format!(
+        "{}-{}-4{}-8{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[17..20],
+        &hex[20..32]
+    )
 }

@@ -54,6 +54,19 @@ pub struct TriggerReceiver {
     full_relist: Arc<tokio::sync::Notify>,
 }
 
+impl TriggerReceiver {
+    /// The next trigger, for driving a source without a generator (tests, tools).
+    pub async fn recv(&mut self) -> Option<Trigger> {
+        self.triggers.recv().await
+    }
+
+    /// Waits until a full relist is requested (at once if one is pending), for driving a
+    /// source without a generator.
+    pub async fn full_relist_requested(&self) {
+        self.full_relist.notified().await;
+    }
+}
+
 /// A trigger channel for the sources and the generator.
 pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
     let (tx, rx) = mpsc::channel(TRIGGER_CHANNEL_CAPACITY);
@@ -87,6 +100,7 @@ pub async fn run<R: Runtime>(
             biased;
             () = shutdown.cancelled() => break,
             Some(trigger) = triggers.triggers.recv() => {
+                relister.metrics().trigger(trigger.source);
                 scheduler.push(trigger, clock.now(), |c| relister.pod_of(c));
             }
             () = triggers.full_relist.notified() => scheduler.request_full_relist(clock.now()),
@@ -115,7 +129,16 @@ async fn run_batch<R: Runtime>(
     clock: &dyn Clock,
     batch: Batch,
 ) -> bool {
-    let retry = match relister.relist(&batch.scope, &batch.hints).await {
+    let started = clock.now();
+    let result = relister.relist(&batch.scope, &batch.hints).await;
+    relister.metrics().relisted(
+        batch.scope == Scope::All,
+        started.into_std(),
+        clock.now().saturating_duration_since(started),
+        result.is_ok(),
+        result.as_ref().map_or(0, |o| o.events_discarded),
+    );
+    let retry = match result {
         Ok(outcome) => {
             if outcome.full_relist_needed {
                 scheduler.request_full_relist(clock.now());

@@ -19,6 +19,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use crate::{
+    api::Metrics,
     pleg::{
         cache::PodCache,
         clock::Clock,
@@ -93,6 +94,7 @@ pub struct Relister<R> {
     to_reinspect: BTreeSet<PodUid>,
     sequence: u64,
     discarded_events: u64,
+    metrics: Metrics,
 }
 
 /// One pod's inspection.
@@ -123,7 +125,19 @@ impl<R: Runtime> Relister<R> {
             to_reinspect: BTreeSet::new(),
             sequence: 0,
             discarded_events: 0,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Reports relists and triggers to `metrics` (the default set is registered nowhere).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where the relists and their triggers are counted.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The pod holding `container`, as of the last relist that saw it.

@@ -31,8 +31,13 @@ use crate::{
 /// Default delay before the first retry; doubles with each attempt.
 pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(10);
 
-/// Default number of retries of one targeted relist (10 + 20 + 40 + 80 + 160 ms in all).
-pub const DEFAULT_MAX_RETRIES: u32 = 5;
+/// Default number of retries of one targeted relist: 10 ms doubling up to
+/// [`MAX_RETRY_DELAY`], about 2.3 s in all. A runtime catching up after its own restart can
+/// lag a trigger by more than a second; past that, the next full relist catches up.
+pub const DEFAULT_MAX_RETRIES: u32 = 8;
+
+/// Longest wait between two retries.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// Scheduler settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -303,7 +308,8 @@ impl RelistScheduler {
         let delay = self
             .config
             .retry_base
-            .saturating_mul(1 << batch.attempt.min(16));
+            .saturating_mul(1 << batch.attempt.min(16))
+            .min(MAX_RETRY_DELAY);
         for (target, hint) in batch.hints.0 {
             self.enqueue(target, hint, now + delay, batch.attempt + 1);
         }
@@ -521,7 +527,8 @@ mod tests {
         );
         let mut now = t0;
         let mut batch = scheduler.next_due(now).expect("first run");
-        for (attempt, delay_ms) in [10, 20, 40, 80, 160].into_iter().enumerate() {
+        // Doubling from 10 ms, capped at MAX_RETRY_DELAY.
+        for (attempt, delay_ms) in [10, 20, 40, 80, 160, 320, 640, 1000].into_iter().enumerate() {
             assert_eq!(batch.attempt, attempt as u32);
             scheduler.retry(batch, now).expect("retry allowed");
             assert_eq!(scheduler.next_deadline(), now + delay_ms * MS);
@@ -532,7 +539,7 @@ mod tests {
         }
         assert_eq!(
             scheduler.retry(batch, now),
-            Err(RetryError::Exhausted { attempts: 5 })
+            Err(RetryError::Exhausted { attempts: DEFAULT_MAX_RETRIES })
         );
         assert_eq!(scheduler.next_deadline(), t0 + Duration::from_secs(3600));
     }

@@ -13,12 +13,12 @@ pub enum KernelEventKind {
     CgroupMkdir = 1,
     /// A cgroup2 directory was removed (`cgroup/cgroup_rmdir`); `path` holds its path.
     CgroupRmdir = 2,
-    /// A process in a watched cgroup called exec (`sched/sched_process_exec`); `path` holds
-    /// the file name.
+    /// A container's init (pid 1 of a pid namespace) called exec (`sched/sched_process_exec`);
+    /// `path` holds the file name.
     Exec = 3,
-    /// The init process (pid 1 of its pid namespace) of a watched cgroup exited
-    /// (`sched/sched_process_exit`, whole thread group); `exit_status` is its wait status when
-    /// `flags` has [`EVENT_HAS_EXIT_STATUS`].
+    /// A container's init (pid 1 of a pid namespace) exited (`sched/sched_process_exit`,
+    /// whole thread group); `exit_status` is its wait status when `flags` has
+    /// [`EVENT_HAS_EXIT_STATUS`].
     Exit = 4,
     /// The OOM killer chose a victim (`oom/mark_victim`); `pid` is the victim.
     Oom = 5,
@@ -72,7 +72,8 @@ pub struct KernelEvent {
 /// set as the `PROBE_CONFIG` global at load time.
 ///
 /// Layout (32 bytes): seven `u32` offsets/sizes, then `valid: u32` (1 when set; 0 makes the
-/// exit probe report every thread-group exit in a watched cgroup, without exit status).
+/// process probes report every exec and thread-group exit in a watched cgroup, without exit
+/// status).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeConfig {

@@ -22,7 +22,8 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// cgroup2 ids of the containers userspace knows; process probes ignore every other cgroup.
+/// cgroup2 ids of the containers userspace knows: without BTF offsets, process probes ignore
+/// every other cgroup.
 #[map]
 static WATCHED: HashMap<u64, u32> = HashMap::with_max_entries(WATCHED_CGROUPS, 0);
 
@@ -100,7 +101,7 @@ fn try_cgroup_change(ctx: &TracePointContext, kind: KernelEventKind) -> Result<u
 fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if !is_watched(cgroup) {
+    if !is_container_init(cgroup)? {
         return Ok(0);
     }
     // SAFETY: offset checked by the loader; __data_loc as above.
@@ -126,18 +127,18 @@ fn try_exit(ctx: &TracePointContext) -> Result<u32, u32> {
     }
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if !is_watched(cgroup) {
+    if !is_container_init(cgroup)? {
         return Ok(0);
     }
-    // SAFETY: PROBE_CONFIG is written once by the loader before attaching; volatile so the
-    // compiler does not fold the zero initialiser.
-    let config = unsafe { core::ptr::read_volatile(&PROBE_CONFIG) };
+    let config = probe_config();
     let (status, flags) = if config.valid == 1 {
-        match init_exit_status(&config)? {
-            // Not the init of a pid namespace: a container's other processes come and go.
-            None => return Ok(0),
-            Some(status) => (status, EVENT_HAS_EXIT_STATUS),
-        }
+        // SAFETY: probe reads of the current task at offsets from this kernel's BTF.
+        let status = unsafe {
+            let task = bpf_get_current_task() as *const u8;
+            bpf_probe_read_kernel(task.add(config.task_exit_code as usize) as *const i32)
+                .map_err(|_| 1u32)?
+        };
+        (status, EVENT_HAS_EXIT_STATUS)
     } else {
         (0, 0)
     };
@@ -151,8 +152,21 @@ fn try_exit(ctx: &TracePointContext) -> Result<u32, u32> {
     )
 }
 
-/// The exit status of the exiting thread group if its leader is pid 1 of its pid namespace.
-fn init_exit_status(config: &ProbeConfig) -> Result<Option<i32>, u32> {
+fn probe_config() -> ProbeConfig {
+    // SAFETY: PROBE_CONFIG is written once by the loader before attaching; volatile so the
+    // compiler does not fold the zero initialiser.
+    unsafe { core::ptr::read_volatile(&PROBE_CONFIG) }
+}
+
+/// Whether the current task's process is a container's init: pid 1 of a pid namespace other
+/// than the host's. Such processes are few, so no userspace state is needed to filter, and
+/// the events of a container just created are never missed. Without BTF offsets, fall back
+/// to the cgroups userspace watches.
+fn is_container_init(cgroup: u64) -> Result<bool, u32> {
+    let config = probe_config();
+    if config.valid != 1 {
+        return Ok(is_watched(cgroup));
+    }
     // SAFETY: every read goes through bpf_probe_read_kernel, which fails cleanly on a bad
     // pointer; the offsets come from this kernel's BTF.
     unsafe {
@@ -165,17 +179,14 @@ fn init_exit_status(config: &ProbeConfig) -> Result<Option<i32>, u32> {
                 .map_err(|_| 1u32)?;
         let level: u32 = bpf_probe_read_kernel(pid.add(config.pid_level as usize) as *const u32)
             .map_err(|_| 1u32)?;
+        if level == 0 {
+            return Ok(false);
+        }
         let nr_offset = config.pid_numbers as usize
             + (level as usize & 0x3f) * config.upid_size as usize
             + config.upid_nr as usize;
         let nr: i32 = bpf_probe_read_kernel(pid.add(nr_offset) as *const i32).map_err(|_| 1u32)?;
-        if nr != 1 {
-            return Ok(None);
-        }
-        let status: i32 =
-            bpf_probe_read_kernel(task.add(config.task_exit_code as usize) as *const i32)
-                .map_err(|_| 1u32)?;
-        Ok(Some(status))
+        Ok(nr == 1)
     }
 }
 

@@ -8,9 +8,9 @@
 use std::{collections::HashMap, path::Path, time::Duration};
 
 use plegd::{
-    config::{Config, OutputFormat, RunArgs},
-    daemon::{self, Shared},
-    runtime::{AnyRuntime, RuntimeKind, RuntimeOptions},
+    config::{Config, OutputFormat, RunArgs, SourceName},
+    daemon::{self, Connected, Shared},
+    runtime::{RuntimeKind, RuntimeOptions},
 };
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader, DuplexStream, Lines};
@@ -26,10 +26,22 @@ pub struct RunningPlegd {
     pub events: Vec<Value>,
 }
 
-/// Settings for a test daemon: fast relists, JSON output.
+/// Settings for a test daemon: fast relists, JSON output, polling only (no push sources, so
+/// every event is the relist's own).
 pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Config {
+    config_with_sources(kind, socket, relist_period, &[SourceName::Relist])
+}
+
+/// [`config`] with the given `--sources`.
+pub fn config_with_sources(
+    kind: RuntimeKind,
+    socket: &Path,
+    relist_period: Duration,
+    sources: &[SourceName],
+) -> Config {
     Config::load(&RunArgs {
         runtime: Some(kind),
+        sources: Some(sources.to_vec()),
         runtime_endpoint: Some(socket.display().to_string()),
         relist_period: Some(relist_period),
         output: Some(OutputFormat::Json),
@@ -42,23 +54,34 @@ pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Conf
 impl RunningPlegd {
     pub async fn start(config: Config) -> Self {
         let shutdown = CancellationToken::new();
-        let runtime = daemon::connect(&config, &shutdown)
+        let connected = daemon::connect(&config, &shutdown)
             .await
             .expect("runtime reachable")
             .expect("not shut down");
-        Self::start_with(runtime, config, shutdown).await
+        Self::start_with(connected, config, shutdown).await
     }
 
     pub async fn start_with(
-        runtime: AnyRuntime,
+        connected: Connected,
         config: Config,
         shutdown: CancellationToken,
     ) -> Self {
+        let Connected { runtime, socket } = connected;
         let (writer, reader) = tokio::io::duplex(1 << 20);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
-            async move { daemon::serve(runtime, &config, writer, shutdown, Some(started_tx)).await }
+            async move {
+                daemon::serve(
+                    runtime,
+                    Some(socket),
+                    &config,
+                    writer,
+                    shutdown,
+                    Some(started_tx),
+                )
+                .await
+            }
         });
         let shared = started_rx.await.expect("daemon started");
         Self {
@@ -173,5 +196,59 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
     RuntimeOptions {
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
+    }
+}
+
+/// The API of a test daemon: the plegd.v1 socket (in its own temp dir) and the metrics
+/// address.
+pub struct ServedApi {
+    pub socket: std::path::PathBuf,
+    pub metrics: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<Result<(), plegd::api::listen::ServeError>>,
+    _dir: tempfile::TempDir,
+}
+
+impl ServedApi {
+    /// A client of the plegd.v1 API.
+    pub async fn client(
+        &self,
+    ) -> plegd_proto::v1::pleg_client::PlegClient<tonic::transport::Channel> {
+        plegd::api::client::connect(&self.socket)
+            .await
+            .expect("API socket answers")
+    }
+
+    /// Waits for the servers to stop (after the daemon's shutdown).
+    pub async fn stopped(self) {
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("API stops on shutdown")
+            .expect("API task")
+            .expect("API served cleanly");
+    }
+}
+
+impl RunningPlegd {
+    /// Starts a daemon as [`RunningPlegd::start`] does and serves its API as `plegd run`
+    /// does: on a socket in a fresh temp dir (`run/plegd.sock`, so the directory is created)
+    /// and metrics on a free port of 127.0.0.1.
+    pub async fn start_serving_api(mut config: Config) -> (Self, ServedApi) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        config.socket = dir.path().join("run/plegd.sock");
+        config.metrics_address = Some("127.0.0.1:0".parse().expect("address"));
+        let listeners = plegd::api::Listeners::bind(&config)
+            .await
+            .expect("API listeners bound");
+        let metrics = listeners.metrics_address().expect("metrics bound");
+        let socket = config.socket.clone();
+        let plegd = Self::start(config).await;
+        let task = tokio::spawn(listeners.serve(plegd.shared.clone(), plegd.shutdown.clone()));
+        let api = ServedApi {
+            socket,
+            metrics,
+            task,
+            _dir: dir,
+        };
+        (plegd, api)
     }
 }

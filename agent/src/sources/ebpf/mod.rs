@@ -3,11 +3,13 @@
 //!
 //! Programs (ebpf/programs) run on `cgroup/cgroup_mkdir`, `cgroup/cgroup_rmdir`,
 //! `sched/sched_process_exec`, `sched/sched_process_exit` and `oom/mark_victim`. They filter in
-//! the kernel: cgroup events only for the cgroup2 tree at container depth, process events only
-//! in watched cgroups (a map userspace fills with the container cgroups it knows), exits only
-//! for the init process of a pid namespace (with its exit status, read at offsets found in the
-//! kernel's BTF). Events go through a ring buffer; what could not be reserved is counted per
-//! CPU, and any growth of that count schedules a full relist.
+//! the kernel: cgroup events only for the cgroup2 tree at container depth; exec and exit only
+//! for a container's init (pid 1 of a pid namespace, found through task_struct offsets read
+//! from the kernel's BTF; exits carry the init's exit status). Without BTF, process events are
+//! filtered by a map of watched cgroups that userspace fills with the container cgroups it
+//! knows. Events go through a ring buffer; what could not be reserved is counted per CPU, and
+//! any growth of that count schedules a full relist. Containers sharing the host's pid
+//! namespace have no init of their own: their deaths are found by the relist.
 //!
 //! The runtime stays the source of truth: an event only says which container to relist now.
 

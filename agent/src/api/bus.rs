@@ -1,0 +1,397 @@
+//! The event bus: a bounded history of published events and a bounded queue per subscriber.
+//!
+//! - **Sequences come from the relister**: [`EventBus::publish`] assigns nothing; events are
+//!   published in sequence order, gapless within a daemon run (an event out of order is
+//!   dropped with a warning).
+//! - **Resume**: [`EventBus::subscribe`] with `from` > 0 returns every kept event with
+//!   sequence >= `from`, then the live ones, atomically (no gap, no duplicate). `from` older
+//!   than the oldest kept event, or beyond the next sequence, is [`SubscribeError`]. `from` = 0
+//!   means live events only.
+//! - **Slow subscribers are ended, never waited for**: publishing never blocks. When a
+//!   subscriber's queue is full, it is removed and its [`Subscription`] ends with
+//!   [`Ended::Lagged`] at its next read (events still queued are dropped: the subscriber
+//!   resumes from what it last received). Other subscribers are not delayed.
+//! - **Bounded memory**: `history` events plus at most `queue` per subscriber; a subscriber's
+//!   backlog is at most `history` shared (`Arc`) events.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tracing::warn;
+
+/// Default number of events kept for resuming watchers.
+pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
+/// Default queue length of each subscriber.
+pub const DEFAULT_WATCH_QUEUE: usize = 1024;
+
+/// What the bus needs of an event.
+pub trait Sequenced {
+    fn sequence(&self) -> u64;
+}
+
+/// Why a subscription cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    #[error(
+        "sequence {from} is no longer kept (oldest kept: {oldest}); list the pods and watch anew"
+    )]
+    TooOld { from: u64, oldest: u64 },
+    #[error("sequence {from} is ahead of the stream (next: {next}); list the pods and watch anew")]
+    Ahead { from: u64, next: u64 },
+}
+
+/// Why a subscription ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ended {
+    #[error("lagged: more than {queue} events behind; resume from the last sequence received + 1")]
+    Lagged { queue: usize },
+    #[error("the event bus is closed")]
+    Closed,
+}
+
+/// Fan-out of events to subscribers, with history for resuming. Cheap to clone.
+pub struct EventBus<T> {
+    inner: Arc<Mutex<Inner<T>>>,
+    run_id: u64,
+    queue: usize,
+}
+
+impl<T> Clone for EventBus<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            run_id: self.run_id,
+            queue: self.queue,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for EventBus<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = lock(&self.inner);
+        f.debug_struct("EventBus")
+            .field("run_id", &self.run_id)
+            .field("last", &inner.last)
+            .field("history", &inner.history.len())
+            .field("subscribers", &inner.subscribers.len())
+            .finish()
+    }
+}
+
+struct Inner<T> {
+    history: VecDeque<Arc<T>>,
+    capacity: usize,
+    /// Sequence of the last published event (0: none).
+    last: u64,
+    subscribers: Vec<Slot<T>>,
+    next_id: u64,
+    closed: bool,
+}
+
+struct Slot<T> {
+    id: u64,
+    tx: mpsc::Sender<Arc<T>>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl<T: Sequenced> EventBus<T> {
+    /// A bus keeping `history` events (at least one) and `queue` (at least one) per subscriber.
+    pub fn new(run_id: u64, history: usize, queue: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                history: VecDeque::with_capacity(history.clamp(1, 1 << 16)),
+                capacity: history.max(1),
+                last: 0,
+                subscribers: Vec::new(),
+                next_id: 0,
+                closed: false,
+            })),
+            run_id,
+            queue: queue.max(1),
+        }
+    }
+
+    /// Identifies this daemon run: sequences restart at 1 in every run.
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+
+    /// Sequence of the last published event (0: none yet).
+    pub fn last_sequence(&self) -> u64 {
+        self.lock().last
+    }
+
+    /// Number of live subscribers.
+    pub fn subscriber_count(&self) -> usize {
+        self.lock().subscribers.len()
+    }
+
+    /// Keeps `event` and hands it to every subscriber; never blocks. Subscribers whose queue is
+    /// full are ended as lagged.
+    pub fn publish(&self, event: Arc<T>) {
+        let mut inner = self.lock();
+        let sequence = event.sequence();
+        if sequence <= inner.last {
+            warn!(
+                sequence,
+                last = inner.last,
+                "event out of order; not published"
+            );
+            return;
+        }
+        inner.last = sequence;
+        if inner.history.len() == inner.capacity {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(Arc::clone(&event));
+        let queue = self.queue;
+        inner
+            .subscribers
+            .retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    warn!(
+                        subscriber = slot.id,
+                        queue, "a watcher fell behind; ending it as lagged"
+                    );
+                    slot.lagged.store(true, Ordering::Release);
+                    false
+                }
+                Err(TrySendError::Closed(_)) => false,
+            });
+    }
+
+    /// Subscribes from sequence `from` (0: live events only); see the module docs.
+    pub fn subscribe(&self, from: u64) -> Result<Subscription<T>, SubscribeError> {
+        let mut inner = self.lock();
+        let next = inner.last + 1;
+        let oldest = inner.history.front().map_or(next, |e| e.sequence());
+        let backlog: VecDeque<Arc<T>> = match from {
+            0 => VecDeque::new(),
+            from if from > next => return Err(SubscribeError::Ahead { from, next }),
+            from if from < oldest => return Err(SubscribeError::TooOld { from, oldest }),
+            from => {
+                let start = inner.history.partition_point(|e| e.sequence() < from);
+                inner.history.range(start..).cloned().collect()
+            }
+        };
+        let (tx, rx) = mpsc::channel(self.queue);
+        let lagged = Arc::new(AtomicBool::new(false));
+        let id = inner.next_id;
+        inner.next_id += 1;
+        if !inner.closed {
+            inner.subscribers.push(Slot {
+                id,
+                tx,
+                lagged: Arc::clone(&lagged),
+            });
+        }
+        Ok(Subscription {
+            backlog,
+            rx,
+            lagged,
+            queue: self.queue,
+            id,
+            bus: Arc::clone(&self.inner),
+        })
+    }
+
+    /// Ends every subscription (after what is queued) and refuses new live ones.
+    pub fn close(&self) {
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.subscribers.clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        lock(&self.inner)
+    }
+}
+
+fn lock<T>(inner: &Mutex<Inner<T>>) -> MutexGuard<'_, Inner<T>> {
+    // Plain collections updated in single statements: a poisoned lock is still consistent.
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One subscriber's view: its backlog from the history, then live events.
+pub struct Subscription<T> {
+    backlog: VecDeque<Arc<T>>,
+    rx: mpsc::Receiver<Arc<T>>,
+    lagged: Arc<AtomicBool>,
+    queue: usize,
+    id: u64,
+    bus: Arc<Mutex<Inner<T>>>,
+}
+
+impl<T> Subscription<T> {
+    /// The next event, or why there are no more.
+    pub async fn next(&mut self) -> Result<Arc<T>, Ended> {
+        if let Some(event) = self.backlog.pop_front() {
+            return Ok(event);
+        }
+        // Checked first: once lagged, what is still queued is dropped.
+        if self.lagged.load(Ordering::Acquire) {
+            return Err(Ended::Lagged { queue: self.queue });
+        }
+        match self.rx.recv().await {
+            Some(event) => Ok(event),
+            None if self.lagged.load(Ordering::Acquire) => Err(Ended::Lagged { queue: self.queue }),
+            None => Err(Ended::Closed),
+        }
+    }
+}
+
+impl<T> Drop for Subscription<T> {
+    fn drop(&mut self) {
+        let id = self.id;
+        lock(&self.bus).subscribers.retain(|slot| slot.id != id);
+    }
+}
+
+impl<T> std::fmt::Debug for Subscription<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("backlog", &self.backlog.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[derive(Debug, PartialEq, Eq)]
+    struct E(u64);
+
+    impl Sequenced for E {
+        fn sequence(&self) -> u64 {
+            self.0
+        }
+    }
+
+    fn publish(bus: &EventBus<E>, range: std::ops::RangeInclusive<u64>) {
+        for s in range {
+            bus.publish(Arc::new(E(s)));
+        }
+    }
+
+    async fn take(sub: &mut Subscription<E>, n: usize) -> Vec<u64> {
+        let mut got = Vec::new();
+        for _ in 0..n {
+            let e = tokio::time::timeout(Duration::from_secs(1), sub.next())
+                .await
+                .expect("event in time")
+                .expect("subscription alive");
+            got.push(e.0);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn resume_gets_exactly_the_missed_events_then_live_ones() {
+        let bus = EventBus::new(7, 100, 16);
+        publish(&bus, 1..=5);
+        let mut sub = bus.subscribe(3).unwrap();
+        publish(&bus, 6..=7);
+        assert_eq!(take(&mut sub, 5).await, [3, 4, 5, 6, 7]);
+        // Resuming at the next sequence: nothing missed, live only.
+        let mut next = bus.subscribe(8).unwrap();
+        publish(&bus, 8..=8);
+        assert_eq!(take(&mut next, 1).await, [8]);
+        assert_eq!(take(&mut sub, 1).await, [8]);
+        assert_eq!(bus.run_id(), 7);
+        assert_eq!(bus.last_sequence(), 8);
+    }
+
+    #[tokio::test]
+    async fn zero_means_live_only() {
+        let bus = EventBus::new(1, 100, 16);
+        publish(&bus, 1..=3);
+        let mut sub = bus.subscribe(0).unwrap();
+        publish(&bus, 4..=4);
+        assert_eq!(take(&mut sub, 1).await, [4]);
+    }
+
+    #[test]
+    fn too_old_or_ahead_is_out_of_range() {
+        let bus = EventBus::new(1, 3, 16);
+        // Nothing published: only 1 (the next) is valid.
+        assert!(bus.subscribe(1).is_ok());
+        assert_eq!(
+            bus.subscribe(2).unwrap_err(),
+            SubscribeError::Ahead { from: 2, next: 1 }
+        );
+        publish(&bus, 1..=10);
+        assert_eq!(
+            bus.subscribe(7).unwrap_err(),
+            SubscribeError::TooOld { from: 7, oldest: 8 }
+        );
+        assert!(bus.subscribe(8).is_ok());
+        assert!(bus.subscribe(11).is_ok());
+        assert_eq!(
+            bus.subscribe(12).unwrap_err(),
+            SubscribeError::Ahead { from: 12, next: 11 }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_up() {
+        let bus = EventBus::new(1, 1000, 4);
+        let mut slow = bus.subscribe(0).unwrap();
+        let mut fast = bus.subscribe(0).unwrap();
+        let mut seen = Vec::new();
+        for s in 1..=20 {
+            publish(&bus, s..=s);
+            seen.extend(take(&mut fast, 1).await);
+        }
+        assert_eq!(seen, (1..=20).collect::<Vec<_>>());
+        assert_eq!(bus.subscriber_count(), 1);
+        assert_eq!(slow.next().await.unwrap_err(), Ended::Lagged { queue: 4 });
+        // The lagged one can resume from the history.
+        let mut resumed = bus.subscribe(1).unwrap();
+        assert_eq!(take(&mut resumed, 20).await.len(), 20);
+    }
+
+    #[tokio::test]
+    async fn memory_stays_bounded() {
+        let bus = EventBus::new(1, 50, 8);
+        let _stalled = bus.subscribe(0).unwrap();
+        publish(&bus, 1..=10_000);
+        let inner = bus.lock();
+        assert_eq!(inner.history.len(), 50);
+        assert_eq!(inner.history.front().unwrap().0, 9_951);
+        assert!(inner.subscribers.is_empty(), "the stalled one was dropped");
+    }
+
+    #[tokio::test]
+    async fn dropping_or_closing_ends_subscriptions() {
+        let bus = EventBus::new(1, 10, 8);
+        let sub = bus.subscribe(0).unwrap();
+        assert_eq!(bus.subscriber_count(), 1);
+        drop(sub);
+        assert_eq!(bus.subscriber_count(), 0);
+        let mut sub = bus.subscribe(0).unwrap();
+        publish(&bus, 1..=1);
+        bus.close();
+        assert_eq!(take(&mut sub, 1).await, [1]);
+        assert_eq!(sub.next().await.unwrap_err(), Ended::Closed);
+    }
+
+    #[test]
+    fn out_of_order_events_are_not_published() {
+        let bus = EventBus::new(1, 10, 8);
+        publish(&bus, 1..=3);
+        publish(&bus, 2..=2);
+        assert_eq!(bus.last_sequence(), 3);
+        assert_eq!(bus.lock().history.len(), 3);
+    }
+}

@@ -1,0 +1,450 @@
+//! The client side of the API, behind `plegd watch`, `plegd pods` and `plegd health`.
+//!
+//! `watch` follows the stream across disconnects: it resumes from the last sequence it printed
+//! (same daemon run), and when the daemon restarted or the events are gone it says so, lists
+//! the pods, and follows from that listing on.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
+use serde::Serialize;
+use tonic::{Code, Status, transport::Channel};
+
+use crate::{api::convert::from_timestamp, config::OutputFormat};
+
+/// How long a one-shot command waits for the daemon.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait between two reconnection attempts of `watch`.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// A command that could not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach plegd at {socket}: {source}")]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("plegd answered {}: {}", .0.code(), .0.message())]
+    Rpc(#[from] Status),
+    #[error("writing output: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+impl ClientError {
+    /// Whether the daemon could not be reached at all (rather than answering with an error).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Connect { .. } => true,
+            Self::Rpc(status) => matches!(
+                status.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Unknown
+            ),
+            Self::Write(_) => false,
+        }
+    }
+}
+
+/// Connects to the API socket.
+pub async fn connect(socket: &Path) -> Result<PlegClient<Channel>, ClientError> {
+    let path = socket.to_owned();
+    let channel = tonic::transport::Endpoint::from_static("http://plegd.local")
+        .connect_timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(|source| ClientError::Connect {
+            socket: socket.to_owned(),
+            source,
+        })?;
+    Ok(PlegClient::new(channel))
+}
+
+/// What `plegd watch` asks for.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    pub socket: PathBuf,
+    pub output: OutputFormat,
+    /// First sequence wanted (0: from now on).
+    pub from: u64,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    pub types: Vec<pb::EventType>,
+}
+
+/// Where the watch stands: the run and the next sequence wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Position {
+    run_id: u64,
+    next: u64,
+}
+
+/// Prints events to `out` (notes to `notes`) until the output fails or an error no retry can
+/// fix; reconnects and resumes otherwise.
+pub async fn watch<W: Write, N: Write>(
+    options: &WatchOptions,
+    out: &mut W,
+    notes: &mut N,
+) -> Result<(), ClientError> {
+    let mut position = (options.from > 0).then_some(Position {
+        run_id: 0,
+        next: options.from,
+    });
+    let mut delay = Duration::from_millis(200);
+    let mut header = false;
+    loop {
+        let outcome = watch_once(options, &mut position, out, notes, &mut header).await;
+        match outcome {
+            Ok(()) => writeln!(notes, "# stream ended; reconnecting")?,
+            Err(ClientError::Rpc(status)) if status.code() == Code::ResourceExhausted => {
+                writeln!(notes, "# {}; resuming", status.message())?;
+                continue;
+            }
+            Err(ClientError::Rpc(status)) if status.code() == Code::OutOfRange => {
+                writeln!(notes, "# {}", status.message())?;
+                position = None;
+                continue;
+            }
+            Err(e) if e.is_unreachable() => {
+                writeln!(notes, "# {e}; retrying in {delay:?}")?;
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RECONNECT_MAX);
+    }
+}
+
+async fn watch_once<W: Write, N: Write>(
+    options: &WatchOptions,
+    position: &mut Option<Position>,
+    out: &mut W,
+    notes: &mut N,
+    header: &mut bool,
+) -> Result<(), ClientError> {
+    let mut client = connect(&options.socket).await?;
+    let at = match *position {
+        Some(at) => at,
+        None => {
+            // Start (or start over) from a listing: everything after it follows.
+            let listing = client.list_pods(pb::ListPodsRequest {}).await?.into_inner();
+            if options.from > 0 || *header {
+                writeln!(
+                    notes,
+                    "# resynced: {} pods now (run {:x}); following from sequence {}",
+                    listing.pods.len(),
+                    listing.run_id,
+                    listing.sequence + 1
+                )?;
+            }
+            Position {
+                run_id: listing.run_id,
+                next: listing.sequence + 1,
+            }
+        }
+    };
+    *position = Some(at);
+    let request = pb::WatchRequest {
+        from_sequence: at.next,
+        pod_namespace: options.pod_namespace.clone(),
+        pod_name: options.pod_name.clone(),
+        pod_uid: options.pod_uid.clone(),
+        types: options.types.iter().map(|t| *t as i32).collect(),
+        include_observations: true,
+        run_id: at.run_id,
+    };
+    let mut stream = client.watch(request).await?.into_inner();
+    if !*header && options.output == OutputFormat::Text {
+        writeln!(out, "{}", table_header())?;
+        out.flush()?;
+    }
+    *header = true;
+    while let Some(event) = stream.message().await? {
+        *position = Some(Position {
+            run_id: event.run_id,
+            next: event.sequence + 1,
+        });
+        let line = WatchLine::new(&event);
+        match options.output {
+            OutputFormat::Text => writeln!(out, "{}", line.row())?,
+            OutputFormat::Json => writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&line).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            )?,
+        }
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn table_header() -> String {
+    format!(
+        "{:<24} {:>6}  {:<17} {:<32} {:<26} {:<18} {:>8}  {}",
+        "TIME", "SEQ", "TYPE", "POD", "CONTAINER", "SOURCES", "LATENCY", "EXIT"
+    )
+}
+
+/// One event as `plegd watch` prints it.
+#[derive(Debug, Serialize)]
+pub struct WatchLine {
+    pub sequence: u64,
+    pub run_id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub pod_uid: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub container_id: String,
+    pub container_name: String,
+    pub observed_at: String,
+    pub emitted_at: String,
+    pub latency_ms: u64,
+    pub sources: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub reason: String,
+    pub observations: Vec<String>,
+}
+
+impl WatchLine {
+    pub fn new(event: &pb::Event) -> Self {
+        let observed = from_timestamp(event.observed_at.as_ref());
+        let emitted = from_timestamp(event.emitted_at.as_ref());
+        let latency = match (observed, emitted) {
+            (Some(o), Some(e)) => e.duration_since(o).unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        Self {
+            sequence: event.sequence,
+            run_id: format!("{:x}", event.run_id),
+            event_type: event_type_name(event.r#type()),
+            pod_uid: event.pod_uid.clone(),
+            pod_namespace: event.pod_namespace.clone(),
+            pod_name: event.pod_name.clone(),
+            container_id: event.container_id.clone(),
+            container_name: event.container_name.clone(),
+            observed_at: rfc3339(observed),
+            emitted_at: rfc3339(emitted),
+            latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
+            sources: event.sources().map(|s| source_name(s).to_owned()).collect(),
+            exit_code: event.exit_code,
+            reason: event.reason.clone(),
+            observations: event.observations.iter().map(observation).collect(),
+        }
+    }
+
+    /// The table row.
+    pub fn row(&self) -> String {
+        let container = match (self.container_id.as_str(), self.container_name.as_str()) {
+            ("", _) => "-".to_owned(),
+            (id, "") => format!("sandbox {}", short(id)),
+            (id, name) => format!("{name} {}", short(id)),
+        };
+        let mut exit = match self.exit_code {
+            Some(code) if self.reason.is_empty() => code.to_string(),
+            Some(code) => format!("{code} {}", self.reason),
+            None => String::new(),
+        };
+        for o in &self.observations {
+            exit.push(' ');
+            exit.push_str(o);
+        }
+        format!(
+            "{:<24} {:>6}  {:<17} {:<32} {:<26} {:<18} {:>6}ms  {}",
+            self.emitted_at,
+            self.sequence,
+            self.event_type,
+            format!("{}/{}", self.pod_namespace, self.pod_name),
+            container,
+            self.sources.join("+"),
+            self.latency_ms,
+            exit.trim_start(),
+        )
+        .trim_end()
+        .to_owned()
+    }
+}
+
+fn event_type_name(t: pb::EventType) -> String {
+    match t {
+        pb::EventType::ContainerStarted => "ContainerStarted",
+        pb::EventType::ContainerDied => "ContainerDied",
+        pb::EventType::ContainerRemoved => "ContainerRemoved",
+        pb::EventType::ContainerChanged => "ContainerChanged",
+        pb::EventType::PodSync => "PodSync",
+        pb::EventType::Unspecified => "Unspecified",
+    }
+    .to_owned()
+}
+
+fn source_name(s: pb::TriggerSource) -> &'static str {
+    match s {
+        pb::TriggerSource::Ebpf => "ebpf",
+        pb::TriggerSource::Containerd => "containerd",
+        pb::TriggerSource::CriEvents => "cri-events",
+        pb::TriggerSource::Relist => "relist",
+        pb::TriggerSource::Unspecified => "unspecified",
+    }
+}
+
+fn observation(o: &pb::Observation) -> String {
+    use pb::observation::Kind;
+    let source = source_name(o.source());
+    match &o.kind {
+        Some(Kind::ExitCode(code)) => format!("{source}:exit_code={code}"),
+        Some(Kind::Signal(signal)) => format!("{source}:signal={signal}"),
+        Some(Kind::OomKilled(_)) => format!("{source}:oom_killed"),
+        Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
+        None => format!("{source}:?"),
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+fn rfc3339(t: Option<SystemTime>) -> String {
+    t.map_or_else(
+        || "-".to_owned(),
+        |t| humantime::format_rfc3339_millis(t).to_string(),
+    )
+}
+
+/// `plegd pods`: a table of cached pods and their containers.
+pub async fn pods<W: Write>(socket: &Path, out: &mut W) -> Result<(), ClientError> {
+    let mut client = connect(socket).await?;
+    let mut request = tonic::Request::new(pb::ListPodsRequest {});
+    request.set_timeout(CALL_TIMEOUT);
+    let listing = client.list_pods(request).await?.into_inner();
+    writeln!(
+        out,
+        "{:<40} {:<36} {:<20} {:<13} {:<8} EXIT",
+        "POD", "UID", "CONTAINER", "ID", "STATE"
+    )?;
+    for pod in &listing.pods {
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        for c in &pod.containers {
+            let container = if c.sandbox {
+                "(sandbox)".to_owned()
+            } else {
+                c.name.clone()
+            };
+            let state = match c.state() {
+                pb::ContainerState::Created => "created",
+                pb::ContainerState::Running => "running",
+                pb::ContainerState::Exited => "exited",
+                pb::ContainerState::Unknown | pb::ContainerState::Unspecified => "unknown",
+            };
+            let exit = if c.has_exit_code {
+                format!("{} {}", c.exit_code, c.reason)
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "{name:<40} {:<36} {container:<20} {:<13} {state:<8} {}",
+                pod.uid,
+                short(&c.id),
+                exit.trim_end()
+            )?;
+        }
+        if pod.containers.is_empty() {
+            writeln!(out, "{name:<40} {:<36} -", pod.uid)?;
+        }
+    }
+    writeln!(
+        out,
+        "{} pods; stream at sequence {} of run {:x}",
+        listing.pods.len(),
+        listing.sequence,
+        listing.run_id
+    )?;
+    Ok(())
+}
+
+/// `plegd health`: prints overall and per-source health; returns whether the PLEG is healthy.
+pub async fn health<W: Write>(socket: &Path, out: &mut W) -> Result<bool, ClientError> {
+    let mut client = connect(socket).await?;
+    let mut request = tonic::Request::new(pb::GetHealthRequest {});
+    request.set_timeout(CALL_TIMEOUT);
+    let health = client.get_health(request).await?.into_inner();
+    if health.healthy {
+        writeln!(
+            out,
+            "pleg: healthy (run {:x}, last sequence {})",
+            health.run_id, health.last_sequence
+        )?;
+    } else {
+        writeln!(out, "pleg: unhealthy: {}", health.message)?;
+    }
+    for source in &health.sources {
+        let state = match source.state() {
+            pb::SourceState::Connected => "connected",
+            pb::SourceState::Connecting => "connecting",
+            pb::SourceState::Reconnecting => "reconnecting",
+            pb::SourceState::Unsupported => "unsupported",
+            pb::SourceState::Disabled => "disabled",
+            pb::SourceState::Unspecified => "unknown",
+        };
+        let mut line = format!("{}: {state}", source_name(source.source()));
+        if let Some(at) = from_timestamp(source.last_delivered.as_ref()) {
+            let age = SystemTime::now().duration_since(at).unwrap_or_default();
+            line.push_str(&format!(
+                ", last delivered {} ago",
+                humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
+            ));
+        }
+        if !source.detail.is_empty() {
+            line.push_str(&format!(" ({})", source.detail));
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(health.healthy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_reads_well() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let event = pb::Event {
+            sequence: 12,
+            run_id: 0xabc,
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            container_id: "0123456789abcdef".into(),
+            container_name: "app".into(),
+            r#type: pb::EventType::ContainerDied as i32,
+            observed_at: Some(at.into()),
+            emitted_at: Some((at + Duration::from_millis(4)).into()),
+            sources: vec![pb::TriggerSource::Containerd as i32],
+            exit_code: Some(137),
+            reason: "Error".into(),
+            ..pb::Event::default()
+        };
+        let line = WatchLine::new(&event);
+        assert_eq!(
+            line.row(),
+            "2027-01-15T08:00:00.004Z     12  ContainerDied     default/web                      app 0123456789ab           containerd              4ms  137 Error"
+        );
+        let json = serde_json::to_value(&line).unwrap();
+        assert_eq!(json["type"], "ContainerDied");
+        assert_eq!(json["latency_ms"], 4);
+        assert_eq!(json["run_id"], "abc");
+        assert!(table_header().starts_with("TIME"));
+    }
+}

@@ -1,0 +1,440 @@
+//! Where the API is served: the unix socket (always), TCP with TLS (optional), the metrics
+//! HTTP listener (optional); and grpc.health.v1 kept in step with the PLEG's health.
+//!
+//! Everything is bound by [`Listeners::bind`] before the daemon starts, so a socket in use or
+//! a bad certificate stops `plegd run` at once; [`Listeners::serve`] then serves until shutdown.
+
+use std::{
+    io::ErrorKind,
+    net::SocketAddr,
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use http_body_util::Full;
+use hyper::{Method, StatusCode, body::Bytes};
+use plegd_proto::v1::pleg_server::PlegServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    server::NamedService,
+    transport::{Certificate, Identity, Server, ServerTlsConfig},
+};
+use tonic_health::{ServingStatus, server::HealthReporter};
+use tracing::{info, warn};
+
+use crate::{api::server::PlegService, config::Config, daemon::Shared};
+
+/// Default path of the API socket.
+pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
+
+/// How often grpc.health.v1 statuses follow the PLEG's health.
+const HEALTH_UPDATE_PERIOD: Duration = Duration::from_secs(1);
+
+/// The gRPC service name, as grpc.health.v1 and clients know it.
+pub const SERVICE_NAME: &str = <PlegServer<PlegService> as NamedService>::NAME;
+
+/// The API cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("creating the socket directory {path}: {source}")]
+    SocketDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is in use by a running plegd (or another server)")]
+    InUse { path: PathBuf },
+    #[error("{path} exists and is not a socket; not removing it")]
+    NotASocket { path: PathBuf },
+    #[error("binding {what} {address}: {source}")]
+    Bind {
+        what: &'static str,
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    ReadTls {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// A server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("gRPC server on {what}: {source}")]
+    Grpc {
+        what: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The API's bound listeners.
+#[derive(Debug)]
+pub struct Listeners {
+    unix: UnixListener,
+    socket: PathBuf,
+    tcp: Option<(TcpListener, ServerTlsConfig)>,
+    metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the unix socket (directory created 0700, socket 0600, a stale socket removed),
+    /// the TLS listener and the metrics listener that `config` asks for. Needs a tokio runtime.
+    pub async fn bind(config: &Config) -> Result<Self, BindError> {
+        let unix = bind_unix(&config.socket)?;
+        let tcp = match config.listen {
+            Some(address) => {
+                let tls = tls_config(config)?;
+                let listener =
+                    TcpListener::bind(address)
+                        .await
+                        .map_err(|source| BindError::Bind {
+                            what: "the gRPC TCP address",
+                            address: address.to_string(),
+                            source,
+                        })?;
+                Some((listener, tls))
+            }
+            None => None,
+        };
+        let metrics = match config.metrics_address {
+            Some(address) => {
+                Some(
+                    TcpListener::bind(address)
+                        .await
+                        .map_err(|source| BindError::Bind {
+                            what: "the metrics address",
+                            address: address.to_string(),
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            unix,
+            socket: config.socket.clone(),
+            tcp,
+            metrics,
+        })
+    }
+
+    /// The metrics listener's address (with the port chosen when 0 was asked for).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The TLS gRPC listener's address.
+    pub fn tcp_address(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// Serves the API of `shared` until `shutdown`; ends every watch stream (UNAVAILABLE)
+    /// then, and removes the socket.
+    pub async fn serve(
+        self,
+        shared: Shared,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError> {
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health_task = tokio::spawn(drive_grpc_health(
+            reporter,
+            shared.clone(),
+            shutdown.clone(),
+        ));
+        let metrics_task = self.metrics.map(|listener| {
+            tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
+        });
+        // Watch streams never end by themselves: close the bus on shutdown so they do, and the
+        // servers' graceful shutdown completes.
+        let stopping = {
+            let (shutdown, bus) = (shutdown.clone(), shared.bus.clone());
+            async move {
+                shutdown.cancelled().await;
+                bus.close();
+            }
+        };
+        let stopping = futures::FutureExt::shared(Box::pin(stopping));
+        let service = PlegServer::new(PlegService::new(shared.clone()));
+        info!(socket = %self.socket.display(), "serving the plegd.v1 API");
+        let unix = Server::builder()
+            .add_service(health_service.clone())
+            .add_service(service.clone())
+            .serve_with_incoming_shutdown(UnixListenerStream::new(self.unix), stopping.clone());
+        let tcp = async {
+            let Some((listener, tls)) = self.tcp else {
+                return Ok(());
+            };
+            let address = listener
+                .local_addr()
+                .map_or_else(|_| "tcp".to_owned(), |a| a.to_string());
+            info!(%address, "serving the plegd.v1 API over TLS");
+            let mut builder =
+                Server::builder()
+                    .tls_config(tls)
+                    .map_err(|source| ServeError::Grpc {
+                        what: address.clone(),
+                        source,
+                    })?;
+            builder
+                .add_service(health_service)
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping.clone())
+                .await
+                .map_err(|source| ServeError::Grpc {
+                    what: address,
+                    source,
+                })
+        };
+        let (unix, tcp) = tokio::join!(unix, tcp);
+        if let Err(e) = std::fs::remove_file(&self.socket)
+            && e.kind() != ErrorKind::NotFound
+        {
+            warn!(socket = %self.socket.display(), error = %e, "cannot remove the API socket");
+        }
+        health_task.abort();
+        if let Some(task) = metrics_task {
+            let _ = task.await;
+        }
+        unix.map_err(|source| ServeError::Grpc {
+            what: self.socket.display().to_string(),
+            source,
+        })?;
+        tcp
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| BindError::SocketDir {
+                path: dir.to_owned(),
+                source,
+            })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(BindError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
+        Ok(_) => {
+            // Someone answering means a live server; a refused connection, a stale socket.
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(BindError::InUse {
+                    path: path.to_owned(),
+                });
+            }
+            info!(socket = %path.display(), "removing a stale socket");
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
+    let bind_error = |source| BindError::Bind {
+        what: "the API socket",
+        address: path.display().to_string(),
+        source,
+    };
+    // Bound under a temporary name, made 0600, then renamed: never reachable with looser
+    // permissions.
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    let _ = std::fs::remove_file(&temporary);
+    let listener = UnixListener::bind(&temporary).map_err(bind_error)?;
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&temporary);
+            bind_error(e)
+        })?;
+    Ok(listener)
+}
+
+fn tls_config(config: &Config) -> Result<ServerTlsConfig, BindError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| BindError::ReadTls {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    // Validation made sure both are given with --listen.
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Err(BindError::ReadTls {
+            path: PathBuf::from("--tls-cert/--tls-key"),
+            source: std::io::Error::new(ErrorKind::NotFound, "not given"),
+        });
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &config.tls_client_ca {
+        // Clients must then present a certificate signed by this CA (mTLS).
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    // Building the acceptor checks the PEM files now rather than at the first connection.
+    Server::builder()
+        .tls_config(tls.clone())
+        .map_err(BindError::Tls)?;
+    Ok(tls)
+}
+
+/// Keeps grpc.health.v1 services "" and "plegd.v1.Pleg" SERVING while the PLEG is healthy,
+/// NOT_SERVING otherwise.
+async fn drive_grpc_health(reporter: HealthReporter, shared: Shared, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(HEALTH_UPDATE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let status = match shared.health.check() {
+            Ok(()) => ServingStatus::Serving,
+            Err(_) => ServingStatus::NotServing,
+        };
+        for service in ["", SERVICE_NAME] {
+            reporter.set_service_status(service, status).await;
+        }
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` over HTTP/1.1.
+async fn serve_metrics(listener: TcpListener, shared: Shared, shutdown: CancellationToken) {
+    if let Ok(address) = listener.local_addr() {
+        info!(%address, "serving /metrics, /healthz and /readyz");
+    }
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        // Reap finished connections so the set stays small.
+        while connections.try_join_next().is_some() {}
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let response = http_response(&shared, request.method(), request.uri().path());
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
+    connections.join_all().await;
+}
+
+/// The answer to one HTTP request.
+pub fn http_response(shared: &Shared, method: &Method, path: &str) -> hyper::Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        response
+    };
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if method != Method::GET && method != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
+    }
+    match path {
+        "/metrics" => {
+            refresh_snapshot(shared);
+            reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                shared.metrics.encode(),
+            )
+        }
+        // Live: the process answers. Ready: the PLEG is healthy (kubelet's PLEG check).
+        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/readyz" => match shared.health.check() {
+            Ok(()) => reply(StatusCode::OK, TEXT, "ok\n".into()),
+            Err(e) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{e}\n")),
+        },
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "not found: try /metrics\n".into(),
+        ),
+    }
+}
+
+/// Sets the gauges that are read from the cache and the bus at scrape time.
+fn refresh_snapshot(shared: &Shared) {
+    use crate::pleg::record::ContainerState;
+    let pods = shared.cache.pods();
+    let mut containers = std::collections::BTreeMap::new();
+    for record in pods.iter().filter_map(|(_, p)| p.record.as_ref()) {
+        for container in record.containers.values() {
+            let state = match container.state {
+                ContainerState::Created => "created",
+                ContainerState::Running => "running",
+                ContainerState::Exited => "exited",
+                ContainerState::Unknown => "unknown",
+            };
+            *containers.entry(state).or_insert(0) += 1;
+        }
+    }
+    let live_pods = pods.iter().filter(|(_, p)| p.record.is_some()).count();
+    shared
+        .metrics
+        .set_snapshot(shared.bus.subscriber_count(), live_pods, &containers);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn socket_is_0600_in_a_0700_directory_and_stale_sockets_are_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/plegd.sock");
+        let listener = bind_unix(&path).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        // In use while the listener lives.
+        assert!(matches!(bind_unix(&path), Err(BindError::InUse { .. })));
+        drop(listener);
+        // The file is left behind, as by a killed plegd: stale, replaced.
+        assert!(path.exists());
+        let _listener = bind_unix(&path).unwrap();
+
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(matches!(
+            bind_unix(&file),
+            Err(BindError::NotASocket { .. })
+        ));
+    }
+}

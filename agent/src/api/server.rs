@@ -1,0 +1,355 @@
+//! The `plegd.v1.Pleg` service: thin tonic handlers over plain functions, each error variant
+//! mapped to its own status code.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::Stream;
+use plegd_proto::v1::{self as pb, pleg_server::Pleg};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    api::{
+        bus::{Ended, SubscribeError, Subscription},
+        convert,
+    },
+    daemon::Shared,
+    pleg::record::PodUid,
+};
+
+/// A `Watch` that cannot start.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    #[error("unknown event type {0}")]
+    UnknownType(i32),
+    #[error(
+        "run {requested} is over (plegd restarted; current run: {current}); list the pods and watch anew"
+    )]
+    OtherRun { requested: u64, current: u64 },
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
+}
+
+/// A `GetPodStatus` without an answer.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PodStatusError {
+    #[error("pod_uid is empty")]
+    EmptyUid,
+    #[error("no pod with uid {0} in the cache")]
+    NotFound(String),
+}
+
+/// Which events a watcher wants.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    namespace: String,
+    name: String,
+    uid: String,
+    types: Vec<i32>,
+    observations: bool,
+}
+
+impl Filter {
+    pub fn from_request(request: &pb::WatchRequest) -> Result<Self, WatchError> {
+        if let Some(bad) = request.types.iter().find(|t| {
+            matches!(
+                pb::EventType::try_from(**t),
+                Err(_) | Ok(pb::EventType::Unspecified)
+            )
+        }) {
+            return Err(WatchError::UnknownType(*bad));
+        }
+        Ok(Self {
+            namespace: request.pod_namespace.clone(),
+            name: request.pod_name.clone(),
+            uid: request.pod_uid.clone(),
+            types: request.types.clone(),
+            observations: request.include_observations,
+        })
+    }
+
+    /// The event as this watcher gets it, or `None` when filtered out.
+    pub fn apply(&self, event: &pb::Event) -> Option<pb::Event> {
+        let wanted = (self.namespace.is_empty() || self.namespace == event.pod_namespace)
+            && (self.name.is_empty() || self.name == event.pod_name)
+            && (self.uid.is_empty() || self.uid == event.pod_uid)
+            && (self.types.is_empty() || self.types.contains(&event.r#type));
+        if !wanted {
+            return None;
+        }
+        let mut event = event.clone();
+        if !self.observations {
+            event.observations.clear();
+        }
+        Some(event)
+    }
+}
+
+/// Starts a watch: checks the run and the filters, then subscribes.
+pub fn watch(
+    shared: &Shared,
+    request: &pb::WatchRequest,
+) -> Result<(Subscription<pb::Event>, Filter), WatchError> {
+    let filter = Filter::from_request(request)?;
+    let current = shared.bus.run_id();
+    if request.run_id != 0 && request.run_id != current {
+        return Err(WatchError::OtherRun {
+            requested: request.run_id,
+            current,
+        });
+    }
+    Ok((shared.bus.subscribe(request.from_sequence)?, filter))
+}
+
+/// One pod's cached status.
+pub fn pod_status(shared: &Shared, uid: &str) -> Result<pb::PodStatus, PodStatusError> {
+    if uid.is_empty() {
+        return Err(PodStatusError::EmptyUid);
+    }
+    convert::pod_status(&shared.cache.get(&PodUid(uid.to_owned())))
+        .ok_or_else(|| PodStatusError::NotFound(uid.to_owned()))
+}
+
+/// Every cached pod, with the stream position they go with.
+pub fn list_pods(shared: &Shared) -> pb::ListPodsResponse {
+    // Read the position first: the pods are at least as new as it.
+    let sequence = shared.bus.last_sequence();
+    pb::ListPodsResponse {
+        pods: convert::pods(&shared.cache),
+        run_id: shared.bus.run_id(),
+        sequence,
+    }
+}
+
+/// Health and sources.
+pub fn health(shared: &Shared) -> pb::Health {
+    convert::health(
+        shared.health.check(),
+        &shared.sources.snapshot(),
+        shared.bus.run_id(),
+        shared.bus.last_sequence(),
+    )
+}
+
+fn watch_status(error: WatchError) -> Status {
+    match error {
+        WatchError::UnknownType(_) => Status::invalid_argument(error.to_string()),
+        WatchError::OtherRun { .. } | WatchError::Subscribe(_) => {
+            Status::out_of_range(error.to_string())
+        }
+    }
+}
+
+fn pod_status_status(error: PodStatusError) -> Status {
+    match error {
+        PodStatusError::EmptyUid => Status::invalid_argument(error.to_string()),
+        PodStatusError::NotFound(_) => Status::not_found(error.to_string()),
+    }
+}
+
+/// How a stream that ends reports it; `resume` is the sequence to resume from.
+fn ended_status(ended: &Ended, resume: u64) -> Status {
+    match ended {
+        Ended::Lagged { .. } => {
+            Status::resource_exhausted(format!("{ended}; resume with from_sequence={resume}"))
+        }
+        Ended::Closed => Status::unavailable(format!(
+            "plegd is shutting down; resume with from_sequence={resume}"
+        )),
+    }
+}
+
+/// The events of a subscription as a response stream, ending with a status.
+fn event_stream(
+    subscription: Subscription<pb::Event>,
+    filter: Filter,
+    resume: u64,
+) -> impl Stream<Item = Result<pb::Event, Status>> + Send + 'static {
+    futures::stream::unfold(Some((subscription, filter, resume)), |state| async move {
+        let (mut subscription, filter, mut resume) = state?;
+        loop {
+            match subscription.next().await {
+                Ok(event) => {
+                    resume = event.sequence + 1;
+                    if let Some(event) = filter.apply(&event) {
+                        return Some((Ok(event), Some((subscription, filter, resume))));
+                    }
+                }
+                Err(ended) => return Some((Err(ended_status(&ended, resume)), None)),
+            }
+        }
+    })
+}
+
+/// The tonic service.
+#[derive(Clone, Debug)]
+pub struct PlegService {
+    shared: Arc<Shared>,
+}
+
+impl PlegService {
+    pub fn new(shared: Shared) -> Self {
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Pleg for PlegService {
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let request = request.into_inner();
+        let (subscription, filter) = watch(&self.shared, &request).map_err(watch_status)?;
+        let resume = match request.from_sequence {
+            0 => self.shared.bus.last_sequence() + 1,
+            from => from,
+        };
+        Ok(Response::new(Box::pin(event_stream(
+            subscription,
+            filter,
+            resume,
+        ))))
+    }
+
+    async fn list_pods(
+        &self,
+        _request: Request<pb::ListPodsRequest>,
+    ) -> Result<Response<pb::ListPodsResponse>, Status> {
+        Ok(Response::new(list_pods(&self.shared)))
+    }
+
+    async fn get_pod_status(
+        &self,
+        request: Request<pb::GetPodStatusRequest>,
+    ) -> Result<Response<pb::PodStatus>, Status> {
+        pod_status(&self.shared, &request.get_ref().pod_uid)
+            .map(Response::new)
+            .map_err(pod_status_status)
+    }
+
+    async fn get_health(
+        &self,
+        _request: Request<pb::GetHealthRequest>,
+    ) -> Result<Response<pb::Health>, Status> {
+        Ok(Response::new(health(&self.shared)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::bus::EventBus;
+
+    fn event(sequence: u64, namespace: &str, t: pb::EventType) -> pb::Event {
+        pb::Event {
+            sequence,
+            pod_namespace: namespace.into(),
+            r#type: t as i32,
+            observations: vec![pb::Observation::default()],
+            ..pb::Event::default()
+        }
+    }
+
+    #[test]
+    fn filters_select_and_strip_observations() {
+        let filter = Filter::from_request(&pb::WatchRequest {
+            pod_namespace: "a".into(),
+            types: vec![pb::EventType::ContainerDied as i32],
+            ..pb::WatchRequest::default()
+        })
+        .unwrap();
+        assert!(
+            filter
+                .apply(&event(1, "b", pb::EventType::ContainerDied))
+                .is_none()
+        );
+        assert!(
+            filter
+                .apply(&event(1, "a", pb::EventType::ContainerStarted))
+                .is_none()
+        );
+        let kept = filter
+            .apply(&event(1, "a", pb::EventType::ContainerDied))
+            .unwrap();
+        assert!(kept.observations.is_empty());
+        assert_eq!(
+            Filter::from_request(&pb::WatchRequest {
+                types: vec![42],
+                ..pb::WatchRequest::default()
+            })
+            .unwrap_err(),
+            WatchError::UnknownType(42)
+        );
+    }
+
+    #[test]
+    fn errors_map_to_distinct_codes() {
+        assert_eq!(
+            watch_status(WatchError::UnknownType(9)).code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            watch_status(WatchError::OtherRun {
+                requested: 1,
+                current: 2
+            })
+            .code(),
+            tonic::Code::OutOfRange
+        );
+        assert_eq!(
+            watch_status(SubscribeError::TooOld { from: 1, oldest: 5 }.into()).code(),
+            tonic::Code::OutOfRange
+        );
+        let lagged = ended_status(&Ended::Lagged { queue: 4 }, 17);
+        assert_eq!(lagged.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            lagged.message().starts_with("lagged: "),
+            "{}",
+            lagged.message()
+        );
+        assert!(lagged.message().ends_with("from_sequence=17"));
+        assert_eq!(
+            ended_status(&Ended::Closed, 1).code(),
+            tonic::Code::Unavailable
+        );
+        assert_eq!(
+            pod_status_status(PodStatusError::NotFound("u".into())).code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            pod_status_status(PodStatusError::EmptyUid).code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stream_filters_and_ends_with_the_resume_point() {
+        use futures::StreamExt as _;
+        let bus = EventBus::new(1, 100, 2);
+        let subscription = bus.subscribe(1).unwrap();
+        let filter = Filter::from_request(&pb::WatchRequest {
+            pod_namespace: "a".into(),
+            ..pb::WatchRequest::default()
+        })
+        .unwrap();
+        let mut stream = Box::pin(event_stream(subscription, filter, 1));
+        bus.publish(Arc::new(event(1, "a", pb::EventType::ContainerStarted)));
+        bus.publish(Arc::new(event(2, "b", pb::EventType::ContainerStarted)));
+        assert_eq!(stream.next().await.unwrap().unwrap().sequence, 1);
+        bus.close();
+        let status = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().ends_with("from_sequence=3"),
+            "{}",
+            status.message()
+        );
+        assert!(stream.next().await.is_none());
+    }
+}

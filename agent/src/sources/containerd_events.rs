@@ -1,0 +1,410 @@
+//! containerd's event stream (`Events.Subscribe`) as a trigger source: task and container
+//! lifecycle events of the namespaces in use become [`Trigger`]s for the relist scheduler, the
+//! same path as the kernel's, carrying what the event knows (exit status, OOM) as
+//! observations. The stream replays nothing across a disconnect, so every (re)connect is
+//! followed by a full relist (see [`crate::sources::reconnect`]).
+//!
+//! Exec processes share the `/tasks/exit` topic with a container's init process; an exec's
+//! exit (its `id` is the exec id, not the container id) says nothing about the container and
+//! is ignored.
+
+use std::{path::PathBuf, time::SystemTime};
+
+use containerd_client::{
+    events::{
+        ContainerCreate, ContainerDelete, ContainerUpdate, TaskCreate, TaskDelete, TaskExit,
+        TaskOom, TaskPaused, TaskResumed, TaskStart,
+    },
+    services::v1::{SubscribeRequest, events_client::EventsClient, version_client::VersionClient},
+    types::Envelope,
+};
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    pleg::{
+        event::{Observation, ObservationKind, Trigger, TriggerSource},
+        generator::TriggerSender,
+        record::ContainerId,
+    },
+    runtime::{Scope, endpoint::connect_unix},
+    sources::{
+        reconnect::{Link, SessionEnd, run_forever, stream_session},
+        status::SourceRegistry,
+    },
+};
+
+/// The topics that say a container's lifecycle may have changed.
+pub const TOPICS: [&str; 10] = [
+    "/tasks/create",
+    "/tasks/start",
+    "/tasks/exit",
+    "/tasks/oom",
+    "/tasks/delete",
+    "/tasks/paused",
+    "/tasks/resumed",
+    "/containers/create",
+    "/containers/update",
+    "/containers/delete",
+];
+
+/// Where to subscribe.
+#[derive(Clone, Debug)]
+pub struct ContainerdEventsConfig {
+    /// containerd's socket.
+    pub socket: PathBuf,
+    /// The namespaces whose events matter.
+    pub namespaces: Vec<String>,
+    /// Deadline of connecting and of the liveness probe.
+    pub timeout: std::time::Duration,
+}
+
+impl ContainerdEventsConfig {
+    /// Subscribe filters: one per (namespace, topic), ORed by containerd.
+    pub fn filters(&self) -> Vec<String> {
+        self.namespaces
+            .iter()
+            .flat_map(|ns| {
+                TOPICS
+                    .iter()
+                    .map(move |topic| format!("namespace=={ns:?},topic=={topic:?}"))
+            })
+            .collect()
+    }
+}
+
+/// An event whose payload does not decode as its topic says.
+#[derive(Debug, thiserror::Error)]
+#[error("containerd event {topic}: {source}")]
+pub struct DecodeError {
+    topic: String,
+    #[source]
+    source: prost::DecodeError,
+}
+
+/// Follows containerd's events until `shutdown`, reconnecting forever (or until containerd
+/// says it has no event service).
+pub async fn run(
+    config: ContainerdEventsConfig,
+    triggers: TriggerSender,
+    registry: SourceRegistry,
+    shutdown: CancellationToken,
+) {
+    let link = Link {
+        source: TriggerSource::Containerd,
+        registry,
+        triggers,
+        timeout: config.timeout,
+    };
+    run_forever(link, shutdown, |link| session(&config, link)).await;
+}
+
+async fn session(config: &ContainerdEventsConfig, link: Link) -> SessionEnd {
+    let channel = match connect_unix(&config.socket, config.timeout).await {
+        Ok(channel) => channel,
+        Err(error) => {
+            return SessionEnd::Lost {
+                error: error.to_string(),
+                connected_at: None,
+            };
+        }
+    };
+    let mut events = EventsClient::new(channel.clone());
+    let mut version = VersionClient::new(channel);
+    let subscribe = events.subscribe(SubscribeRequest {
+        filters: config.filters(),
+    });
+    let probe = async { version.version(()).await.map(drop) };
+    stream_session(&link, subscribe, probe, |envelope| {
+        trigger_of(&envelope, SystemTime::now())
+    })
+    .await
+}
+
+/// The trigger an event stands for; `None` for events that say nothing about a container's
+/// lifecycle (an exec's exit, other topics).
+pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger>, DecodeError> {
+    let payload = envelope
+        .event
+        .as_ref()
+        .map_or(&[][..], |any| any.value.as_slice());
+    let decode_error = |source| DecodeError {
+        topic: envelope.topic.clone(),
+        source,
+    };
+    let published = envelope
+        .timestamp
+        .and_then(|t| SystemTime::try_from(t).ok());
+    let mut observed_at = published.unwrap_or(now);
+    let mut observations = Vec::new();
+    let container_id = match envelope.topic.as_str() {
+        "/tasks/exit" => {
+            let exit = TaskExit::decode(payload).map_err(decode_error)?;
+            if is_exec(&exit.id, &exit.container_id) {
+                return Ok(None);
+            }
+            if let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok()) {
+                observed_at = at;
+            }
+            observations.push(ObservationKind::ExitCode(exit.exit_status as i32));
+            exit.container_id
+        }
+        "/tasks/oom" => {
+            observations.push(ObservationKind::OomKilled);
+            TaskOom::decode(payload).map_err(decode_error)?.container_id
+        }
+        "/tasks/delete" => {
+            let delete = TaskDelete::decode(payload).map_err(decode_error)?;
+            if is_exec(&delete.id, &delete.container_id) {
+                return Ok(None);
+            }
+            delete.container_id
+        }
+        "/tasks/create" => {
+            TaskCreate::decode(payload)
+                .map_err(decode_error)?
+                .container_id
+        }
+        "/tasks/start" => {
+            TaskStart::decode(payload)
+                .map_err(decode_error)?
+                .container_id
+        }
+        "/tasks/paused" => {
+            TaskPaused::decode(payload)
+                .map_err(decode_error)?
+                .container_id
+        }
+        "/tasks/resumed" => {
+            TaskResumed::decode(payload)
+                .map_err(decode_error)?
+                .container_id
+        }
+        "/containers/create" => ContainerCreate::decode(payload).map_err(decode_error)?.id,
+        "/containers/update" => ContainerUpdate::decode(payload).map_err(decode_error)?.id,
+        "/containers/delete" => ContainerDelete::decode(payload).map_err(decode_error)?.id,
+        _ => return Ok(None),
+    };
+    if container_id.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Trigger {
+        scope: Scope::Container(ContainerId(container_id)),
+        source: TriggerSource::Containerd,
+        observed_at,
+        observations: observations
+            .into_iter()
+            .map(|kind| Observation {
+                source: TriggerSource::Containerd,
+                kind,
+            })
+            .collect(),
+    }))
+}
+
+/// Whether a task event is about an exec process rather than the container's init process
+/// (whose process id is the container id).
+fn is_exec(process_id: &str, container_id: &str) -> bool {
+    !process_id.is_empty() && process_id != container_id
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prost_types::{Any, Timestamp};
+
+    use super::*;
+
+    fn envelope(topic: &str, type_url: &str, payload: &impl Message) -> Envelope {
+        Envelope {
+            timestamp: Some(Timestamp {
+                seconds: 1_000,
+                nanos: 0,
+            }),
+            namespace: "k8s.io".into(),
+            topic: topic.into(),
+            event: Some(Any {
+                type_url: type_url.into(),
+                value: payload.encode_to_vec(),
+            }),
+        }
+    }
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn an_exit_carries_its_status_and_time() {
+        let exit = TaskExit {
+            container_id: "c1".into(),
+            id: "c1".into(),
+            pid: 42,
+            exit_status: 137,
+            exited_at: Some(Timestamp {
+                seconds: 999,
+                nanos: 0,
+            }),
+        };
+        let trigger = trigger_of(
+            &envelope("/tasks/exit", "containerd.events.TaskExit", &exit),
+            at(2_000),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId("c1".into())));
+        assert_eq!(trigger.source, TriggerSource::Containerd);
+        assert_eq!(trigger.observed_at, at(999));
+        assert_eq!(
+            trigger.observations,
+            [Observation {
+                source: TriggerSource::Containerd,
+                kind: ObservationKind::ExitCode(137)
+            }]
+        );
+    }
+
+    #[test]
+    fn an_exec_exit_is_not_the_containers() {
+        let exit = TaskExit {
+            container_id: "c1".into(),
+            id: "exec-7".into(),
+            pid: 43,
+            exit_status: 5,
+            exited_at: None,
+        };
+        assert_eq!(
+            trigger_of(
+                &envelope("/tasks/exit", "/containerd.events.TaskExit", &exit),
+                at(1)
+            )
+            .unwrap(),
+            None
+        );
+        let delete = TaskDelete {
+            container_id: "c1".into(),
+            id: "exec-7".into(),
+            ..TaskDelete::default()
+        };
+        assert_eq!(
+            trigger_of(&envelope("/tasks/delete", "", &delete), at(1)).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn lifecycle_topics_trigger_their_container_without_observations() {
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "/tasks/create",
+                TaskCreate {
+                    container_id: "c".into(),
+                    ..TaskCreate::default()
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/tasks/start",
+                TaskStart {
+                    container_id: "c".into(),
+                    pid: 1,
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/tasks/delete",
+                TaskDelete {
+                    container_id: "c".into(),
+                    ..TaskDelete::default()
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/tasks/paused",
+                TaskPaused {
+                    container_id: "c".into(),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/tasks/resumed",
+                TaskResumed {
+                    container_id: "c".into(),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/containers/create",
+                ContainerCreate {
+                    id: "c".into(),
+                    ..ContainerCreate::default()
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/containers/update",
+                ContainerUpdate {
+                    id: "c".into(),
+                    ..ContainerUpdate::default()
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "/containers/delete",
+                ContainerDelete { id: "c".into() }.encode_to_vec(),
+            ),
+        ];
+        for (topic, value) in cases {
+            let mut env = envelope(topic, "", &TaskOom::default());
+            env.event.as_mut().unwrap().value = value;
+            let trigger = trigger_of(&env, at(5)).unwrap().unwrap();
+            assert_eq!(
+                trigger.scope,
+                Scope::Container(ContainerId("c".into())),
+                "{topic}"
+            );
+            assert!(trigger.observations.is_empty(), "{topic}");
+            assert_eq!(trigger.observed_at, at(1_000), "{topic}");
+        }
+    }
+
+    #[test]
+    fn an_oom_is_observed() {
+        let oom = TaskOom {
+            container_id: "c".into(),
+        };
+        let trigger = trigger_of(&envelope("/tasks/oom", "", &oom), at(1))
+            .unwrap()
+            .unwrap();
+        assert_eq!(trigger.observations[0].kind, ObservationKind::OomKilled);
+    }
+
+    #[test]
+    fn other_topics_are_ignored_and_garbage_is_an_error() {
+        let oom = TaskOom {
+            container_id: "c".into(),
+        };
+        assert_eq!(
+            trigger_of(&envelope("/images/create", "", &oom), at(1)).unwrap(),
+            None
+        );
+        let mut bad = envelope("/tasks/exit", "", &oom);
+        bad.event.as_mut().unwrap().value = vec![0xff, 0xff, 0xff];
+        let err = trigger_of(&bad, at(1)).unwrap_err();
+        assert!(err.to_string().contains("/tasks/exit"), "{err}");
+    }
+
+    #[test]
+    fn filters_cover_every_topic_of_every_namespace() {
+        let config = ContainerdEventsConfig {
+            socket: PathBuf::new(),
+            namespaces: vec!["k8s.io".into(), "other".into()],
+            timeout: Duration::from_secs(1),
+        };
+        let filters = config.filters();
+        assert_eq!(filters.len(), 20);
+        assert_eq!(filters[0], r#"namespace=="k8s.io",topic=="/tasks/create""#);
+        assert!(filters.contains(&r#"namespace=="other",topic=="/containers/delete""#.to_owned()));
+    }
+}

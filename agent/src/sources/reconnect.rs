@@ -1,0 +1,350 @@
+//! What the runtime's event streams (containerd `Events.Subscribe`, CRI `GetContainerEvents`)
+//! share: reconnecting forever with backoff, reporting their state, and asking for a full
+//! relist on every (re)connect, since neither stream replays what was missed while it was down.
+
+use std::{
+    future::Future,
+    pin::pin,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::{
+    pleg::{
+        event::{Trigger, TriggerSource},
+        generator::TriggerSender,
+    },
+    sources::status::{SourceRegistry, SourceState},
+};
+
+/// Ceiling of the first randomised retry delay (the very first retry is immediate).
+pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Longest wait between two connection attempts.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// A connection that stayed up this long resets the backoff: its loss is a new incident.
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(30);
+
+/// How long a stream call may stay without an answer once the runtime has answered a probe on
+/// the same connection before the stream counts as established. Go gRPC servers (containerd,
+/// CRI-O) send a stream's headers with its first message, so an idle stream gives no other sign
+/// of life; an `Unimplemented` answer comes well within this.
+const STREAM_SETTLE: Duration = Duration::from_millis(100);
+
+/// Exponential backoff with full jitter: the first retry is immediate, the n-th waits a random
+/// time up to `base * 2^(n-2)`, capped; a connection that stayed up long enough resets it.
+/// Pure: randomness comes from a seeded xorshift, time from the caller.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    reset_after: Duration,
+    failures: u32,
+    rng: u64,
+}
+
+impl Backoff {
+    /// The defaults ([`BACKOFF_BASE`], [`BACKOFF_CAP`], [`BACKOFF_RESET_AFTER`]).
+    pub fn new(seed: u64) -> Self {
+        Self::with(BACKOFF_BASE, BACKOFF_CAP, BACKOFF_RESET_AFTER, seed)
+    }
+
+    pub fn with(base: Duration, cap: Duration, reset_after: Duration, seed: u64) -> Self {
+        Self {
+            base,
+            cap,
+            reset_after,
+            failures: 0,
+            // xorshift never leaves zero.
+            rng: seed.max(1),
+        }
+    }
+
+    /// The wait before the next attempt, after an attempt whose connection stayed up for
+    /// `connected_for` (`None`: it never connected).
+    pub fn next_delay(&mut self, connected_for: Option<Duration>) -> Duration {
+        if connected_for.is_some_and(|up| up >= self.reset_after) {
+            self.failures = 0;
+        }
+        let failures = self.failures;
+        self.failures = self.failures.saturating_add(1);
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let factor = 1u32.checked_shl(failures - 1).unwrap_or(u32::MAX);
+        let ceiling = self.base.saturating_mul(factor).min(self.cap);
+        ceiling.mul_f64(self.next_unit())
+    }
+
+    /// Uniform in [0, 1).
+    fn next_unit(&mut self) -> f64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A seed that differs between processes and starts.
+fn time_seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// How one connection of a stream source ended.
+#[derive(Debug)]
+pub(crate) enum SessionEnd {
+    /// The runtime does not offer the stream: stop trying.
+    Unsupported(String),
+    /// The connection failed or broke. `connected_at`: when it was established, if it was.
+    Lost {
+        error: String,
+        connected_at: Option<Instant>,
+    },
+}
+
+/// What a session reports through: the source's registry entry and the trigger channel.
+#[derive(Clone, Debug)]
+pub(crate) struct Link {
+    pub source: TriggerSource,
+    pub registry: SourceRegistry,
+    pub triggers: TriggerSender,
+    /// Deadline of connecting and of the probe call.
+    pub timeout: Duration,
+}
+
+impl Link {
+    /// The stream is up: report it, and relist everything, since what happened while it was
+    /// down is not replayed.
+    fn connected(&self) -> Instant {
+        info!(source = ?self.source, "event stream connected; scheduling a full relist");
+        self.registry.set(self.source, SourceState::Connected, "");
+        self.triggers.request_full_relist();
+        Instant::now()
+    }
+
+    fn deliver(&self, trigger: Trigger) {
+        self.registry.delivered(self.source, SystemTime::now());
+        self.triggers.send(trigger);
+    }
+}
+
+/// Runs `session` again and again, with [`Backoff`] between attempts, until the source is
+/// unsupported or `shutdown`.
+pub(crate) async fn run_forever<F, Fut>(link: Link, shutdown: CancellationToken, mut session: F)
+where
+    F: FnMut(Link) -> Fut,
+    Fut: Future<Output = SessionEnd>,
+{
+    link.registry
+        .set(link.source, SourceState::Connecting, "starting");
+    let mut backoff = Backoff::new(time_seed());
+    // Warn once per outage, not once per failed attempt.
+    let mut outage_reported = false;
+    loop {
+        let end = tokio::select! {
+            () = shutdown.cancelled() => return,
+            end = session(link.clone()) => end,
+        };
+        match end {
+            SessionEnd::Unsupported(why) => {
+                info!(source = ?link.source, "{why}; this source stays off");
+                link.registry
+                    .set(link.source, SourceState::Unsupported, why);
+                return;
+            }
+            SessionEnd::Lost {
+                error,
+                connected_at,
+            } => {
+                let connected_for = connected_at.map(|at| at.elapsed());
+                if connected_for.is_some() {
+                    outage_reported = false;
+                }
+                let delay = backoff.next_delay(connected_for);
+                if outage_reported {
+                    debug!(source = ?link.source, %error, ?delay, "event stream still down");
+                } else {
+                    warn!(source = ?link.source, %error, ?delay, "event stream lost; reconnecting");
+                    outage_reported = true;
+                }
+                link.registry
+                    .set(link.source, SourceState::Reconnecting, error);
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// One connection's life: opens the stream `call` (with `probe`, a unary call on the same
+/// connection, proving the runtime answers while the stream's headers may still be pending),
+/// reports it connected, and hands each message's trigger to the generator until the stream
+/// ends. `to_trigger` returns `Err` for a message it could not read: a sign of loss.
+pub(crate) async fn stream_session<T, C, P, E>(
+    link: &Link,
+    call: C,
+    probe: P,
+    mut to_trigger: impl FnMut(T) -> Result<Option<Trigger>, E>,
+) -> SessionEnd
+where
+    C: Future<Output = Result<Response<Streaming<T>>, Status>>,
+    P: Future<Output = Result<(), Status>>,
+    E: std::fmt::Display,
+{
+    let mut call = pin!(call);
+    let mut connected_at = None;
+    let lost = |error: String, connected_at| SessionEnd::Lost {
+        error,
+        connected_at,
+    };
+    // Polled first so the stream request goes out before the probe.
+    let answered = tokio::select! {
+        biased;
+        answer = &mut call => Some(answer),
+        probed = tokio::time::timeout(link.timeout, probe) => match probed {
+            Ok(Ok(())) => None,
+            Ok(Err(status)) => return lost(status_text(&status), None),
+            Err(_) => return lost(format!("runtime did not answer within {:?}", link.timeout), None),
+        },
+    };
+    let answer = match answered {
+        Some(answer) => answer,
+        None => tokio::select! {
+            answer = &mut call => answer,
+            () = tokio::time::sleep(STREAM_SETTLE) => {
+                connected_at = Some(link.connected());
+                call.await
+            }
+        },
+    };
+    let mut stream = match answer {
+        Ok(response) => response.into_inner(),
+        Err(status) if status.code() == Code::Unimplemented => {
+            return SessionEnd::Unsupported(format!(
+                "the runtime does not implement it ({})",
+                status_text(&status)
+            ));
+        }
+        Err(status) => return lost(status_text(&status), connected_at),
+    };
+    if connected_at.is_none() {
+        connected_at = Some(link.connected());
+    }
+    loop {
+        match stream.message().await {
+            Ok(Some(message)) => match to_trigger(message) {
+                Ok(Some(trigger)) => link.deliver(trigger),
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(source = ?link.source, %error, "unreadable event; scheduling a full relist");
+                    link.triggers.request_full_relist();
+                }
+            },
+            Ok(None) => return lost("the runtime ended the stream".to_owned(), connected_at),
+            Err(status) => return lost(status_text(&status), connected_at),
+        }
+    }
+}
+
+/// A status as `Code: message`, with the transport's cause when it hides one.
+fn status_text(status: &Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backoff() -> Backoff {
+        Backoff::with(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            42,
+        )
+    }
+
+    #[test]
+    fn the_first_retry_is_immediate_then_ceilings_double_up_to_the_cap() {
+        let mut b = backoff();
+        assert_eq!(b.next_delay(None), Duration::ZERO);
+        let ceilings = [1, 2, 4, 8, 16, 32, 60, 60, 60, 60];
+        for ceiling in ceilings {
+            let delay = b.next_delay(None);
+            assert!(
+                delay < Duration::from_secs(ceiling),
+                "{delay:?} vs {ceiling}s"
+            );
+        }
+        // Far past any shift: still capped, no overflow.
+        for _ in 0..100 {
+            assert!(b.next_delay(None) < Duration::from_secs(60));
+        }
+    }
+
+    #[test]
+    fn jitter_spreads_delays() {
+        let mut b = backoff();
+        b.next_delay(None);
+        let delays: Vec<_> = (0..20).map(|_| b.next_delay(None)).skip(6).collect();
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 10, "{delays:?}");
+        assert!(
+            delays.iter().any(|d| *d > Duration::from_secs(30)),
+            "{delays:?}"
+        );
+    }
+
+    #[test]
+    fn a_stable_connection_resets_the_backoff_a_short_one_does_not() {
+        let mut b = backoff();
+        for _ in 0..8 {
+            b.next_delay(None);
+        }
+        // Up for a moment only: keeps backing off.
+        b.next_delay(Some(Duration::from_secs(1)));
+        assert_eq!(b.failures, 9);
+        assert_eq!(b.next_delay(Some(Duration::from_secs(30))), Duration::ZERO);
+        assert!(b.next_delay(None) < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_delays() {
+        let (mut a, mut b) = (backoff(), backoff());
+        for _ in 0..10 {
+            assert_eq!(a.next_delay(None), b.next_delay(None));
+        }
+        let mut zero = Backoff::with(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            0,
+        );
+        zero.next_delay(None);
+        assert!(
+            (0..5)
+                .map(|_| zero.next_delay(None))
+                .any(|d| d > Duration::ZERO)
+        );
+    }
+}

@@ -1,0 +1,663 @@
+//! The plegd.v1 API through its real unix socket, against the real containerd: watching real
+//! containers, resuming after a disconnect, the out-of-range error, a lagged subscriber,
+//! grpc.health.v1 following the runtime, /metrics, and the socket's permissions.
+
+mod support;
+
+use std::{collections::BTreeMap, os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
+
+use plegd::{config::Config, runtime::RuntimeKind};
+use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
+use plegd_tests::{
+    ContainerdOptions, PrivateContainerd,
+    cri::{ContainerSpec, Cri},
+};
+use serde_json::Value;
+use support::{RunningPlegd, ServedApi, config};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tonic::{Code, Streaming, transport::Channel};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const PERIOD: Duration = Duration::from_millis(100);
+
+async fn start(
+    containerd: &PrivateContainerd,
+    tune: impl FnOnce(&mut Config),
+) -> (RunningPlegd, ServedApi) {
+    let mut settings = config(RuntimeKind::Cri, &containerd.socket(), PERIOD);
+    tune(&mut settings);
+    RunningPlegd::start_serving_api(settings).await
+}
+
+async fn watch(
+    client: &mut PlegClient<Channel>,
+    from_sequence: u64,
+    run_id: u64,
+) -> Result<Streaming<pb::Event>, tonic::Status> {
+    client
+        .watch(pb::WatchRequest {
+            from_sequence,
+            run_id,
+            include_observations: true,
+            ..pb::WatchRequest::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Reads events until one satisfies `done`; returns all read.
+async fn read_until(
+    stream: &mut Streaming<pb::Event>,
+    what: &str,
+    mut done: impl FnMut(&pb::Event) -> bool,
+) -> Vec<pb::Event> {
+    let mut read = Vec::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let event = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}; read {read:#?}"))
+            .expect("stream alive")
+            .expect("stream open");
+        let last = done(&event);
+        read.push(event);
+        if last {
+            return read;
+        }
+    }
+}
+
+fn is(event: &pb::Event, container: &str, t: pb::EventType) -> bool {
+    event.container_id == container && event.r#type() == t
+}
+
+/// (sequence, type, container) of stdout events, to compare with what the API streamed.
+fn stdout_view(events: &[Value]) -> Vec<(u64, String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["sequence"].as_u64().unwrap(),
+                e["type"].as_str().unwrap().to_owned(),
+                e["container_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn api_view(events: &[pb::Event]) -> Vec<(u64, String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            let t = match e.r#type() {
+                pb::EventType::ContainerStarted => "ContainerStarted",
+                pb::EventType::ContainerDied => "ContainerDied",
+                pb::EventType::ContainerRemoved => "ContainerRemoved",
+                other => panic!("unexpected type {other:?}"),
+            };
+            (e.sequence, t.to_owned(), e.container_id.clone())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_the_events_of_real_containers() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |_| {}).await;
+    let mut client = api.client().await;
+    let mut stream = watch(&mut client, 0, 0).await.unwrap();
+    let cri = Cri::connect(&containerd).await.unwrap();
+
+    let pod = cri.run_pod("watched").await.unwrap();
+    let app = cri
+        .run_container(&pod, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    let started = read_until(&mut stream, "app started", |e| {
+        is(e, &app, pb::EventType::ContainerStarted)
+    })
+    .await;
+    let event = started.last().unwrap();
+    assert_eq!(event.pod_uid, pod.uid);
+    assert_eq!(event.pod_namespace, pod.namespace);
+    assert_eq!(event.pod_name, pod.name);
+    assert_eq!(event.container_name, "app");
+    assert_eq!(event.sources, [pb::TriggerSource::Relist as i32]);
+    assert_ne!(event.run_id, 0);
+    let observed = event.observed_at.unwrap();
+    let emitted = event.emitted_at.unwrap();
+    assert!((observed.seconds, observed.nanos) <= (emitted.seconds, emitted.nanos));
+
+    cri.remove_pod(&pod).await.unwrap();
+    let mut streamed = started;
+    streamed.extend(
+        read_until(&mut stream, "app removed", |e| {
+            is(e, &app, pb::EventType::ContainerRemoved)
+        })
+        .await,
+    );
+    // Exactly what `plegd run` printed, in order.
+    let last = streamed.last().unwrap().sequence;
+    plegd
+        .read_until("stdout up to the last streamed event", DEADLINE, |events| {
+            events
+                .last()
+                .is_some_and(|e| e["sequence"].as_u64() >= Some(last))
+        })
+        .await;
+    let first = streamed[0].sequence;
+    let printed: Vec<_> = stdout_view(&plegd.events)
+        .into_iter()
+        .filter(|(s, _, _)| (first..=last).contains(s))
+        .collect();
+    assert_eq!(api_view(&streamed), printed);
+    assert!(
+        streamed
+            .iter()
+            .any(|e| is(e, &app, pb::EventType::ContainerDied))
+    );
+
+    // GetPodStatus of a live pod and of a gone one.
+    let pod2 = cri.run_pod("status").await.unwrap();
+    read_until(&mut stream, "pod2 started", |e| {
+        is(e, &pod2.id, pb::EventType::ContainerStarted)
+    })
+    .await;
+    let status = client
+        .get_pod_status(pb::GetPodStatusRequest {
+            pod_uid: pod2.uid.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.name, pod2.name);
+    assert!(status.timestamp.is_some());
+    assert_eq!(status.containers[0].state(), pb::ContainerState::Running);
+    let missing = client
+        .get_pod_status(pb::GetPodStatusRequest {
+            pod_uid: pod.uid.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    plegd.stop().await;
+    // The daemon's shutdown ends the stream with UNAVAILABLE, then the API stops.
+    let end = loop {
+        match tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .unwrap()
+        {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(&end, Err(s) if s.code() == Code::Unavailable) || matches!(end, Ok(None)),
+        "{end:?}"
+    );
+    let socket = api.socket.clone();
+    api.stopped().await;
+    assert!(!socket.exists(), "socket removed on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_a_disconnect_gets_exactly_the_missed_events() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |_| {}).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+
+    let mut client = api.client().await;
+    let mut stream = watch(&mut client, 1, 0).await.unwrap();
+    let pod = cri.run_pod("resume").await.unwrap();
+    let seen = read_until(&mut stream, "sandbox started", |e| {
+        is(e, &pod.id, pb::EventType::ContainerStarted)
+    })
+    .await;
+    let last_seen = seen.last().unwrap();
+    let (run_id, resume_at) = (last_seen.run_id, last_seen.sequence + 1);
+    drop(stream);
+    drop(client);
+
+    // Missed while disconnected.
+    let a = cri
+        .run_container(&pod, &ContainerSpec::sleeper("a"))
+        .await
+        .unwrap();
+    let b = cri
+        .run_container(&pod, &ContainerSpec::sleeper("b"))
+        .await
+        .unwrap();
+    for id in [&a, &b] {
+        plegd
+            .wait_container(id, &["ContainerStarted"], DEADLINE)
+            .await;
+    }
+    plegd.drain(PERIOD * 3).await;
+    let missed: Vec<_> = stdout_view(&plegd.events)
+        .into_iter()
+        .filter(|(s, _, _)| *s >= resume_at)
+        .collect();
+    assert!(missed.len() >= 2, "{missed:?}");
+
+    let mut client = api.client().await;
+    let mut resumed = watch(&mut client, resume_at, run_id).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..missed.len() {
+        got.push(
+            tokio::time::timeout(DEADLINE, resumed.message())
+                .await
+                .expect("backlog in time")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        api_view(&got),
+        missed,
+        "exactly the missed events, in order"
+    );
+
+    // Then live, without a gap.
+    let c = cri
+        .run_container(&pod, &ContainerSpec::sleeper("c"))
+        .await
+        .unwrap();
+    let live = read_until(&mut resumed, "c started", |e| {
+        is(e, &c, pb::EventType::ContainerStarted)
+    })
+    .await;
+    assert_eq!(live[0].sequence, missed.last().unwrap().0 + 1);
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_from_too_old_a_sequence_or_another_run_is_out_of_range() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |c| c.event_history = 2).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("old").await.unwrap();
+    let a = cri
+        .run_container(&pod, &ContainerSpec::sleeper("a"))
+        .await
+        .unwrap();
+    for id in [&pod.id, &a] {
+        plegd
+            .wait_container(id, &["ContainerStarted"], DEADLINE)
+            .await;
+    }
+    cri.stop_container(&a, Duration::from_secs(5))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&a, &["ContainerStarted", "ContainerDied"], DEADLINE)
+        .await;
+
+    let mut client = api.client().await;
+    let too_old = watch(&mut client, 1, 0).await.unwrap_err();
+    assert_eq!(too_old.code(), Code::OutOfRange, "{too_old:?}");
+    assert!(
+        too_old.message().contains("no longer kept"),
+        "{}",
+        too_old.message()
+    );
+
+    // The documented way out: list, then watch from the listing's position.
+    let listing = client
+        .list_pods(pb::ListPodsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listing.pods.iter().any(|p| p.uid == pod.uid));
+    assert!(listing.sequence >= 3);
+    let other_run = watch(&mut client, listing.sequence + 1, listing.run_id ^ 1)
+        .await
+        .unwrap_err();
+    assert_eq!(other_run.code(), Code::OutOfRange);
+    assert!(
+        other_run.message().contains("restarted"),
+        "{}",
+        other_run.message()
+    );
+    let ahead = watch(&mut client, listing.sequence + 100, listing.run_id)
+        .await
+        .unwrap_err();
+    assert_eq!(ahead.code(), Code::OutOfRange);
+    let mut fresh = watch(&mut client, listing.sequence + 1, listing.run_id)
+        .await
+        .unwrap();
+    cri.remove_container(&a).await.unwrap();
+    let removed = read_until(&mut fresh, "a removed", |e| {
+        is(e, &a, pb::EventType::ContainerRemoved)
+    })
+    .await;
+    assert_eq!(removed[0].sequence, listing.sequence + 1);
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+/// A channel whose HTTP/2 windows are tiny, so a client that stops reading stops the server
+/// from sending after a few hundred bytes.
+async fn stingy_channel(socket: &Path) -> Channel {
+    let socket = socket.to_owned();
+    tonic::transport::Endpoint::from_static("http://plegd.local")
+        .initial_stream_window_size(Some(256))
+        .initial_connection_window_size(Some(256))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_up() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |c| c.watch_queue = 8).await;
+    let bus = plegd.shared.bus.clone();
+    let mut fast_client = api.client().await;
+    let mut fast = watch(&mut fast_client, 0, 0).await.unwrap();
+    let mut stalled_client = PlegClient::new(stingy_channel(&api.socket).await);
+    let mut stalled = watch(&mut stalled_client, 0, 0).await.unwrap();
+    assert_eq!(bus.subscriber_count(), 2);
+
+    // The fast one reads all along; events come in small bursts (one container at a time).
+    const CONTAINERS: usize = 40;
+    let reader = tokio::spawn(async move {
+        let mut removed = 0;
+        read_until(&mut fast, "every container removed", |e| {
+            removed += usize::from(e.r#type() == pb::EventType::ContainerRemoved);
+            removed == CONTAINERS
+        })
+        .await
+    });
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("busy").await.unwrap();
+    for i in 0..CONTAINERS {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("c{i}")))
+            .await
+            .unwrap();
+        // One step at a time, each seen before the next: no change hides another.
+        plegd
+            .wait_container(&id, &["ContainerStarted"], DEADLINE)
+            .await;
+        cri.stop_container(&id, Duration::ZERO).await.unwrap();
+        plegd
+            .wait_container(&id, &["ContainerStarted", "ContainerDied"], DEADLINE)
+            .await;
+        cri.remove_container(&id).await.unwrap();
+        plegd
+            .wait_container(
+                &id,
+                &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+                DEADLINE,
+            )
+            .await;
+    }
+    let seen = reader.await.unwrap();
+    assert!(seen.len() > 2 * CONTAINERS, "{} events", seen.len());
+    assert!(
+        seen.windows(2).all(|w| w[1].sequence == w[0].sequence + 1),
+        "the reader that keeps up misses nothing"
+    );
+    plegd_tests::wait::until("the stalled watcher dropped", DEADLINE, || async {
+        anyhow::Ok((bus.subscriber_count() == 1).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // When the stalled one reads again, it finds what it had been sent, then the verdict.
+    let status = loop {
+        match tokio::time::timeout(DEADLINE, stalled.message())
+            .await
+            .expect("stalled stream answers")
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().starts_with("lagged: "),
+        "{}",
+        status.message()
+    );
+    assert!(status.message().contains("from_sequence="));
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+async fn serving_status(
+    client: &mut HealthClient<Channel>,
+    service: &str,
+) -> Option<ServingStatus> {
+    let response = client
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .ok()?;
+    Some(response.into_inner().status())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_flips_when_the_runtime_is_unavailable() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (plegd, api) = start(&containerd, |c| {
+        c.relist_threshold = Duration::from_secs(1);
+        c.runtime_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let channel = plegd_tests::unix_channel(&api.socket).await.unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut pleg = api.client().await;
+    for service in ["", "plegd.v1.Pleg"] {
+        plegd_tests::wait::until("serving", DEADLINE, || {
+            let mut health = health.clone();
+            async move {
+                anyhow::Ok(
+                    (serving_status(&mut health, service).await == Some(ServingStatus::Serving))
+                        .then_some(()),
+                )
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    let pid = nix::unistd::Pid::from_raw(containerd.pid().unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let not_serving = plegd_tests::wait::until("not serving", DEADLINE, || {
+        let mut health = health.clone();
+        async move {
+            anyhow::Ok(
+                (serving_status(&mut health, "plegd.v1.Pleg").await
+                    == Some(ServingStatus::NotServing))
+                .then_some(()),
+            )
+        }
+    })
+    .await;
+    let report = pleg
+        .get_health(pb::GetHealthRequest {})
+        .await
+        .map(tonic::Response::into_inner);
+    let overall = serving_status(&mut health, "").await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    not_serving.unwrap();
+    assert_eq!(overall, Some(ServingStatus::NotServing));
+    let report = report.unwrap();
+    assert!(!report.healthy);
+    assert!(
+        report.message.starts_with("pleg was last seen active "),
+        "{}",
+        report.message
+    );
+
+    plegd_tests::wait::until("serving again", DEADLINE, || {
+        let mut health = health.clone();
+        async move {
+            anyhow::Ok(
+                (serving_status(&mut health, "plegd.v1.Pleg").await
+                    == Some(ServingStatus::Serving))
+                .then_some(()),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        pleg.get_health(pb::GetHealthRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .healthy
+    );
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+/// GET over plain HTTP/1.1; returns (status code, body).
+async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: plegd\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
+        .await
+        .expect("HTTP answer in time")
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    (code, body.to_owned())
+}
+
+/// Parses OpenMetrics text into `series -> value`, failing on any malformed line.
+fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    let mut values = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        values.insert(series.to_owned(), value);
+    }
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+    values
+}
+
+async fn scrape(api: &ServedApi) -> BTreeMap<String, f64> {
+    let (code, body) = http_get(api.metrics, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    parse_metrics(&body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_scraped_and_move() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |_| {}).await;
+    let first = scrape(&api).await;
+    for name in [
+        "kubelet_pleg_relist_duration_seconds_count",
+        "kubelet_pleg_relist_interval_seconds_count",
+        "kubelet_pleg_discard_events",
+        "kubelet_pleg_last_seen_seconds",
+        "plegd_trigger_to_event_seconds_count",
+        "plegd_ringbuf_drops_total",
+        "plegd_watch_subscribers",
+        "plegd_pods",
+    ] {
+        assert!(first.contains_key(name), "{name} missing: {first:#?}");
+    }
+    assert!(first.contains_key("kubelet_pleg_relist_duration_seconds_bucket{le=\"0.005\"}"));
+    assert!(first.contains_key("kubelet_pleg_relist_duration_seconds_bucket{le=\"10.0\"}"));
+
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("metered").await.unwrap();
+    plegd
+        .wait_container(&pod.id, &["ContainerStarted"], DEADLINE)
+        .await;
+    let mut client = api.client().await;
+    let _watching = watch(&mut client, 0, 0).await.unwrap();
+    let full = "plegd_relists_total{scope=\"full\"}";
+    let later = plegd_tests::wait::until("counters moved", DEADLINE, || async {
+        let now = scrape(&api).await;
+        let moved = now["kubelet_pleg_relist_duration_seconds_count"]
+            > first["kubelet_pleg_relist_duration_seconds_count"]
+            && now.get(full) > first.get(full)
+            && now["plegd_pods"] >= 1.0
+            && now["plegd_watch_subscribers"] == 1.0;
+        anyhow::Ok(moved.then_some(now))
+    })
+    .await
+    .unwrap();
+    assert!(later["plegd_containers{state=\"running\"}"] >= 1.0);
+    assert!(later["kubelet_pleg_last_seen_seconds"] > 1.7e9);
+    assert!(later["kubelet_pleg_relist_interval_seconds_count"] >= 1.0);
+
+    assert_eq!(http_get(api.metrics, "/healthz").await.0, 200);
+    assert_eq!(http_get(api.metrics, "/readyz").await.0, 200);
+    assert_eq!(http_get(api.metrics, "/nope").await.0, 404);
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (plegd, api) = start(&containerd, |_| {}).await;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&api.socket), 0o600);
+    assert_eq!(mode(api.socket.parent().unwrap()), 0o700);
+    // The API answers on it.
+    let mut client = api.client().await;
+    assert!(client.list_pods(pb::ListPodsRequest {}).await.is_ok());
+    // A second daemon on the same socket is refused with a clear error.
+    let mut second = config(RuntimeKind::Cri, &containerd.socket(), PERIOD);
+    second.socket = api.socket.clone();
+    let err = plegd::api::Listeners::bind(&second).await.unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err}");
+    plegd.stop().await;
+    api.stopped().await;
+}

@@ -1,0 +1,722 @@
+//! The runtime's event streams as trigger sources: containerd's `Events.Subscribe` against the
+//! real private containerd (kill -9 seen long before the slow full relist, a containerd restart
+//! while containers churn loses nothing, an exec's exit is not the container's), CRI
+//! `GetContainerEvents` detected as unsupported on containerd 1.6, and the CRI events source
+//! itself against an in-process CRI server whose stream breaks mid-way.
+
+mod support;
+
+use std::{
+    collections::VecDeque,
+    path::Path,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_cri::v1::{
+    ContainerEventResponse, ContainerEventType, ContainerState, ExecSyncRequest,
+    runtime_service_client::RuntimeServiceClient,
+    runtime_service_server::{RuntimeService, RuntimeServiceServer},
+};
+use plegd::{
+    config::SourceName,
+    pleg::{
+        event::{Trigger, TriggerSource},
+        generator::{TriggerReceiver, trigger_channel},
+        record::ContainerId,
+    },
+    runtime::{RuntimeKind, Scope},
+    sources::{
+        cri_events::{self, CriEventsConfig},
+        status::{SourceRegistry, SourceState, SourceStatus},
+    },
+};
+use plegd_tests::{
+    ContainerdOptions, PrivateContainerd,
+    containerd::CRI_NAMESPACE,
+    cri::{ContainerSpec, Cri},
+    native::Native,
+    process, unix_channel, wait,
+};
+use support::{RunningPlegd, config_with_sources, types_by_container, types_of};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, codegen::tokio_stream};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Far longer than any test: only the event streams (and reconnect relists) can be fast.
+const SLOW: Duration = Duration::from_secs(60);
+
+/// A daemon with only containerd's event stream, whose full relists are a minute apart either
+/// way.
+async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
+    let mut settings = config_with_sources(
+        RuntimeKind::Cri,
+        &containerd.socket(),
+        SLOW,
+        &[SourceName::Containerd],
+    );
+    settings.slow_relist_period = SLOW;
+    let plegd = RunningPlegd::start(settings).await;
+    wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    plegd
+}
+
+async fn wait_state(
+    registry: &SourceRegistry,
+    source: TriggerSource,
+    want: impl Fn(&SourceStatus) -> bool,
+) -> SourceStatus {
+    wait::until(&format!("{source:?} state"), DEADLINE, || async {
+        let status = status_of(registry, source);
+        Ok::<_, String>(status.filter(&want))
+    })
+    .await
+    .unwrap()
+}
+
+fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<SourceStatus> {
+    registry
+        .snapshot()
+        .into_iter()
+        .find(|(s, _)| *s == source)
+        .map(|(_, status)| status)
+}
+
+/// Records every state a source goes through, polling faster than a reconnect takes.
+fn record_states(
+    registry: SourceRegistry,
+    source: TriggerSource,
+) -> (Arc<Mutex<Vec<SourceState>>>, tokio::task::JoinHandle<()>) {
+    let states = Arc::new(Mutex::new(Vec::new()));
+    let task = tokio::spawn({
+        let states = Arc::clone(&states);
+        async move {
+            loop {
+                if let Some(status) = status_of(&registry, source) {
+                    let mut states = states.lock().unwrap();
+                    if states.last() != Some(&status.state) {
+                        states.push(status.state);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    (states, task)
+}
+
+/// A container that runs until the test creates /tmp/go inside it, then exits with `code`.
+fn exits_on_signal(name: &str, code: u8) -> ContainerSpec {
+    ContainerSpec::shell(
+        name,
+        &format!("while [ ! -e /tmp/go ]; do sleep 0.05; done; exit {code}"),
+    )
+}
+
+fn signal_exit(pid: i32) {
+    std::fs::write(format!("/proc/{pid}/root/tmp/go"), "").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut plegd = events_only(&containerd).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    let pod = cri.run_pod("evented").await.unwrap();
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    // Started through the stream too: no relist is due for a minute.
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        plegd.last_of(&killed)["sources"],
+        serde_json::json!(["containerd"])
+    );
+
+    let pid = tasks.init_pid(&killed).await.unwrap();
+    let killed_at = Instant::now();
+    process::kill_all(&[pid], DEADLINE);
+    plegd
+        .wait_container(
+            &killed,
+            &["ContainerStarted", "ContainerDied"],
+            Duration::from_secs(5),
+        )
+        .await;
+    let took = killed_at.elapsed();
+    let died = plegd.last_of(&killed).clone();
+    assert!(
+        died["sources"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("containerd")),
+        "{died}"
+    );
+    assert_eq!(died["exit_code"], 137);
+    assert!(
+        died["observations"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("containerd:exit_code=137")),
+        "{died}"
+    );
+    eprintln!(
+        "kill -9 to ContainerDied: {took:?} (latency_ms {})",
+        died["latency_ms"]
+    );
+    assert!(
+        status_of(&plegd.shared.sources, TriggerSource::Containerd)
+            .unwrap()
+            .last_delivered
+            .is_some()
+    );
+    plegd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut plegd = events_only(&containerd).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    let pod = cri.run_pod("churn").await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..6u8 {
+        let id = cri
+            .run_container(&pod, &exits_on_signal(&format!("c{i}"), 10 + i))
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    for id in std::iter::once(&pod.id).chain(&ids) {
+        plegd
+            .wait_container(id, &["ContainerStarted"], DEADLINE)
+            .await;
+    }
+    let mut pids = Vec::new();
+    for id in &ids {
+        pids.push(tasks.init_pid(id).await.unwrap());
+    }
+
+    let (states, recorder) = record_states(plegd.shared.sources.clone(), TriggerSource::Containerd);
+    // Exits racing the daemon's shutdown, and one while it is down: whatever the stream misses
+    // the reconnect's full relist finds.
+    process::kill_all(&[pids[0], pids[1]], DEADLINE);
+    let restarting = containerd.restart();
+    let exit_while_down = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        signal_exit(pids[2]);
+    };
+    let (restarted, ()) = tokio::join!(restarting, exit_while_down);
+    restarted.unwrap();
+    wait::until("containerd events reconnected", DEADLINE, || {
+        let states = Arc::clone(&states);
+        async move {
+            let states = states.lock().unwrap();
+            let reconnected = states
+                .iter()
+                .skip_while(|s| **s != SourceState::Reconnecting)
+                .any(|s| *s == SourceState::Connected);
+            Ok::<_, String>(reconnected.then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    recorder.abort();
+
+    // After the restart: more churn, through the stream.
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    process::kill_all(&[pids[3]], DEADLINE);
+    let c6 = cri
+        .run_container(&pod, &exits_on_signal("c6", 16))
+        .await
+        .unwrap();
+    let c7 = cri
+        .run_container(&pod, &exits_on_signal("c7", 17))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&c7, &["ContainerStarted"], DEADLINE)
+        .await;
+    signal_exit(tasks.init_pid(&c7).await.unwrap());
+    cri.remove_container(&ids[0]).await.unwrap();
+
+    let died = ["ContainerStarted", "ContainerDied"];
+    // Exit codes the stream saw while containerd was up; for exits around the restart the
+    // runtime's own record is the truth (containerd may have missed them: 255, "Unknown").
+    let expected: Vec<(&str, &[&str], Option<i64>)> = vec![
+        (&pod.id, &["ContainerStarted"], None),
+        (
+            &ids[0],
+            &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+            None,
+        ),
+        (&ids[1], &died, None),
+        (&ids[2], &died, None),
+        (&ids[3], &died, Some(137)),
+        (&ids[4], &["ContainerStarted"], None),
+        (&ids[5], &["ContainerStarted"], None),
+        (&c6, &["ContainerStarted"], None),
+        (&c7, &died, Some(17)),
+    ];
+    // Well within the minute-long relist period: streams and the reconnect relist only.
+    for (id, types, _) in &expected {
+        plegd.wait_container(id, types, DEADLINE).await;
+    }
+    plegd.drain(Duration::from_secs(1)).await;
+    let by_container = types_by_container(&plegd.events);
+    assert_eq!(by_container.len(), expected.len(), "{by_container:#?}");
+    for (id, types, exit_code) in &expected {
+        assert_eq!(types_of(&plegd.events, id), *types, "{id}");
+        let Some(died) = plegd
+            .events
+            .iter()
+            .find(|e| e["container_id"] == *id && e["type"] == "ContainerDied")
+        else {
+            continue;
+        };
+        if let Some(code) = exit_code {
+            assert_eq!(died["exit_code"], *code, "{died}");
+        }
+        if *id != ids[0] {
+            let truth = cri.container_status(id).await.unwrap().exit_code;
+            assert_eq!(died["exit_code"], truth, "{died}");
+        }
+    }
+    plegd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_exit_is_not_the_containers_death() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut plegd = events_only(&containerd).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("exec").await.unwrap();
+    let id = cri
+        .run_container(&pod, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&id, &["ContainerStarted"], DEADLINE)
+        .await;
+
+    let mut runtime = RuntimeServiceClient::new(unix_channel(&containerd.socket()).await.unwrap());
+    let delivered_before = status_of(&plegd.shared.sources, TriggerSource::Containerd)
+        .unwrap()
+        .last_delivered;
+    let exec = runtime
+        .exec_sync(ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "exit 5".into()],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(exec.exit_code, 5);
+
+    // Absence over a bounded window: several targeted relists' worth.
+    plegd.drain(Duration::from_secs(2)).await;
+    assert_eq!(types_of(&plegd.events, &id), ["ContainerStarted"]);
+    assert_eq!(
+        cri.container_status(&id).await.unwrap().state,
+        ContainerState::ContainerRunning as i32
+    );
+    // Not even a trigger came of the exec's exit.
+    let delivered_after = status_of(&plegd.shared.sources, TriggerSource::Containerd)
+        .unwrap()
+        .last_delivered;
+    assert_eq!(
+        delivered_before, delivered_after,
+        "an exec event became a trigger"
+    );
+    plegd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_1_6_has_no_cri_container_events() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let plegd = RunningPlegd::start(config_with_sources(
+        RuntimeKind::Cri,
+        &containerd.socket(),
+        Duration::from_millis(100),
+        &[SourceName::CriEvents],
+    ))
+    .await;
+    let status = wait_state(&plegd.shared.sources, TriggerSource::CriEvents, |s| {
+        s.state == SourceState::Unsupported
+    })
+    .await;
+    assert!(status.detail.contains("Unimplemented"), "{status:?}");
+    assert_eq!(
+        status_of(&plegd.shared.sources, TriggerSource::Containerd)
+            .unwrap()
+            .state,
+        SourceState::Disabled
+    );
+    assert!(!plegd.shared.sources.any_connected());
+    plegd.stop().await;
+}
+
+/// What one `GetContainerEvents` call streams.
+struct Script {
+    events: Vec<ContainerEventResponse>,
+    /// `Some`: the stream then breaks with this status; `None`: it stays open.
+    then_break: Option<Status>,
+}
+
+/// A CRI runtime that implements only `Version` and `GetContainerEvents`, the latter from
+/// scripts, one per call. Calls of either after its first wait for `gate`, so a test can see
+/// the source between two connections.
+struct ScriptedCri {
+    scripts: Mutex<VecDeque<Script>>,
+    versions: Mutex<u32>,
+    streams: Mutex<u32>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+type EventStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
+
+/// `impl RuntimeService for $ty` with the given items, and every other call unimplemented.
+/// (`async_trait` must see the methods expanded, so the whole impl comes out of the macro.)
+macro_rules! runtime_service {
+    ($ty:ty { $($custom:item)* } unimplemented { $($name:ident: $req:ident -> $resp:ident),* $(,)? }) => {
+        #[tonic::async_trait]
+        impl RuntimeService for $ty {
+            $($custom)*
+            $(
+                async fn $name(
+                    &self,
+                    _: Request<k8s_cri::v1::$req>,
+                ) -> Result<Response<k8s_cri::v1::$resp>, Status> {
+                    Err(Status::unimplemented(stringify!($name)))
+                }
+            )*
+        }
+    };
+}
+
+runtime_service! {
+ScriptedCri {
+    type GetContainerEventsStream = EventStream;
+
+    async fn version(
+        &self,
+        _: Request<k8s_cri::v1::VersionRequest>,
+    ) -> Result<Response<k8s_cri::v1::VersionResponse>, Status> {
+        let call = {
+            let mut versions = self.versions.lock().unwrap();
+            *versions += 1;
+            *versions
+        };
+        if call > 1 {
+            let _permit = self.gate.acquire().await;
+        }
+        Ok(Response::new(k8s_cri::v1::VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "scripted".into(),
+            runtime_version: "1".into(),
+            runtime_api_version: "v1".into(),
+        }))
+    }
+
+    async fn get_container_events(
+        &self,
+        _: Request<k8s_cri::v1::GetEventsRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let call = {
+            let mut streams = self.streams.lock().unwrap();
+            *streams += 1;
+            *streams
+        };
+        if call > 1 {
+            let _permit = self.gate.acquire().await;
+        }
+        let script = self
+            .scripts
+            .lock()
+            .unwrap()
+            .pop_front()
+            .ok_or_else(|| Status::unavailable("no more scripts"))?;
+        let items = script.events.into_iter().map(Ok);
+        let stream: EventStream = match script.then_break {
+            Some(status) => Box::pin(tokio_stream::iter(items.chain([Err(status)]))),
+            None => Box::pin(tokio_stream::StreamExt::chain(
+                tokio_stream::iter(items),
+                tokio_stream::pending(),
+            )),
+        };
+        Ok(Response::new(stream))
+    }
+
+}
+unimplemented {
+        run_pod_sandbox: RunPodSandboxRequest -> RunPodSandboxResponse,
+        stop_pod_sandbox: StopPodSandboxRequest -> StopPodSandboxResponse,
+        remove_pod_sandbox: RemovePodSandboxRequest -> RemovePodSandboxResponse,
+        pod_sandbox_status: PodSandboxStatusRequest -> PodSandboxStatusResponse,
+        list_pod_sandbox: ListPodSandboxRequest -> ListPodSandboxResponse,
+        create_container: CreateContainerRequest -> CreateContainerResponse,
+        start_container: StartContainerRequest -> StartContainerResponse,
+        stop_container: StopContainerRequest -> StopContainerResponse,
+        remove_container: RemoveContainerRequest -> RemoveContainerResponse,
+        list_containers: ListContainersRequest -> ListContainersResponse,
+        container_status: ContainerStatusRequest -> ContainerStatusResponse,
+        update_container_resources: UpdateContainerResourcesRequest -> UpdateContainerResourcesResponse,
+        reopen_container_log: ReopenContainerLogRequest -> ReopenContainerLogResponse,
+        exec_sync: ExecSyncRequest -> ExecSyncResponse,
+        exec: ExecRequest -> ExecResponse,
+        attach: AttachRequest -> AttachResponse,
+        port_forward: PortForwardRequest -> PortForwardResponse,
+        container_stats: ContainerStatsRequest -> ContainerStatsResponse,
+        list_container_stats: ListContainerStatsRequest -> ListContainerStatsResponse,
+        pod_sandbox_stats: PodSandboxStatsRequest -> PodSandboxStatsResponse,
+        list_pod_sandbox_stats: ListPodSandboxStatsRequest -> ListPodSandboxStatsResponse,
+        update_runtime_config: UpdateRuntimeConfigRequest -> UpdateRuntimeConfigResponse,
+        status: StatusRequest -> StatusResponse,
+        checkpoint_container: CheckpointContainerRequest -> CheckpointContainerResponse,
+        list_metric_descriptors: ListMetricDescriptorsRequest -> ListMetricDescriptorsResponse,
+        list_pod_sandbox_metrics: ListPodSandboxMetricsRequest -> ListPodSandboxMetricsResponse,
+        runtime_config: RuntimeConfigRequest -> RuntimeConfigResponse,
+}
+}
+
+/// Serves `service` on a unix socket under `dir` until `shutdown`.
+fn serve_cri(dir: &Path, service: ScriptedCri, shutdown: CancellationToken) -> std::path::PathBuf {
+    let socket = dir.join("cri.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RuntimeServiceServer::new(service))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                shutdown.cancelled_owned(),
+            ),
+    );
+    socket
+}
+
+fn event(id: &str, kind: ContainerEventType) -> ContainerEventResponse {
+    ContainerEventResponse {
+        container_id: id.into(),
+        container_event_type: kind as i32,
+        created_at: 1,
+        ..ContainerEventResponse::default()
+    }
+}
+
+async fn next_trigger(triggers: &mut TriggerReceiver) -> Trigger {
+    tokio::time::timeout(DEADLINE, triggers.recv())
+        .await
+        .expect("a trigger in time")
+        .expect("channel open")
+}
+
+async fn full_relist_requested(triggers: &TriggerReceiver) {
+    tokio::time::timeout(DEADLINE, triggers.full_relist_requested())
+        .await
+        .expect("a full relist requested in time");
+}
+
+fn container(trigger: &Trigger) -> &str {
+    match &trigger.scope {
+        Scope::Container(ContainerId(id)) => id,
+        other => panic!("not a container trigger: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_shutdown = CancellationToken::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let socket = serve_cri(
+        dir.path(),
+        ScriptedCri {
+            scripts: Mutex::new(VecDeque::from([
+                Script {
+                    events: vec![
+                        event("c1", ContainerEventType::ContainerStartedEvent),
+                        event("c2", ContainerEventType::ContainerStoppedEvent),
+                    ],
+                    then_break: Some(Status::internal("stream broke")),
+                },
+                Script {
+                    events: vec![event("c3", ContainerEventType::ContainerCreatedEvent)],
+                    then_break: None,
+                },
+            ])),
+            versions: Mutex::new(0),
+            streams: Mutex::new(0),
+            gate: Arc::clone(&gate),
+        },
+        server_shutdown.clone(),
+    );
+    let (sender, mut triggers) = trigger_channel();
+    let registry = SourceRegistry::new();
+    let shutdown = CancellationToken::new();
+    let source = tokio::spawn(cri_events::run(
+        CriEventsConfig {
+            socket,
+            timeout: DEADLINE,
+        },
+        sender,
+        registry.clone(),
+        shutdown.clone(),
+    ));
+
+    // First connection: a full relist, then its events, then it breaks.
+    full_relist_requested(&triggers).await;
+    for id in ["c1", "c2"] {
+        let trigger = next_trigger(&mut triggers).await;
+        assert_eq!(container(&trigger), id);
+        assert_eq!(trigger.source, TriggerSource::CriEvents);
+    }
+    let down = wait_state(&registry, TriggerSource::CriEvents, |s| {
+        s.state == SourceState::Reconnecting
+    })
+    .await;
+    assert!(down.detail.contains("stream broke"), "{down:?}");
+    assert!(down.last_delivered.is_some());
+    assert!(!registry.any_connected());
+
+    // Second connection (held until now): another full relist, then the new stream's events.
+    gate.add_permits(2);
+    wait_state(&registry, TriggerSource::CriEvents, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    full_relist_requested(&triggers).await;
+    assert_eq!(container(&next_trigger(&mut triggers).await), "c3");
+
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, source)
+        .await
+        .expect("source stops on shutdown")
+        .unwrap();
+    server_shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cri_events_refused_for_now_are_retried_not_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_shutdown = CancellationToken::new();
+    // No scripts: every GetContainerEvents answers Unavailable, which is not Unimplemented
+    // (containerd_1_6_has_no_cri_container_events covers that against the real runtime).
+    let socket = serve_cri(
+        dir.path(),
+        ScriptedCri {
+            scripts: Mutex::new(VecDeque::new()),
+            versions: Mutex::new(0),
+            streams: Mutex::new(0),
+            gate: Arc::new(tokio::sync::Semaphore::new(100)),
+        },
+        server_shutdown.clone(),
+    );
+    let (sender, _triggers) = trigger_channel();
+    let registry = SourceRegistry::new();
+    let shutdown = CancellationToken::new();
+    let source = tokio::spawn(cri_events::run(
+        CriEventsConfig {
+            socket,
+            timeout: DEADLINE,
+        },
+        sender,
+        registry.clone(),
+        shutdown.clone(),
+    ));
+    let status = wait_state(&registry, TriggerSource::CriEvents, |s| {
+        s.state == SourceState::Reconnecting
+    })
+    .await;
+    assert!(status.detail.contains("no more scripts"), "{status:?}");
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, source)
+        .await
+        .expect("source stops on shutdown")
+        .unwrap();
+    server_shutdown.cancel();
+}
+
+/// kill -9 to ContainerDied over `kills` containers, sorted.
+async fn kill_latencies(sources: &[SourceName], kills: usize) -> Vec<Duration> {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut settings = config_with_sources(
+        RuntimeKind::Cri,
+        &containerd.socket(),
+        Duration::from_secs(1),
+        sources,
+    );
+    settings.slow_relist_period = SLOW;
+    let mut plegd = RunningPlegd::start(settings).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    let pod = cri.run_pod("latency").await.unwrap();
+    let mut latencies = Vec::new();
+    for i in 0..kills {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("k{i}")))
+            .await
+            .unwrap();
+        plegd
+            .wait_container(&id, &["ContainerStarted"], DEADLINE)
+            .await;
+        let pid = tasks.init_pid(&id).await.unwrap();
+        let killed_at = Instant::now();
+        process::kill_all(&[pid], DEADLINE);
+        plegd
+            .wait_container(&id, &["ContainerStarted", "ContainerDied"], DEADLINE)
+            .await;
+        latencies.push(killed_at.elapsed());
+    }
+    plegd.stop().await;
+    latencies.sort();
+    latencies
+}
+
+/// `cargo test -p plegd-tests --test event_sources -- --ignored --nocapture kill_latency`
+#[ignore = "a measurement, not a check"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_latency_containerd_events_vs_polling() {
+    const KILLS: usize = 50;
+    for (name, sources) in [
+        ("containerd events", &[SourceName::Containerd][..]),
+        ("polling (1s)", &[SourceName::Relist][..]),
+    ] {
+        let l = kill_latencies(sources, KILLS).await;
+        eprintln!(
+            "{name}: kill -9 to ContainerDied over {KILLS}: p50 {:?} p99 {:?} max {:?}",
+            l[KILLS / 2],
+            l[KILLS * 99 / 100],
+            l[KILLS - 1]
+        );
+    }
+}
