@@ -74,11 +74,17 @@ impl ContainerSpec {
         Self::shell(name, &format!("exit {code}"))
     }
 
-    /// Allocates far beyond a 32 MiB memory limit, so the kernel OOM-kills it.
+    /// Allocates far beyond a 32 MiB memory limit, so the kernel OOM-kills it; the container
+    /// exits with the killed process's status (137). The shell lingers a moment first:
+    /// containerd 1.6 only reports OOMKilled if its OOM event is handled before the exit, and
+    /// a container whose init is the killed process races the two.
     pub fn oom(name: &str) -> Self {
         Self {
             memory_limit: Some(32 << 20),
-            ..Self::shell(name, "dd if=/dev/zero of=/dev/null bs=200M count=1")
+            ..Self::shell(
+                name,
+                "dd if=/dev/zero of=/dev/null bs=200M count=1; status=$?; sleep 0.5; exit $status",
+            )
         }
     }
 }
