@@ -29,8 +29,9 @@ enum Command {
     /// Run the daemon: relist the runtime, print lifecycle events on stdout, logs on stderr.
     /// Stops cleanly on SIGTERM or SIGINT.
     Run(Box<RunArgs>),
-    /// Load and attach the eBPF probes, report what loaded, and exit.
-    ProbeCheck,
+    /// Report what this node offers plegd (kernel, BTF, tracepoints, cgroup mode, runtime
+    /// socket, whether the eBPF probes load) and which mode `--mode auto` would run in.
+    Check,
     /// Follow a running plegd's events: a live table (or JSON lines), resumed across
     /// disconnects and daemon restarts. Stops on Ctrl-C.
     Watch(WatchArgs),
@@ -102,9 +103,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(&args),
-        Command::ProbeCheck => {
+        Command::Check => {
             init_logging(LogFormat::Text);
-            probe_check()
+            let (report, _) = crate::check::report();
+            print!("{report}");
+            Ok(())
         }
         Command::Watch(args) => client(watch(args)),
         Command::Pods(args) => client(pods(args)),
@@ -145,15 +148,21 @@ async fn run_daemon(config: Config) -> anyhow::Result<()> {
     let listeners = api::Listeners::bind(&config)
         .await
         .context("starting the API")?;
+    // `--mode ebpf` fails here, before waiting for the runtime.
+    let ebpf =
+        crate::daemon::load_ebpf(&config).context("loading the eBPF probes (--mode ebpf)")?;
     let Some(connected) = crate::daemon::connect(&config, &shutdown).await? else {
         return Ok(());
     };
-    let socket = Some(connected.socket);
+    let push = crate::daemon::PushSources {
+        runtime_socket: Some(connected.socket),
+        ebpf,
+    };
     let (started, shared) = tokio::sync::oneshot::channel();
     let api = tokio::spawn(serve_api(listeners, shared, shutdown.clone()));
     let served = crate::daemon::serve(
         connected.runtime,
-        socket,
+        push,
         &config,
         tokio::io::stdout(),
         shutdown.clone(),
@@ -243,14 +252,6 @@ fn health(args: &ClientArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn probe_check() -> anyhow::Result<()> {
-    let probes = crate::sources::ebpf::Probes::load()?;
-    for name in probes.program_names() {
-        println!("attached {name}");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

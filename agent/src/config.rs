@@ -22,6 +22,20 @@ use crate::{
 /// Full relist period while a push source is connected.
 pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
 
+/// Whether plegd uses its kernel probes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Load the eBPF probes; if this kernel cannot (no BTF, no privilege, verifier), say why
+    /// once and run without them.
+    #[default]
+    Auto,
+    /// The eBPF probes are required: fail at start with the reason if they cannot load.
+    Ebpf,
+    /// No push source at all: the periodic full relist only, as kubelet does.
+    Polling,
+}
+
 /// A trigger source, as `--sources` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -118,6 +132,11 @@ pub struct RunArgs {
     )]
     pub sources: Option<Vec<SourceName>>,
 
+    /// `auto` uses the eBPF probes when this kernel can load them, `ebpf` requires them,
+    /// `polling` turns every push source off (relist only). [default: auto]
+    #[arg(long, env = "PLEGD_MODE", value_enum)]
+    pub mode: Option<Mode>,
+
     /// The PLEG is unhealthy when no full relist succeeded for this long. [default: 3m]
     #[arg(long, env = "PLEGD_RELIST_THRESHOLD", value_parser = parse_duration, value_name = "DURATION")]
     pub relist_threshold: Option<Duration>,
@@ -196,6 +215,7 @@ struct FileConfig {
     relist_period: Option<String>,
     slow_relist_period: Option<String>,
     sources: Option<Vec<SourceName>>,
+    mode: Option<Mode>,
     relist_threshold: Option<String>,
     runtime_timeout: Option<String>,
     event_channel_capacity: Option<usize>,
@@ -224,6 +244,7 @@ pub struct Config {
     pub slow_relist_period: Duration,
     /// Enabled push sources (never [`SourceName::Relist`], which always runs).
     pub sources: BTreeSet<SourceName>,
+    pub mode: Mode,
     pub relist_threshold: Duration,
     pub runtime_timeout: Duration,
     pub event_channel_capacity: usize,
@@ -270,6 +291,8 @@ pub enum ConfigError {
     },
     #[error("{key} must be greater than zero")]
     Zero { key: &'static str },
+    #[error("mode ebpf needs ebpf among the sources")]
+    EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
     ListenWithoutTls,
 }
@@ -306,6 +329,7 @@ impl Config {
                 })
             })
             .transpose()?;
+        let mode = args.mode.or(file.mode).unwrap_or_default();
         let config = Self {
             runtime: args.runtime.or(file_runtime).unwrap_or(RuntimeKind::Cri),
             runtime_endpoint: args.runtime_endpoint.clone().or(file.runtime_endpoint),
@@ -331,8 +355,9 @@ impl Config {
                 .or(file.sources)
                 .unwrap_or_else(|| SourceName::PUSH.to_vec())
                 .into_iter()
-                .filter(|s| *s != SourceName::Relist)
+                .filter(|s| *s != SourceName::Relist && mode != Mode::Polling)
                 .collect(),
+            mode,
             relist_threshold: args
                 .relist_threshold
                 .or(file_duration("relist-threshold", &file.relist_threshold)?)
@@ -386,6 +411,9 @@ impl Config {
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
         ];
+        if self.mode == Mode::Ebpf && !self.source_enabled(SourceName::Ebpf) {
+            return Err(ConfigError::EbpfModeWithoutEbpf);
+        }
         if self.listen.is_some() && (self.tls_cert.is_none() || self.tls_key.is_none()) {
             return Err(ConfigError::ListenWithoutTls);
         }
@@ -553,6 +581,25 @@ mod tests {
             Some("127.0.0.1:9809".parse().unwrap())
         );
         assert_eq!(config.event_history, 5);
+    }
+
+    #[test]
+    fn polling_mode_turns_every_push_source_off() {
+        let polling = Config::load(&RunArgs {
+            mode: Some(Mode::Polling),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert!(polling.sources.is_empty());
+        let ebpf_without_ebpf = RunArgs {
+            mode: Some(Mode::Ebpf),
+            sources: Some(vec![SourceName::Containerd]),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&ebpf_without_ebpf),
+            Err(ConfigError::EbpfModeWithoutEbpf)
+        ));
     }
 
     #[test]

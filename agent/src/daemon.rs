@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     api::{self, ApiBus, Metrics},
-    config::{Config, SourceName},
+    config::{Config, Mode, SourceName},
     output::EventLine,
     pleg::{
         cache::PodCache,
@@ -30,6 +30,7 @@ use crate::{
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
         cri_events::{self, CriEventsConfig},
+        ebpf::{self, Probes},
         status::{SourceRegistry, SourceState},
     },
     sync_loop::{self, RecordingSyncHandler, SyncConfig},
@@ -144,12 +145,43 @@ pub struct Shared {
     pub metrics: Metrics,
 }
 
+/// What the push sources start from.
+pub struct PushSources {
+    /// Where the runtime's event streams are (none: no stream sources).
+    pub runtime_socket: Option<PathBuf>,
+    pub ebpf: EbpfStart,
+}
+
+/// The eBPF source's start: loaded probes, or why there are none.
+pub enum EbpfStart {
+    Loaded(Probes),
+    /// `--mode auto` on a node that cannot load them: the reason, for health.
+    Unavailable(String),
+    /// Turned off by `--mode polling` or `--sources`.
+    Off,
+}
+
+/// Loads the kernel probes as `config` asks: an error only in `--mode ebpf`; in auto mode a
+/// failure is logged once and the daemon runs without them.
+pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
+    if !config.source_enabled(SourceName::Ebpf) {
+        return Ok(EbpfStart::Off);
+    }
+    match Probes::load() {
+        Ok(probes) => Ok(EbpfStart::Loaded(probes)),
+        Err(error) if config.mode == Mode::Auto => {
+            warn!("eBPF probes unavailable, running without them: {error}");
+            Ok(EbpfStart::Unavailable(error.to_string()))
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`.
-/// `runtime_socket`: where the runtime's event streams are (none: no stream sources).
 /// `started` receives the shared handles once everything is wired.
 pub async fn serve<R, W>(
     runtime: R,
-    runtime_socket: Option<PathBuf>,
+    push: PushSources,
     config: &Config,
     out: W,
     shutdown: CancellationToken,
@@ -185,7 +217,7 @@ where
         clock.now(),
     );
     let (triggers, trigger_rx) = generator::trigger_channel();
-    let sources = SourceRegistry::new();
+    let sources = SourceRegistry::with_metrics(metrics.clone());
     let (period_tx, period_rx) = watch::channel(config.relist_period);
     let adaptive_period = tokio::spawn(sources.clone().drive_relist_period(
         period_tx,
@@ -194,7 +226,7 @@ where
     ));
 
     let stream_sources =
-        start_stream_sources(config, runtime_socket, &triggers, &sources, &shutdown);
+        start_stream_sources(config, push, &triggers, &sources, &metrics, &shutdown);
 
     let generator = tokio::spawn(generator::run(
         relister,
@@ -265,19 +297,49 @@ where
 /// ones so health shows why they are off.
 fn start_stream_sources(
     config: &Config,
-    socket: Option<PathBuf>,
+    push: PushSources,
     triggers: &TriggerSender,
     registry: &SourceRegistry,
+    metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    if !config.source_enabled(SourceName::Ebpf) {
-        registry.set(
-            TriggerSource::Ebpf,
-            SourceState::Disabled,
-            "turned off by --sources",
-        );
-    }
     let mut tasks = Vec::new();
+    match push.ebpf {
+        EbpfStart::Loaded(probes) => {
+            registry.set(TriggerSource::Ebpf, SourceState::Connecting, "");
+            let run = ebpf::run(
+                probes,
+                config.namespaces.clone(),
+                triggers.clone(),
+                registry.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            );
+            let registry = registry.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = run.await {
+                    // The relist's fast period comes back with the state change.
+                    error!("the eBPF source stopped: {error}");
+                    registry.set(
+                        TriggerSource::Ebpf,
+                        SourceState::Unsupported,
+                        error.to_string(),
+                    );
+                }
+            }));
+        }
+        EbpfStart::Unavailable(reason) => {
+            registry.set(TriggerSource::Ebpf, SourceState::Unsupported, reason);
+        }
+        EbpfStart::Off => {
+            registry.set(
+                TriggerSource::Ebpf,
+                SourceState::Disabled,
+                "turned off by --mode or --sources",
+            );
+        }
+    }
+    let socket = push.runtime_socket;
     for (name, source) in [
         (SourceName::Containerd, TriggerSource::Containerd),
         (SourceName::CriEvents, TriggerSource::CriEvents),

@@ -3,6 +3,7 @@
 //! # Layout
 //! - `api`: the plegd.v1 gRPC API (event bus with resume, server, client), grpc.health.v1 and
 //!   Prometheus metrics.
+//! - `check`: `plegd check`, what the node offers and which mode auto would pick.
 //! - `cli`: the `plegd` command line (thin; each subcommand delegates to a module).
 //! - `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
 //! - `daemon`: the core wired to a runtime, the sync loop and the event output.
@@ -14,6 +15,7 @@
 //! - `sync_loop`: kubelet's sync loop: PLEG events, sync tick, housekeeping, per-pod workers.
 
 pub mod api;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod daemon;

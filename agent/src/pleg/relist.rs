@@ -823,7 +823,7 @@ mod tests {
         scheduler.retry(batch, t0).expect("retry");
 
         h.runtime.set_state("p", "c", Exited, Some(137));
-        let t1 = t0 + Duration::from_millis(10);
+        let t1 = t0 + crate::pleg::scheduler::DEFAULT_RETRY_BASE;
         let batch = scheduler.next_due(t1).expect("retry due");
         let outcome = h
             .relister

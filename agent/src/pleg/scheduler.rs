@@ -28,16 +28,26 @@ use crate::{
     runtime::Scope,
 };
 
-/// Default delay before the first retry; doubles with each attempt.
-pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(10);
+/// Default delay between the first retries, while the runtime usually catches up (containerd's
+/// CRI plugin reflects an exit some 50-150 ms after the kernel saw it).
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(20);
 
-/// Default number of retries of one targeted relist: 10 ms doubling up to
-/// [`MAX_RETRY_DELAY`], about 2.3 s in all. A runtime catching up after its own restart can
-/// lag a trigger by more than a second; past that, the next full relist catches up.
-pub const DEFAULT_MAX_RETRIES: u32 = 8;
+/// Retries at the base delay before backing off.
+pub const STEADY_RETRIES: u32 = 10;
+
+/// Default number of retries of one targeted relist: [`STEADY_RETRIES`] at the base delay,
+/// then doubling up to [`MAX_RETRY_DELAY`], about 4.5 s in all. A runtime catching up after
+/// its own restart can lag a trigger by seconds; past that, the next full relist catches up.
+pub const DEFAULT_MAX_RETRIES: u32 = 16;
 
 /// Longest wait between two retries.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The wait before retry number `attempt + 1`: steady first, then doubling, capped.
+fn retry_delay(base: Duration, attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(STEADY_RETRIES - 1).min(16);
+    base.saturating_mul(1 << doublings).min(MAX_RETRY_DELAY)
+}
 
 /// Scheduler settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -305,11 +315,7 @@ impl RelistScheduler {
                 attempts: batch.attempt,
             });
         }
-        let delay = self
-            .config
-            .retry_base
-            .saturating_mul(1 << batch.attempt.min(16))
-            .min(MAX_RETRY_DELAY);
+        let delay = retry_delay(self.config.retry_base, batch.attempt);
         for (target, hint) in batch.hints.0 {
             self.enqueue(target, hint, now + delay, batch.attempt + 1);
         }
@@ -527,8 +533,9 @@ mod tests {
         );
         let mut now = t0;
         let mut batch = scheduler.next_due(now).expect("first run");
-        // Doubling from 10 ms, capped at MAX_RETRY_DELAY.
-        for (attempt, delay_ms) in [10, 20, 40, 80, 160, 320, 640, 1000].into_iter().enumerate() {
+        // 20 ms ten times, then doubling, capped at MAX_RETRY_DELAY.
+        let delays = [20; 10].into_iter().chain([40, 80, 160, 320, 640, 1000]);
+        for (attempt, delay_ms) in delays.enumerate() {
             assert_eq!(batch.attempt, attempt as u32);
             scheduler.retry(batch, now).expect("retry allowed");
             assert_eq!(scheduler.next_deadline(), now + delay_ms * MS);
@@ -539,7 +546,9 @@ mod tests {
         }
         assert_eq!(
             scheduler.retry(batch, now),
-            Err(RetryError::Exhausted { attempts: DEFAULT_MAX_RETRIES })
+            Err(RetryError::Exhausted {
+                attempts: DEFAULT_MAX_RETRIES
+            })
         );
         assert_eq!(scheduler.next_deadline(), t0 + Duration::from_secs(3600));
     }

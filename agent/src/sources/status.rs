@@ -10,7 +10,7 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::pleg::event::TriggerSource;
+use crate::{api::Metrics, pleg::event::TriggerSource};
 
 /// A push source's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,8 @@ pub struct SourceRegistry {
     sources: Arc<Mutex<BTreeMap<TriggerSource, SourceStatus>>>,
     /// Bumped on every state change (not on deliveries), for the adaptive period.
     changed: Arc<watch::Sender<u64>>,
+    /// Counts reconnects: every move into Reconnecting, whichever source.
+    metrics: Option<Metrics>,
 }
 
 impl Default for SourceRegistry {
@@ -50,6 +52,7 @@ impl Default for SourceRegistry {
         Self {
             sources: Arc::default(),
             changed: Arc::new(watch::channel(0).0),
+            metrics: None,
         }
     }
 }
@@ -57,6 +60,14 @@ impl Default for SourceRegistry {
 impl SourceRegistry {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A registry that counts reconnects in `metrics`.
+    pub fn with_metrics(metrics: Metrics) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..Self::default()
+        }
     }
 
     /// Records a source's new state.
@@ -70,6 +81,12 @@ impl SourceRegistry {
                 last_delivered: None,
             });
             let changed = entry.state != state || entry.detail != detail;
+            if state == SourceState::Reconnecting
+                && entry.state != SourceState::Reconnecting
+                && let Some(metrics) = &self.metrics
+            {
+                metrics.stream_reconnect(source);
+            }
             entry.state = state;
             entry.detail = detail;
             changed

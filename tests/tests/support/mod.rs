@@ -67,20 +67,17 @@ impl RunningPlegd {
         shutdown: CancellationToken,
     ) -> Self {
         let Connected { runtime, socket } = connected;
+        let ebpf = daemon::load_ebpf(&config).expect("eBPF loads where --mode ebpf asks for it");
+        let push = daemon::PushSources {
+            runtime_socket: Some(socket),
+            ebpf,
+        };
         let (writer, reader) = tokio::io::duplex(1 << 20);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
-                daemon::serve(
-                    runtime,
-                    Some(socket),
-                    &config,
-                    writer,
-                    shutdown,
-                    Some(started_tx),
-                )
-                .await
+                daemon::serve(runtime, push, &config, writer, shutdown, Some(started_tx)).await
             }
         });
         let shared = started_rx.await.expect("daemon started");

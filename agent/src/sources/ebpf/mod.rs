@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
+    api::Metrics,
     pleg::{event::TriggerSource, generator::TriggerSender},
     sources::{
         ebpf::{
@@ -194,6 +195,7 @@ pub async fn run(
     namespaces: Vec<String>,
     triggers: TriggerSender,
     registry: SourceRegistry,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), LoadError> {
     let map_err = |name| move |source| LoadError::Map { name, source };
@@ -255,6 +257,7 @@ pub async fn run(
                 let now = total_lost(&lost);
                 if now > lost_seen {
                     warn!(lost = now - lost_seen, "kernel events lost (ring buffer full): full relist");
+                    metrics.ringbuf_drops(now - lost_seen);
                     triggers.request_full_relist();
                     lost_seen = now;
                 }

@@ -1,0 +1,235 @@
+//! plegd with its kernel probes (`--mode ebpf`, no other push source, full relists slowed to
+//! minutes): container deaths are found through eBPF in milliseconds and carry what the kernel
+//! saw; `--mode polling` yields the same events through the relist; `--mode auto` falls back
+//! when the probes cannot load.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use plegd::{
+    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
+    daemon::{self, EbpfStart},
+    pleg::event::TriggerSource,
+    runtime::RuntimeKind,
+    sources::status::SourceState,
+};
+use plegd_tests::{
+    ContainerdOptions, PrivateContainerd,
+    containerd::CRI_NAMESPACE,
+    cri::{ContainerSpec, Cri},
+    native::Native,
+    process,
+};
+use support::RunningPlegd;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Far longer than any wait below: an event within it did not come from the periodic relist.
+const SLOW: Duration = Duration::from_secs(300);
+
+/// eBPF as the only push source, relists every `period`, in `mode`.
+fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> Config {
+    Config::load(&RunArgs {
+        runtime: Some(RuntimeKind::Cri),
+        runtime_endpoint: Some(containerd.socket().display().to_string()),
+        sources: Some(vec![SourceName::Ebpf]),
+        mode: Some(mode),
+        relist_period: Some(period),
+        slow_relist_period: Some(period),
+        output: Some(OutputFormat::Json),
+        ..RunArgs::default()
+    })
+    .expect("valid test config")
+}
+
+fn observations(event: &serde_json::Value) -> Vec<String> {
+    event["observations"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| o.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observations() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut plegd = RunningPlegd::start(ebpf_config(&containerd, Mode::Ebpf, SLOW)).await;
+    let sources = plegd.shared.sources.clone();
+    plegd_tests::wait::until("eBPF connected", DEADLINE, || async {
+        anyhow::Ok(sources.any_connected().then_some(()))
+    })
+    .await
+    .unwrap();
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+
+    // The first full relist (at start) saw no pod; everything below comes from eBPF triggers.
+    let pod = cri.run_pod("kernel").await.unwrap();
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
+        .await;
+    let started = plegd.last_of(&killed);
+    assert_eq!(started["sources"], serde_json::json!(["ebpf"]));
+    assert!(
+        observations(started)
+            .iter()
+            .any(|o| o == "ebpf:exec=/bin/sh"),
+        "{started}"
+    );
+
+    let kill_at = Instant::now();
+    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    plegd
+        .wait_container(
+            &killed,
+            &["ContainerStarted", "ContainerDied"],
+            Duration::from_secs(5),
+        )
+        .await;
+    let kill_to_event = kill_at.elapsed();
+    let died = plegd.last_of(&killed);
+    assert_eq!(died["sources"], serde_json::json!(["ebpf"]), "{died}");
+    assert!(
+        observations(died).contains(&"ebpf:signal=9".to_owned()),
+        "{died}"
+    );
+    assert_eq!(died["exit_code"], 137);
+    eprintln!("kill -9 to ContainerDied via eBPF: {kill_to_event:?}");
+
+    let exits = cri
+        .run_container(&pod, &ContainerSpec::shell("exits", "sleep 0.3; exit 3"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(
+            &exits,
+            &["ContainerStarted", "ContainerDied"],
+            Duration::from_secs(10),
+        )
+        .await;
+    let died = plegd.last_of(&exits);
+    assert!(
+        observations(died).contains(&"ebpf:exit_code=3".to_owned()),
+        "{died}"
+    );
+    assert_eq!(died["exit_code"], 3);
+
+    let hog = cri
+        .run_container(&pod, &ContainerSpec::oom("hog"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(
+            &hog,
+            &["ContainerStarted", "ContainerDied"],
+            Duration::from_secs(10),
+        )
+        .await;
+    let died = plegd.last_of(&hog);
+    assert!(
+        observations(died).contains(&"ebpf:oom_killed".to_owned()),
+        "{died}"
+    );
+    assert_eq!(died["reason"], "OOMKilled");
+    // Removal from the runtime's store has no kernel trace: the stream sources or the relist
+    // report it.
+    plegd.stop().await;
+}
+
+/// The same scenario in polling mode: the same event types, found by the relist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_mode_yields_the_same_events_through_the_relist() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let config = ebpf_config(&containerd, Mode::Polling, Duration::from_millis(200));
+    assert!(config.sources.is_empty());
+    let mut plegd = RunningPlegd::start(config).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    let pod = cri.run_pod("polled").await.unwrap();
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
+        .await;
+    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    plegd
+        .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
+        .await;
+    let died = plegd.last_of(&killed);
+    assert_eq!(died["sources"], serde_json::json!(["relist"]));
+    assert!(observations(died).is_empty());
+    assert_eq!(died["exit_code"], 137);
+    let ebpf = plegd
+        .shared
+        .sources
+        .snapshot()
+        .into_iter()
+        .find(|(s, _)| *s == TriggerSource::Ebpf)
+        .unwrap();
+    assert_eq!(ebpf.1.state, SourceState::Disabled);
+    plegd.stop().await;
+}
+
+/// `--mode auto` where the probes cannot load falls back with the reason; `--mode ebpf` fails
+/// fast with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
+    // Force a load failure the way an old kernel would: with tracefs unmounted the loader
+    // cannot check the tracepoints. Done in a child process with its own mount namespace so
+    // the rest of the machine (and other tests) keep tracefs.
+    let output = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "umount /sys/kernel/tracing 2>/dev/null; mount -t tmpfs none /sys/kernel/tracing && {} --exact auto_mode_child --nocapture --include-ignored",
+            std::env::current_exe().unwrap().display()
+        ))
+        .env("PLEGD_AUTO_MODE_CHILD", "1")
+        .output()
+        .expect("unshare runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("1 passed"), "{stdout}");
+}
+
+/// Runs inside `auto_mode_runs_without_ebpf_when_it_cannot_load`'s mount namespace.
+#[tokio::test]
+#[ignore = "run by auto_mode_runs_without_ebpf_when_it_cannot_load in its own mount namespace"]
+async fn auto_mode_child() {
+    assert_eq!(std::env::var("PLEGD_AUTO_MODE_CHILD").as_deref(), Ok("1"));
+    let with_mode = |mode| {
+        Config::load(&RunArgs {
+            mode: Some(mode),
+            ..RunArgs::default()
+        })
+        .unwrap()
+    };
+    match daemon::load_ebpf(&with_mode(Mode::Auto)).expect("auto mode never fails") {
+        EbpfStart::Unavailable(reason) => assert!(reason.contains("tracefs"), "{reason}"),
+        _ => panic!("the probes loaded without tracefs"),
+    }
+    let error = daemon::load_ebpf(&with_mode(Mode::Ebpf))
+        .err()
+        .expect("ebpf mode fails fast");
+    assert!(error.to_string().contains("tracefs"), "{error}");
+}
