@@ -241,6 +241,7 @@ mod tests {
         };
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(found, vec![child.id() as i32]);
+        // A fork of sh for `sleep` may show the same arguments until it execs.
+        assert!(found.contains(&(child.id() as i32)), "{found:?}");
     }
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: benchmarks, measured side by side in one run (release build): full
-//! relist time on the real runtime (both backends) and on a fake runtime at node scale.
+//! relist time on the real runtime (both backends) and on a fake runtime at node scale, and
+//! kill-to-event latency by event source with the eBPF programs' in-kernel cost.
 
 use std::process::Command;
 

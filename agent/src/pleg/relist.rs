@@ -449,11 +449,21 @@ fn reflects_hints(scope: &Scope, hints: &Hints, listed: &PodRecords) -> bool {
         return false;
     }
     hints.observations().all(|(id, observation)| {
-        let saw_death = matches!(
-            observation.kind,
-            ObservationKind::ExitCode(_) | ObservationKind::Signal(_) | ObservationKind::OomKilled
-        );
-        !(saw_death && state_of(id) == Some(ContainerState::Running))
+        let state = state_of(id);
+        match observation.kind {
+            // A source saw it die: the runtime must not still show it running.
+            ObservationKind::ExitCode(_)
+            | ObservationKind::Signal(_)
+            | ObservationKind::OomKilled => state != Some(ContainerState::Running),
+            // The kernel saw its init exec: the runtime marks it running only once its start
+            // call returns, a few milliseconds later.
+            ObservationKind::Exec(_) => {
+                matches!(
+                    state,
+                    Some(ContainerState::Running | ContainerState::Exited)
+                )
+            }
+        }
     })
 }
 
@@ -785,6 +795,49 @@ mod tests {
             summary(&drain(&mut h.events)),
             [ev("p", "new", ContainerStarted)]
         );
+    }
+
+    /// The kernel sees a container's init exec before the runtime marks it running: the
+    /// targeted relist is not reflected (retried) until it does, then emits the start.
+    #[tokio::test]
+    async fn an_exec_ahead_of_the_runtime_is_not_reflected_until_running() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &[]);
+        h.runtime.set_container("p", container("c", "app", Created));
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        let exec = Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::Exec("/bin/sh".into()),
+        };
+        let t0 = h.clock.now();
+        let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
+        scheduler.next_due(t0);
+        let trigger = Trigger {
+            scope: Scope::Container(ContainerId("c".into())),
+            source: TriggerSource::Ebpf,
+            observed_at: SystemTime::UNIX_EPOCH,
+            observations: vec![exec.clone()],
+        };
+        scheduler.push(trigger, t0, |c| h.relister.pod_of(c));
+        let batch = scheduler.next_due(t0).expect("targeted batch");
+        let outcome = h
+            .relister
+            .relist(&batch.scope, &batch.hints)
+            .await
+            .expect("relist");
+        assert!(outcome.not_reflected, "c is still created in the runtime");
+
+        h.runtime.set_state("p", "c", Running, None);
+        let outcome = h
+            .relister
+            .relist(&batch.scope, &batch.hints)
+            .await
+            .expect("relist");
+        assert!(!outcome.not_reflected);
+        let events = drain(&mut h.events);
+        assert_eq!(summary(&events), [ev("p", "c", ContainerStarted)]);
+        assert_eq!(events[0].observations, vec![exec]);
     }
 
     #[tokio::test]
