@@ -113,24 +113,10 @@ async fn try_connect(
     match AnyRuntime::connect(config.runtime, &socket, options.clone()).await {
         Ok(runtime) => Ok((runtime, socket)),
         Err(ConnectError::Namespace(e)) => Err(Retry::Never(e.into())),
-        Err(ConnectError::Runtime(e)) => Err(Retry::After(error_chain(&e))),
-    }
-}
-
-/// An error with its causes, `a: b: c` (tonic's transport errors hide the cause, e.g. "No such
-/// file or directory", in their source chain).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
+        Err(ConnectError::Runtime(e)) => {
+            Err(Retry::After(endpoint::with_causes(e.to_string(), &e)))
         }
-        source = cause.source();
     }
-    text
 }
 
 /// What a running daemon shares with its surroundings (API servers, sources, tests).

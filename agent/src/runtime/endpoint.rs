@@ -93,6 +93,22 @@ pub(crate) fn endpoint_name(socket: &Path) -> String {
     format!("unix://{}", socket.display())
 }
 
+/// `text` followed by `error`'s causes, `text: cause: cause` (tonic's transport errors keep the
+/// useful part, e.g. "No such file or directory", in their source chain); a cause the text
+/// already ends with is not repeated.
+pub(crate) fn with_causes(mut text: String, error: &dyn std::error::Error) -> String {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Dials a unix socket. Waits for the connection (so a missing socket fails here, naming it),
 /// within `timeout`; tonic's channel redials by itself if the runtime restarts later.
 pub(crate) async fn connect_unix(

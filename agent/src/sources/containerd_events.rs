@@ -27,9 +27,9 @@ use crate::{
         generator::TriggerSender,
         record::ContainerId,
     },
-    runtime::{Scope, endpoint::connect_unix},
+    runtime::Scope,
     sources::{
-        reconnect::{Link, SessionEnd, run_forever, stream_session},
+        reconnect::{Link, SessionEnd, dial, run_forever, stream_session},
         status::SourceRegistry,
     },
 };
@@ -100,14 +100,9 @@ pub async fn run(
 }
 
 async fn session(config: &ContainerdEventsConfig, link: Link) -> SessionEnd {
-    let channel = match connect_unix(&config.socket, config.timeout).await {
+    let channel = match dial(&config.socket, config.timeout).await {
         Ok(channel) => channel,
-        Err(error) => {
-            return SessionEnd::Lost {
-                error: error.to_string(),
-                connected_at: None,
-            };
-        }
+        Err(end) => return end,
     };
     let mut events = EventsClient::new(channel.clone());
     let mut version = VersionClient::new(channel);

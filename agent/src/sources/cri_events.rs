@@ -22,9 +22,9 @@ use crate::{
         generator::TriggerSender,
         record::ContainerId,
     },
-    runtime::{Scope, endpoint::connect_unix},
+    runtime::Scope,
     sources::{
-        reconnect::{Link, SessionEnd, run_forever, stream_session},
+        reconnect::{Link, SessionEnd, dial, run_forever, stream_session},
         status::SourceRegistry,
     },
 };
@@ -56,14 +56,9 @@ pub async fn run(
 }
 
 async fn session(config: &CriEventsConfig, link: Link) -> SessionEnd {
-    let channel = match connect_unix(&config.socket, config.timeout).await {
+    let channel = match dial(&config.socket, config.timeout).await {
         Ok(channel) => channel,
-        Err(error) => {
-            return SessionEnd::Lost {
-                error: error.to_string(),
-                connected_at: None,
-            };
-        }
+        Err(end) => return end,
     };
     let mut events = RuntimeServiceClient::new(channel.clone());
     let mut version = RuntimeServiceClient::new(channel);

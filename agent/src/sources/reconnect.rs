@@ -18,6 +18,7 @@ use crate::{
         event::{Trigger, TriggerSource},
         generator::TriggerSender,
     },
+    runtime::endpoint::{connect_unix, with_causes},
     sources::status::{SourceRegistry, SourceState},
 };
 
@@ -256,19 +257,22 @@ where
     }
 }
 
+/// Dials the runtime for a session; a failure ends the session as lost.
+pub(crate) async fn dial(
+    socket: &std::path::Path,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, SessionEnd> {
+    connect_unix(socket, timeout)
+        .await
+        .map_err(|error| SessionEnd::Lost {
+            error: error.to_string(),
+            connected_at: None,
+        })
+}
+
 /// A status as `Code: message`, with the transport's cause when it hides one.
 fn status_text(status: &Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    with_causes(format!("{:?}: {}", status.code(), status.message()), status)
 }
 
 #[cfg(test)]
