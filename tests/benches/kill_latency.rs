@@ -39,6 +39,7 @@ fn config(
         sources: Some(sources.to_vec()),
         mode: Some(mode),
         relist_period: Some(period),
+        slow_relist_period: Some(period),
         output: Some(OutputFormat::Json),
         ..RunArgs::default()
     })

@@ -20,5 +20,7 @@ pub fn run(_opts: &Options) -> Result<()> {
         "plegd-tests",
         "--bench",
         "relist",
+        "--bench",
+        "kill_latency",
     ]))
 }

@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod containerd;
 mod demo;
+mod fuzz;
 mod harness;
 mod setup;
 mod test;
@@ -33,6 +34,8 @@ enum Command {
     Containerd(containerd::Options),
     /// Benchmarks (release build, real runtime and fake): full relist time by backend and scale.
     Bench(bench::Options),
+    /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
+    Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Setup(opts) => setup::run(&opts),
         Command::Containerd(opts) => containerd::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
+        Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
     };

@@ -327,7 +327,9 @@ impl RelistScheduler {
             Some(pending) => {
                 pending.hint.merge(hint);
                 pending.due = pending.due.min(due);
-                pending.attempt = pending.attempt.max(attempt);
+                // The freshest hint's budget: a new trigger for a pod whose older hint is still
+                // being retried must not inherit that hint's spent attempts.
+                pending.attempt = pending.attempt.min(attempt);
             }
             None => {
                 self.pending.insert(target, Pending { due, attempt, hint });
@@ -554,6 +556,34 @@ mod tests {
     }
 
     #[test]
+    fn a_new_trigger_gets_a_full_retry_budget_even_merged_into_an_old_one() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(3600));
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1),
+            t0,
+            no_index,
+        );
+        let mut batch = scheduler.next_due(t0).expect("first run");
+        let mut now = t0;
+        for _ in 0..DEFAULT_MAX_RETRIES - 1 {
+            scheduler.retry(batch, now).expect("retry allowed");
+            now = scheduler.next_deadline();
+            batch = scheduler.next_due(now).expect("retry due");
+        }
+        // Nearly exhausted; a fresh trigger for the same pod arrives and merges.
+        scheduler.retry(batch, now).expect("last retry allowed");
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 2),
+            now,
+            no_index,
+        );
+        let batch = scheduler.next_due(now).expect("fresh trigger runs at once");
+        assert_eq!(batch.attempt, 0);
+    }
+
+    #[test]
     fn a_new_trigger_during_backoff_runs_at_once_with_the_retry_merged() {
         let t0 = Instant::now();
         let mut scheduler = after_first_full(t0);
@@ -570,7 +600,8 @@ mod tests {
             no_index,
         );
         let batch = scheduler.next_due(t0).expect("due at once");
-        assert_eq!(batch.attempt, 1);
+        // The merged batch has the fresh trigger's full budget.
+        assert_eq!(batch.attempt, 0);
         let hint = batch
             .hints
             .for_container(&uid("p"), &cid("c"))
