@@ -16,7 +16,9 @@ use crate::{
 ///
 /// plegd lists the containers of a CRI runtime (or containerd's own API), diffs each listing
 /// against the previous one and prints ContainerStarted / ContainerDied / ContainerRemoved
-/// events per pod, as kubelet's Pod Lifecycle Event Generator does.
+/// events per pod, as kubelet's Pod Lifecycle Event Generator does. Kernel probes (eBPF) and
+/// the runtime's event streams make it relist just the affected pod within milliseconds; a
+/// periodic full relist stays as the safety net.
 #[derive(Debug, Parser)]
 #[command(name = "plegd", version, about, long_about)]
 struct Cli {
