@@ -233,3 +233,74 @@ async fn auto_mode_child() {
         .expect("ebpf mode fails fast");
     assert!(error.to_string().contains("tracefs"), "{error}");
 }
+
+/// The same death seen by the kernel and by containerd's event stream yields one
+/// `ContainerDied` naming both sources: containerd's exit event always precedes the CRI
+/// plugin's status update (it causes it), so it joins the retry that waits for that update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let config = Config::load(&RunArgs {
+        runtime: Some(RuntimeKind::Cri),
+        runtime_endpoint: Some(containerd.socket().display().to_string()),
+        sources: Some(vec![SourceName::Ebpf, SourceName::Containerd]),
+        mode: Some(Mode::Ebpf),
+        relist_period: Some(SLOW),
+        slow_relist_period: Some(SLOW),
+        output: Some(OutputFormat::Json),
+        ..RunArgs::default()
+    })
+    .unwrap();
+    let mut plegd = RunningPlegd::start(config).await;
+    let sources = plegd.shared.sources.clone();
+    plegd_tests::wait::until("both sources connected", DEADLINE, || async {
+        let connected = sources
+            .snapshot()
+            .iter()
+            .filter(|(_, s)| s.state == SourceState::Connected)
+            .count();
+        anyhow::Ok((connected == 2).then_some(()))
+    })
+    .await
+    .unwrap();
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    let pod = cri.run_pod("both").await.unwrap();
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
+        .await;
+    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    plegd
+        .wait_container(
+            &killed,
+            &["ContainerStarted", "ContainerDied"],
+            Duration::from_secs(5),
+        )
+        .await;
+    let died = plegd.last_of(&killed);
+    assert_eq!(
+        died["sources"],
+        serde_json::json!(["ebpf", "containerd"]),
+        "{died}"
+    );
+    let seen = observations(died);
+    assert!(seen.contains(&"ebpf:signal=9".to_owned()), "{died}");
+    assert!(
+        seen.contains(&"containerd:exit_code=137".to_owned()),
+        "{died}"
+    );
+    plegd.drain(Duration::from_millis(500)).await;
+    assert_eq!(
+        support::types_of(&plegd.events, &killed),
+        ["ContainerStarted", "ContainerDied"]
+    );
+    plegd.stop().await;
+}
