@@ -29,10 +29,20 @@ const SLOW: Duration = Duration::from_secs(300);
 
 /// eBPF as the only push source, relists every `period`, in `mode`.
 fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> Config {
+    push_config(containerd, &[SourceName::Ebpf], mode, period)
+}
+
+/// `sources` as the push sources, relists every `period`, in `mode`.
+fn push_config(
+    containerd: &PrivateContainerd,
+    sources: &[SourceName],
+    mode: Mode,
+    period: Duration,
+) -> Config {
     Config::load(&RunArgs {
         runtime: Some(RuntimeKind::Cri),
         runtime_endpoint: Some(containerd.socket().display().to_string()),
-        sources: Some(vec![SourceName::Ebpf]),
+        sources: Some(sources.to_vec()),
         mode: Some(mode),
         relist_period: Some(period),
         slow_relist_period: Some(period),
@@ -242,17 +252,12 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
     let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
         .await
         .unwrap();
-    let config = Config::load(&RunArgs {
-        runtime: Some(RuntimeKind::Cri),
-        runtime_endpoint: Some(containerd.socket().display().to_string()),
-        sources: Some(vec![SourceName::Ebpf, SourceName::Containerd]),
-        mode: Some(Mode::Ebpf),
-        relist_period: Some(SLOW),
-        slow_relist_period: Some(SLOW),
-        output: Some(OutputFormat::Json),
-        ..RunArgs::default()
-    })
-    .unwrap();
+    let config = push_config(
+        &containerd,
+        &[SourceName::Ebpf, SourceName::Containerd],
+        Mode::Ebpf,
+        SLOW,
+    );
     let mut plegd = RunningPlegd::start(config).await;
     let sources = plegd.shared.sources.clone();
     plegd_tests::wait::until("both sources connected", DEADLINE, || async {

@@ -41,7 +41,7 @@ use crate::{
         },
         endpoint::{
             ConnectError, MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name,
-            is_not_found,
+            found,
         },
     },
 };
@@ -242,11 +242,8 @@ impl ContainerdRuntime {
             container_id: id.to_owned(),
             exec_id: String::new(),
         }));
-        match call(&self.endpoint, "Tasks.Get", self.call_timeout, request).await {
-            Ok(response) => Ok(response.process),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let response = found(call(&self.endpoint, "Tasks.Get", self.call_timeout, request).await)?;
+        Ok(response.and_then(|r| r.process))
     }
 
     /// Every container of one namespace, with its task.

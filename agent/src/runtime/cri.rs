@@ -23,9 +23,7 @@ use crate::{
     pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
     runtime::{
         Runtime, RuntimeError, Scope,
-        endpoint::{
-            MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name, is_not_found,
-        },
+        endpoint::{MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name, found},
     },
 };
 
@@ -111,18 +109,16 @@ impl CriRuntime {
             container_id: id.to_owned(),
             verbose: false,
         });
-        match call(
-            &self.endpoint,
-            "ContainerStatus",
-            self.call_timeout,
-            request,
-        )
-        .await
-        {
-            Ok(response) => Ok(response.status),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let response = found(
+            call(
+                &self.endpoint,
+                "ContainerStatus",
+                self.call_timeout,
+                request,
+            )
+            .await,
+        )?;
+        Ok(response.and_then(|r| r.status))
     }
 
     /// `PodSandboxStatus`; `None` when the sandbox is gone.
@@ -135,18 +131,16 @@ impl CriRuntime {
             pod_sandbox_id: id.to_owned(),
             verbose: false,
         });
-        match call(
-            &self.endpoint,
-            "PodSandboxStatus",
-            self.call_timeout,
-            request,
-        )
-        .await
-        {
-            Ok(response) => Ok(response.status),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let response = found(
+            call(
+                &self.endpoint,
+                "PodSandboxStatus",
+                self.call_timeout,
+                request,
+            )
+            .await,
+        )?;
+        Ok(response.and_then(|r| r.status))
     }
 
     /// The pod's sandboxes (by label, else by metadata), their containers (by sandbox id) and

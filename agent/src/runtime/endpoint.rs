@@ -160,9 +160,16 @@ pub(crate) async fn call<T>(
     }
 }
 
-/// Whether an error says the object is gone: it vanished between a list and a status call.
-pub(crate) fn is_not_found(error: &RuntimeError) -> bool {
-    matches!(error, RuntimeError::Call { status, .. } if status.code() == tonic::Code::NotFound)
+/// A call's result with NotFound as `None`: the object vanished between a list and a status
+/// call, which is no error.
+pub(crate) fn found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, RuntimeError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(RuntimeError::Call { status, .. }) if status.code() == tonic::Code::NotFound => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Why a backend could not be set up.
@@ -382,7 +389,8 @@ mod tests {
             call: "ContainerStatus",
             status: tonic::Status::unavailable("down"),
         };
-        assert!(is_not_found(&gone));
-        assert!(!is_not_found(&failed));
+        assert!(matches!(found::<()>(Err(gone)), Ok(None)));
+        assert!(found::<()>(Err(failed)).is_err());
+        assert!(matches!(found(Ok(1)), Ok(Some(1))));
     }
 }
