@@ -47,7 +47,8 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
     eprintln!("    socket {}", socket.display());
 
     say(&format!(
-        "starting plegd run --runtime-endpoint {} (polling mode, relist every 1s)",
+        "starting plegd run --runtime-endpoint {} (auto mode: eBPF and containerd events say \
+         where to look; a full relist every 1s, slowed to 30s while they are connected)",
         socket.display()
     ));
     let _plegd = Plegd(
@@ -86,9 +87,7 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
         .await?;
     tokio::time::sleep(pause).await;
 
-    say(
-        "container job runs `exit 3`: ContainerStarted (if a relist sees it run), ContainerDied exit 3",
-    );
+    say("container job runs `sleep 1.5; exit 3`: ContainerStarted, then ContainerDied exit 3");
     let job = cri
         .run_container(&pod, &ContainerSpec::shell("job", "sleep 1.5; exit 3"))
         .await?;
