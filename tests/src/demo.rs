@@ -76,8 +76,7 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
     tokio::time::sleep(pause).await;
 
     say("kill -9 of app's init process: ContainerDied, exit 137");
-    let pid = tasks.init_pid(&app).await?;
-    process::kill_all(&[pid], STEP_TIMEOUT);
+    tasks.kill_init(&app).await?;
     cri.wait_state(&app, ContainerState::ContainerExited, STEP_TIMEOUT)
         .await?;
     tokio::time::sleep(pause).await;

@@ -1,7 +1,7 @@
 //! Test support through containerd's own API (no CRI): containers, snapshots and tasks in the
 //! harness's plain namespace.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Duration};
 
 use anyhow::{Context as _, bail};
 use containerd_client::{
@@ -25,7 +25,7 @@ use crate::{
     PrivateContainerd,
     containerd::{InstancePaths, NATIVE_NAMESPACE},
     image::BUSYBOX_IMAGE,
-    unix_channel,
+    process, unix_channel,
 };
 
 const SNAPSHOTTER: &str = "overlayfs";
@@ -234,6 +234,18 @@ impl Native {
             Some(p) => bail!("task {id} is not running (status {})", p.status),
             None => bail!("container {id} has no task"),
         }
+    }
+
+    /// `kill -9` of the task's init process from outside containerd, as the OOM killer or an
+    /// operator would; returns once it is gone (bounded).
+    pub async fn kill_init(&self, id: &str) -> anyhow::Result<()> {
+        let pid = self.init_pid(id).await?;
+        process::kill_all(&[pid], Duration::from_secs(30));
+        anyhow::ensure!(
+            !process::is_alive(pid),
+            "init {pid} of {id} survived SIGKILL"
+        );
+        Ok(())
     }
 
     /// Sends a signal to the task's init process.

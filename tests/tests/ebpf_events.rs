@@ -19,7 +19,6 @@ use plegd_tests::{
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
     native::Native,
-    process,
 };
 use support::RunningPlegd;
 
@@ -99,7 +98,7 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
     );
 
     let kill_at = Instant::now();
-    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    tasks.kill_init(&killed).await.unwrap();
     plegd
         .wait_container(
             &killed,
@@ -178,7 +177,7 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
     plegd
         .wait_container(&killed, &["ContainerStarted"], DEADLINE)
         .await;
-    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    tasks.kill_init(&killed).await.unwrap();
     plegd
         .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
         .await;
@@ -282,7 +281,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
     plegd
         .wait_container(&killed, &["ContainerStarted"], DEADLINE)
         .await;
-    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    tasks.kill_init(&killed).await.unwrap();
     plegd
         .wait_container(
             &killed,

@@ -20,7 +20,6 @@ use plegd_tests::{
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
     native::Native,
-    process,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -99,7 +98,7 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
     assert_eq!(exec.source, TriggerSource::Ebpf);
 
     // kill -9: the init's exit with signal 9.
-    process::kill_all(&[tasks.init_pid(&sleeper).await.unwrap()], DEADLINE);
+    tasks.kill_init(&sleeper).await.unwrap();
     trigger_for(&mut triggers, &sleeper, "exit by SIGKILL", |t| {
         has(t, &ObservationKind::Signal(9))
     })

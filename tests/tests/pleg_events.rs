@@ -13,7 +13,6 @@ use plegd_tests::{
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
     native::{Native, NativeSpec},
-    process,
 };
 use support::{RunningPlegd, config, types_by_container};
 use tokio_util::sync::CancellationToken;
@@ -59,7 +58,7 @@ async fn lifecycle(kind: RuntimeKind) {
     assert_eq!(plegd.last_of(&pod.id)["container_name"], "");
 
     // kill -9 of the init process.
-    process::kill_all(&[tasks.init_pid(&killed).await.unwrap()], DEADLINE);
+    tasks.kill_init(&killed).await.unwrap();
     plegd
         .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
         .await;

@@ -19,7 +19,7 @@ use plegd_tests::{
     containerd::{CRI_NAMESPACE, NATIVE_NAMESPACE},
     cri::{ContainerSpec, Cri},
     native::{Native, NativeSpec},
-    process, wait,
+    wait,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -184,8 +184,7 @@ async fn kills_exit_codes_and_removals_are_reported_by_both_backends() {
         wait_inspected(runtime, &pod_uid, &killed, ContainerState::Running).await;
     }
 
-    let pid = tasks.init_pid(&killed).await.unwrap();
-    process::kill_all(&[pid], DEADLINE);
+    tasks.kill_init(&killed).await.unwrap();
     for runtime in runtimes {
         let record = wait_inspected(runtime, &pod_uid, &killed, ContainerState::Exited).await;
         assert_eq!(record.exit_code, Some(137), "{}", runtime.endpoint());
