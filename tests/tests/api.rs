@@ -346,6 +346,140 @@ async fn resume_from_too_old_a_sequence_or_another_run_is_out_of_range() {
     api.stopped().await;
 }
 
+/// A client whose HTTP/2 stream window is 256 bytes: once it stops reading, the server can
+/// send it nothing more after an event or two. (hyper's default window, 2 MiB, would let a
+/// stalled client absorb thousands of events before plegd sees it fall behind.)
+async fn stingy_client(socket: &Path) -> PlegClient<Channel> {
+    let socket = socket.to_owned();
+    let channel = tonic::transport::Endpoint::from_static("http://plegd.local")
+        .initial_stream_window_size(Some(256))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("API socket answers");
+    PlegClient::new(channel)
+}
+
+/// Every event until the stream ends, and how it ended.
+async fn drain(stream: &mut Streaming<pb::Event>) -> (Vec<pb::Event>, tonic::Status) {
+    let mut read = Vec::new();
+    loop {
+        match tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .expect("the stream answers")
+        {
+            Ok(Some(event)) => read.push(event),
+            Ok(None) => panic!("stream ended without a status after {read:#?}"),
+            Err(status) => return (read, status),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_up() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (mut plegd, api) = start(&containerd, |c| c.watch_queue = 8).await;
+    let bus = plegd.shared.bus.clone();
+    let mut fast_client = api.client().await;
+    let mut fast = watch(&mut fast_client, 0, 0).await.unwrap();
+    let mut stalled_client = stingy_client(&api.socket).await;
+    let mut stalled = watch(&mut stalled_client, 0, 0).await.unwrap();
+    // Never reads, not even at shutdown.
+    let mut deaf_client = stingy_client(&api.socket).await;
+    let mut deaf = watch(&mut deaf_client, 0, 0).await.unwrap();
+    assert_eq!(bus.subscriber_count(), 3);
+
+    // 3 events a container, one at a time: far more than the window and the queue of 8 hold.
+    const CONTAINERS: usize = 10;
+    let reader = tokio::spawn(async move {
+        let mut removed = 0;
+        let seen = read_until(&mut fast, "every container removed", |e| {
+            removed += usize::from(e.r#type() == pb::EventType::ContainerRemoved);
+            removed == CONTAINERS
+        })
+        .await;
+        // Still subscribed: the one left when the stalled ones are dropped.
+        (seen, fast)
+    });
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("busy").await.unwrap();
+    for i in 0..CONTAINERS {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("c{i}")))
+            .await
+            .unwrap();
+        plegd
+            .wait_container(&id, &["ContainerStarted"], DEADLINE)
+            .await;
+        cri.stop_container(&id, Duration::ZERO).await.unwrap();
+        cri.remove_container(&id).await.unwrap();
+        plegd
+            .wait_container(
+                &id,
+                &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+                DEADLINE,
+            )
+            .await;
+    }
+    let (seen, _fast) = reader.await.unwrap();
+    assert!(
+        seen.windows(2).all(|w| w[1].sequence == w[0].sequence + 1),
+        "the reader that keeps up misses nothing: {:?}",
+        seen.iter().map(|e| e.sequence).collect::<Vec<_>>()
+    );
+    plegd_tests::wait::until("both stalled watchers dropped", DEADLINE, || async {
+        anyhow::Ok((bus.subscriber_count() == 1).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // Reading again, the stalled one finds what it had been sent, then the verdict with the
+    // exact point to resume from.
+    let (got, status) = drain(&mut stalled).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().starts_with("lagged: "),
+        "{}",
+        status.message()
+    );
+    let resume = got.last().map_or(seen[0].sequence, |e| e.sequence + 1);
+    assert!(
+        status
+            .message()
+            .ends_with(&format!("from_sequence={resume}")),
+        "{} after {:?}",
+        status.message(),
+        got.iter().map(|e| e.sequence).collect::<Vec<_>>()
+    );
+    assert!(got.len() < seen.len(), "it did fall behind");
+    let mut resumed = watch(&mut stalled_client, resume, bus.run_id())
+        .await
+        .expect("the history still holds the missed events");
+    let last = seen.last().unwrap().sequence;
+    let caught_up = read_until(&mut resumed, "caught up", |e| e.sequence == last).await;
+    assert_eq!(caught_up.first().map(|e| e.sequence), Some(resume));
+    drop(resumed);
+
+    // The deaf one's final status sits behind events it never reads: shutdown must not wait
+    // for it forever, but cut its connection after the grace period.
+    plegd.stop().await;
+    api.stopped().await;
+    let (_, cut) = drain(&mut deaf).await;
+    assert_ne!(
+        cut.code(),
+        Code::ResourceExhausted,
+        "cut, not told: {cut:?}"
+    );
+}
+
 async fn serving_status(
     client: &mut HealthClient<Channel>,
     service: &str,

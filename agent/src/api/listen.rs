@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use futures::TryStreamExt as _;
 use http_body_util::Full;
 use hyper::{Method, StatusCode, body::Bytes};
 use plegd_proto::v1::pleg_server::PlegServer;
@@ -25,13 +26,21 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tracing::{info, warn};
 
-use crate::{api::server::PlegService, config::Config, daemon::Shared};
+use crate::{
+    api::{cut::Cuttable, server::PlegService},
+    config::Config,
+    daemon::Shared,
+};
 
 /// Default path of the API socket.
 pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
 
 /// How often grpc.health.v1 statuses follow the PLEG's health.
 const HEALTH_UPDATE_PERIOD: Duration = Duration::from_secs(1);
+
+/// How long shutdown waits for watch streams to deliver their final status before cutting the
+/// connections of watchers that stopped reading.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(3);
 
 /// The gRPC service name, as grpc.health.v1 and clients know it.
 pub const SERVICE_NAME: &str = <PlegServer<PlegService> as NamedService>::NAME;
@@ -139,7 +148,7 @@ impl Listeners {
     }
 
     /// Serves the API of `shared` until `shutdown`; ends every watch stream (UNAVAILABLE)
-    /// then, and removes the socket.
+    /// then, cuts the connections still open [`DRAIN_GRACE`] later, and removes the socket.
     pub async fn serve(
         self,
         shared: Shared,
@@ -164,12 +173,16 @@ impl Listeners {
             }
         };
         let stopping = futures::FutureExt::shared(Box::pin(stopping));
+        let cut = CancellationToken::new();
         let service = PlegServer::new(PlegService::new(shared.clone()));
         info!(socket = %self.socket.display(), "serving the plegd.v1 API");
         let unix = Server::builder()
             .add_service(health_service.clone())
             .add_service(service.clone())
-            .serve_with_incoming_shutdown(UnixListenerStream::new(self.unix), stopping.clone());
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(self.unix).map_ok(|io| Cuttable::new(io, &cut)),
+                stopping.clone(),
+            );
         let tcp = async {
             let Some((listener, tls)) = self.tcp else {
                 return Ok(());
@@ -188,14 +201,30 @@ impl Listeners {
             builder
                 .add_service(health_service)
                 .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping.clone())
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener).map_ok(|io| Cuttable::new(io, &cut)),
+                    stopping.clone(),
+                )
                 .await
                 .map_err(|source| ServeError::Grpc {
                     what: address,
                     source,
                 })
         };
-        let (unix, tcp) = tokio::join!(unix, tcp);
+        let cut_stragglers = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+            warn!(
+                grace = ?DRAIN_GRACE,
+                "watchers that stopped reading kept their streams open; cutting their connections"
+            );
+            cut.cancel();
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        let (unix, tcp) = tokio::select! {
+            served = async { tokio::join!(unix, tcp) } => served,
+            never = cut_stragglers => match never {},
+        };
         if let Err(e) = std::fs::remove_file(&self.socket)
             && e.kind() != ErrorKind::NotFound
         {

@@ -5,12 +5,14 @@
 //! - `convert`: domain types to `plegd.v1` messages.
 //! - `server`: the tonic service (thin handlers over plain functions).
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
+//! - `cut`: connections cut at shutdown when their watcher stopped reading.
 //! - `metrics`: kubelet's PLEG metrics and plegd's own.
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
 pub mod bus;
 pub mod client;
 pub mod convert;
+mod cut;
 pub mod listen;
 pub mod metrics;
 pub mod server;
