@@ -4,7 +4,7 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -20,19 +20,6 @@ use crate::{
 };
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Stops plegd (SIGTERM, as a service manager would) when the demo ends, however it ends.
-struct Plegd(Child);
-
-impl Drop for Plegd {
-    fn drop(&mut self) {
-        process::terminate(
-            i32::try_from(self.0.id()).unwrap_or_default(),
-            Duration::from_secs(5),
-        );
-        let _ = self.0.wait();
-    }
-}
 
 fn say(text: &str) {
     eprintln!("\n### {text}");
@@ -51,7 +38,7 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
          where to look; a full relist every 1s, slowed to 30s while they are connected)",
         socket.display()
     ));
-    let _plegd = Plegd(
+    let _plegd = process::Terminating(
         Command::new(plegd)
             .args(["run", "--relist-period", "1s", "--runtime-endpoint"])
             .arg(&socket)

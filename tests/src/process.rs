@@ -5,7 +5,7 @@ use std::{
     fs,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
 };
 
@@ -35,6 +35,41 @@ pub fn terminate(pid: i32, timeout: Duration) {
     if !wait_gone(&[pid], timeout) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         wait_gone(&[pid], Duration::from_secs(5));
+    }
+}
+
+/// A child process stopped with SIGTERM (as a service manager would) when dropped, however
+/// the test or the demo ends.
+#[derive(Debug)]
+pub struct Terminating(pub Child);
+
+impl Terminating {
+    /// SIGTERM, then how it exited (SIGKILLed if still there after `timeout`).
+    pub fn stop(mut self, timeout: Duration) -> std::io::Result<ExitStatus> {
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.0.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.0.kill()?;
+        self.0.wait()
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.0.id()).unwrap_or_default()
+    }
+}
+
+impl Drop for Terminating {
+    fn drop(&mut self) {
+        // Only a child not yet waited for: a reaped pid may already name another process.
+        if let Ok(None) = self.0.try_wait() {
+            terminate(self.pid(), Duration::from_secs(5));
+            let _ = self.0.wait();
+        }
     }
 }
 

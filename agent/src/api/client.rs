@@ -24,12 +24,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// A command that could not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach plegd at {socket}: {source}")]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error("cannot reach plegd at {socket}: {reason}")]
+    Connect { socket: PathBuf, reason: String },
     #[error("plegd answered {}: {}", .0.code(), .0.message())]
     Rpc(#[from] Status),
     #[error("writing output: {0}")]
@@ -64,11 +60,20 @@ pub async fn connect(socket: &Path) -> Result<PlegClient<Channel>, ClientError> 
             }
         }))
         .await
-        .map_err(|source| ClientError::Connect {
+        .map_err(|error| ClientError::Connect {
             socket: socket.to_owned(),
-            source,
+            reason: root_cause(&error),
         })?;
     Ok(PlegClient::new(channel))
+}
+
+/// The innermost cause: tonic's "transport error" says less than the `connect` error it wraps.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut error = error;
+    while let Some(source) = error.source() {
+        error = source;
+    }
+    error.to_string()
 }
 
 /// What `plegd watch` asks for.
