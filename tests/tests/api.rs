@@ -1,6 +1,6 @@
 //! The plegd.v1 API through its real unix socket, against the real containerd: watching real
 //! containers, resuming after a disconnect, the out-of-range error, a lagged subscriber,
-//! grpc.health.v1 following the runtime, /metrics, and the socket's permissions.
+//! grpc.health.v1 following the runtime, /metrics, the socket's permissions, and mTLS on TCP.
 
 mod support;
 
@@ -692,6 +692,131 @@ async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
     second.socket = api.socket.clone();
     let err = plegd::api::Listeners::bind(&second).await.unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+/// A CA, and PEM files signed by it: a server certificate for localhost and a client one.
+struct Pki {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    ca_pem: String,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca_pem = params.self_signed(&key).unwrap().pem();
+        Self {
+            issuer: rcgen::Issuer::new(params, key),
+            ca_pem,
+        }
+    }
+
+    /// (certificate, key) in PEM for `names`, for `purpose`.
+    fn leaf(&self, names: &[&str], purpose: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages.push(purpose);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// ListPods over TLS to `address`, trusting `ca`, presenting `identity`; any failure (dial,
+/// handshake, call) as text.
+async fn list_pods_over_tls(
+    address: std::net::SocketAddr,
+    ca: &str,
+    identity: Option<&(String, String)>,
+) -> Result<pb::ListPodsResponse, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let channel = Endpoint::from_shared(format!("https://localhost:{}", address.port()))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .tls_config(tls)
+        .map_err(|e| format!("{e:?}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    let mut request = tonic::Request::new(pb::ListPodsRequest {});
+    request.set_timeout(Duration::from_secs(5));
+    PlegClient::new(channel)
+        .list_pods(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| format!("call: {status:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca_only() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (Pki::new("plegd test CA"), Pki::new("someone else"));
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let (server_cert, server_key) = ours.leaf(&["localhost", "127.0.0.1"], ServerAuth);
+    let (cert, key, client_ca) = (
+        write("server.pem", &server_cert),
+        write("server.key", &server_key),
+        write("ca.pem", &ours.ca_pem),
+    );
+    let (plegd, api) = start(&containerd, |c| {
+        c.listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tls_cert = Some(cert);
+        c.tls_key = Some(key);
+        c.tls_client_ca = Some(client_ca);
+    })
+    .await;
+    let address = api.tcp.expect("TLS listener bound");
+
+    let trusted = ours.leaf(&["watcher"], ClientAuth);
+    let listing = list_pods_over_tls(address, &ours.ca_pem, Some(&trusted))
+        .await
+        .expect("a client with a certificate from the client CA is served");
+    assert_eq!(listing.run_id, plegd.shared.bus.run_id());
+
+    let stranger = theirs.leaf(&["watcher"], ClientAuth);
+    for (who, identity) in [("no certificate", None), ("another CA's", Some(&stranger))] {
+        let refused = list_pods_over_tls(address, &ours.ca_pem, identity).await;
+        assert!(
+            refused.is_err(),
+            "a client with {who} is refused: {refused:?}"
+        );
+    }
+    // Nor does the server pass for anyone else's.
+    let impostor = list_pods_over_tls(address, &theirs.ca_pem, Some(&trusted)).await;
+    assert!(impostor.is_err(), "{impostor:?}");
+    // Plain HTTP/2 gets no answer either.
+    let mut plain = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map(PlegClient::new);
+    if let Ok(client) = plain.as_mut() {
+        let mut request = tonic::Request::new(pb::ListPodsRequest {});
+        request.set_timeout(Duration::from_secs(5));
+        assert!(client.list_pods(request).await.is_err());
+    }
     plegd.stop().await;
     api.stopped().await;
 }

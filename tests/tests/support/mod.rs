@@ -201,6 +201,8 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
 pub struct ServedApi {
     pub socket: std::path::PathBuf,
     pub metrics: std::net::SocketAddr,
+    /// The TLS listener's address, when the config asked for one.
+    pub tcp: Option<std::net::SocketAddr>,
     task: tokio::task::JoinHandle<Result<(), plegd::api::listen::ServeError>>,
     _dir: tempfile::TempDir,
 }
@@ -237,12 +239,14 @@ impl RunningPlegd {
             .await
             .expect("API listeners bound");
         let metrics = listeners.metrics_address().expect("metrics bound");
+        let tcp = listeners.tcp_address();
         let socket = config.socket.clone();
         let plegd = Self::start(config).await;
         let task = tokio::spawn(listeners.serve(plegd.shared.clone(), plegd.shutdown.clone()));
         let api = ServedApi {
             socket,
             metrics,
+            tcp,
             task,
             _dir: dir,
         };
