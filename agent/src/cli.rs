@@ -118,10 +118,16 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("plegd: {e:#}");
+            eprintln!("plegd: {}", describe(e.as_ref()));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, none repeated (anyhow's `{:#}` would print a cause
+/// twice when an error's message already ends with it).
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    crate::runtime::endpoint::with_causes(error.to_string(), error)
 }
 
 fn init_logging(format: LogFormat) {
@@ -246,11 +252,11 @@ fn health(args: &ClientArgs) -> ExitCode {
         Ok(Ok(true)) => ExitCode::SUCCESS,
         Ok(Ok(false)) => ExitCode::from(1),
         Ok(Err(e)) => {
-            eprintln!("plegd: {e}");
+            eprintln!("plegd: {}", describe(&e));
             ExitCode::from(if e.is_unreachable() { 2 } else { 1 })
         }
         Err(e) => {
-            eprintln!("plegd: {e:#}");
+            eprintln!("plegd: {}", describe(e.as_ref()));
             ExitCode::from(2)
         }
     }

@@ -99,38 +99,21 @@ impl Listeners {
     /// Binds the unix socket (directory created 0700, socket 0600, a stale socket removed),
     /// the TLS listener and the metrics listener that `config` asks for. Needs a tokio runtime.
     pub async fn bind(config: &Config) -> Result<Self, BindError> {
-        let unix = bind_unix(&config.socket)?;
+        // The TLS files are checked first and the TCP ports bound before the socket: a failure
+        // leaves nothing behind.
         let tcp = match config.listen {
             Some(address) => {
                 let tls = tls_config(config)?;
-                let listener =
-                    TcpListener::bind(address)
-                        .await
-                        .map_err(|source| BindError::Bind {
-                            what: "the gRPC TCP address",
-                            address: address.to_string(),
-                            source,
-                        })?;
-                Some((listener, tls))
+                Some((bind_tcp("the gRPC TCP address", address).await?, tls))
             }
             None => None,
         };
         let metrics = match config.metrics_address {
-            Some(address) => {
-                Some(
-                    TcpListener::bind(address)
-                        .await
-                        .map_err(|source| BindError::Bind {
-                            what: "the metrics address",
-                            address: address.to_string(),
-                            source,
-                        })?,
-                )
-            }
+            Some(address) => Some(bind_tcp("the metrics address", address).await?),
             None => None,
         };
         Ok(Self {
-            unix,
+            unix: bind_unix(&config.socket)?,
             socket: config.socket.clone(),
             tcp,
             metrics,
@@ -240,6 +223,16 @@ impl Listeners {
         })?;
         tcp
     }
+}
+
+async fn bind_tcp(what: &'static str, address: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| BindError::Bind {
+            what,
+            address: address.to_string(),
+            source,
+        })
 }
 
 fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
@@ -465,5 +458,37 @@ mod tests {
             bind_unix(&file),
             Err(BindError::NotASocket { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_failed_bind_leaves_no_socket_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a PEM").unwrap();
+        let socket = dir.path().join("run/plegd.sock");
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let bad_tls = crate::config::RunArgs {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            tls_cert: Some(junk.clone()),
+            tls_key: Some(junk),
+            ..Default::default()
+        };
+        let port_taken = crate::config::RunArgs {
+            metrics_address: Some(taken.local_addr().unwrap()),
+            ..Default::default()
+        };
+        for args in [bad_tls, port_taken] {
+            let run = crate::config::RunArgs {
+                socket: Some(socket.clone()),
+                ..args
+            };
+            let config = Config::load(&run).unwrap();
+            let error = Listeners::bind(&config).await.unwrap_err();
+            assert!(
+                matches!(error, BindError::Tls(_) | BindError::Bind { .. }),
+                "{error:?}"
+            );
+            assert!(!socket.exists(), "{error}: the socket was left behind");
+        }
     }
 }
