@@ -244,12 +244,21 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
         .unwrap();
     let _daemon = start_daemon(&containerd, &socket, &log);
     watch.note("resynced").await;
-    let (_, pods, _) = plegd(&["pods"], &socket).await;
-    let app_row = pods.lines().find(|l| l.contains(&app[..12])).unwrap();
-    assert!(
-        app_row.contains("exited") && app_row.contains("137"),
-        "{app_row}"
-    );
+    // (The kill may reach containerd's records after the new run's first listing.)
+    plegd_tests::wait::until(
+        "plegd pods shows app exited by SIGKILL",
+        DEADLINE,
+        || async {
+            let (_, pods, _) = plegd(&["pods"], &socket).await;
+            let row = pods
+                .lines()
+                .find(|l| l.contains(&app[..12]))
+                .map(str::to_owned);
+            anyhow::Ok(row.filter(|r| r.contains("exited") && r.contains("137")))
+        },
+    )
+    .await
+    .unwrap();
 
     // And watch follows the new run.
     let sidecar = cri

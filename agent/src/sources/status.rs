@@ -3,14 +3,20 @@
 //! slow down; the moment none is, they return to the fast period.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
 
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 
 use crate::{api::Metrics, pleg::event::TriggerSource};
+
+/// Fast periods that full relists stay fast after a push source (re)connects. A change in
+/// flight at that moment (published before the subscription, or a process exit before the
+/// probes attached, and not yet in the runtime's listing) is neither delivered nor seen by the
+/// relist made at connect; without this, only the slow safety net would find it.
+const SETTLE_PERIODS: u32 = 3;
 
 /// A push source's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,12 +81,16 @@ impl SourceRegistry {
         let detail = detail.into();
         let changed = {
             let mut sources = self.lock();
-            let entry = sources.entry(source).or_insert_with(|| SourceStatus {
-                state,
-                detail: String::new(),
-                last_delivered: None,
+            let mut new = false;
+            let entry = sources.entry(source).or_insert_with(|| {
+                new = true;
+                SourceStatus {
+                    state,
+                    detail: String::new(),
+                    last_delivered: None,
+                }
             });
-            let changed = entry.state != state || entry.detail != detail;
+            let changed = new || entry.state != state || entry.detail != detail;
             if state == SourceState::Reconnecting
                 && entry.state != SourceState::Reconnecting
                 && let Some(metrics) = &self.metrics
@@ -110,13 +120,12 @@ impl SourceRegistry {
 
     /// Whether at least one push source is delivering.
     pub fn any_connected(&self) -> bool {
-        self.lock()
-            .values()
-            .any(|s| s.state == SourceState::Connected)
+        !self.connected().is_empty()
     }
 
-    /// Keeps `period` at `slow` while a push source is connected and at `fast` otherwise,
-    /// until the registry is dropped.
+    /// Keeps `period` at `slow` while a push source is connected and at `fast` otherwise, and
+    /// for [`SETTLE_PERIODS`] fast periods after any source (re)connects; until the registry
+    /// is dropped.
     pub async fn drive_relist_period(
         self,
         period: watch::Sender<Duration>,
@@ -124,17 +133,40 @@ impl SourceRegistry {
         slow: Duration,
     ) {
         let mut changes = self.changed.subscribe();
+        let mut connected = BTreeSet::new();
+        let mut settled_at = Instant::now();
         loop {
-            let want = if self.any_connected() { slow } else { fast };
+            let now_connected = self.connected();
+            if now_connected.difference(&connected).next().is_some() {
+                settled_at = Instant::now() + fast * SETTLE_PERIODS;
+            }
+            connected = now_connected;
+            let settling = Instant::now() < settled_at;
+            let want = if connected.is_empty() || settling {
+                fast
+            } else {
+                slow
+            };
             period.send_if_modified(|current| {
                 let differs = *current != want;
                 *current = want;
                 differs
             });
-            if changes.changed().await.is_err() {
-                return;
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() {
+                    return;
+                },
+                () = tokio::time::sleep_until(settled_at), if settling => {}
             }
         }
+    }
+
+    fn connected(&self) -> BTreeSet<TriggerSource> {
+        self.lock()
+            .iter()
+            .filter(|(_, s)| s.state == SourceState::Connected)
+            .map(|(source, _)| *source)
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<TriggerSource, SourceStatus>> {
@@ -147,31 +179,39 @@ impl SourceRegistry {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn the_period_follows_push_source_health() {
+    #[tokio::test(start_paused = true)]
+    async fn the_period_follows_push_source_health_after_settling() {
+        const FAST: Duration = Duration::from_secs(1);
+        const SLOW: Duration = Duration::from_secs(30);
         let registry = SourceRegistry::new();
-        let (period_tx, mut period) = watch::channel(Duration::from_secs(1));
-        let driver = tokio::spawn(registry.clone().drive_relist_period(
-            period_tx,
-            Duration::from_secs(1),
-            Duration::from_secs(30),
-        ));
+        let (period_tx, mut period) = watch::channel(FAST);
+        let driver = tokio::spawn(registry.clone().drive_relist_period(period_tx, FAST, SLOW));
         registry.set(TriggerSource::Containerd, SourceState::Connecting, "");
+        let connected_at = Instant::now();
         registry.set(TriggerSource::Containerd, SourceState::Connected, "");
-        period
-            .wait_for(|p| *p == Duration::from_secs(30))
-            .await
-            .unwrap();
+        period.wait_for(|p| *p == SLOW).await.unwrap();
+        assert_eq!(connected_at.elapsed(), FAST * SETTLE_PERIODS);
+
+        // Another source connecting is another chance of missed changes: fast again, a while.
+        let connected_at = Instant::now();
+        registry.set(TriggerSource::Ebpf, SourceState::Connected, "");
+        period.wait_for(|p| *p == FAST).await.unwrap();
+        period.wait_for(|p| *p == SLOW).await.unwrap();
+        assert_eq!(connected_at.elapsed(), FAST * SETTLE_PERIODS);
+
+        // Losing one while the other delivers changes nothing; losing both, fast at once.
+        registry.set(TriggerSource::Ebpf, SourceState::Reconnecting, "");
+        tokio::time::sleep(FAST * 10).await;
+        assert_eq!(*period.borrow(), SLOW);
+        let lost_at = Instant::now();
         registry.set(
             TriggerSource::Containerd,
             SourceState::Reconnecting,
             "stream broke",
         );
-        period
-            .wait_for(|p| *p == Duration::from_secs(1))
-            .await
-            .unwrap();
-        assert_eq!(registry.snapshot()[0].1.detail, "stream broke");
+        period.wait_for(|p| *p == FAST).await.unwrap();
+        assert_eq!(lost_at.elapsed(), Duration::ZERO);
+        assert_eq!(registry.snapshot()[1].1.detail, "stream broke");
         driver.abort();
     }
 
