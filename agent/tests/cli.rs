@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use k8s_cri::v1::ContainerState;
 use plegd_tests::{
     ContainerdOptions, PrivateContainerd,
     containerd::CRI_NAMESPACE,
@@ -235,30 +236,28 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
     let (code, _, _) = plegd(&["health"], &socket).await;
     assert_eq!(code, 2);
 
-    // While it is down the container dies; the new run finds it exited.
+    // While it is down the container dies (containerd records the exit on its own time; the
+    // test waits for that so the new run's first listing must show it).
     Native::connect_in(&containerd, CRI_NAMESPACE)
         .await
         .unwrap()
         .kill_init(&app)
         .await
         .unwrap();
+    cri.wait_state(&app, ContainerState::ContainerExited, DEADLINE)
+        .await
+        .expect("containerd's CRI records the exit");
     let _daemon = start_daemon(&containerd, &socket, &log);
     watch.note("resynced").await;
-    // (The kill may reach containerd's records after the new run's first listing.)
-    plegd_tests::wait::until(
-        "plegd pods shows app exited by SIGKILL",
-        DEADLINE,
-        || async {
-            let (_, pods, _) = plegd(&["pods"], &socket).await;
-            let row = pods
-                .lines()
-                .find(|l| l.contains(&app[..12]))
-                .map(str::to_owned);
-            anyhow::Ok(row.filter(|r| r.contains("exited") && r.contains("137")))
-        },
-    )
-    .await
-    .unwrap();
+    let (_, pods, _) = plegd(&["pods"], &socket).await;
+    let app_row = pods
+        .lines()
+        .find(|l| l.contains(&app[..12]))
+        .unwrap_or_else(|| panic!("no row for {app} in\n{pods}"));
+    assert!(
+        app_row.contains("exited") && app_row.contains("137"),
+        "{app_row}"
+    );
 
     // And watch follows the new run.
     let sidecar = cri
