@@ -76,6 +76,18 @@ async fn wait_healthy(socket: &Path) -> String {
     .unwrap()
 }
 
+/// `plegd pods`' whole output and the row of `container`.
+async fn pods_row(socket: &Path, container: &str) -> (String, String) {
+    let (code, pods, err) = plegd(&["pods"], socket).await;
+    assert_eq!(code, 0, "{err}");
+    let row = pods
+        .lines()
+        .find(|l| l.contains(&container[..12]))
+        .unwrap_or_else(|| panic!("no row for {container} in\n{pods}"))
+        .to_owned();
+    (pods, row)
+}
+
 /// A line of `plegd watch`: an event on stdout or a note on stderr.
 #[derive(Debug)]
 enum Line {
@@ -210,12 +222,7 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
     assert_eq!(started["container_name"], "app");
     let first_run = started["run_id"].as_str().unwrap().to_owned();
 
-    let (code, pods, err) = plegd(&["pods"], &socket).await;
-    assert_eq!(code, 0, "{err}");
-    let app_row = pods
-        .lines()
-        .find(|l| l.contains(&app[..12]))
-        .unwrap_or_else(|| panic!("no row for {app} in\n{pods}"));
+    let (pods, app_row) = pods_row(&socket, &app).await;
     assert!(
         app_row.contains("/cli ") && app_row.contains(" app "),
         "{app_row}"
@@ -249,11 +256,7 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
         .expect("containerd's CRI records the exit");
     let _daemon = start_daemon(&containerd, &socket, &log);
     watch.note("resynced").await;
-    let (_, pods, _) = plegd(&["pods"], &socket).await;
-    let app_row = pods
-        .lines()
-        .find(|l| l.contains(&app[..12]))
-        .unwrap_or_else(|| panic!("no row for {app} in\n{pods}"));
+    let (_, app_row) = pods_row(&socket, &app).await;
     assert!(
         app_row.contains("exited") && app_row.contains("137"),
         "{app_row}"

@@ -25,8 +25,20 @@ pub use containerd::{ContainerdOptions, HarnessError, PrivateContainerd};
 pub async fn unix_channel(
     socket: &Path,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    unix_channel_with(
+        socket,
+        tonic::transport::Endpoint::from_static("http://[::]:50051"),
+    )
+    .await
+}
+
+/// [`unix_channel`] with `endpoint`'s settings (windows, timeouts, ...).
+pub async fn unix_channel_with(
+    socket: &Path,
+    endpoint: tonic::transport::Endpoint,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     let socket: PathBuf = socket.to_owned();
-    tonic::transport::Endpoint::from_static("http://[::]:50051")
+    endpoint
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move {

@@ -350,17 +350,9 @@ async fn resume_from_too_old_a_sequence_or_another_run_is_out_of_range() {
 /// send it nothing more after an event or two. (hyper's default window, 2 MiB, would let a
 /// stalled client absorb thousands of events before plegd sees it fall behind.)
 async fn stingy_client(socket: &Path) -> PlegClient<Channel> {
-    let socket = socket.to_owned();
-    let channel = tonic::transport::Endpoint::from_static("http://plegd.local")
-        .initial_stream_window_size(Some(256))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
+    let endpoint = tonic::transport::Endpoint::from_static("http://plegd.local")
+        .initial_stream_window_size(Some(256));
+    let channel = plegd_tests::unix_channel_with(socket, endpoint)
         .await
         .expect("API socket answers");
     PlegClient::new(channel)
