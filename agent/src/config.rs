@@ -195,6 +195,12 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_METRICS_ADDRESS", value_name = "ADDR:PORT")]
     pub metrics_address: Option<SocketAddr>,
 
+    /// Directory where a clean shutdown saves the last reading of the runtime and the event
+    /// history, so the next start continues the same run: only what changed meanwhile becomes
+    /// events, and watchers resume where they were. `none`: off. [default: /var/lib/plegd]
+    #[arg(long, env = "PLEGD_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
     /// Events kept for watchers that reconnect and resume. [default: 10000]
     #[arg(long, env = "PLEGD_EVENT_HISTORY", value_name = "N")]
     pub event_history: Option<usize>,
@@ -229,6 +235,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
     metrics_address: Option<SocketAddr>,
+    state_dir: Option<PathBuf>,
     event_history: Option<usize>,
     watch_queue: Option<usize>,
 }
@@ -262,6 +269,8 @@ pub struct Config {
     pub tls_client_ca: Option<PathBuf>,
     /// HTTP address of /metrics, /healthz and /readyz, if any.
     pub metrics_address: Option<SocketAddr>,
+    /// Where a clean shutdown saves the run for the next start (`None`: nowhere).
+    pub state_dir: Option<PathBuf>,
     /// Events kept for resuming watchers.
     pub event_history: usize,
     /// Events queued per watcher.
@@ -387,6 +396,13 @@ impl Config {
             tls_key: args.tls_key.clone().or(file.tls_key),
             tls_client_ca: args.tls_client_ca.clone().or(file.tls_client_ca),
             metrics_address: args.metrics_address.or(file.metrics_address),
+            state_dir: Some(
+                args.state_dir
+                    .clone()
+                    .or(file.state_dir)
+                    .unwrap_or_else(|| PathBuf::from(crate::state::DEFAULT_STATE_DIR)),
+            )
+            .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: args
                 .event_history
                 .or(file.event_history)
@@ -581,6 +597,24 @@ mod tests {
             Some("127.0.0.1:9809".parse().unwrap())
         );
         assert_eq!(config.event_history, 5);
+    }
+
+    #[test]
+    fn the_state_dir_defaults_to_var_lib_and_none_turns_it_off() {
+        let state_dir = |dir: Option<&str>| {
+            Config::load(&RunArgs {
+                state_dir: dir.map(PathBuf::from),
+                ..RunArgs::default()
+            })
+            .unwrap()
+            .state_dir
+        };
+        assert_eq!(state_dir(None), Some(PathBuf::from("/var/lib/plegd")));
+        assert_eq!(
+            state_dir(Some("/srv/plegd")),
+            Some(PathBuf::from("/srv/plegd"))
+        );
+        assert_eq!(state_dir(Some("none")), None);
     }
 
     #[test]

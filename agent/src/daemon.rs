@@ -33,6 +33,7 @@ use crate::{
         ebpf::{self, Probes},
         status::{SourceRegistry, SourceState},
     },
+    state::{self, SavedRun},
     sync_loop::{self, RecordingSyncHandler, SyncConfig},
 };
 
@@ -181,9 +182,20 @@ where
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(Arc::clone(&clock), config.relist_threshold));
     let metrics = Metrics::new();
-    let bus = ApiBus::new(api::new_run_id(), config.event_history, config.watch_queue);
+    let runtime_id = runtime_identity(config, push.runtime_socket.as_deref());
+    let restored = restore(config, &runtime_id);
+    let bus = match &restored {
+        Some(r) => ApiBus::resumed(
+            r.run.run_id,
+            config.event_history,
+            config.watch_queue,
+            r.run.sequence,
+            r.history.clone(),
+        ),
+        None => ApiBus::new(api::new_run_id(), config.event_history, config.watch_queue),
+    };
     let (events_tx, events_rx) = mpsc::channel(config.event_channel_capacity);
-    let relister = Relister::new(
+    let mut relister = Relister::new(
         runtime,
         Arc::clone(&clock),
         Arc::clone(&cache),
@@ -195,6 +207,9 @@ where
         },
     )
     .with_metrics(metrics.clone());
+    if let Some(restored) = restored {
+        relister.restore(restored.run.records, restored.run.sequence);
+    }
     let scheduler = RelistScheduler::new(
         SchedulerConfig {
             full_relist_period: config.relist_period,
@@ -214,14 +229,18 @@ where
     let stream_sources =
         start_stream_sources(config, push, &triggers, &sources, &metrics, &shutdown);
 
-    let generator = tokio::spawn(generator::run(
-        relister,
-        scheduler,
-        Arc::clone(&clock),
-        trigger_rx,
-        period_rx,
-        shutdown.clone(),
-    ));
+    // The relister's reading is taken when it stops; dropping it lets the sync loop drain.
+    let generator = tokio::spawn({
+        let run = generator::run(
+            relister,
+            scheduler,
+            Arc::clone(&clock),
+            trigger_rx,
+            period_rx,
+            shutdown.clone(),
+        );
+        async move { run.await.into_saved() }
+    });
     let (forward_tx, mut forward_rx) = mpsc::channel(config.event_channel_capacity);
     let sync = tokio::spawn(sync_loop::run(
         events_rx,
@@ -270,13 +289,82 @@ where
     for source in &stream_sources {
         source.abort();
     }
-    for task in [generator, sync] {
-        if let Err(e) = task.await {
-            warn!(error = %e, "a daemon task ended abnormally");
-        }
+    if let Err(e) = sync.await {
+        warn!(error = %e, "the sync loop ended abnormally");
+    }
+    match generator.await {
+        // Saved only when every event generated was published (not after an output failure).
+        Ok((records, sequence)) if result.is_ok() => save(
+            config,
+            SavedRun {
+                runtime: runtime_id,
+                run_id: bus.run_id(),
+                sequence,
+                records,
+            },
+            &bus,
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "the generator ended abnormally"),
     }
     info!("plegd stopped");
     result
+}
+
+/// What the saved records were read from: a state saved for anything else is not used.
+fn runtime_identity(config: &Config, socket: Option<&std::path::Path>) -> String {
+    let endpoint = socket.map_or_else(|| "-".to_owned(), endpoint::endpoint_name);
+    match config.runtime {
+        RuntimeKind::Cri => format!("cri {endpoint}"),
+        RuntimeKind::Containerd => {
+            format!("containerd {endpoint} {}", config.namespaces.join(","))
+        }
+    }
+}
+
+/// The run a clean shutdown saved, if any: a damaged state is reported and started over.
+fn restore(config: &Config, runtime: &str) -> Option<state::Restored> {
+    let dir = config.state_dir.as_deref()?;
+    match state::take(dir, runtime) {
+        Ok(Some(restored)) => {
+            info!(
+                run_id = format!("{:x}", restored.run.run_id),
+                sequence = restored.run.sequence,
+                pods = restored.run.records.len(),
+                history = restored.history.len(),
+                "continuing the run saved at the last shutdown"
+            );
+            Some(restored)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            warn!("not using the saved state: {e}; starting a new run");
+            None
+        }
+    }
+}
+
+/// Saves the run for the next start; a failure only costs that start its continuity.
+fn save(config: &Config, run: SavedRun, bus: &ApiBus) {
+    let Some(dir) = config.state_dir.as_deref() else {
+        return;
+    };
+    if run.sequence != bus.last_sequence() {
+        warn!(
+            generated = run.sequence,
+            published = bus.last_sequence(),
+            "not every event was published; the next start is a new run"
+        );
+        return;
+    }
+    match state::save(dir, &run, &bus.history()) {
+        Ok(()) => info!(
+            dir = %dir.display(),
+            sequence = run.sequence,
+            "saved the run for the next start"
+        ),
+        Err(e) => warn!("cannot save the run: {e}; the next start is a new run"),
+    }
 }
 
 /// Starts the runtime event stream sources `config` enables, on `socket`; marks the disabled

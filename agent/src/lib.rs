@@ -23,4 +23,5 @@ pub mod output;
 pub mod pleg;
 pub mod runtime;
 pub mod sources;
+pub mod state;
 pub mod sync_loop;

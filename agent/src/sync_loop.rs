@@ -106,7 +106,8 @@ struct Worker {
 }
 
 /// Runs the sync loop until `shutdown`, forwarding every event it handles to `forward` (the
-/// daemon's output) after dispatching its pod.
+/// daemon's output) after dispatching its pod; after `shutdown`, forwards what `events` still
+/// brings until its sender (the generator) is gone.
 #[expect(
     clippy::too_many_arguments,
     reason = "the loop's inputs, each distinct"
@@ -134,7 +135,16 @@ pub async fn run<H: SyncHandler>(
     loop {
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => break,
+            () = shutdown.cancelled() => {
+                // Events already generated still reach the output: the state saved at shutdown
+                // counts them as published. The generator closes the channel as it stops.
+                while let Some(event) = events.recv().await {
+                    if forward.send(event).await.is_err() {
+                        break;
+                    }
+                }
+                break;
+            }
             event = events.recv() => {
                 let Some(event) = event else { break };
                 dispatch(&mut workers, &event.pod, SyncReason::Event, &cache, &clock, &handler, &shutdown);
@@ -334,6 +344,7 @@ mod tests {
         };
         assert_eq!(count, 2);
         shutdown.cancel();
+        drop(events_tx);
         task.await.unwrap();
     }
 
@@ -378,6 +389,7 @@ mod tests {
             "resync resumed once healthy"
         );
         shutdown.cancel();
+        drop(events_tx);
         task.await.unwrap();
     }
 }

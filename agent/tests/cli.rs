@@ -1,5 +1,6 @@
 //! The `plegd` binary end to end: `plegd run` against a private containerd, and `plegd watch`,
-//! `plegd pods` and `plegd health` talking to it through its socket, across a daemon restart.
+//! `plegd pods` and `plegd health` talking to it through its socket, across a clean restart
+//! (the run continues) and a crash (a new run).
 
 use std::{
     path::{Path, PathBuf},
@@ -24,7 +25,7 @@ use tokio::{
 const PLEGD: &str = env!("CARGO_BIN_EXE_plegd");
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// `plegd run` on `socket`, its logs in `log`.
+/// `plegd run` on `socket`, its state in `socket`'s directory, its logs in `log`.
 fn start_daemon(containerd: &PrivateContainerd, socket: &Path, log: &Path) -> Terminating {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -36,6 +37,8 @@ fn start_daemon(containerd: &PrivateContainerd, socket: &Path, log: &Path) -> Te
         .arg(containerd.socket())
         .arg("--socket")
         .arg(socket)
+        .arg("--state-dir")
+        .arg(socket.with_file_name("state"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -158,6 +161,14 @@ impl Watch {
         }
     }
 
+    /// The events read so far.
+    fn events(&self) -> impl Iterator<Item = &Value> {
+        self.read.iter().filter_map(|line| match line {
+            Line::Event(e) => Some(e),
+            Line::Note(_) => None,
+        })
+    }
+
     async fn note(&mut self, containing: &str) {
         self.until(
             containing,
@@ -236,7 +247,7 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
         "{pods}"
     );
 
-    // The daemon goes away: watch says so and keeps trying.
+    // The daemon stops: watch says so and keeps trying.
     let status = daemon.stop(Duration::from_secs(10)).unwrap();
     assert!(status.success(), "plegd run exited with {status}");
     watch.note("retrying").await;
@@ -254,15 +265,41 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
     cri.wait_state(&app, ContainerState::ContainerExited, DEADLINE)
         .await
         .expect("containerd's CRI records the exit");
-    let _daemon = start_daemon(&containerd, &socket, &log);
-    watch.note("resynced").await;
+
+    // Started again, plegd continues the run it saved: the death is the one new event, right
+    // after the last one watch printed, and nothing else of the unchanged pod is repeated.
+    let mut daemon = start_daemon(&containerd, &socket, &log);
+    let died = watch.event(&app, "ContainerDied").await;
+    assert_eq!(died["run_id"], first_run.as_str());
+    assert_eq!(died["exit_code"], 137);
+    let printed: Vec<&Value> = watch.events().collect();
+    let sequences: Vec<u64> = printed
+        .iter()
+        .map(|e| e["sequence"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sequences.windows(2).all(|w| w[1] == w[0] + 1),
+        "no gap, no repeat across the restart: {sequences:?}"
+    );
+    assert_eq!(
+        printed
+            .iter()
+            .filter(|e| e["type"] == "ContainerStarted")
+            .count(),
+        2,
+        "the sandbox and app started once: {printed:#?}"
+    );
     let (_, app_row) = pods_row(&socket, &app).await;
     assert!(
         app_row.contains("exited") && app_row.contains("137"),
         "{app_row}"
     );
 
-    // And watch follows the new run.
+    // A crash saves nothing: the next start is a new run, and watch resyncs to it.
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let _daemon = start_daemon(&containerd, &socket, &log);
+    watch.note("resynced").await;
     let sidecar = cri
         .run_container(&pod, &ContainerSpec::sleeper("sidecar"))
         .await

@@ -41,6 +41,8 @@ fn config(
         relist_period: Some(period),
         slow_relist_period: Some(period),
         output: Some(OutputFormat::Json),
+        // In-process daemons save no state between runs.
+        state_dir: Some("none".into()),
         ..RunArgs::default()
     })
     .expect("valid bench config")

@@ -40,7 +40,9 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
     ));
     let _plegd = process::Terminating(
         Command::new(plegd)
-            .args(["run", "--relist-period", "1s", "--runtime-endpoint"])
+            // Each demo starts afresh: no run saved by the last one.
+            .args(["run", "--relist-period", "1s", "--state-dir", "none"])
+            .arg("--runtime-endpoint")
             .arg(&socket)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

@@ -117,7 +117,28 @@ impl<T: Sequenced> EventBus<T> {
         }
     }
 
-    /// Identifies this daemon run: sequences restart at 1 in every run.
+    /// [`EventBus::new`] continuing a run saved at a clean shutdown: `kept` (in order) are
+    /// resumable, and the next event published is `last` + 1.
+    pub fn resumed(run_id: u64, history: usize, queue: usize, last: u64, kept: Vec<T>) -> Self {
+        let bus = Self::new(run_id, history, queue);
+        {
+            let mut inner = bus.lock();
+            inner.last = last;
+            let skip = kept.len().saturating_sub(inner.capacity);
+            inner
+                .history
+                .extend(kept.into_iter().skip(skip).map(Arc::new));
+        }
+        bus
+    }
+
+    /// The kept events, oldest first.
+    pub fn history(&self) -> Vec<Arc<T>> {
+        self.lock().history.iter().cloned().collect()
+    }
+
+    /// Identifies this daemon run: sequences restart at 1 in every run, unless it continues a
+    /// saved one.
     pub fn run_id(&self) -> u64 {
         self.run_id
     }
@@ -384,6 +405,23 @@ mod tests {
         bus.close();
         assert_eq!(take(&mut sub, 1).await, [1]);
         assert_eq!(sub.next().await.unwrap_err(), Ended::Closed);
+    }
+
+    #[tokio::test]
+    async fn a_resumed_bus_serves_the_saved_history_and_continues_its_sequence() {
+        let bus = EventBus::new(9, 3, 8);
+        publish(&bus, 1..=5);
+        let saved: Vec<E> = bus.history().iter().map(|e| E(e.0)).collect();
+        let resumed = EventBus::resumed(bus.run_id(), 3, 8, bus.last_sequence(), saved);
+        assert_eq!((resumed.run_id(), resumed.last_sequence()), (9, 5));
+        let mut sub = resumed.subscribe(3).unwrap();
+        publish(&resumed, 6..=6);
+        assert_eq!(take(&mut sub, 4).await, [3, 4, 5, 6]);
+        assert!(resumed.subscribe(2).is_err());
+        // A smaller history keeps the newest.
+        let small = EventBus::resumed(9, 1, 8, 5, vec![E(4), E(5)]);
+        assert_eq!(small.history().len(), 1);
+        assert_eq!(small.history()[0].0, 5);
     }
 
     #[test]

@@ -83,9 +83,10 @@ pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
     )
 }
 
-/// Runs relists until `shutdown` is cancelled or the event consumer goes away. The full relist
-/// period can be changed while running through `period` (adaptive relist: long while push
-/// sources are healthy, short otherwise).
+/// Runs relists until `shutdown` is cancelled or the event consumer goes away, then hands the
+/// relister back (its reading is saved at shutdown; dropping it closes the event channel). The
+/// full relist period can be changed while running through `period` (adaptive relist: long
+/// while push sources are healthy, short otherwise).
 pub async fn run<R: Runtime>(
     mut relister: Relister<R>,
     mut scheduler: RelistScheduler,
@@ -93,7 +94,7 @@ pub async fn run<R: Runtime>(
     mut triggers: TriggerReceiver,
     mut period: watch::Receiver<Duration>,
     shutdown: CancellationToken,
-) {
+) -> Relister<R> {
     loop {
         let deadline = scheduler.next_deadline();
         tokio::select! {
@@ -112,13 +113,14 @@ pub async fn run<R: Runtime>(
             () = tokio::time::sleep_until(deadline) => {
                 while let Some(batch) = scheduler.next_due(clock.now()) {
                     if !run_batch(&mut relister, &mut scheduler, clock.as_ref(), batch).await {
-                        return;
+                        return relister;
                     }
                 }
             }
         }
     }
     debug!("generator stopped");
+    relister
 }
 
 /// Runs one relist and feeds its outcome back to the scheduler. Returns false when the event
@@ -193,7 +195,7 @@ mod tests {
         events: mpsc::Receiver<PodLifecycleEvent>,
         period: watch::Sender<Duration>,
         shutdown: CancellationToken,
-        task: tokio::task::JoinHandle<()>,
+        task: tokio::task::JoinHandle<Relister<FakeRuntime>>,
     }
 
     fn start(period: Duration) -> Harness {
@@ -259,7 +261,10 @@ mod tests {
         assert_eq!(event.event_type, PodLifecycleEventType::ContainerStarted);
         assert_eq!(event.sources, vec![TriggerSource::Relist]);
         h.shutdown.cancel();
-        h.task.await.unwrap();
+        // Stopped, it hands back the reading to save.
+        let (records, sequence) = h.task.await.unwrap().into_saved();
+        assert_eq!(sequence, 1);
+        assert!(records.contains_key(&PodUid("p".into())));
     }
 
     #[tokio::test(start_paused = true)]

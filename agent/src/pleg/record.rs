@@ -1,12 +1,16 @@
 //! What a relist reads from the runtime: pods, their sandboxes and containers.
 //!
 //! Records are plain data, identical whichever backend (CRI, containerd) produced them, so the
-//! diff, the cache and the tests never see a runtime type.
+//! diff, the cache and the tests never see a runtime type; they are saved across restarts
+//! (`crate::state`).
 
 use std::{collections::BTreeMap, time::SystemTime};
 
+use serde::{Deserialize, Serialize};
+
 /// A pod's uid (`io.kubernetes.pod.uid`), or the container id for a container that has no pod.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct PodUid(pub String);
 
 impl std::fmt::Display for PodUid {
@@ -16,7 +20,8 @@ impl std::fmt::Display for PodUid {
 }
 
 /// A container's (or sandbox's) runtime id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct ContainerId(pub String);
 
 impl std::fmt::Display for ContainerId {
@@ -27,7 +32,7 @@ impl std::fmt::Display for ContainerId {
 
 /// A container's state as the runtime reports it (CRI `ContainerState`; sandboxes map
 /// READY -> Running and NOTREADY -> Exited).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ContainerState {
     Created,
     Running,
@@ -36,7 +41,7 @@ pub enum ContainerState {
 }
 
 /// One container or sandbox of a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerRecord {
     pub id: ContainerId,
     /// Container name from the runtime metadata; empty for sandboxes.
@@ -56,7 +61,7 @@ pub struct ContainerRecord {
 }
 
 /// One pod as listed by the runtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRecord {
     pub uid: PodUid,
     pub namespace: String,

@@ -140,6 +140,22 @@ impl<R: Runtime> Relister<R> {
         &self.metrics
     }
 
+    /// Continues from a reading saved by a previous run: the next relists diff against
+    /// `records` (so only what changed since is an event), number events after `sequence`,
+    /// and inspect every pod again (the cache starts empty).
+    pub fn restore(&mut self, records: PodRecords, sequence: u64) {
+        for (uid, pod) in records {
+            self.to_reinspect.insert(uid.clone());
+            self.commit(&uid, Some(pod));
+        }
+        self.sequence = sequence;
+    }
+
+    /// The last committed reading and the last sequence handed out, to save at shutdown.
+    pub fn into_saved(self) -> (PodRecords, u64) {
+        (self.records, self.sequence)
+    }
+
     /// The pod holding `container`, as of the last relist that saw it.
     pub fn pod_of(&self, container: &ContainerId) -> Option<PodUid> {
         self.pods_of_containers.get(container).cloned()
@@ -571,6 +587,39 @@ mod tests {
             .relist(&Scope::All, &Hints::default())
             .await
             .expect("relist")
+    }
+
+    /// After a restart from a saved reading, only what changed meanwhile is an event, numbered
+    /// after the saved sequence, and every pod is inspected again into the empty cache.
+    #[tokio::test]
+    async fn a_restored_reading_yields_only_what_changed_since() {
+        let mut before = default_harness();
+        add_running_pod(&before.runtime, "p", &["c1", "c2"]);
+        add_running_pod(&before.runtime, "q", &["d"]);
+        relist_all(&mut before).await;
+        // Two sandboxes and three containers started.
+        assert_eq!(drain(&mut before.events).len(), 5);
+        let (records, sequence) = before.relister.into_saved();
+        assert_eq!(sequence, 5);
+
+        let mut after = harness(100, RelistConfig::default());
+        add_running_pod(&after.runtime, "p", &["c1", "c2"]);
+        add_running_pod(&after.runtime, "q", &["d"]);
+        after
+            .runtime
+            .set_container("p", container("c2", "c2-name", Exited));
+        after.relister.restore(records, sequence);
+        assert_eq!(after.relister.pod_of(&cid("d")), Some(uid("q")));
+        relist_all(&mut after).await;
+        let events = drain(&mut after.events);
+        assert_eq!(summary(&events), [ev("p", "c2", ContainerDied)]);
+        assert_eq!(events[0].sequence, 6);
+        for pod in ["p", "q"] {
+            assert!(
+                after.cache.get(&uid(pod)).record.is_some(),
+                "{pod} inspected"
+            );
+        }
     }
 
     /// A pod with more events than the channel's whole capacity is published as far as it

@@ -46,6 +46,8 @@ pub fn config_with_sources(
         relist_period: Some(relist_period),
         output: Some(OutputFormat::Json),
         namespaces: Some(vec!["k8s.io".into(), "plegd-native".into()]),
+        // In-process daemons save no state between runs.
+        state_dir: Some("none".into()),
         ..RunArgs::default()
     })
     .expect("valid test config")

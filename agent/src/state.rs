@@ -1,0 +1,312 @@
+//! What a clean shutdown saves so the next start continues the same run: the last reading of
+//! the runtime (the diff's old state), the last event sequence and the event history.
+//!
+//! With it, the first relist after a restart emits only what changed while plegd was down
+//! (a container that died then is one `ContainerDied`, not a burst of events for every
+//! container), and watchers resume from their next sequence as after a disconnect.
+//!
+//! - **Only a clean shutdown saves**, after every generated event was published; a crash leaves
+//!   nothing, and the next start is a new run (a stale state could reuse sequence numbers).
+//! - **Taken once**: the files are removed as they are read. If they cannot be removed the state
+//!   is not used, for the same reason.
+//! - **Same runtime only**: a state saved for another runtime, endpoint or namespaces is ignored.
+//!
+//! Files in the state directory (0700): `history.pb` (length-delimited `plegd.v1.Event`s),
+//! written first, then `state.json`, each atomically (written aside, then renamed).
+
+use std::{
+    fs,
+    io::{ErrorKind, Write as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use plegd_proto::v1 as pb;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+
+use crate::pleg::record::PodRecords;
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/plegd";
+
+const STATE_FILE: &str = "state.json";
+const HISTORY_FILE: &str = "history.pb";
+const FORMAT_VERSION: u32 = 1;
+
+/// A run's state at a clean shutdown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedRun {
+    /// Which runtime the records were read from (kind, endpoint, namespaces).
+    pub runtime: String,
+    pub run_id: u64,
+    /// Sequence of the last published event.
+    pub sequence: u64,
+    pub records: PodRecords,
+}
+
+/// A saved run and its event history, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restored {
+    pub run: SavedRun,
+    pub history: Vec<pb::Event>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    version: u32,
+    #[serde(flatten)]
+    run: SavedRun,
+}
+
+/// The state directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a plegd state file: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Saves `run` and `history` in `dir` (created 0700).
+pub fn save(dir: &Path, run: &SavedRun, history: &[Arc<pb::Event>]) -> Result<(), StateError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_error(dir))?;
+    let mut events = Vec::new();
+    for event in history {
+        // Writing into a Vec cannot fail.
+        let _ = event.encode_length_delimited(&mut events);
+    }
+    write_atomically(&dir.join(HISTORY_FILE), &events)?;
+    let state = serde_json::to_vec(&StateFile {
+        version: FORMAT_VERSION,
+        run: run.clone(),
+    })
+    .map_err(|e| StateError::Invalid {
+        path: dir.join(STATE_FILE),
+        reason: e.to_string(),
+    })?;
+    write_atomically(&dir.join(STATE_FILE), &state)
+}
+
+/// Takes the run saved in `dir` for `runtime`: `None` when there is none, or it was saved for
+/// another runtime. The files are removed either way.
+pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
+    let state_path = dir.join(STATE_FILE);
+    let history_path = dir.join(HISTORY_FILE);
+    let state = match fs::read(&state_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error(&state_path)(e)),
+    };
+    let history = match fs::read(&history_path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error(&history_path)(e)),
+    };
+    // Removed before use: if that fails, the state must not be used (a later crash would
+    // bring the same run back with sequences already handed out).
+    for path in [&history_path, &state_path] {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(path)(e)),
+        }
+    }
+    let invalid = |reason: String| StateError::Invalid {
+        path: state_path.clone(),
+        reason,
+    };
+    let state: StateFile = serde_json::from_slice(&state).map_err(|e| invalid(e.to_string()))?;
+    if state.version != FORMAT_VERSION {
+        return Err(invalid(format!("format version {}", state.version)));
+    }
+    if state.run.runtime != runtime {
+        return Ok(None);
+    }
+    let history = decode_history(history.as_deref().unwrap_or_default(), state.run.sequence)
+        .map_err(|reason| StateError::Invalid {
+            path: history_path.clone(),
+            reason,
+        })?;
+    Ok(Some(Restored {
+        run: state.run,
+        history,
+    }))
+}
+
+/// The events of a history file, checked to be in order and to end at `last`.
+fn decode_history(mut bytes: &[u8], last: u64) -> Result<Vec<pb::Event>, String> {
+    let mut events: Vec<pb::Event> = Vec::new();
+    while !bytes.is_empty() {
+        let event = pb::Event::decode_length_delimited(&mut bytes).map_err(|e| e.to_string())?;
+        if events
+            .last()
+            .is_some_and(|e| e.sequence + 1 != event.sequence)
+        {
+            return Err(format!("sequence {} out of order", event.sequence));
+        }
+        events.push(event);
+    }
+    match events.last() {
+        Some(e) if e.sequence != last => Err(format!(
+            "ends at sequence {}, the state at {last}",
+            e.sequence
+        )),
+        _ => Ok(events),
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| fs::rename(&temporary, path));
+    written.map_err(|e| {
+        let _ = fs::remove_file(&temporary);
+        io_error(path)(e)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid};
+
+    fn run(sequence: u64) -> SavedRun {
+        let container = ContainerRecord {
+            id: ContainerId("c1".into()),
+            name: "app".into(),
+            attempt: 2,
+            image: "busybox".into(),
+            state: ContainerState::Exited,
+            sandbox: false,
+            created_at: Some(std::time::UNIX_EPOCH),
+            started_at: None,
+            finished_at: Some(std::time::SystemTime::now()),
+            exit_code: Some(137),
+            reason: "Error".into(),
+        };
+        let pod = PodRecord {
+            uid: PodUid("u1".into()),
+            namespace: "default".into(),
+            name: "web".into(),
+            containers: BTreeMap::from([(container.id.clone(), container)]),
+        };
+        SavedRun {
+            runtime: "Cri unix:///run/containerd/containerd.sock".into(),
+            run_id: 42,
+            sequence,
+            records: BTreeMap::from([(pod.uid.clone(), pod)]),
+        }
+    }
+
+    fn history(range: std::ops::RangeInclusive<u64>) -> Vec<Arc<pb::Event>> {
+        range
+            .map(|sequence| {
+                Arc::new(pb::Event {
+                    sequence,
+                    run_id: 42,
+                    pod_name: "web".into(),
+                    ..pb::Event::default()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_saved_run_is_taken_back_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let saved = run(7);
+        save(&state_dir, &saved, &history(3..=7)).unwrap();
+        let mode = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt as _;
+            fs::metadata(p).unwrap().permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&state_dir), 0o700);
+        assert_eq!(mode(&state_dir.join(STATE_FILE)), 0o600);
+
+        let restored = take(&state_dir, &saved.runtime).unwrap().unwrap();
+        assert_eq!(restored.run, saved);
+        assert_eq!(
+            restored
+                .history
+                .iter()
+                .map(|e| e.sequence)
+                .collect::<Vec<_>>(),
+            [3, 4, 5, 6, 7]
+        );
+        assert_eq!(restored.history[0].pod_name, "web");
+        // Taken: a second start (as after a crash) is a new run.
+        assert_eq!(take(&state_dir, &saved.runtime).unwrap(), None);
+        assert_eq!(fs::read_dir(&state_dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn another_runtimes_state_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &run(0), &[]).unwrap();
+        assert_eq!(
+            take(dir.path(), "Containerd unix:///elsewhere").unwrap(),
+            None
+        );
+        assert_eq!(take(dir.path(), &run(0).runtime).unwrap(), None);
+    }
+
+    #[test]
+    fn damaged_files_are_errors_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = run(7);
+        // A history that does not end where the state does.
+        save(dir.path(), &saved, &history(3..=6)).unwrap();
+        let error = take(dir.path(), &saved.runtime).unwrap_err();
+        assert!(error.to_string().contains("ends at sequence 6"), "{error}");
+        // Not JSON.
+        fs::write(dir.path().join(STATE_FILE), "{").unwrap();
+        assert!(matches!(
+            take(dir.path(), &saved.runtime),
+            Err(StateError::Invalid { .. })
+        ));
+        assert_eq!(take(dir.path(), &saved.runtime).unwrap(), None);
+    }
+
+    #[test]
+    fn an_unwritable_directory_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, "").unwrap();
+        let error = save(&file.join("state"), &run(0), &[]).unwrap_err();
+        assert!(
+            error.to_string().starts_with(&file.display().to_string()),
+            "{error}"
+        );
+    }
+}
