@@ -183,16 +183,21 @@ where
     let health = Arc::new(Health::new(Arc::clone(&clock), config.relist_threshold));
     let metrics = Metrics::new();
     let runtime_id = runtime_identity(config, push.runtime_socket.as_deref());
-    let restored = restore(config, &runtime_id);
-    let bus = match &restored {
-        Some(r) => ApiBus::resumed(
-            r.run.run_id,
-            config.event_history,
-            config.watch_queue,
-            r.run.sequence,
-            r.history.clone(),
+    let (bus, reading) = match restore(config, &runtime_id) {
+        Some(state::Restored { run, history }) => (
+            ApiBus::resumed(
+                run.run_id,
+                config.event_history,
+                config.watch_queue,
+                run.sequence,
+                history,
+            ),
+            Some((run.records, run.sequence)),
         ),
-        None => ApiBus::new(api::new_run_id(), config.event_history, config.watch_queue),
+        None => (
+            ApiBus::new(api::new_run_id(), config.event_history, config.watch_queue),
+            None,
+        ),
     };
     let (events_tx, events_rx) = mpsc::channel(config.event_channel_capacity);
     let mut relister = Relister::new(
@@ -207,8 +212,8 @@ where
         },
     )
     .with_metrics(metrics.clone());
-    if let Some(restored) = restored {
-        relister.restore(restored.run.records, restored.run.sequence);
+    if let Some((records, sequence)) = reading {
+        relister.restore(records, sequence);
     }
     let scheduler = RelistScheduler::new(
         SchedulerConfig {
