@@ -182,10 +182,20 @@ pub async fn run<H: SyncHandler>(
                 }
             }
             _ = housekeeping.tick() => {
-                // Reap workers of pods the cache no longer holds.
-                let known: std::collections::HashSet<PodUid> =
-                    cache.pods().into_iter().map(|(uid, _)| uid).collect();
+                // Reap workers of pods the cache no longer holds, and adopt the pods it holds
+                // without one: after a start that continued a saved run, an unchanged pod
+                // brings no event.
+                let cached = cache.pods();
+                let known: std::collections::HashSet<&PodUid> =
+                    cached.iter().map(|(uid, _)| uid).collect();
                 workers.retain(|uid, _| known.contains(uid));
+                if healthy {
+                    for (uid, pod) in &cached {
+                        if pod.record.is_some() && !workers.contains_key(uid) {
+                            dispatch(&mut workers, uid, SyncReason::Resync, &cache, &clock, &handler, &shutdown);
+                        }
+                    }
+                }
             }
         }
     }
@@ -343,6 +353,38 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
         assert_eq!(count, 2);
+        shutdown.cancel();
+        drop(events_tx);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cached_pods_without_events_are_adopted_at_housekeeping() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let cache = Arc::new(PodCache::new());
+        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+        health.relist_succeeded(clock.now());
+        let handler = Arc::new(RecordingSyncHandler::default());
+        let (events_tx, events_rx) = mpsc::channel(10);
+        let (out_tx, _out_rx) = mpsc::channel(10);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            events_rx,
+            out_tx,
+            Arc::clone(&cache),
+            health,
+            Arc::clone(&clock),
+            Arc::clone(&handler),
+            SyncConfig::default(),
+            shutdown.clone(),
+        ));
+        let uid = PodUid("quiet".into());
+        cache.set(uid.clone(), Some(record("quiet")), clock.now());
+        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD / 2).await;
+        assert!(handler.last(&uid).is_none(), "not before housekeeping");
+        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD).await;
+        let (synced, count) = handler.last(&uid).expect("adopted and synced");
+        assert_eq!((synced.record, count), (Some(record("quiet")), 1));
         shutdown.cancel();
         drop(events_tx);
         task.await.unwrap();
