@@ -164,8 +164,10 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
     }
 }
 
-/// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`.
-/// `started` receives the shared handles once everything is wired.
+/// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`;
+/// continues the run saved in `config.state_dir` if there is one for this runtime, and saves
+/// the run there when it stops cleanly. `started` receives the shared handles once everything
+/// is wired.
 pub async fn serve<R, W>(
     runtime: R,
     push: PushSources,
