@@ -38,10 +38,10 @@ enum Command {
     /// disconnects and daemon restarts. Stops on Ctrl-C.
     Watch(WatchArgs),
     /// List a running plegd's cached pods and their containers.
-    Pods(ClientArgs),
+    Pods(ReportArgs),
     /// Print a running plegd's health and event sources. Exit code 0: healthy, 1: unhealthy,
     /// 2: unreachable.
-    Health(ClientArgs),
+    Health(ReportArgs),
 }
 
 /// Where the daemon is.
@@ -50,6 +50,16 @@ struct ClientArgs {
     /// The daemon's API socket.
     #[arg(long, env = "PLEGD_SOCKET", default_value = crate::api::DEFAULT_SOCKET, value_name = "PATH")]
     socket: PathBuf,
+}
+
+/// Flags of `plegd pods` and `plegd health`.
+#[derive(Debug, Args)]
+struct ReportArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// `text`: a table; `json`: one object, for scripts.
+    #[arg(long, value_enum, default_value = "text")]
+    output: OutputFormat,
 }
 
 /// Flags of `plegd watch`.
@@ -240,13 +250,15 @@ async fn watch(args: WatchArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn pods(args: ClientArgs) -> anyhow::Result<()> {
-    Ok(api::client::pods(&args.socket, &mut std::io::stdout().lock()).await?)
+async fn pods(args: ReportArgs) -> anyhow::Result<()> {
+    let out = &mut std::io::stdout().lock();
+    Ok(api::client::pods(&args.client.socket, args.output, out).await?)
 }
 
-fn health(args: &ClientArgs) -> ExitCode {
+fn health(args: &ReportArgs) -> ExitCode {
     let checked = client(async {
-        Ok(api::client::health(&args.socket, &mut std::io::stdout().lock()).await)
+        let out = &mut std::io::stdout().lock();
+        Ok(api::client::health(&args.client.socket, args.output, out).await)
     });
     match checked {
         Ok(Ok(true)) => ExitCode::SUCCESS,

@@ -220,6 +220,17 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
     for source in ["ebpf: ", "containerd: ", "cri-events: "] {
         assert!(health.contains(source), "{health}");
     }
+    let (code, health, err) = plegd(&["health", "--output", "json"], &socket).await;
+    assert_eq!(code, 0, "{err}");
+    let health: Value = serde_json::from_str(&health).expect("one JSON object");
+    assert_eq!(health["healthy"], true);
+    let sources: Vec<&str> = health["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, ["ebpf", "containerd", "cri-events"], "{health}");
 
     let mut watch = Watch::start(&socket);
     let cri = Cri::connect(&containerd).await.unwrap();
@@ -246,6 +257,28 @@ async fn watch_pods_and_health_follow_a_live_daemon_across_a_restart() {
             .contains(&format!("run {first_run}")),
         "{pods}"
     );
+    let (code, pods, err) = plegd(&["pods", "--output", "json"], &socket).await;
+    assert_eq!(code, 0, "{err}");
+    let pods: Value = serde_json::from_str(&pods).expect("one JSON object");
+    assert_eq!(pods["run_id"], first_run.as_str());
+    let cli = pods["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "cli")
+        .unwrap_or_else(|| panic!("pod cli in {pods}"));
+    let containers = cli["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2, "{cli}");
+    let app_json = containers.iter().find(|c| c["id"] == app.as_str()).unwrap();
+    assert_eq!(
+        (
+            &app_json["name"],
+            &app_json["state"],
+            &app_json["exit_code"]
+        ),
+        (&Value::from("app"), &Value::from("running"), &Value::Null)
+    );
+    assert!(containers.iter().any(|c| c["sandbox"] == true), "{cli}");
 
     // The daemon stops: watch says so and keeps trying.
     let status = daemon.stop(Duration::from_secs(10)).unwrap();

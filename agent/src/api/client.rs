@@ -184,11 +184,7 @@ async fn watch_once<W: Write, N: Write>(
         let line = WatchLine::new(&event);
         match options.output {
             OutputFormat::Text => writeln!(out, "{}", line.row())?,
-            OutputFormat::Json => writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&line).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-            )?,
+            OutputFormat::Json => writeln!(out, "{}", json(&line))?,
         }
         out.flush()?;
     }
@@ -327,12 +323,20 @@ fn rfc3339(t: Option<SystemTime>) -> String {
     )
 }
 
-/// `plegd pods`: a table of cached pods and their containers.
-pub async fn pods<W: Write>(socket: &Path, out: &mut W) -> Result<(), ClientError> {
+/// `plegd pods`: a table (or one JSON object) of cached pods and their containers.
+pub async fn pods<W: Write>(
+    socket: &Path,
+    output: OutputFormat,
+    out: &mut W,
+) -> Result<(), ClientError> {
     let mut client = connect(socket).await?;
     let mut request = tonic::Request::new(pb::ListPodsRequest {});
     request.set_timeout(CALL_TIMEOUT);
     let listing = client.list_pods(request).await?.into_inner();
+    if output == OutputFormat::Json {
+        writeln!(out, "{}", json(&PodsReport::new(&listing)))?;
+        return Ok(());
+    }
     writeln!(
         out,
         "{:<40} {:<36} {:<20} {:<13} {:<8} EXIT",
@@ -346,12 +350,6 @@ pub async fn pods<W: Write>(socket: &Path, out: &mut W) -> Result<(), ClientErro
             } else {
                 c.name.clone()
             };
-            let state = match c.state() {
-                pb::ContainerState::Created => "created",
-                pb::ContainerState::Running => "running",
-                pb::ContainerState::Exited => "exited",
-                pb::ContainerState::Unknown | pb::ContainerState::Unspecified => "unknown",
-            };
             let exit = if c.has_exit_code {
                 format!("{} {}", c.exit_code, c.reason)
             } else {
@@ -359,9 +357,10 @@ pub async fn pods<W: Write>(socket: &Path, out: &mut W) -> Result<(), ClientErro
             };
             writeln!(
                 out,
-                "{name:<40} {:<36} {container:<20} {:<13} {state:<8} {}",
+                "{name:<40} {:<36} {container:<20} {:<13} {:<8} {}",
                 pod.uid,
                 short(&c.id),
+                container_state_name(c.state()),
                 exit.trim_end()
             )?;
         }
@@ -379,12 +378,21 @@ pub async fn pods<W: Write>(socket: &Path, out: &mut W) -> Result<(), ClientErro
     Ok(())
 }
 
-/// `plegd health`: prints overall and per-source health; returns whether the PLEG is healthy.
-pub async fn health<W: Write>(socket: &Path, out: &mut W) -> Result<bool, ClientError> {
+/// `plegd health`: prints overall and per-source health (text or one JSON object); returns
+/// whether the PLEG is healthy.
+pub async fn health<W: Write>(
+    socket: &Path,
+    output: OutputFormat,
+    out: &mut W,
+) -> Result<bool, ClientError> {
     let mut client = connect(socket).await?;
     let mut request = tonic::Request::new(pb::GetHealthRequest {});
     request.set_timeout(CALL_TIMEOUT);
     let health = client.get_health(request).await?.into_inner();
+    if output == OutputFormat::Json {
+        writeln!(out, "{}", json(&HealthReport::new(&health)))?;
+        return Ok(health.healthy);
+    }
     if health.healthy {
         writeln!(
             out,
@@ -395,15 +403,11 @@ pub async fn health<W: Write>(socket: &Path, out: &mut W) -> Result<bool, Client
         writeln!(out, "pleg: unhealthy: {}", health.message)?;
     }
     for source in &health.sources {
-        let state = match source.state() {
-            pb::SourceState::Connected => "connected",
-            pb::SourceState::Connecting => "connecting",
-            pb::SourceState::Reconnecting => "reconnecting",
-            pb::SourceState::Unsupported => "unsupported",
-            pb::SourceState::Disabled => "disabled",
-            pb::SourceState::Unspecified => "unknown",
-        };
-        let mut line = format!("{}: {state}", source_name(source.source()));
+        let mut line = format!(
+            "{}: {}",
+            source_name(source.source()),
+            source_state_name(source.state())
+        );
         if let Some(at) = from_timestamp(source.last_delivered.as_ref()) {
             let age = SystemTime::now().duration_since(at).unwrap_or_default();
             line.push_str(&format!(
@@ -417,6 +421,139 @@ pub async fn health<W: Write>(socket: &Path, out: &mut W) -> Result<bool, Client
         writeln!(out, "{line}")?;
     }
     Ok(health.healthy)
+}
+
+fn json(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+fn container_state_name(state: pb::ContainerState) -> &'static str {
+    match state {
+        pb::ContainerState::Created => "created",
+        pb::ContainerState::Running => "running",
+        pb::ContainerState::Exited => "exited",
+        pb::ContainerState::Unknown | pb::ContainerState::Unspecified => "unknown",
+    }
+}
+
+fn source_state_name(state: pb::SourceState) -> &'static str {
+    match state {
+        pb::SourceState::Connected => "connected",
+        pb::SourceState::Connecting => "connecting",
+        pb::SourceState::Reconnecting => "reconnecting",
+        pb::SourceState::Unsupported => "unsupported",
+        pb::SourceState::Disabled => "disabled",
+        pb::SourceState::Unspecified => "unknown",
+    }
+}
+
+/// `plegd pods --output json`.
+#[derive(Debug, Serialize)]
+struct PodsReport {
+    run_id: String,
+    sequence: u64,
+    pods: Vec<PodReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct PodReport {
+    uid: String,
+    namespace: String,
+    name: String,
+    /// When the runtime was read for this status.
+    read_at: String,
+    containers: Vec<ContainerReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct ContainerReport {
+    id: String,
+    name: String,
+    sandbox: bool,
+    attempt: u32,
+    image: String,
+    state: &'static str,
+    exit_code: Option<i32>,
+    reason: String,
+    created_at: String,
+    started_at: String,
+    finished_at: String,
+}
+
+impl PodsReport {
+    fn new(listing: &pb::ListPodsResponse) -> Self {
+        let pods = listing
+            .pods
+            .iter()
+            .map(|pod| PodReport {
+                uid: pod.uid.clone(),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                read_at: rfc3339(from_timestamp(pod.timestamp.as_ref())),
+                containers: pod
+                    .containers
+                    .iter()
+                    .map(|c| ContainerReport {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        sandbox: c.sandbox,
+                        attempt: c.attempt,
+                        image: c.image.clone(),
+                        state: container_state_name(c.state()),
+                        exit_code: c.has_exit_code.then_some(c.exit_code),
+                        reason: c.reason.clone(),
+                        created_at: rfc3339(from_timestamp(c.created_at.as_ref())),
+                        started_at: rfc3339(from_timestamp(c.started_at.as_ref())),
+                        finished_at: rfc3339(from_timestamp(c.finished_at.as_ref())),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Self {
+            run_id: format!("{:x}", listing.run_id),
+            sequence: listing.sequence,
+            pods,
+        }
+    }
+}
+
+/// `plegd health --output json`.
+#[derive(Debug, Serialize)]
+struct HealthReport {
+    healthy: bool,
+    message: String,
+    run_id: String,
+    last_sequence: u64,
+    sources: Vec<SourceReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct SourceReport {
+    source: &'static str,
+    state: &'static str,
+    detail: String,
+    last_delivered: String,
+}
+
+impl HealthReport {
+    fn new(health: &pb::Health) -> Self {
+        Self {
+            healthy: health.healthy,
+            message: health.message.clone(),
+            run_id: format!("{:x}", health.run_id),
+            last_sequence: health.last_sequence,
+            sources: health
+                .sources
+                .iter()
+                .map(|s| SourceReport {
+                    source: source_name(s.source()),
+                    state: source_state_name(s.state()),
+                    detail: s.detail.clone(),
+                    last_delivered: rfc3339(from_timestamp(s.last_delivered.as_ref())),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]
