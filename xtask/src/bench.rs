@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: benchmarks, measured side by side in one run (release build): full
 //! relist time on the real runtime (both backends) and on a fake runtime at node scale, and
-//! kill-to-event latency by event source with the eBPF programs' in-kernel cost.
+//! kill-to-event latency by event source with the eBPF programs' in-kernel cost, and what
+//! watchers that stop reading cost the others.
 
 use std::process::Command;
 
@@ -22,5 +23,7 @@ pub fn run(_opts: &Options) -> Result<()> {
         "relist",
         "--bench",
         "kill_latency",
+        "--bench",
+        "watchers",
     ]))
 }
