@@ -300,30 +300,73 @@ mod tests {
         }
     }
 
+    /// A running sync loop and its ends.
+    struct Looping {
+        clock: Arc<dyn Clock>,
+        cache: Arc<PodCache>,
+        handler: Arc<RecordingSyncHandler>,
+        events: mpsc::Sender<PodLifecycleEvent>,
+        out: mpsc::Receiver<PodLifecycleEvent>,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Looping {
+        fn start(health: Arc<Health>, config: SyncConfig) -> Self {
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let cache = Arc::new(PodCache::new());
+            let handler = Arc::new(RecordingSyncHandler::default());
+            let (events, events_rx) = mpsc::channel(10);
+            let (out_tx, out) = mpsc::channel(10);
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(run(
+                events_rx,
+                out_tx,
+                Arc::clone(&cache),
+                health,
+                Arc::clone(&clock),
+                Arc::clone(&handler),
+                config,
+                shutdown.clone(),
+            ));
+            Self {
+                clock,
+                cache,
+                handler,
+                events,
+                out,
+                shutdown,
+                task,
+            }
+        }
+
+        /// A loop whose PLEG is healthy.
+        fn healthy() -> Self {
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+            health.relist_succeeded(clock.now());
+            Self::start(health, SyncConfig::default())
+        }
+
+        /// Stops it as the daemon does: shutdown, then the generator's end of the channel.
+        async fn stop(self) {
+            self.shutdown.cancel();
+            drop(self.events);
+            self.task.await.unwrap();
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn events_are_forwarded_and_their_pods_synced_with_cached_status() {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let cache = Arc::new(PodCache::new());
-        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
-        health.relist_succeeded(clock.now());
-        let handler = Arc::new(RecordingSyncHandler::default());
-        let (events_tx, events_rx) = mpsc::channel(10);
-        let (out_tx, mut out_rx) = mpsc::channel(10);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(
-            events_rx,
-            out_tx,
-            Arc::clone(&cache),
-            health,
-            Arc::clone(&clock),
-            Arc::clone(&handler),
-            SyncConfig::default(),
-            shutdown.clone(),
-        ));
-
+        let mut l = Looping::healthy();
+        let (cache, clock, handler) = (
+            Arc::clone(&l.cache),
+            Arc::clone(&l.clock),
+            Arc::clone(&l.handler),
+        );
         cache.set(PodUid("p".into()), Some(record("p")), clock.now());
-        events_tx.send(event("p")).await.unwrap();
-        assert_eq!(out_rx.recv().await.unwrap().pod, PodUid("p".into()));
+        l.events.send(event("p")).await.unwrap();
+        assert_eq!(l.out.recv().await.unwrap().pod, PodUid("p".into()));
         let uid = PodUid("p".into());
         let synced = loop {
             if let Some(s) = handler.last(&uid) {
@@ -335,8 +378,8 @@ mod tests {
         assert_eq!(synced.1, 1);
 
         // A second event with no newer cache data waits for the cache (get_newer_than).
-        events_tx.send(event("p")).await.unwrap();
-        out_rx.recv().await.unwrap();
+        l.events.send(event("p")).await.unwrap();
+        l.out.recv().await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
             handler.last(&uid).unwrap().1,
@@ -353,31 +396,13 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
         assert_eq!(count, 2);
-        shutdown.cancel();
-        drop(events_tx);
-        task.await.unwrap();
+        l.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn cached_pods_without_events_are_adopted_at_housekeeping() {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let cache = Arc::new(PodCache::new());
-        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
-        health.relist_succeeded(clock.now());
-        let handler = Arc::new(RecordingSyncHandler::default());
-        let (events_tx, events_rx) = mpsc::channel(10);
-        let (out_tx, _out_rx) = mpsc::channel(10);
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(
-            events_rx,
-            out_tx,
-            Arc::clone(&cache),
-            health,
-            Arc::clone(&clock),
-            Arc::clone(&handler),
-            SyncConfig::default(),
-            shutdown.clone(),
-        ));
+        let l = Looping::healthy();
+        let (cache, clock, handler) = (&l.cache, &l.clock, &l.handler);
         let uid = PodUid("quiet".into());
         cache.set(uid.clone(), Some(record("quiet")), clock.now());
         tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD / 2).await;
@@ -385,39 +410,24 @@ mod tests {
         tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD).await;
         let (synced, count) = handler.last(&uid).expect("adopted and synced");
         assert_eq!((synced.record, count), (Some(record("quiet")), 1));
-        shutdown.cancel();
-        drop(events_tx);
-        task.await.unwrap();
+        l.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_unhealthy_pleg_pauses_resyncs() {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let cache = Arc::new(PodCache::new());
         // Never succeeded: unhealthy.
         let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(1)));
-        let handler = Arc::new(RecordingSyncHandler::default());
-        let (events_tx, events_rx) = mpsc::channel(10);
-        let (out_tx, mut out_rx) = mpsc::channel(10);
-        let shutdown = CancellationToken::new();
         let config = SyncConfig {
             resync_interval: Duration::from_secs(2),
             ..SyncConfig::default()
         };
-        let task = tokio::spawn(run(
-            events_rx,
-            out_tx,
-            Arc::clone(&cache),
-            Arc::clone(&health),
-            Arc::clone(&clock),
-            Arc::clone(&handler),
-            config,
-            shutdown.clone(),
-        ));
+        let mut l = Looping::start(Arc::clone(&health), config);
+        let (cache, handler) = (Arc::clone(&l.cache), Arc::clone(&l.handler));
         let uid = PodUid("p".into());
         cache.set(uid.clone(), Some(record("p")), clock.now());
-        events_tx.send(event("p")).await.unwrap();
-        out_rx.recv().await.unwrap();
+        l.events.send(event("p")).await.unwrap();
+        l.out.recv().await.unwrap();
         tokio::time::sleep(Duration::from_secs(10)).await;
         // Only the event's sync: resyncs were skipped while unhealthy.
         assert_eq!(handler.last(&uid).unwrap().1, 1);
@@ -430,8 +440,6 @@ mod tests {
             2,
             "resync resumed once healthy"
         );
-        shutdown.cancel();
-        drop(events_tx);
-        task.await.unwrap();
+        l.stop().await;
     }
 }
