@@ -58,7 +58,7 @@ pub fn render(cmd: &Command) -> String {
 }
 
 /// `word` quoted for a POSIX shell when it needs to be.
-fn quote(word: &OsStr) -> String {
+pub fn quote(word: &OsStr) -> String {
     let word = word.to_string_lossy();
     let plain = !word.is_empty()
         && word

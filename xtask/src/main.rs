@@ -10,6 +10,7 @@ mod containerd;
 mod demo;
 mod fuzz;
 mod harness;
+mod kernels;
 mod setup;
 mod test;
 
@@ -27,7 +28,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Install and check everything the build and the tests need on this machine (run as root):
-    /// apt packages, nightly rust-src, bpf-linker, tracefs. Idempotent.
+    /// apt packages, nightly rust-src, bpf-linker, tracefs; with `--vm` also QEMU, Debian's 6.1
+    /// and 6.12 kernels and virtme-ng for `kernels`. Idempotent.
     Setup(setup::Options),
     /// Start, stop or query a private containerd (never the node's own), for trying plegd by
     /// hand: `cargo xtask containerd start`.
@@ -38,8 +40,12 @@ enum Command {
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),
-    /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
+    /// Set up, check format and lints, and run every test, unit and end-to-end (as root), then
+    /// the quick eBPF check on Linux 6.1 in a VM.
     Test(test::Options),
+    /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
+    /// and the eBPF end-to-end tests inside each.
+    Kernels(kernels::Options),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +57,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
+        Command::Kernels(opts) => kernels::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,7 +84,26 @@ mod tests {
         let cli = Cli::try_parse_from(["cargo xtask", "setup", "--check"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Setup(setup::Options { check: true })
+            Command::Setup(setup::Options {
+                check: true,
+                vm: false
+            })
         ));
+    }
+
+    #[test]
+    fn kernels_parses() {
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "kernels", "--kernel", "6.12", "--quick"]).unwrap();
+        let Command::Kernels(opts) = cli.command else {
+            panic!("not kernels: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::V6_12);
+        assert!(opts.quick);
+        let cli = Cli::try_parse_from(["cargo xtask", "kernels"]).unwrap();
+        let Command::Kernels(opts) = cli.command else {
+            panic!("not kernels: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::All);
     }
 }

@@ -8,7 +8,17 @@
 //! 4. `bpf-linker` built against the system LLVM 22;
 //! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints).
 //!
-//! Other tasks (`test`, `demo`) call [`run`] first. `--check` only reports what is missing.
+//! With `--vm`, also what `cargo xtask kernels` needs to boot other kernels in a VM (its rows in
+//! the summary start with `kernels:`):
+//! 6. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
+//! 7. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
+//!    of that series is installed already;
+//! 8. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
+//!    workspace (Debian's python refuses system-wide `pip install` (PEP 668), and a venv keeps
+//!    the project's tools out of the node's Python).
+//!
+//! Other tasks (`test`, `demo`) call [`run`] first; `kernels` calls [`run_for_kernels`] with the
+//! kernels it boots. `--check` only reports what is missing.
 
 use std::{
     collections::BTreeSet,
@@ -36,6 +46,18 @@ pub const APT_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
 ];
+
+/// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
+pub const VM_APT_PACKAGES: &[&str] = &["qemu-system-x86", "python3-venv"];
+
+/// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
+pub const VIRTME_NG_VERSION: &str = "1.42";
+
+/// The venv holding virtme-ng, relative to the workspace root (ignored by git).
+const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
+
+/// The Python that creates the venv: Debian's, whatever `python3` comes first in `PATH`.
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
 /// Programs that must be runnable once the apt packages are in.
 const REQUIRED_PROGRAMS: &[&str] = &["containerd", "ctr", "runc", "protoc", "busybox"];
@@ -69,12 +91,100 @@ pub struct Options {
     /// need root, though tracefs may not be readable without it).
     #[arg(long)]
     pub check: bool,
+    /// Also install what `cargo xtask kernels` needs: QEMU, Debian's 6.1 and 6.12 kernel
+    /// packages (they write /boot and /lib/modules) and virtme-ng from PyPI.
+    #[arg(long)]
+    pub vm: bool,
+}
+
+/// A Debian 12 kernel series `cargo xtask kernels` boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelSeries {
+    /// bookworm's own kernel, `linux-image-6.1.0-<N>-amd64`.
+    #[value(name = "6.1")]
+    V6_1,
+    /// The backported LTS kernel, `linux-image-6.12.<N>+deb12-amd64` (bookworm-security).
+    #[value(name = "6.12")]
+    V6_12,
+}
+
+impl KernelSeries {
+    pub const ALL: &[Self] = &[Self::V6_1, Self::V6_12];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V6_1 => "6.1",
+            Self::V6_12 => "6.12",
+        }
+    }
+
+    /// The package name around the build number `N`.
+    fn affixes(self) -> (&'static str, &'static str) {
+        match self {
+            Self::V6_1 => ("linux-image-6.1.0-", "-amd64"),
+            Self::V6_12 => ("linux-image-6.12.", "+deb12-amd64"),
+        }
+    }
+
+    /// The build number of a package of this series (its flavour `amd64`, not `cloud-amd64`,
+    /// `rt-amd64`, `-dbg` or `-unsigned`).
+    fn build_number(self, package: &str) -> Option<u32> {
+        let (prefix, suffix) = self.affixes();
+        let n = package.strip_prefix(prefix)?.strip_suffix(suffix)?;
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        n.parse().ok()
+    }
+
+    /// The newest package of this series among `names`.
+    fn newest<'a>(self, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+        names
+            .into_iter()
+            .filter_map(|name| Some((self.build_number(name)?, name)))
+            .max()
+            .map(|(_, name)| name)
+    }
+
+    fn summary_step(self) -> &'static str {
+        match self {
+            Self::V6_1 => "kernels: 6.1",
+            Self::V6_12 => "kernels: 6.12",
+        }
+    }
+}
+
+/// An installed kernel `cargo xtask kernels` can boot.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub series: KernelSeries,
+    /// `uname -r` of the kernel, e.g. `6.1.0-57-amd64`.
+    pub release: String,
+    pub vmlinuz: PathBuf,
+}
+
+/// What `cargo xtask kernels` runs: virtme-ng's `vng` and the kernels.
+#[derive(Debug, Clone)]
+pub struct VmTools {
+    pub vng: PathBuf,
+    pub kernels: Vec<Kernel>,
 }
 
 /// Installs (or, with `check`, only checks) everything the build and the tests need.
 ///
 /// Idempotent: whatever is already present is left alone.
 pub fn run(opts: &Options) -> Result<()> {
+    let series = if opts.vm { KernelSeries::ALL } else { &[] };
+    run_steps(opts, series).map(drop)
+}
+
+/// [`run`], plus what `cargo xtask kernels` needs to boot the kernels of `series` (only those).
+pub fn run_for_kernels(series: &[KernelSeries]) -> Result<VmTools> {
+    run_steps(&Options::default(), series)?
+        .context("setup installed the VM tools but did not find them afterwards")
+}
+
+fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>> {
     let start = Instant::now();
     if !opts.check {
         require_root()?;
@@ -84,15 +194,21 @@ pub fn run(opts: &Options) -> Result<()> {
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
+    let vm = if series.is_empty() {
+        None
+    } else {
+        vm_tools(opts, series, &mut summary)?
+    };
     summary.print(start.elapsed());
     let missing = summary.missing();
     if !missing.is_empty() {
+        let vm = if series.is_empty() { "" } else { " --vm" };
         bail!(
-            "setup --check: missing: {}; run `cargo xtask setup` as root",
+            "setup --check: missing: {}; run `cargo xtask setup{vm}` as root",
             missing.join(", ")
         );
     }
-    Ok(())
+    Ok(vm)
 }
 
 fn require_root() -> Result<()> {
@@ -340,6 +456,208 @@ fn tracefs(opts: &Options, summary: &mut Summary) -> Result<()> {
     Ok(())
 }
 
+/// Steps 6-8: QEMU, the kernels of `series`, virtme-ng. `None` when something is missing (only
+/// in check mode: otherwise it is installed or this fails).
+fn vm_tools(
+    opts: &Options,
+    series: &[KernelSeries],
+    summary: &mut Summary,
+) -> Result<Option<VmTools>> {
+    const STEP: &str = "kernels: apt";
+    let mut complete = true;
+    let missing = missing_packages(VM_APT_PACKAGES)?;
+    if missing.is_empty() {
+        say(STEP, "already installed");
+        summary.add(STEP, State::Present, VM_APT_PACKAGES.join(" "));
+    } else if opts.check {
+        say(STEP, format!("missing: {}", missing.join(" ")));
+        summary.add(STEP, State::Missing, missing.join(" "));
+        complete = false;
+    } else {
+        say(STEP, format!("installing {}", missing.join(" ")));
+        install_packages(&missing)?;
+        summary.add(STEP, State::Installed, missing.join(" "));
+    }
+    if !opts.check && find_program("qemu-system-x86_64", &[]).is_none() {
+        bail!("qemu-system-x86 is installed but qemu-system-x86_64 is not in PATH");
+    }
+
+    let mut kernels = Vec::new();
+    for &one in series {
+        match kernel(opts, one, summary)? {
+            Some(kernel) => kernels.push(kernel),
+            None => complete = false,
+        }
+    }
+    let vng = virtme_ng(opts, summary)?;
+    Ok(match vng {
+        Some(vng) if complete => Some(VmTools { vng, kernels }),
+        _ => None,
+    })
+}
+
+/// The installed kernel of `series`, installing the newest one the archive has if there is
+/// none (an installed one is kept even when a newer exists: setup never upgrades).
+fn kernel(opts: &Options, series: KernelSeries, summary: &mut Summary) -> Result<Option<Kernel>> {
+    let step = series.summary_step();
+    let (prefix, suffix) = series.affixes();
+    let pattern = format!("{prefix}*{suffix}");
+    let (package, state) = match installed_kernel_package(series, &pattern)? {
+        Some(package) => {
+            say(step, format!("already installed: {package}"));
+            (package, State::Present)
+        }
+        None => {
+            let mut candidate = available_kernel_package(series, prefix)?;
+            if candidate.is_none() && !opts.check {
+                say(step, "no package in apt's lists; running apt-get update");
+                apt_update()?;
+                candidate = available_kernel_package(series, prefix)?;
+            }
+            let Some(package) = candidate else {
+                if opts.check {
+                    say(step, format!("missing: no {pattern} installed"));
+                    summary.add(step, State::Missing, format!("no {pattern} installed"));
+                    return Ok(None);
+                }
+                bail!(
+                    "no package {pattern} in apt's lists (Debian 12 has it in bookworm or \
+                     bookworm-security): cannot boot Linux {} in a VM",
+                    series.name()
+                );
+            };
+            if opts.check {
+                say(step, format!("missing: {package} (not installed)"));
+                summary.add(step, State::Missing, package);
+                return Ok(None);
+            }
+            say(
+                step,
+                format!("installing {package} (writes /boot and /lib/modules)"),
+            );
+            install_packages(&[package.as_str()])?;
+            (package, State::Installed)
+        }
+    };
+    let release = package
+        .strip_prefix("linux-image-")
+        .unwrap_or(&package)
+        .to_owned();
+    let vmlinuz = PathBuf::from(format!("/boot/vmlinuz-{release}"));
+    let modules = PathBuf::from(format!("/lib/modules/{release}"));
+    for path in [&vmlinuz, &modules] {
+        if !path.exists() {
+            bail!(
+                "{package} is installed but {} does not exist; reinstall it \
+                 (apt-get install --reinstall {package})",
+                path.display()
+            );
+        }
+    }
+    summary.add(step, state, format!("{package} ({})", vmlinuz.display()));
+    Ok(Some(Kernel {
+        series,
+        release,
+        vmlinuz,
+    }))
+}
+
+fn installed_kernel_package(series: KernelSeries, pattern: &str) -> Result<Option<String>> {
+    let mut cmd = Command::new("dpkg-query");
+    cmd.args(["-W", "-f=${Package}\t${Status}\n", pattern]);
+    let out = output(&mut cmd)?;
+    // 1: no package matches the pattern.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        return Err(failure(&cmd, &out));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(series
+        .newest(installed_packages(&stdout))
+        .map(str::to_owned))
+}
+
+fn available_kernel_package(series: KernelSeries, prefix: &str) -> Result<Option<String>> {
+    let names = capture(Command::new("apt-cache").args(["pkgnames", prefix]))?;
+    Ok(series
+        .newest(names.lines().map(str::trim))
+        .map(str::to_owned))
+}
+
+/// virtme-ng's `vng` in its venv, created and filled with pip when missing or another version.
+fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
+    const STEP: &str = "kernels: virtme-ng";
+    let venv = workspace_root().join(VIRTME_NG_VENV);
+    let vng = venv.join("bin/vng");
+    let wanted = format!("virtme-ng {VIRTME_NG_VERSION}");
+    let found = if is_executable(&vng) {
+        program_version(&vng).ok()
+    } else {
+        None
+    };
+    if found.as_deref() == Some(wanted.as_str()) {
+        say(
+            STEP,
+            format!("already installed: {wanted} ({})", vng.display()),
+        );
+        summary.add(
+            STEP,
+            State::Present,
+            format!("{wanted} ({})", vng.display()),
+        );
+        return Ok(Some(vng));
+    }
+    let why = match &found {
+        Some(other) => format!("{} is {other}", vng.display()),
+        None => format!("no {}", vng.display()),
+    };
+    if opts.check {
+        say(STEP, format!("missing: {why}"));
+        summary.add(STEP, State::Missing, why);
+        return Ok(None);
+    }
+    say(
+        STEP,
+        format!(
+            "{why}: installing {wanted} from PyPI into {}",
+            venv.display()
+        ),
+    );
+    capture(
+        Command::new(SYSTEM_PYTHON)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+    )
+    .context("creating virtme-ng's venv failed (Debian needs python3-venv)")?;
+    stream(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+    ]))
+    .context("pip install virtme-ng failed")?;
+    let version = program_version(&vng).context("the freshly installed vng does not run")?;
+    if version != wanted {
+        bail!(
+            "pip installed {}, which says {version:?}, not {wanted:?}",
+            vng.display()
+        );
+    }
+    summary.add(
+        STEP,
+        State::Installed,
+        format!("{wanted} ({})", vng.display()),
+    );
+    Ok(Some(vng))
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_owned()
+}
+
 // ---------------------------------------------------------------------------------------------
 // apt
 
@@ -381,12 +699,7 @@ fn install_packages(packages: &[&str]) -> Result<()> {
     } else {
         None
     };
-    stream(
-        Command::new("apt-get")
-            .args(["-q", "update"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-    .with_context(|| format!("installing apt packages {names}: apt-get update failed"))?;
+    apt_update().with_context(|| format!("installing apt packages {names}"))?;
     stream(
         Command::new("apt-get")
             .args(["-q", "install", "-y", "--no-install-recommends"])
@@ -394,6 +707,15 @@ fn install_packages(packages: &[&str]) -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
     .with_context(|| format!("installing apt packages {names} failed"))
+}
+
+fn apt_update() -> Result<()> {
+    stream(
+        Command::new("apt-get")
+            .args(["-q", "update"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .context("apt-get update failed")
 }
 
 /// A `policy-rc.d` that forbids starting services, present while it lives; only written when
@@ -613,6 +935,33 @@ mod tests {
         assert!(!has_component("rust-src-extra\n", "rust-src"));
         assert!(has_component("rust-src (installed)\n", "rust-src"));
         assert!(!has_component("", "rust-src"));
+    }
+
+    #[test]
+    fn kernel_packages_are_ordered_by_build_number_and_flavour_checked() {
+        let names = [
+            "linux-image-6.1.0-9-amd64",
+            "linux-image-6.1.0-57-amd64",
+            "linux-image-6.1.0-58-cloud-amd64",
+            "linux-image-6.1.0-59-amd64-dbg",
+            "linux-image-6.1.0-60-amd64-unsigned",
+            "linux-image-6.1.0-61-rt-amd64",
+            "linux-image-6.1.0--amd64",
+            "linux-image-6.12.117+deb12-amd64",
+            "linux-image-6.12.99+deb12-amd64",
+            "linux-image-6.12.200+deb12-cloud-amd64",
+            "linux-image-6.12.118+deb12-amd64-dbg",
+            "linux-image-amd64",
+        ];
+        assert_eq!(
+            KernelSeries::V6_1.newest(names),
+            Some("linux-image-6.1.0-57-amd64")
+        );
+        assert_eq!(
+            KernelSeries::V6_12.newest(names),
+            Some("linux-image-6.12.117+deb12-amd64")
+        );
+        assert_eq!(KernelSeries::V6_1.newest([]), None);
     }
 
     #[test]
