@@ -139,6 +139,8 @@ fn observation(kind: &ObservationKind) -> String {
         ObservationKind::Signal(signal) => format!("signal={signal}"),
         ObservationKind::OomKilled => "oom_killed".to_owned(),
         ObservationKind::Exec(path) => format!("exec={path}"),
+        ObservationKind::Exited => "exited".to_owned(),
+        ObservationKind::CgroupRemoved => "cgroup_removed".to_owned(),
     }
 }
 

@@ -109,12 +109,16 @@ fn summary(latencies: &[Duration]) -> String {
 
 /// Per plegd program: runs and mean in-kernel time per run, from the kernel's bpf_stats.
 /// The kernel keeps 15 characters of a name (`sched_process_e` is exec and exit): programs of
-/// one name are told apart by load order, which is `TRACEPOINTS` order.
+/// one name are told apart by load order, which is `PROGRAMS` order.
 fn bpf_costs() -> Vec<(&'static str, u64, Duration)> {
     let mut infos: Vec<_> = aya::programs::loaded_programs().flatten().collect();
     infos.sort_by_key(|info| std::cmp::Reverse(info.id()));
     let mut costs = Vec::new();
-    for &(program, _, _) in plegd::sources::ebpf::TRACEPOINTS.iter().rev() {
+    for program in plegd::sources::ebpf::features::PROGRAMS
+        .iter()
+        .rev()
+        .map(|spec| spec.name)
+    {
         // The newest loaded program whose kernel name is a prefix of ours, not yet taken.
         let Some(at) = infos.iter().position(|info| {
             info.name_as_str()

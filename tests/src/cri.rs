@@ -33,7 +33,31 @@ pub struct Pod {
     pub uid: String,
     pub name: String,
     pub namespace: String,
+    pub pid_mode: PidMode,
     config: PodSandboxConfig,
+}
+
+/// Which pid namespace a pod's containers run in (CRI `NamespaceOption.pid`, as kubelet sets it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PidMode {
+    /// Each container its own, its command pid 1 there (kubelet's default).
+    Container,
+    /// The pod's, whose pid 1 is the sandbox's pause (`shareProcessNamespace: true`).
+    Pod,
+    /// The host's (`hostPID: true`, as many DaemonSets run).
+    Node,
+}
+
+impl PidMode {
+    pub const ALL: [PidMode; 3] = [PidMode::Container, PidMode::Pod, PidMode::Node];
+
+    fn cri(self) -> NamespaceMode {
+        match self {
+            Self::Container => NamespaceMode::Container,
+            Self::Pod => NamespaceMode::Pod,
+            Self::Node => NamespaceMode::Node,
+        }
+    }
 }
 
 /// What to run in a CRI container.
@@ -101,8 +125,14 @@ impl Cri {
     }
 
     /// Runs a pod sandbox with host networking (no CNI here) in namespace `plegd-test`, under
-    /// kubelet's cgroupfs layout (`/kubepods/besteffort/pod<uid>`).
+    /// kubelet's cgroupfs layout (`/kubepods/besteffort/pod<uid>`), each container in its own
+    /// pid namespace.
     pub async fn run_pod(&self, name: &str) -> anyhow::Result<Pod> {
+        self.run_pod_in(name, PidMode::Container).await
+    }
+
+    /// [`Cri::run_pod`] with the containers' pid namespace chosen.
+    pub async fn run_pod_in(&self, name: &str, pid_mode: PidMode) -> anyhow::Result<Pod> {
         let uid = pod_uid();
         let namespace = "plegd-test".to_owned();
         let cgroup_parent = format!("/kubepods/besteffort/pod{uid}");
@@ -122,7 +152,7 @@ impl Cri {
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent,
                 security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(pod_namespaces()),
+                    namespace_options: Some(pod_namespaces(pid_mode)),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -145,6 +175,7 @@ impl Cri {
             uid,
             name: name.to_owned(),
             namespace,
+            pid_mode,
             config,
         })
     }
@@ -175,10 +206,9 @@ impl Cri {
                     memory_limit_in_bytes: limit,
                     ..Default::default()
                 }),
-                // As kubelet does for a pod without shareProcessNamespace: the container has
-                // its own pid namespace, so its command is pid 1 there.
+                // As kubelet does: the pod's pid mode for each of its containers.
                 security_context: Some(LinuxContainerSecurityContext {
-                    namespace_options: Some(pod_namespaces()),
+                    namespace_options: Some(pod_namespaces(pod.pid_mode)),
                     ..Default::default()
                 }),
             }),
@@ -300,11 +330,11 @@ impl Cri {
     }
 }
 
-/// Host network (no CNI here), a pid namespace per container, IPC shared in the pod.
-fn pod_namespaces() -> NamespaceOption {
+/// Host network (no CNI here), pid namespaces as `pid_mode` says, IPC shared in the pod.
+fn pod_namespaces(pid_mode: PidMode) -> NamespaceOption {
     NamespaceOption {
         network: NamespaceMode::Node as i32,
-        pid: NamespaceMode::Container as i32,
+        pid: pid_mode.cri() as i32,
         ipc: NamespaceMode::Pod as i32,
         ..Default::default()
     }

@@ -17,7 +17,7 @@ use plegd::{
 use plegd_tests::{
     ContainerdOptions, PrivateContainerd,
     containerd::CRI_NAMESPACE,
-    cri::{ContainerSpec, Cri},
+    cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
 };
 use support::RunningPlegd;
@@ -64,6 +64,9 @@ fn observations(event: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// In every pid namespace mode (each container its own, the pod's, the host's), starts and
+/// deaths (kill -9, an exit code, the OOM killer) are found through eBPF, with what the
+/// kernel saw, while the full relist sleeps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observations() {
     let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
@@ -80,23 +83,35 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
     let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
         .await
         .unwrap();
-
     // The first full relist (at start) saw no pod; everything below comes from eBPF triggers.
-    let pod = cri.run_pod("kernel").await.unwrap();
+    for mode in PidMode::ALL {
+        let pod = cri
+            .run_pod_in(&format!("kernel-{mode:?}").to_lowercase(), mode)
+            .await
+            .unwrap();
+        lifecycle_through_ebpf(&mut plegd, &cri, &tasks, &pod).await;
+    }
+    // Removal from the runtime's store has no kernel trace: the stream sources or the relist
+    // report it.
+    plegd.stop().await;
+}
+
+async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Native, pod: &Pod) {
+    let mode = pod.pid_mode;
     let killed = cri
-        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .run_container(pod, &ContainerSpec::sleeper("killed"))
         .await
         .unwrap();
     plegd
         .wait_container(&killed, &["ContainerStarted"], DEADLINE)
         .await;
     let started = plegd.last_of(&killed);
-    assert_eq!(started["sources"], serde_json::json!(["ebpf"]));
+    assert_eq!(started["sources"], serde_json::json!(["ebpf"]), "{mode:?}");
     assert!(
         observations(started)
             .iter()
             .any(|o| o == "ebpf:exec=/bin/sh"),
-        "{started}"
+        "{mode:?}: {started}"
     );
 
     let kill_at = Instant::now();
@@ -110,16 +125,20 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
         .await;
     let kill_to_event = kill_at.elapsed();
     let died = plegd.last_of(&killed);
-    assert_eq!(died["sources"], serde_json::json!(["ebpf"]), "{died}");
+    assert_eq!(
+        died["sources"],
+        serde_json::json!(["ebpf"]),
+        "{mode:?}: {died}"
+    );
     assert!(
         observations(died).contains(&"ebpf:signal=9".to_owned()),
-        "{died}"
+        "{mode:?}: {died}"
     );
-    assert_eq!(died["exit_code"], 137);
-    eprintln!("kill -9 to ContainerDied via eBPF: {kill_to_event:?}");
+    assert_eq!(died["exit_code"], 137, "{mode:?}");
+    eprintln!("{mode:?}: kill -9 to ContainerDied via eBPF: {kill_to_event:?}");
 
     let exits = cri
-        .run_container(&pod, &ContainerSpec::shell("exits", "sleep 0.3; exit 3"))
+        .run_container(pod, &ContainerSpec::shell("exits", "sleep 0.3; exit 3"))
         .await
         .unwrap();
     plegd
@@ -132,12 +151,12 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
     let died = plegd.last_of(&exits);
     assert!(
         observations(died).contains(&"ebpf:exit_code=3".to_owned()),
-        "{died}"
+        "{mode:?}: {died}"
     );
-    assert_eq!(died["exit_code"], 3);
+    assert_eq!(died["exit_code"], 3, "{mode:?}");
 
     let hog = cri
-        .run_container(&pod, &ContainerSpec::oom("hog"))
+        .run_container(pod, &ContainerSpec::oom("hog"))
         .await
         .unwrap();
     plegd
@@ -150,12 +169,9 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
     let died = plegd.last_of(&hog);
     assert!(
         observations(died).contains(&"ebpf:oom_killed".to_owned()),
-        "{died}"
+        "{mode:?}: {died}"
     );
-    assert_eq!(died["reason"], "OOMKilled");
-    // Removal from the runtime's store has no kernel trace: the stream sources or the relist
-    // report it.
-    plegd.stop().await;
+    assert_eq!(died["reason"], "OOMKilled", "{mode:?}");
 }
 
 /// The same scenario in polling mode: the same event types, found by the relist.

@@ -18,7 +18,7 @@ use plegd::{
 use plegd_tests::{
     ContainerdOptions, PrivateContainerd,
     containerd::CRI_NAMESPACE,
-    cri::{ContainerSpec, Cri},
+    cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
 };
 use tokio_util::sync::CancellationToken;
@@ -49,15 +49,37 @@ fn has(trigger: &Trigger, kind: &ObservationKind) -> bool {
     trigger.observations.iter().any(|o| &o.kind == kind)
 }
 
+/// Every lifecycle step of containers in each pid namespace mode (their own, the pod's, the
+/// host's) reaches userspace as a trigger with what the kernel saw; so do the deaths of
+/// containers that were running before the probes attached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
     let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
         .await
         .unwrap();
-    let probes = Probes::load().expect("eBPF loads on this kernel (root, BTF, tracefs)");
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+
+    // Running before the probes attach: userspace finds their inits in /proc.
+    let mut earlier = Vec::new();
+    for mode in PidMode::ALL {
+        let pod = cri
+            .run_pod_in(&format!("early-{mode:?}"), mode)
+            .await
+            .unwrap();
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper("early"))
+            .await
+            .unwrap();
+        earlier.push((mode, id));
+    }
+
+    let probes = Probes::load().expect("eBPF loads on this kernel (root, tracefs)");
     assert!(
-        probes.exit_details(),
-        "BTF offsets found: exits carry their status"
+        probes.features().exit_code.is_ok(),
+        "BTF gives task_struct.exit_code: exits carry their status"
     );
     let (tx, mut triggers) = trigger_channel();
     let registry = SourceRegistry::new();
@@ -77,19 +99,40 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
     .unwrap();
     assert_eq!(registry.snapshot()[0].1.state, SourceState::Connected);
 
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
-    let pod = cri.run_pod("probed").await.unwrap();
+    for (mode, id) in &earlier {
+        tasks.kill_init(id).await.unwrap();
+        trigger_for(
+            &mut triggers,
+            id,
+            &format!("{mode:?}: earlier init killed"),
+            |t| has(t, &ObservationKind::Signal(9)),
+        )
+        .await;
+    }
 
-    // Created: the cgroup appears (mkdir), then the container's command execs as pid 1 of its
-    // pid namespace (busybox's sh then runs `sleep` in place, without another exec).
+    for mode in PidMode::ALL {
+        let pod = cri
+            .run_pod_in(&format!("probed-{mode:?}"), mode)
+            .await
+            .unwrap();
+        lifecycle_in(&cri, &tasks, &pod, &mut triggers).await;
+        cri.remove_pod(&pod).await.unwrap();
+    }
+
+    shutdown.cancel();
+    source.await.unwrap().unwrap();
+}
+
+/// Start, kill -9, exit with a code, cgroup removal and OOM kill of containers in `pod`.
+async fn lifecycle_in(cri: &Cri, tasks: &Native, pod: &Pod, triggers: &mut TriggerReceiver) {
+    let mode = pod.pid_mode;
+    // Created: the cgroup appears (mkdir), then the container's command execs as its init
+    // (busybox's sh then runs `sleep` in place).
     let sleeper = cri
-        .run_container(&pod, &ContainerSpec::sleeper("sleeper"))
+        .run_container(pod, &ContainerSpec::sleeper("sleeper"))
         .await
         .unwrap();
-    let exec = trigger_for(&mut triggers, &sleeper, "exec", |t| {
+    let exec = trigger_for(triggers, &sleeper, &format!("{mode:?}: exec"), |t| {
         t.observations
             .iter()
             .any(|o| matches!(&o.kind, ObservationKind::Exec(path) if path == "/bin/sh"))
@@ -99,37 +142,39 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
 
     // kill -9: the init's exit with signal 9.
     tasks.kill_init(&sleeper).await.unwrap();
-    trigger_for(&mut triggers, &sleeper, "exit by SIGKILL", |t| {
-        has(t, &ObservationKind::Signal(9))
-    })
+    trigger_for(
+        triggers,
+        &sleeper,
+        &format!("{mode:?}: exit by SIGKILL"),
+        |t| has(t, &ObservationKind::Signal(9)),
+    )
     .await;
 
     // A chosen exit code.
     let three = cri
-        .run_container(&pod, &ContainerSpec::shell("three", "sleep 0.2; exit 3"))
+        .run_container(pod, &ContainerSpec::shell("three", "sleep 0.2; exit 3"))
         .await
         .unwrap();
-    trigger_for(&mut triggers, &three, "exit code 3", |t| {
+    trigger_for(triggers, &three, &format!("{mode:?}: exit code 3"), |t| {
         has(t, &ObservationKind::ExitCode(3))
     })
     .await;
     // Its cgroup goes (rmdir) when the CRI plugin deletes the exited task.
-    trigger_for(&mut triggers, &three, "cgroup removed", |t| {
-        t.observations.is_empty()
-    })
+    trigger_for(
+        triggers,
+        &three,
+        &format!("{mode:?}: cgroup removed"),
+        |t| has(t, &ObservationKind::CgroupRemoved),
+    )
     .await;
 
     // The OOM killer.
     let hog = cri
-        .run_container(&pod, &ContainerSpec::oom("hog"))
+        .run_container(pod, &ContainerSpec::oom("hog"))
         .await
         .unwrap();
-    trigger_for(&mut triggers, &hog, "OOM kill", |t| {
+    trigger_for(triggers, &hog, &format!("{mode:?}: OOM kill"), |t| {
         has(t, &ObservationKind::OomKilled)
     })
     .await;
-
-    cri.remove_pod(&pod).await.unwrap();
-    shutdown.cancel();
-    source.await.unwrap().unwrap();
 }

@@ -308,6 +308,8 @@ fn observation(o: &pb::Observation) -> String {
         Some(Kind::Signal(signal)) => format!("{source}:signal={signal}"),
         Some(Kind::OomKilled(_)) => format!("{source}:oom_killed"),
         Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
+        Some(Kind::Exited(_)) => format!("{source}:exited"),
+        Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
         None => format!("{source}:?"),
     }
 }

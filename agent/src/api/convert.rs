@@ -85,6 +85,8 @@ fn observation(o: &Observation) -> pb::Observation {
         ObservationKind::Signal(signal) => Kind::Signal(*signal),
         ObservationKind::OomKilled => Kind::OomKilled(true),
         ObservationKind::Exec(path) => Kind::Exec(path.clone()),
+        ObservationKind::Exited => Kind::Exited(true),
+        ObservationKind::CgroupRemoved => Kind::CgroupRemoved(true),
     };
     pb::Observation {
         source: source(o.source) as i32,

@@ -91,6 +91,7 @@ struct Inner {
     trigger_to_event: Histogram,
     ringbuf_drops: Counter,
     stream_reconnects: Family<SourceLabel, Counter>,
+    unconfirmed_hints: Family<SourceLabel, Counter>,
     watch_subscribers: Gauge,
     pods: Gauge,
     containers: Family<StateLabel, Gauge>,
@@ -169,6 +170,12 @@ impl Metrics {
             "Reconnections of runtime event streams, by source.",
             stream_reconnects.clone(),
         );
+        let unconfirmed_hints = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "plegd_unconfirmed_hints",
+            "Targeted relists whose runtime reading still did not show what their hint implied after every retry, by source (the next full relist is the safety net).",
+            unconfirmed_hints.clone(),
+        );
         let watch_subscribers = Gauge::default();
         registry.register(
             "plegd_watch_subscribers",
@@ -195,12 +202,23 @@ impl Metrics {
                 trigger_to_event,
                 ringbuf_drops,
                 stream_reconnects,
+                unconfirmed_hints,
                 watch_subscribers,
                 pods,
                 containers,
                 last_full_relist: Mutex::new(None),
             }),
         }
+    }
+
+    /// A hint from `source` was never confirmed by the runtime within the retry budget.
+    pub fn unconfirmed_hint(&self, source: TriggerSource) {
+        self.inner
+            .unconfirmed_hints
+            .get_or_create(&SourceLabel {
+                source: source_name(source),
+            })
+            .inc();
     }
 
     /// A trigger from `source` reached the scheduler.
@@ -332,6 +350,7 @@ mod tests {
         metrics.trigger_to_event(Duration::from_micros(350));
         metrics.ringbuf_drops(3);
         metrics.stream_reconnect(TriggerSource::CriEvents);
+        metrics.unconfirmed_hint(TriggerSource::Ebpf);
         metrics.set_snapshot(2, 1, &BTreeMap::from([("running", 3)]));
         let text = metrics.encode();
         assert_eq!(
@@ -364,6 +383,10 @@ mod tests {
                 &text,
                 "plegd_stream_reconnects_total{source=\"cri-events\"}"
             ),
+            1.0
+        );
+        assert_eq!(
+            value(&text, "plegd_unconfirmed_hints_total{source=\"ebpf\"}"),
             1.0
         );
         assert_eq!(value(&text, "plegd_watch_subscribers"), 2.0);

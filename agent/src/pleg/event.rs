@@ -87,6 +87,10 @@ pub enum ObservationKind {
     OomKilled,
     /// A process of the container executed this binary.
     Exec(String),
+    /// The container's main process exited, with no status known (a kernel without BTF).
+    Exited,
+    /// The container's cgroup was removed: its processes are gone and its task deleted.
+    CgroupRemoved,
 }
 
 /// A hint that part of the node may have changed: relist `scope` soon.

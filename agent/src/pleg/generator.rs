@@ -159,12 +159,17 @@ async fn run_batch<R: Runtime>(
         }
     };
     if retry {
-        let scope = batch.scope.clone();
+        let (scope, sources) = (batch.scope.clone(), batch.hints.sources());
         match scheduler.retry(batch, clock.now()) {
             Ok(()) => {}
             Err(RetryError::FullRelist) => {}
             Err(e @ RetryError::Exhausted { .. }) => {
-                debug!(?scope, %e, "targeted relist not reflected");
+                // Never silent: a hint the runtime never confirmed is either a source's false
+                // alarm or a runtime that lags badly, and either is worth knowing.
+                warn!(?scope, ?sources, %e, "hint not confirmed by the runtime");
+                for source in sources {
+                    relister.metrics().unconfirmed_hint(source);
+                }
             }
         }
     }
@@ -180,11 +185,14 @@ mod tests {
         pleg::{
             cache::PodCache,
             clock::SystemClock,
-            event::{PodLifecycleEvent, PodLifecycleEventType, TriggerSource},
+            event::{
+                Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
+                TriggerSource,
+            },
             health::Health,
             record::{ContainerId, ContainerState, PodUid},
             relist::RelistConfig,
-            scheduler::SchedulerConfig,
+            scheduler::{DEFAULT_MAX_RETRIES, SchedulerConfig},
         },
         runtime::testing::{FakeRuntime, container},
     };
@@ -196,6 +204,7 @@ mod tests {
         period: watch::Sender<Duration>,
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<Relister<FakeRuntime>>,
+        metrics: crate::api::Metrics,
     }
 
     fn start(period: Duration) -> Harness {
@@ -211,6 +220,7 @@ mod tests {
             tx,
             RelistConfig::default(),
         );
+        let metrics = relister.metrics().clone();
         let scheduler = RelistScheduler::new(
             SchedulerConfig {
                 full_relist_period: period,
@@ -236,6 +246,7 @@ mod tests {
             period: period_tx,
             shutdown,
             task,
+            metrics,
         }
     }
 
@@ -301,6 +312,36 @@ mod tests {
         assert_eq!(event.container_id, Some(ContainerId("late".into())));
         assert_eq!(event.sources, vec![TriggerSource::Containerd]);
         assert_eq!(event.pod, PodUid("p".into()));
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hint_the_runtime_never_confirms_is_retried_then_counted() {
+        let mut h = start(Duration::from_secs(3600));
+        add_running(&h.runtime, "p", "c");
+        h.events.recv().await.unwrap();
+        let counted = "plegd_unconfirmed_hints_total{source=\"containerd\"} 1";
+        assert!(!h.metrics.encode().contains(counted));
+        // A source says c died; the runtime keeps showing it running.
+        let lists_before = h.runtime.list_calls().len();
+        h.triggers.send(Trigger {
+            observations: vec![Observation {
+                source: TriggerSource::Containerd,
+                kind: ObservationKind::ExitCode(1),
+            }],
+            ..trigger("c")
+        });
+        // Well past the whole retry budget (about 4.5 s), in paused time.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let retries = h.runtime.list_calls().len() - lists_before;
+        assert_eq!(retries, 1 + DEFAULT_MAX_RETRIES as usize);
+        assert!(
+            h.metrics.encode().contains(counted),
+            "{}",
+            h.metrics.encode()
+        );
+        assert!(h.events.try_recv().is_err(), "no event: nothing changed");
         h.shutdown.cancel();
         h.task.await.unwrap();
     }

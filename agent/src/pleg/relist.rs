@@ -470,6 +470,8 @@ fn reflects_hints(scope: &Scope, hints: &Hints, listed: &PodRecords) -> bool {
             // A source saw it die: the runtime must not still show it running.
             ObservationKind::ExitCode(_)
             | ObservationKind::Signal(_)
+            | ObservationKind::Exited
+            | ObservationKind::CgroupRemoved
             | ObservationKind::OomKilled => state != Some(ContainerState::Running),
             // The kernel saw its init exec: the runtime marks it running only once its start
             // call returns, a few milliseconds later.

@@ -131,6 +131,14 @@ impl Hints {
         hint
     }
 
+    /// Every source that contributed a hint.
+    pub fn sources(&self) -> BTreeSet<TriggerSource> {
+        self.0
+            .values()
+            .flat_map(|h| h.sources.iter().copied())
+            .collect()
+    }
+
     /// Every observation, with its container.
     pub fn observations(&self) -> impl Iterator<Item = &(ContainerId, Observation)> {
         self.0.values().flat_map(|h| &h.observations)

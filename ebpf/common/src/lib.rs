@@ -13,11 +13,12 @@ pub enum KernelEventKind {
     CgroupMkdir = 1,
     /// A cgroup2 directory was removed (`cgroup/cgroup_rmdir`); `path` holds its path.
     CgroupRmdir = 2,
-    /// A container's init (pid 1 of a pid namespace) called exec (`sched/sched_process_exec`);
-    /// `path` holds the file name.
+    /// A container's init called exec (`sched/sched_process_exec`); `path` holds the file
+    /// name. A container's init is the first process to exec in its cgroup, whatever its pid
+    /// namespace (see [`INIT_CGROUPS`]).
     Exec = 3,
-    /// A container's init (pid 1 of a pid namespace) exited (`sched/sched_process_exit`,
-    /// whole thread group); `exit_status` is its wait status when `flags` has
+    /// A container's init exited (`sched/sched_process_exit`, whole thread group where the
+    /// kernel says so); `exit_status` is its wait status when `flags` has
     /// [`EVENT_HAS_EXIT_STATUS`].
     Exit = 4,
     /// The OOM killer chose a victim (`oom/mark_victim`); `pid` is the victim.
@@ -68,24 +69,29 @@ pub struct KernelEvent {
     pub path: [u8; EVENT_PATH_BYTES],
 }
 
-/// Offsets of kernel fields the exit probe reads, found by userspace in the kernel's BTF and
-/// set as the `PROBE_CONFIG` global at load time.
+/// What the loader found out about the running kernel, set as the `PROBE_CONFIG` global at
+/// load time. Each optional feature is described on its own, so a kernel that lacks one loses
+/// only that one.
 ///
-/// Layout (32 bytes): seven `u32` offsets/sizes, then `valid: u32` (1 when set; 0 makes the
-/// process probes report every exec and thread-group exit in a watched cgroup, without exit
-/// status).
+/// Layout (12 bytes): `task_exit_code: u32 @0`, `exit_group_dead: u32 @4`, `flags: u32 @8`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeConfig {
+    /// Offset of `task_struct.exit_code` (from the kernel's BTF), valid with
+    /// [`PROBE_EXIT_CODE`].
     pub task_exit_code: u32,
-    pub task_group_leader: u32,
-    pub task_thread_pid: u32,
-    pub pid_level: u32,
-    pub pid_numbers: u32,
-    pub upid_nr: u32,
-    pub upid_size: u32,
-    pub valid: u32,
+    /// Offset of `bool group_dead` in `sched/sched_process_exit` records (from tracefs), valid
+    /// with [`PROBE_GROUP_DEAD`]. Kernels before about 6.16 lack the field: the exit probe then
+    /// takes the exit of a process's main thread as the process's exit.
+    pub exit_group_dead: u32,
+    /// `PROBE_*` bits.
+    pub flags: u32,
 }
+
+/// [`ProbeConfig::flags`]: `task_exit_code` is set; exits carry their wait status.
+pub const PROBE_EXIT_CODE: u32 = 1;
+/// [`ProbeConfig::flags`]: `exit_group_dead` is set.
+pub const PROBE_GROUP_DEAD: u32 = 2;
 
 /// Tracepoint field offsets the programs read (from the tracefs `format` files of this
 /// kernel); the loader checks them before attaching.
@@ -100,8 +106,6 @@ pub mod tracepoint_offsets {
     pub const CGROUP_PATH: usize = 24;
     /// `sched/sched_process_exec`: `__data_loc char[] filename`.
     pub const EXEC_FILENAME: usize = 8;
-    /// `sched/sched_process_exit`: `bool group_dead`.
-    pub const EXIT_GROUP_DEAD: usize = 32;
     /// `oom/mark_victim`: `int pid`.
     pub const OOM_PID: usize = 8;
 }
@@ -117,5 +121,7 @@ unsafe impl aya::Pod for ProbeConfig {}
 /// Size in bytes of the `EVENTS` ring buffer (a power of two, a multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 
-/// Entries of the `WATCHED` map (container cgroup ids userspace knows).
-pub const WATCHED_CGROUPS: u32 = 65_536;
+/// Entries of the `INITS` map: cgroup2 id -> thread-group id of the cgroup's init (0 while
+/// none has exec'd yet). The mkdir probe adds every cgroup at container depth, userspace drops
+/// those that are not containers' and seeds the containers that existed before it started.
+pub const INIT_CGROUPS: u32 = 65_536;

@@ -1,16 +1,17 @@
 use aya_ebpf::{
     EbpfContext,
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use plegd_common::{
-    EVENT_HAS_EXIT_STATUS, EVENTS_RING_BYTES, KernelEvent, KernelEventKind, ProbeConfig,
-    WATCHED_CGROUPS, tracepoint_offsets as tp,
+    EVENT_HAS_EXIT_STATUS, EVENTS_RING_BYTES, INIT_CGROUPS, KernelEvent, KernelEventKind,
+    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, ProbeConfig, tracepoint_offsets as tp,
 };
 
 /// Events for userspace.
@@ -22,22 +23,25 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// cgroup2 ids of the containers userspace knows: without BTF offsets, process probes ignore
-/// every other cgroup.
+/// Container init tracking: cgroup2 id -> thread-group id of its init, 0 while it has none.
+/// A container's init is the process that execs in its cgroup while it has none: runc's init
+/// execs the container's command, and every later process is forked by it or execs after it.
+/// That holds in every pid namespace mode: its own (pid 1 there), the pod's
+/// (shareProcessNamespace) or the host's (hostPID). When the init exits the entry goes back to
+/// 0: runc's bootstrap process may re-exec itself inside the cgroup before the real init
+/// (racing the cgroup assignment), and its exit must not hide the init that follows. The mkdir
+/// probe adds each cgroup at container depth; userspace removes those that are not a
+/// container's and seeds the containers that were running before it started. LRU, so a
+/// userspace that falls behind cannot fill it for good.
 #[map]
-static WATCHED: HashMap<u64, u32> = HashMap::with_max_entries(WATCHED_CGROUPS, 0);
+static INITS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(INIT_CGROUPS, 0);
 
-/// Kernel struct offsets from BTF, set by the loader.
+/// What the loader found out about the kernel.
 #[unsafe(no_mangle)]
 static PROBE_CONFIG: ProbeConfig = ProbeConfig {
     task_exit_code: 0,
-    task_group_leader: 0,
-    task_thread_pid: 0,
-    pid_level: 0,
-    pid_numbers: 0,
-    upid_nr: 0,
-    upid_size: 0,
-    valid: 0,
+    exit_group_dead: 0,
+    flags: 0,
 };
 
 /// The cgroup2 hierarchy's id in cgroup tracepoints (v1 hierarchies count from 1).
@@ -93,16 +97,36 @@ fn try_cgroup_change(ctx: &TracePointContext, kind: KernelEventKind) -> Result<u
     if root != CGROUP2_HIERARCHY || level < MIN_CONTAINER_LEVEL {
         return Ok(0);
     }
+    // Before the event: the cgroup's first exec may follow at once.
+    match kind {
+        // A full map (LRU eviction failing) only costs this cgroup its process hints: the
+        // relist still finds its container's changes.
+        KernelEventKind::CgroupMkdir => {
+            let _ = INITS.insert(&id, &0, BPF_NOEXIST as u64);
+        }
+        _ => {
+            let _ = INITS.remove(&id);
+        }
+    }
     // SAFETY: a __data_loc field's low 16 bits are the offset of its data from the context.
     let path = unsafe { (ctx.as_ptr() as *const u8).add((path_loc & 0xffff) as usize) };
-    emit(kind, bpf_get_current_pid_tgid() >> 32, id, 0, 0, Some(path))
+    emit(kind, current_tgid(), id, 0, 0, Some(path))
 }
 
 fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if !is_container_init(cgroup)? {
-        return Ok(0);
+    let tgid = current_tgid() as u32;
+    // SAFETY: the value is copied out at once.
+    match unsafe { INITS.get(&cgroup) }.copied() {
+        // Not a cgroup at container depth, or not a container's.
+        None => return Ok(0),
+        // The cgroup has no init: this process is it (the container's command starts).
+        Some(0) => INITS.insert(&cgroup, &tgid, 0).map_err(|_| 1u32)?,
+        // The init execs again (`sh -c 'exec ...'`).
+        Some(init) if init == tgid => {}
+        // Any other process of the container.
+        Some(_) => return Ok(0),
     }
     // SAFETY: offset checked by the loader; __data_loc as above.
     let filename = unsafe {
@@ -111,7 +135,7 @@ fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
     };
     emit(
         KernelEventKind::Exec,
-        bpf_get_current_pid_tgid() >> 32,
+        tgid as u64,
         cgroup,
         0,
         0,
@@ -120,19 +144,34 @@ fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
 }
 
 fn try_exit(ctx: &TracePointContext) -> Result<u32, u32> {
-    // SAFETY: offset checked by the loader.
-    let group_dead = unsafe { ctx.read_at::<u8>(tp::EXIT_GROUP_DEAD).map_err(|_| 1u32)? };
-    if group_dead == 0 {
+    let config = probe_config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = pid_tgid >> 32;
+    let process_gone = if config.flags & PROBE_GROUP_DEAD != 0 {
+        // SAFETY: offset found in this kernel's tracepoint format by the loader.
+        unsafe {
+            ctx.read_at::<u8>(config.exit_group_dead as usize)
+                .map_err(|_| 1u32)?
+                != 0
+        }
+    } else {
+        // Without group_dead, the main thread's exit stands for the process's: an init is
+        // nearly always single-threaded or leaves through exit_group, and the runtime
+        // confirms the death before any event.
+        pid_tgid & 0xffff_ffff == tgid
+    };
+    if !process_gone {
         return Ok(0);
     }
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if !is_container_init(cgroup)? {
+    // SAFETY: the value is copied out at once.
+    if unsafe { INITS.get(&cgroup) }.copied() != Some(tgid as u32) {
         return Ok(0);
     }
-    let config = probe_config();
-    let (status, flags) = if config.valid == 1 {
-        // SAFETY: probe reads of the current task at offsets from this kernel's BTF.
+    INITS.insert(&cgroup, &0, 0).map_err(|_| 1u32)?;
+    let (status, flags) = if config.flags & PROBE_EXIT_CODE != 0 {
+        // SAFETY: a probe read of the current task at an offset from this kernel's BTF.
         let status = unsafe {
             let task = bpf_get_current_task() as *const u8;
             bpf_probe_read_kernel(task.add(config.task_exit_code as usize) as *const i32)
@@ -142,14 +181,7 @@ fn try_exit(ctx: &TracePointContext) -> Result<u32, u32> {
     } else {
         (0, 0)
     };
-    emit(
-        KernelEventKind::Exit,
-        bpf_get_current_pid_tgid() >> 32,
-        cgroup,
-        status,
-        flags,
-        None,
-    )
+    emit(KernelEventKind::Exit, tgid, cgroup, status, flags, None)
 }
 
 fn probe_config() -> ProbeConfig {
@@ -158,36 +190,8 @@ fn probe_config() -> ProbeConfig {
     unsafe { core::ptr::read_volatile(&PROBE_CONFIG) }
 }
 
-/// Whether the current task's process is a container's init: pid 1 of a pid namespace other
-/// than the host's. Such processes are few, so no userspace state is needed to filter, and
-/// the events of a container just created are never missed. Without BTF offsets, fall back
-/// to the cgroups userspace watches.
-fn is_container_init(cgroup: u64) -> Result<bool, u32> {
-    let config = probe_config();
-    if config.valid != 1 {
-        return Ok(is_watched(cgroup));
-    }
-    // SAFETY: every read goes through bpf_probe_read_kernel, which fails cleanly on a bad
-    // pointer; the offsets come from this kernel's BTF.
-    unsafe {
-        let task = bpf_get_current_task() as *const u8;
-        let leader: *const u8 =
-            bpf_probe_read_kernel(task.add(config.task_group_leader as usize) as *const *const u8)
-                .map_err(|_| 1u32)?;
-        let pid: *const u8 =
-            bpf_probe_read_kernel(leader.add(config.task_thread_pid as usize) as *const *const u8)
-                .map_err(|_| 1u32)?;
-        let level: u32 = bpf_probe_read_kernel(pid.add(config.pid_level as usize) as *const u32)
-            .map_err(|_| 1u32)?;
-        if level == 0 {
-            return Ok(false);
-        }
-        let nr_offset = config.pid_numbers as usize
-            + (level as usize & 0x3f) * config.upid_size as usize
-            + config.upid_nr as usize;
-        let nr: i32 = bpf_probe_read_kernel(pid.add(nr_offset) as *const i32).map_err(|_| 1u32)?;
-        Ok(nr == 1)
-    }
+fn current_tgid() -> u64 {
+    bpf_get_current_pid_tgid() >> 32
 }
 
 fn try_oom(ctx: &TracePointContext) -> Result<u32, u32> {
@@ -197,11 +201,6 @@ fn try_oom(ctx: &TracePointContext) -> Result<u32, u32> {
     // usually a process of the same container; userspace prefers the victim's own cgroup.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     emit(KernelEventKind::Oom, victim as u64, cgroup, 0, 0, None)
-}
-
-fn is_watched(cgroup: u64) -> bool {
-    // SAFETY: the value is only tested for presence.
-    unsafe { WATCHED.get(&cgroup).is_some() }
 }
 
 /// Writes one event in place in the ring buffer (the struct is too large for the stack twice).

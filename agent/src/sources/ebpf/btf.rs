@@ -1,12 +1,13 @@
-//! Just enough of the kernel's BTF (`/sys/kernel/btf/vmlinux`) to find the offsets of the few
-//! `task_struct` fields the exit probe reads (exit code, pid namespace number). Tracepoints do
-//! not carry them, kprobes and fentry are not available everywhere, and aya 0.14 does not
-//! expose CO-RE for such reads, so userspace reads the offsets here and hands them to the
-//! programs as globals.
+//! Just enough of the kernel's BTF (`/sys/kernel/btf/vmlinux`) to find `task_struct.exit_code`,
+//! the one kernel field the exit probe reads beyond its tracepoint (which carries no exit
+//! status). kprobes and fentry are not available everywhere and aya 0.14 does not expose CO-RE
+//! for such reads, so userspace reads the offset here and hands it to the programs.
 
-/// Why the offsets could not be found; the exit probe then carries no exit details.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why the offset could not be found; exits then carry no status (the runtime still has it).
+#[derive(Debug, thiserror::Error)]
 pub enum BtfError {
+    #[error("reading /sys/kernel/btf/vmlinux: {0}")]
+    Read(#[from] std::io::Error),
     #[error("not a BTF blob (bad magic or header)")]
     BadHeader,
     #[error("BTF blob truncated at byte {at}")]
@@ -22,84 +23,38 @@ pub enum BtfError {
     },
 }
 
-/// Offsets (bytes) and sizes of the kernel fields the exit probe reads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelOffsets {
-    /// `task_struct.exit_code` (wait status: `code << 8 | signal`).
-    pub task_exit_code: u32,
-    /// `task_struct.group_leader` (a `struct task_struct *`).
-    pub task_group_leader: u32,
-    /// `task_struct.thread_pid` (a `struct pid *`).
-    pub task_thread_pid: u32,
-    /// `pid.level` (depth of the pid namespace).
-    pub pid_level: u32,
-    /// `pid.numbers` (array of `struct upid`, one per namespace level).
-    pub pid_numbers: u32,
-    /// `upid.nr`.
-    pub upid_nr: u32,
-    /// `sizeof(struct upid)`.
-    pub upid_size: u32,
-}
-
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 
-/// One struct's name, size and members (name, bit offset).
+/// One struct's name and members (name, bit offset).
 struct StructInfo<'a> {
     name: &'a str,
-    size: u32,
     members: Vec<(&'a str, u32)>,
 }
 
-impl KernelOffsets {
-    /// Reads the offsets from a raw BTF blob (little-endian, as on x86_64 and arm64).
-    pub fn from_btf(blob: &[u8]) -> Result<Self, BtfError> {
-        let structs = parse_structs(blob, &["task_struct", "pid", "upid"])?;
-        let find = |name: &'static str| {
-            structs
-                .iter()
-                .find(|s| s.name == name)
-                .ok_or(BtfError::MissingStruct { name })
-        };
-        let member = |name: &'static str, member: &'static str| -> Result<u32, BtfError> {
-            find(name)?
-                .members
-                .iter()
-                .find(|(m, _)| *m == member)
-                .map(|(_, bits)| bits / 8)
-                .ok_or(BtfError::MissingMember { name, member })
-        };
-        Ok(Self {
-            task_exit_code: member("task_struct", "exit_code")?,
-            task_group_leader: member("task_struct", "group_leader")?,
-            task_thread_pid: member("task_struct", "thread_pid")?,
-            pid_level: member("pid", "level")?,
-            pid_numbers: member("pid", "numbers")?,
-            upid_nr: member("upid", "nr")?,
-            upid_size: find("upid")?.size,
+/// The byte offset of `task_struct.exit_code` (a wait status: `code << 8 | signal`) in a raw
+/// BTF blob (little-endian, as on x86_64 and arm64).
+pub fn exit_code_offset(blob: &[u8]) -> Result<u32, BtfError> {
+    const STRUCT: &str = "task_struct";
+    const MEMBER: &str = "exit_code";
+    let structs = parse_structs(blob, &[STRUCT])?;
+    let task = structs
+        .first()
+        .ok_or(BtfError::MissingStruct { name: STRUCT })?;
+    task.members
+        .iter()
+        .find(|(m, _)| *m == MEMBER)
+        .map(|(_, bits)| bits / 8)
+        .ok_or(BtfError::MissingMember {
+            name: STRUCT,
+            member: MEMBER,
         })
-    }
+}
 
-    /// The probes' view of these offsets.
-    pub fn probe_config(&self) -> plegd_common::ProbeConfig {
-        plegd_common::ProbeConfig {
-            task_exit_code: self.task_exit_code,
-            task_group_leader: self.task_group_leader,
-            task_thread_pid: self.task_thread_pid,
-            pid_level: self.pid_level,
-            pid_numbers: self.pid_numbers,
-            upid_nr: self.upid_nr,
-            upid_size: self.upid_size,
-            valid: 1,
-        }
-    }
-
-    /// Reads the running kernel's BTF.
-    pub fn from_running_kernel() -> Result<Self, std::io::Error> {
-        let blob = std::fs::read("/sys/kernel/btf/vmlinux")?;
-        Self::from_btf(&blob).map_err(std::io::Error::other)
-    }
+/// [`exit_code_offset`] of the running kernel.
+pub fn running_kernel_exit_code_offset() -> Result<u32, BtfError> {
+    exit_code_offset(&std::fs::read("/sys/kernel/btf/vmlinux")?)
 }
 
 struct Reader<'a> {
@@ -155,7 +110,7 @@ fn parse_structs<'a>(blob: &'a [u8], wanted: &[&str]) -> Result<Vec<StructInfo<'
     while reader.at < types.len() {
         let name_off = reader.u32()?;
         let info = reader.u32()?;
-        let size = reader.u32()?;
+        let _size_or_type = reader.u32()?;
         let vlen = (info & 0xffff) as usize;
         let kind = (info >> 24) & 0x1f;
         let kind_flag = info >> 31 == 1;
@@ -181,11 +136,7 @@ fn parse_structs<'a>(blob: &'a [u8], wanted: &[&str]) -> Result<Vec<StructInfo<'
                     }
                 }
                 if keep {
-                    found.push(StructInfo {
-                        name,
-                        size,
-                        members,
-                    });
+                    found.push(StructInfo { name, members });
                 }
             }
             kind => reader.skip(trailing_bytes(kind, vlen)?)?,
@@ -264,37 +215,15 @@ mod tests {
     }
 
     #[test]
-    fn offsets_are_read_from_struct_members() {
-        let offsets = KernelOffsets::from_btf(&synthetic()).unwrap();
-        assert_eq!(
-            offsets,
-            KernelOffsets {
-                task_exit_code: 0x7d0,
-                task_group_leader: 0x8f0,
-                task_thread_pid: 0x9a0,
-                pid_level: 4,
-                pid_numbers: 0x50,
-                upid_nr: 0,
-                upid_size: 16,
-            }
-        );
+    fn the_exit_code_offset_is_read_from_task_struct() {
+        assert_eq!(exit_code_offset(&synthetic()).unwrap(), 0x7d0);
     }
 
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
         let blob = synthetic();
         for len in 0..blob.len() {
-            assert!(KernelOffsets::from_btf(&blob[..len]).is_err(), "len {len}");
+            assert!(exit_code_offset(&blob[..len]).is_err(), "len {len}");
         }
-    }
-
-    #[test]
-    fn the_running_kernel_has_the_fields() {
-        // The machines this project runs on have BTF (see DESIGN.md); a kernel without it
-        // fails here with a clear error rather than passing vacuously.
-        let offsets =
-            KernelOffsets::from_running_kernel().expect("/sys/kernel/btf/vmlinux readable");
-        assert!(offsets.task_exit_code > 0 && offsets.task_thread_pid > 0);
-        assert!(offsets.upid_size >= 8);
     }
 }

@@ -1,5 +1,5 @@
 //! Kernel events to triggers: which container an event is about (through the cgroup index),
-//! what it observed, and which cgroups the probes should start or stop watching. Pure: no
+//! what it observed, and which cgroups the probes should stop tracking. Pure: no
 //! maps, no ring buffer, so it is tested with plain values.
 
 use std::time::{Duration, SystemTime};
@@ -20,10 +20,8 @@ use crate::{
 pub struct Decoded {
     /// Relist this container.
     pub trigger: Option<Trigger>,
-    /// Add this cgroup id to the probes' watch list.
-    pub watch: Option<u64>,
-    /// Remove this cgroup id from it.
-    pub unwatch: Option<u64>,
+    /// Stop tracking inits in this cgroup id: it is not a container's.
+    pub untrack: Option<u64>,
 }
 
 /// Turns kernel events into triggers, keeping the cgroup index current.
@@ -64,30 +62,32 @@ impl Decoder {
                 match self.index.insert(event.cgroup_id, &path, &self.namespaces) {
                     Some(owner) => Decoded {
                         trigger: Some(trigger(&owner.container_id, Vec::new())),
-                        watch: Some(event.cgroup_id),
-                        unwatch: None,
+                        untrack: None,
                     },
-                    None => Decoded::default(),
+                    // The probes track every cgroup at container depth until told otherwise.
+                    None => Decoded {
+                        trigger: None,
+                        untrack: Some(event.cgroup_id),
+                    },
                 }
             }
-            Some(KernelEventKind::CgroupRmdir) => match self.index.remove(event.cgroup_id) {
-                Some(owner) => Decoded {
-                    trigger: Some(trigger(&owner.container_id, Vec::new())),
-                    watch: None,
-                    unwatch: Some(event.cgroup_id),
-                },
-                None => Decoded::default(),
+            // The probes forgot the cgroup themselves.
+            Some(KernelEventKind::CgroupRmdir) => Decoded {
+                trigger: self.index.remove(event.cgroup_id).map(|owner| {
+                    trigger(&owner.container_id, vec![ObservationKind::CgroupRemoved])
+                }),
+                untrack: None,
             },
             Some(KernelEventKind::Exec) => self.about_cgroup(event.cgroup_id, |id| {
                 trigger(id, vec![ObservationKind::Exec(text(&event.path))])
             }),
             Some(KernelEventKind::Exit) => {
-                let observations = if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
-                    vec![exit_observation(event.exit_status)]
+                let observation = if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
+                    exit_observation(event.exit_status)
                 } else {
-                    Vec::new()
+                    ObservationKind::Exited
                 };
-                self.about_cgroup(event.cgroup_id, |id| trigger(id, observations))
+                self.about_cgroup(event.cgroup_id, |id| trigger(id, vec![observation]))
             }
             Some(KernelEventKind::Oom) => {
                 let owner = victim_cgroup(event.pid)
@@ -181,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn mkdir_of_a_container_watches_it_and_triggers_a_relist() {
+    fn mkdir_of_a_container_triggers_a_relist_and_other_cgroups_are_untracked() {
         let mut d = decoder();
         let path = format!("/kubepods/besteffort/pod12345678-aaaa/{ID}");
         let decoded = d.decode(
@@ -189,27 +189,45 @@ mod tests {
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
-        assert_eq!(decoded.watch, Some(7));
+        assert_eq!(decoded.untrack, None);
         let trigger = decoded.trigger.unwrap();
         assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
         assert_eq!(trigger.source, TriggerSource::Ebpf);
 
-        // A non-container cgroup is ignored.
+        // A non-container cgroup: no trigger, and the probes stop tracking it.
         let other = d.decode(
             &event(KernelEventKind::CgroupMkdir, 8, "/system.slice/x.service"),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
-        assert_eq!(other, Decoded::default());
+        assert_eq!(
+            other,
+            Decoded {
+                trigger: None,
+                untrack: Some(8)
+            }
+        );
 
-        // rmdir forgets and unwatches.
+        // rmdir forgets, and says the cgroup went (the container cannot still run).
         let gone = d.decode(
             &event(KernelEventKind::CgroupRmdir, 7, ""),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
-        assert_eq!(gone.unwatch, Some(7));
+        assert_eq!(
+            gone.trigger.unwrap().observations[0].kind,
+            ObservationKind::CgroupRemoved
+        );
         assert!(d.index.get(7).is_none());
+        // An rmdir of anything else: nothing.
+        assert_eq!(
+            d.decode(
+                &event(KernelEventKind::CgroupRmdir, 8, ""),
+                SystemTime::UNIX_EPOCH,
+                no_proc
+            ),
+            Decoded::default()
+        );
     }
 
     #[test]
@@ -234,7 +252,8 @@ mod tests {
                 .unwrap();
             assert_eq!(trigger.observations[0].kind, expected);
         }
-        // Without exit details: a bare hint.
+        // Without exit details: an exit all the same, so the relist retries until the runtime
+        // no longer shows the container running.
         let trigger = d
             .decode(
                 &event(KernelEventKind::Exit, 7, ""),
@@ -243,7 +262,7 @@ mod tests {
             )
             .trigger
             .unwrap();
-        assert!(trigger.observations.is_empty());
+        assert_eq!(trigger.observations[0].kind, ObservationKind::Exited);
         // An unknown cgroup: nothing.
         assert_eq!(
             d.decode(

@@ -62,21 +62,25 @@ impl CgroupMode {
     }
 }
 
-/// Container cgroups by cgroup2 id.
+/// Container cgroups by cgroup2 id, with their paths below the cgroup2 root.
 #[derive(Debug, Default)]
 pub struct CgroupIndex {
-    owners: HashMap<u64, CgroupOwner>,
+    root: PathBuf,
+    owners: HashMap<u64, (CgroupOwner, String)>,
 }
 
 impl CgroupIndex {
     /// Walks the cgroup2 tree under `root` and indexes every container cgroup.
     pub fn scan(root: &Path, namespaces: &[String]) -> Self {
-        let mut index = Self::default();
-        index.walk(root, root, namespaces, 0);
+        let mut index = Self {
+            root: root.to_owned(),
+            owners: HashMap::new(),
+        };
+        index.walk(root, namespaces, 0);
         index
     }
 
-    fn walk(&mut self, root: &Path, dir: &Path, namespaces: &[String], depth: usize) {
+    fn walk(&mut self, dir: &Path, namespaces: &[String], depth: usize) {
         if depth > MAX_DEPTH {
             return;
         }
@@ -91,22 +95,27 @@ impl CgroupIndex {
                 continue;
             }
             let path = entry.path();
-            let relative = path.strip_prefix(root).unwrap_or(&path).to_string_lossy();
+            let relative = path
+                .strip_prefix(&self.root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
             match cgroup_path::parse(&relative, namespaces) {
                 Some(owner) => {
-                    self.owners.insert(metadata.ino(), owner);
+                    self.owners.insert(metadata.ino(), (owner, relative));
                 }
                 // Containers do not nest: only descend into what is not one.
-                None => self.walk(root, &path, namespaces, depth + 1),
+                None => self.walk(&path, namespaces, depth + 1),
             }
         }
     }
 
     pub fn get(&self, cgroup_id: u64) -> Option<&CgroupOwner> {
-        self.owners.get(&cgroup_id)
+        self.owners.get(&cgroup_id).map(|(owner, _)| owner)
     }
 
-    /// Indexes a cgroup seen being created; returns its owner if it is a container's.
+    /// Indexes a cgroup seen being created (`path` below the cgroup2 root); returns its owner
+    /// if it is a container's.
     pub fn insert(
         &mut self,
         cgroup_id: u64,
@@ -114,18 +123,20 @@ impl CgroupIndex {
         namespaces: &[String],
     ) -> Option<&CgroupOwner> {
         let owner = cgroup_path::parse(path, namespaces)?;
-        self.owners.insert(cgroup_id, owner);
-        self.owners.get(&cgroup_id)
+        self.owners.insert(cgroup_id, (owner, path.to_owned()));
+        self.get(cgroup_id)
     }
 
     /// Forgets a removed cgroup; returns its owner if it was a container's.
     pub fn remove(&mut self, cgroup_id: u64) -> Option<CgroupOwner> {
-        self.owners.remove(&cgroup_id)
+        self.owners.remove(&cgroup_id).map(|(owner, _)| owner)
     }
 
-    /// Every indexed cgroup id.
-    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.owners.keys().copied()
+    /// Every indexed cgroup id with its directory.
+    pub fn dirs(&self) -> impl Iterator<Item = (u64, PathBuf)> + '_ {
+        self.owners
+            .iter()
+            .map(|(&id, (_, path))| (id, self.root.join(path.trim_start_matches('/'))))
     }
 
     pub fn len(&self) -> usize {
@@ -180,5 +191,7 @@ mod tests {
         let owner = index.get(inode).unwrap();
         assert_eq!(owner.container_id, id);
         assert_eq!(owner.pod_uid.as_deref(), Some("12345678-aaaa"));
+        let dirs: HashMap<u64, PathBuf> = index.dirs().collect();
+        assert_eq!(dirs[&inode], container);
     }
 }

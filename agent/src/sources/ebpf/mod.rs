@@ -4,19 +4,23 @@
 //! Programs (ebpf/programs) run on `cgroup/cgroup_mkdir`, `cgroup/cgroup_rmdir`,
 //! `sched/sched_process_exec`, `sched/sched_process_exit` and `oom/mark_victim`. They filter in
 //! the kernel: cgroup events only for the cgroup2 tree at container depth; exec and exit only
-//! for a container's init (pid 1 of a pid namespace, found through task_struct offsets read
-//! from the kernel's BTF; exits carry the init's exit status). Without BTF, process events are
-//! filtered by a map of watched cgroups that userspace fills with the container cgroups it
-//! knows. Events go through a ring buffer; what could not be reserved is counted per CPU, and
-//! any growth of that count schedules a full relist. Containers sharing the host's pid
-//! namespace have no init of their own: their deaths are found by the relist.
+//! for a container's init, tracked per cgroup in a map (the process that execs in a container
+//! cgroup that has no init yet), so containers in their own, their pod's or the host's pid
+//! namespace are all seen. Exits carry the init's exit status where the kernel's BTF gives
+//! `task_struct.exit_code`. Events go through a ring buffer; what could not be reserved is
+//! counted per CPU, and any growth of that count schedules a full relist.
+//!
+//! Each kernel feature is probed on its own ([`features`]): a missing optional tracepoint or
+//! field costs that feature, not the source.
 //!
 //! The runtime stays the source of truth: an event only says which container to relist now.
 
 pub mod btf;
 pub mod cgroup_path;
 pub mod decode;
+pub mod features;
 pub mod index;
+pub mod inits;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -25,7 +29,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
-use plegd_common::{KernelEvent, ProbeConfig, tracepoint_offsets as tp};
+use plegd_common::KernelEvent;
 use tokio::io::{Interest, unix::AsyncFd};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -35,8 +39,8 @@ use crate::{
     pleg::{event::TriggerSource, generator::TriggerSender},
     sources::{
         ebpf::{
-            btf::KernelOffsets,
             decode::{Decoder, proc_cgroup2_path, wall_time_of},
+            features::KernelFeatures,
             index::{CgroupIndex, CgroupMode},
         },
         status::{SourceRegistry, SourceState},
@@ -47,35 +51,10 @@ use crate::{
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegd"));
 
 /// Where tracefs lives.
-const TRACEFS: &str = "/sys/kernel/tracing";
+pub const TRACEFS: &str = "/sys/kernel/tracing";
 
-/// The programs and their tracepoints `(program, category, tracepoint)`.
-pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
-    ("cgroup_mkdir", "cgroup", "cgroup_mkdir"),
-    ("cgroup_rmdir", "cgroup", "cgroup_rmdir"),
-    ("sched_process_exec", "sched", "sched_process_exec"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
-    ("mark_victim", "oom", "mark_victim"),
-];
-
-/// Tracepoint fields the programs read at fixed offsets: `(category/name, field, offset)`.
-const FIELDS: &[(&str, &str, usize)] = &[
-    ("cgroup/cgroup_mkdir", "root", tp::CGROUP_ROOT),
-    ("cgroup/cgroup_mkdir", "level", tp::CGROUP_LEVEL),
-    ("cgroup/cgroup_mkdir", "id", tp::CGROUP_ID),
-    ("cgroup/cgroup_mkdir", "path", tp::CGROUP_PATH),
-    ("cgroup/cgroup_rmdir", "root", tp::CGROUP_ROOT),
-    ("cgroup/cgroup_rmdir", "level", tp::CGROUP_LEVEL),
-    ("cgroup/cgroup_rmdir", "id", tp::CGROUP_ID),
-    ("cgroup/cgroup_rmdir", "path", tp::CGROUP_PATH),
-    ("sched/sched_process_exec", "filename", tp::EXEC_FILENAME),
-    (
-        "sched/sched_process_exit",
-        "group_dead",
-        tp::EXIT_GROUP_DEAD,
-    ),
-    ("oom/mark_victim", "pid", tp::OOM_PID),
-];
+/// `BPF_NOEXIST`: a map update that leaves an existing entry alone.
+const BPF_NOEXIST: u64 = 1;
 
 /// How often the cgroup index is rebuilt from the cgroup2 tree (mkdir/rmdir events keep it
 /// current in between; the rebuild heals anything missed).
@@ -88,17 +67,10 @@ const LOSS_CHECK: Duration = Duration::from_secs(1);
 pub enum LoadError {
     #[error("no cgroup2 hierarchy is mounted (cgroup v1 only): the probes need cgroup2 ids")]
     NoCgroup2,
-    #[error("tracefs is not available at {TRACEFS} (mount -t tracefs tracefs {TRACEFS}): {0}")]
-    Tracefs(#[source] std::io::Error),
-    #[error(
-        "tracepoint {tracepoint}: field {field} is not at offset {expected} on this kernel ({found})"
-    )]
-    TracepointLayout {
-        tracepoint: &'static str,
-        field: &'static str,
-        expected: usize,
-        found: String,
-    },
+    #[error("tracefs is not available at {TRACEFS} (mount -t tracefs tracefs {TRACEFS})")]
+    Tracefs,
+    #[error("{0}")]
+    Unsupported(String),
     #[error("loading the eBPF object (missing privilege, old kernel or verifier rejection): {0}")]
     Load(#[from] aya::EbpfError),
     #[error("eBPF program {name} missing from the object")]
@@ -125,30 +97,37 @@ pub enum LoadError {
 pub struct Probes {
     ebpf: Ebpf,
     cgroup2: PathBuf,
-    /// Whether exits carry exit statuses (BTF offsets found).
-    exit_details: bool,
+    features: KernelFeatures,
 }
 
 impl Probes {
-    /// Checks the kernel, loads the embedded object and attaches every program.
+    /// Probes the kernel, loads the embedded object and attaches every program the kernel
+    /// supports; fails only when the source cannot run at all.
     pub fn load() -> Result<Self, LoadError> {
         let cgroup2 = CgroupMode::detect()
             .cgroup2()
             .ok_or(LoadError::NoCgroup2)?
             .to_owned();
-        check_tracepoint_layout()?;
-        let config = match KernelOffsets::from_running_kernel() {
-            Ok(offsets) => offsets.probe_config(),
-            Err(error) => {
-                warn!(%error, "kernel BTF unreadable: exits will carry no exit status");
-                ProbeConfig::default()
+        if !std::path::Path::new(TRACEFS).join("events").is_dir() {
+            return Err(LoadError::Tracefs);
+        }
+        let features = KernelFeatures::probe(TRACEFS);
+        if let Some(why) = features.fatal() {
+            return Err(LoadError::Unsupported(why.to_owned()));
+        }
+        for (subject, available, detail) in features.describe() {
+            if available {
+                debug!("{subject}: {detail}");
+            } else {
+                warn!("{subject}: {detail}");
             }
-        };
+        }
         bump_memlock_rlimit();
         let mut ebpf = EbpfLoader::new()
-            .override_global("PROBE_CONFIG", &config, true)
+            .override_global("PROBE_CONFIG", &features.probe_config(), true)
             .load(EBPF_OBJECT)?;
-        for &(name, category, tracepoint) in TRACEPOINTS {
+        for spec in features.attachable() {
+            let name = spec.name;
             let program: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(LoadError::MissingProgram { name })?
@@ -158,27 +137,27 @@ impl Probes {
                 .load()
                 .map_err(|source| LoadError::Program { name, source })?;
             program
-                .attach(category, tracepoint)
+                .attach(spec.category, spec.tracepoint)
                 .map_err(|source| LoadError::Program { name, source })?;
         }
         Ok(Self {
             ebpf,
             cgroup2,
-            exit_details: config.valid == 1,
+            features,
         })
     }
 
     /// Names of the attached programs.
     pub fn program_names(&self) -> Vec<String> {
-        self.ebpf
-            .programs()
-            .map(|(name, _)| name.to_owned())
+        self.features
+            .attachable()
+            .map(|spec| spec.name.to_owned())
             .collect()
     }
 
-    /// Whether exit events carry the exit status.
-    pub fn exit_details(&self) -> bool {
-        self.exit_details
+    /// What the kernel offers, feature by feature.
+    pub fn features(&self) -> &KernelFeatures {
+        &self.features
     }
 
     fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, LoadError> {
@@ -188,7 +167,7 @@ impl Probes {
     }
 }
 
-/// Runs the source until `shutdown`: reads kernel events, keeps the watch list and the index
+/// Runs the source until `shutdown`: reads kernel events, keeps the init map and the index
 /// current, and hands triggers to the generator.
 pub async fn run(
     mut probes: Probes,
@@ -200,8 +179,8 @@ pub async fn run(
 ) -> Result<(), LoadError> {
     let map_err = |name| move |source| LoadError::Map { name, source };
     let ring = RingBuf::try_from(probes.take_map("EVENTS")?).map_err(map_err("EVENTS"))?;
-    let mut watched: BpfHashMap<MapData, u64, u32> =
-        BpfHashMap::try_from(probes.take_map("WATCHED")?).map_err(map_err("WATCHED"))?;
+    let mut inits: BpfHashMap<MapData, u64, u32> =
+        BpfHashMap::try_from(probes.take_map("INITS")?).map_err(map_err("INITS"))?;
     let lost: PerCpuArray<MapData, u64> =
         PerCpuArray::try_from(probes.take_map("LOST")?).map_err(map_err("LOST"))?;
     // SAFETY: the ring buffer owns its map's file descriptor and keeps it open, unchanged,
@@ -213,19 +192,21 @@ pub async fn run(
         CgroupIndex::scan(&probes.cgroup2, &namespaces),
         namespaces.clone(),
     );
-    sync_watched(&mut watched, &decoder.index);
+    seed_inits(&mut inits, &decoder.index);
+    let programs = probes.program_names();
     registry.set(
         TriggerSource::Ebpf,
         SourceState::Connected,
         format!(
-            "{} programs attached, {} container cgroups watched",
-            TRACEPOINTS.len(),
+            "{} programs attached ({}), {} container cgroups",
+            programs.len(),
+            programs.join(", "),
             decoder.index.len()
         ),
     );
     info!(
         cgroups = decoder.index.len(),
-        exit_details = probes.exit_details,
+        programs = ?programs,
         "eBPF probes attached"
     );
 
@@ -240,11 +221,9 @@ pub async fn run(
                 while let Some(item) = guard.get_inner_mut().next() {
                     let Some(event) = read_event(&item) else { continue };
                     let decoded = decoder.decode(&event, wall_time_of(event.ktime_ns), proc_cgroup2_path);
-                    if let Some(id) = decoded.watch {
-                        let _ = watched.insert(id, 1, 0);
-                    }
-                    if let Some(id) = decoded.unwatch {
-                        let _ = watched.remove(&id);
+                    if let Some(id) = decoded.untrack {
+                        // Already gone from the map (LRU) is as good as removed.
+                        let _ = inits.remove(&id);
                     }
                     if let Some(trigger) = decoded.trigger {
                         registry.delivered(TriggerSource::Ebpf, trigger.observed_at);
@@ -264,7 +243,7 @@ pub async fn run(
             }
             _ = refresh.tick() => {
                 decoder.index = CgroupIndex::scan(&probes.cgroup2, &namespaces);
-                sync_watched(&mut watched, &decoder.index);
+                seed_inits(&mut inits, &decoder.index);
                 debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
             }
         }
@@ -282,19 +261,33 @@ fn read_event(bytes: &[u8]) -> Option<KernelEvent> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<KernelEvent>()) })
 }
 
-/// Makes the watch map hold exactly the index's cgroups.
-fn sync_watched(watched: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex) {
-    let wanted: std::collections::HashSet<u64> = index.ids().collect();
-    let stale: Vec<u64> = watched
-        .keys()
-        .flatten()
-        .filter(|id| !wanted.contains(id))
-        .collect();
-    for id in stale {
-        let _ = watched.remove(&id);
+/// Gives the probes the init of every indexed container they do not track yet: containers
+/// that ran before the probes attached, or whose entry the map evicted. Entries the probes
+/// made themselves are left as they are.
+fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex) {
+    let tracked: std::collections::HashSet<u64> = inits.keys().flatten().collect();
+    let mut failed = 0;
+    for (id, dir) in index.dirs() {
+        if tracked.contains(&id) {
+            continue;
+        }
+        let init = inits::find_init(&dir);
+        // NOEXIST: an exec the probes saw since the scan wins over what /proc said.
+        match inits.insert(id, init, BPF_NOEXIST) {
+            Ok(()) => {}
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(error) => {
+                debug!(%error, cgroup = id, "seeding the init map");
+                failed += 1;
+            }
+        }
     }
-    for id in wanted {
-        let _ = watched.insert(id, 1, 0);
+    if failed > 0 {
+        warn!(
+            failed,
+            "could not seed the init map for some containers: their process hints wait for their next exec"
+        );
     }
 }
 
@@ -302,42 +295,6 @@ fn total_lost(lost: &PerCpuArray<MapData, u64>) -> u64 {
     lost.get(&0, 0)
         .map(|values| values.iter().sum())
         .unwrap_or(0)
-}
-
-/// Checks that the tracepoint fields the programs read sit where they expect.
-fn check_tracepoint_layout() -> Result<(), LoadError> {
-    for &(tracepoint, field, expected) in FIELDS {
-        let path = format!("{TRACEFS}/events/{tracepoint}/format");
-        let format = std::fs::read_to_string(&path).map_err(LoadError::Tracefs)?;
-        let found = field_offset(&format, field);
-        if found != Some(expected) {
-            return Err(LoadError::TracepointLayout {
-                tracepoint,
-                field,
-                expected,
-                found: found.map_or_else(|| "missing".to_owned(), |o| format!("at {o}")),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The offset of `field` in a tracefs `format` file.
-fn field_offset(format: &str, field: &str) -> Option<usize> {
-    format.lines().find_map(|line| {
-        let declaration = line.trim().strip_prefix("field:")?;
-        let (declaration, rest) = declaration.split_once(';')?;
-        let name = declaration.rsplit(' ').next()?.split('[').next()?;
-        if name != field {
-            return None;
-        }
-        rest.trim()
-            .strip_prefix("offset:")?
-            .split(';')
-            .next()?
-            .parse()
-            .ok()
-    })
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK. Newer ones account to the memory
@@ -354,25 +311,5 @@ fn bump_memlock_rlimit() {
             error = %std::io::Error::last_os_error(),
             "could not raise RLIMIT_MEMLOCK (not needed on kernels >= 5.11)"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn field_offsets_are_read_from_format_files() {
-        let format = "name: cgroup_mkdir\nID: 1\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int root;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:__data_loc char[] path;\toffset:24;\tsize:4;\tsigned:0;\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n";
-        assert_eq!(field_offset(format, "root"), Some(8));
-        assert_eq!(field_offset(format, "path"), Some(24));
-        assert_eq!(field_offset(format, "comm"), Some(8));
-        assert_eq!(field_offset(format, "level"), None);
-    }
-
-    #[test]
-    fn this_kernel_has_the_expected_tracepoint_layout() {
-        check_tracepoint_layout()
-            .expect("tracefs mounted (cargo xtask setup) and layout as expected");
     }
 }
