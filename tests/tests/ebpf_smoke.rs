@@ -1,0 +1,82 @@
+//! The smallest proof that plegd's kernel probes work on a kernel: they load and attach, and a
+//! container's start and its kill -9 reach plegd through eBPF alone (no stream source, full
+//! relists minutes apart). `cargo xtask kernels --quick` runs this on other kernels in a VM,
+//! where everything is slow (QEMU without KVM), hence the generous deadlines; ebpf_events has
+//! the whole lifecycle in every pid namespace mode.
+
+mod support;
+
+use std::time::Duration;
+
+use plegd::{
+    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
+    runtime::RuntimeKind,
+};
+use plegd_tests::{
+    ContainerdOptions, PrivateContainerd,
+    containerd::CRI_NAMESPACE,
+    cri::{ContainerSpec, Cri},
+    native::Native,
+};
+use support::RunningPlegd;
+
+/// Bounds each wait; far below the relist period, so an event within it came from eBPF.
+const DEADLINE: Duration = Duration::from_secs(60);
+const SLOW: Duration = Duration::from_secs(600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let config = Config::load(&RunArgs {
+        runtime: Some(RuntimeKind::Cri),
+        runtime_endpoint: Some(containerd.socket().display().to_string()),
+        sources: Some(vec![SourceName::Ebpf]),
+        mode: Some(Mode::Ebpf),
+        relist_period: Some(SLOW),
+        slow_relist_period: Some(SLOW),
+        output: Some(OutputFormat::Json),
+        state_dir: Some("none".into()),
+        ..RunArgs::default()
+    })
+    .expect("valid test config");
+    // --mode ebpf fails here if the probes do not load and attach.
+    let mut plegd = RunningPlegd::start(config).await;
+    let sources = plegd.shared.sources.clone();
+    plegd_tests::wait::until("eBPF connected", DEADLINE, || async {
+        anyhow::Ok(sources.any_connected().then_some(()))
+    })
+    .await
+    .unwrap();
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+
+    let pod = cri.run_pod("smoke").await.unwrap();
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
+        .await;
+    let started = plegd.last_of(&killed);
+    assert_eq!(started["sources"], serde_json::json!(["ebpf"]), "{started}");
+
+    tasks.kill_init(&killed).await.unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
+        .await;
+    let died = plegd.last_of(&killed);
+    assert_eq!(died["sources"], serde_json::json!(["ebpf"]), "{died}");
+    assert!(
+        died["observations"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|o| o == "ebpf:signal=9")),
+        "{died}"
+    );
+    assert_eq!(died["exit_code"], 137, "{died}");
+    plegd.stop().await;
+}
