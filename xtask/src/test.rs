@@ -1,24 +1,38 @@
 //! `cargo xtask test`: set the machine up, check format and lints, run every test, unit and
-//! end-to-end (the latter against a private containerd, runc and the real kernel; root).
+//! end-to-end (the latter against a private containerd, runc and the real kernel; root), then
+//! `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM.
 
 use std::process::Command;
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cmd::stream, setup};
+use crate::{
+    cmd::stream,
+    kernels,
+    setup::{self, KernelSeries},
+};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
     /// Skip `cargo fmt --check` and `cargo clippy`.
     #[arg(long)]
     pub no_lint: bool,
+    /// Skip the quick eBPF check on Linux 6.1 in a VM (`cargo xtask kernels --kernel 6.1
+    /// --quick`, a few minutes). Also skipped when a filter is given.
+    #[arg(long)]
+    pub no_kernels: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
+    let vm = if opts.no_kernels || opts.filter.is_some() {
+        setup::run(&setup::Options::default())?;
+        None
+    } else {
+        Some(setup::run_for_kernels(&[KernelSeries::V6_1])?)
+    };
     let cargo = env!("CARGO");
     if !opts.no_lint {
         step("format");
@@ -42,7 +56,24 @@ pub fn run(opts: &Options) -> Result<()> {
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }
-    stream(&mut test)
+    stream(&mut test)?;
+    if let Some(vm) = vm {
+        step("eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)");
+        let started = std::time::Instant::now();
+        kernels::run_with(
+            &kernels::Options {
+                kernel: kernels::Choice::V6_1,
+                quick: true,
+                filter: None,
+            },
+            &vm,
+        )?;
+        step(&format!(
+            "kernels took {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(())
 }
 
 fn step(name: &str) {
