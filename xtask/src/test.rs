@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 use clap::Args;
 
 use crate::{
@@ -56,24 +56,31 @@ pub fn run(opts: &Options) -> Result<()> {
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }
-    stream(&mut test)?;
+    // The VM check runs even when a test failed here: CI then tells both at once.
+    let tests = stream(&mut test);
     if let Some(vm) = vm {
         step("eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)");
         let started = std::time::Instant::now();
-        kernels::run_with(
+        let kernels = kernels::run_with(
             &kernels::Options {
                 kernel: kernels::Choice::V6_1,
                 quick: true,
                 filter: None,
             },
             &vm,
-        )?;
+        );
         step(&format!(
             "kernels took {:.0} s",
             started.elapsed().as_secs_f64()
         ));
+        if let Err(e) = kernels {
+            return Err(match tests {
+                Ok(()) => e,
+                Err(tests) => anyhow!("{tests:#}; and {e:#}"),
+            });
+        }
     }
-    Ok(())
+    tests
 }
 
 fn step(name: &str) {
