@@ -59,11 +59,13 @@ async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
         .run_container(&pod, &ContainerSpec::sleeper("killed"))
         .await
         .unwrap();
+    // eBPF is the only push source and the first full relist ran before the pod existed, so
+    // the start can only be found through a kernel hint. Not necessarily this container's: in
+    // a slow VM the targeted relist of the pod that the sandbox's hint triggered (and retries)
+    // may see the container running first, and then names the relist as its source.
     plegd
         .wait_container(&killed, &["ContainerStarted"], DEADLINE)
         .await;
-    let started = plegd.last_of(&killed);
-    assert_eq!(started["sources"], serde_json::json!(["ebpf"]), "{started}");
 
     tasks.kill_init(&killed).await.unwrap();
     plegd
