@@ -406,11 +406,11 @@ impl Config {
             event_history: args
                 .event_history
                 .or(file.event_history)
-                .unwrap_or(crate::api::bus::DEFAULT_EVENT_HISTORY),
+                .unwrap_or(crate::bus::DEFAULT_EVENT_HISTORY),
             watch_queue: args
                 .watch_queue
                 .or(file.watch_queue)
-                .unwrap_or(crate::api::bus::DEFAULT_WATCH_QUEUE),
+                .unwrap_or(crate::bus::DEFAULT_WATCH_QUEUE),
         };
         config.validate()?;
         Ok(config)

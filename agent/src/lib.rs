@@ -15,10 +15,12 @@
 //! - `sync_loop`: kubelet's sync loop: PLEG events, sync tick, housekeeping, per-pod workers.
 
 pub mod api;
+pub mod bus;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod metrics;
 pub mod output;
 pub mod pleg;
 pub mod runtime;

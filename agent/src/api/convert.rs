@@ -6,7 +6,7 @@ use plegd_proto::v1 as pb;
 use prost_types::Timestamp;
 
 use crate::{
-    api::bus::Sequenced,
+    bus::Sequenced,
     pleg::{
         cache::{CachedPod, PodCache},
         event::{

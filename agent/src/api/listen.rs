@@ -27,9 +27,8 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use tracing::{info, warn};
 
 use crate::{
-    api::{cut::Cuttable, server::PlegService},
+    api::{Shared, cut::Cuttable, server::PlegService},
     config::Config,
-    daemon::Shared,
 };
 
 /// Default path of the API socket.
@@ -146,14 +145,11 @@ impl Listeners {
         let metrics_task = self.metrics.map(|listener| {
             tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
         });
-        // Watch streams never end by themselves: close the bus on shutdown so they do, and the
-        // servers' graceful shutdown completes.
+        // Watch streams end when the bus closes: the daemon closes it once the generator has
+        // stopped and every event is published, so watchers get them all before UNAVAILABLE.
         let stopping = {
-            let (shutdown, bus) = (shutdown.clone(), shared.bus.clone());
-            async move {
-                shutdown.cancelled().await;
-                bus.close();
-            }
+            let bus = shared.bus.clone();
+            async move { bus.closed().await }
         };
         let stopping = futures::FutureExt::shared(Box::pin(stopping));
         let cut = CancellationToken::new();
