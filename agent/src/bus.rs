@@ -31,6 +31,15 @@ use tokio::sync::{
 };
 use tracing::warn;
 
+/// The bus of plegd's events, as served (`plegd.v1.Event`).
+pub type ApiBus = EventBus<plegd_proto::v1::Event>;
+
+impl Sequenced for plegd_proto::v1::Event {
+    fn sequence(&self) -> u64 {
+        self.sequence
+    }
+}
+
 /// Default number of events kept for resuming watchers.
 pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
 /// Default queue length of each subscriber.

@@ -6,16 +6,24 @@
 
 use std::time::{Duration, SystemTime};
 
+use clap::ValueEnum;
 use plegd_proto::v1 as pb;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tracing::warn;
 
-use crate::{
-    api::{ApiBus, convert::from_timestamp},
-    bus::{Ended, Subscription},
-    config::OutputFormat,
-};
+use crate::bus::{ApiBus, Ended, Subscription};
+
+/// How events are written to stdout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// One event as printed.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -187,6 +195,11 @@ pub(crate) fn observation(o: &pb::Observation) -> String {
 /// The first 12 characters of a container id.
 pub(crate) fn short(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
+}
+
+/// A protobuf timestamp as a wall-clock time.
+pub fn from_timestamp(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
+    SystemTime::try_from(*t?).ok()
 }
 
 /// RFC 3339 with milliseconds, `-` when unknown.

@@ -10,8 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    api::ApiBus,
-    bus::{Ended, Subscription},
+    bus::{ApiBus, Ended, Subscription},
     metrics::Metrics,
     pleg::{
         cache::{CachedPod, PodCache},

@@ -14,10 +14,9 @@ use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
 use serde::Serialize;
 use tonic::{Code, Status, transport::Channel};
 
-use crate::{
-    api::convert::from_timestamp,
-    config::OutputFormat,
-    output::{event_type_name, latency_ms, observation, rfc3339, short, source_name},
+use crate::output::{
+    OutputFormat, event_type_name, from_timestamp, latency_ms, observation, rfc3339, short,
+    source_name,
 };
 
 /// How long a one-shot command waits for the daemon.

@@ -26,13 +26,11 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tracing::{info, warn};
 
+pub use crate::config::DEFAULT_SOCKET;
 use crate::{
     api::{Shared, cut::Cuttable, server::PlegService},
     config::Config,
 };
-
-/// Default path of the API socket.
-pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
 
 /// How often grpc.health.v1 statuses follow the PLEG's health.
 const HEALTH_UPDATE_PERIOD: Duration = Duration::from_secs(1);

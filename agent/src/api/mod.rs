@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 pub use listen::{DEFAULT_SOCKET, Listeners};
 
-pub use crate::bus::EventBus;
+pub use crate::bus::{ApiBus, EventBus};
 use crate::{
     metrics::Metrics,
     pleg::{
@@ -29,9 +29,6 @@ use crate::{
     },
     sources::status::SourceRegistry,
 };
-
-/// The bus of served events.
-pub type ApiBus = EventBus<plegd_proto::v1::Event>;
 
 /// A new run id: random, so a client can tell a restarted daemon (whose sequences start
 /// again at 1) from the one it watched.
