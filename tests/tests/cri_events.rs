@@ -27,6 +27,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// well over containerd 2.x's 100-event queue per subscriber (with 2.1.9, an unread subscriber
 /// stalls the first removal).
 const STORM_CONTAINERS: usize = 50;
+/// How long one step of a storm may take before it counts as stalled.
+const STALL: Duration = Duration::from_secs(10);
 /// plegd's output room in the stalled-consumer test: less than one event line, so its output
 /// writer blocks on the first event.
 const STALLED_OUTPUT: usize = 64;
@@ -193,7 +195,7 @@ async fn a_stalled_event_consumer_does_not_stall_containerd() {
     let plegd = RunningPlegd::start_with_output_buffer(settings, STALLED_OUTPUT).await;
     wait_connected(&plegd).await;
 
-    let killed_at = storm(&containerd, DEADLINE)
+    let killed_at = storm(&containerd)
         .await
         .unwrap_or_else(|e| panic!("containerd stalled: {e}"));
     let status = status_of(&plegd.shared.sources, TriggerSource::CriEvents).unwrap();
@@ -206,50 +208,52 @@ async fn a_stalled_event_consumer_does_not_stall_containerd() {
 }
 
 /// [`STORM_CONTAINERS`] containers started, killed with SIGKILL, seen EXITED through CRI and
-/// removed, all within `deadline`; returns when the kills were sent. Every step publishes a CRI
-/// event to every subscriber: on 2.x a subscriber whose queue is full stalls the publisher,
-/// which for an exit is the container's exit handler (after its status update, so EXITED still
-/// shows) and for a call the call itself. The error says how far it got.
-async fn storm(containerd: &PrivateContainerd, deadline: Duration) -> Result<SystemTime, String> {
-    let progress = std::sync::Mutex::new(String::from("connecting"));
-    let step = |what: String| *progress.lock().unwrap() = what;
-    let run = async {
-        let cri = Cri::connect(containerd).await.unwrap();
-        let tasks = Native::connect_in(containerd, CRI_NAMESPACE).await.unwrap();
-        let pod = cri.run_pod("storm").await.unwrap();
-        let mut ids = Vec::new();
-        for i in 0..STORM_CONTAINERS {
-            step(format!("creating container {i}"));
-            let id = cri
-                .run_container(&pod, &ContainerSpec::sleeper(&format!("c{i}")))
-                .await
-                .unwrap();
-            ids.push(id);
+/// removed; returns when the kills were sent. Every step publishes a CRI event to every
+/// subscriber: on 2.x a subscriber whose queue is full stalls the publisher, which for an exit
+/// is the container's exit handler (after its status update, so EXITED may still show) and for
+/// a call the call itself. Any one step taking [`STALL`] is a stall (they take well under a
+/// second, even on a busy machine); the error says which.
+async fn storm(containerd: &PrivateContainerd) -> Result<SystemTime, String> {
+    async fn step<T>(
+        what: String,
+        call: impl Future<Output = anyhow::Result<T>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(STALL, call).await {
+            Ok(result) => Ok(result.unwrap_or_else(|e| panic!("{what}: {e:#}"))),
+            Err(_) => Err(format!("stuck {STALL:?} {what}")),
         }
-        let mut pids = Vec::new();
-        for id in &ids {
-            pids.push(tasks.init_pid(id).await.unwrap());
-        }
-        let killed_at = SystemTime::now();
-        process::kill_all(&pids, deadline);
-        for (i, id) in ids.iter().enumerate() {
-            step(format!("waiting for container {i} to be EXITED in CRI"));
-            cri.wait_state(id, ContainerState::ContainerExited, deadline)
-                .await
-                .unwrap();
-        }
-        for (i, id) in ids.iter().enumerate() {
-            step(format!("removing container {i}"));
-            cri.remove_container(id).await.unwrap();
-        }
-        killed_at
-    };
-    tokio::time::timeout(deadline, run).await.map_err(|_| {
-        format!(
-            "not done within {deadline:?}: stuck {}",
-            progress.lock().unwrap()
+    }
+    let cri = Cri::connect(containerd).await.unwrap();
+    let tasks = Native::connect_in(containerd, CRI_NAMESPACE).await.unwrap();
+    let pod = step("running the pod".into(), cri.run_pod("storm")).await?;
+    let mut ids = Vec::new();
+    for i in 0..STORM_CONTAINERS {
+        let spec = ContainerSpec::sleeper(&format!("c{i}"));
+        ids.push(
+            step(
+                format!("creating container {i}"),
+                cri.run_container(&pod, &spec),
+            )
+            .await?,
+        );
+    }
+    let mut pids = Vec::new();
+    for id in &ids {
+        pids.push(tasks.init_pid(id).await.unwrap());
+    }
+    let killed_at = SystemTime::now();
+    process::kill_all(&pids, DEADLINE);
+    for (i, id) in ids.iter().enumerate() {
+        step(
+            format!("waiting for container {i} to be EXITED in CRI"),
+            cri.wait_state(id, ContainerState::ContainerExited, DEADLINE),
         )
-    })
+        .await?;
+    }
+    for (i, id) in ids.iter().enumerate() {
+        step(format!("removing container {i}"), cri.remove_container(id)).await?;
+    }
+    Ok(killed_at)
 }
 
 /// The control of [`a_stalled_event_consumer_does_not_stall_containerd`]: the same storm with
@@ -283,7 +287,7 @@ async fn control_an_unread_cri_events_subscriber_stalls_containerd_2() {
             .await;
         std::future::pending::<()>().await;
     });
-    let result = storm(&containerd, Duration::from_secs(15)).await;
+    let result = storm(&containerd).await;
     unread.abort();
     eprintln!("storm with an unread subscriber: {result:?}");
     assert!(
