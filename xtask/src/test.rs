@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cmd::stream, setup};
+use crate::{cmd::stream, harness, setup};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
@@ -15,6 +15,8 @@ pub struct Options {
     pub no_lint: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
+    #[command(flatten)]
+    pub containerd: harness::Release,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -39,6 +41,7 @@ pub fn run(opts: &Options) -> Result<()> {
     step("tests");
     let mut test = Command::new(cargo);
     test.args(["test", "--workspace", "--no-fail-fast"]);
+    opts.containerd.apply(&mut test);
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }
