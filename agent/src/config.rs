@@ -11,6 +11,7 @@ use std::{
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
+pub use crate::output::OutputFormat;
 use crate::{
     pleg::{
         event::{DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_RELIST_PERIOD, DEFAULT_RELIST_THRESHOLD},
@@ -18,6 +19,9 @@ use crate::{
     },
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
 };
+
+/// Default path of the API socket.
+pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
 
 /// Full relist period while a push source is connected.
 pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
@@ -60,17 +64,6 @@ impl Config {
     pub fn source_enabled(&self, source: SourceName) -> bool {
         source == SourceName::Relist || self.sources.contains(&source)
     }
-}
-
-/// How events are written to stdout.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputFormat {
-    /// One human-readable line per event.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// How logs are written to stderr.
@@ -390,7 +383,7 @@ impl Config {
                 .socket
                 .clone()
                 .or(file.socket)
-                .unwrap_or_else(|| PathBuf::from(crate::api::DEFAULT_SOCKET)),
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
             listen: args.listen.or(file.listen),
             tls_cert: args.tls_cert.clone().or(file.tls_cert),
             tls_key: args.tls_key.clone().or(file.tls_key),
@@ -406,11 +399,11 @@ impl Config {
             event_history: args
                 .event_history
                 .or(file.event_history)
-                .unwrap_or(crate::api::bus::DEFAULT_EVENT_HISTORY),
+                .unwrap_or(crate::bus::DEFAULT_EVENT_HISTORY),
             watch_queue: args
                 .watch_queue
                 .or(file.watch_queue)
-                .unwrap_or(crate::api::bus::DEFAULT_WATCH_QUEUE),
+                .unwrap_or(crate::bus::DEFAULT_WATCH_QUEUE),
         };
         config.validate()?;
         Ok(config)

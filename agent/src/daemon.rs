@@ -3,17 +3,16 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::{
-    io::{AsyncWrite, AsyncWriteExt as _},
-    sync::{mpsc, watch},
-};
+use tokio::{io::AsyncWrite, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+pub use crate::api::Shared;
 use crate::{
-    api::{self, ApiBus, Metrics},
+    api::{self, ApiBus, BusSink},
     config::{Config, Mode, SourceName},
-    output::EventLine,
+    metrics::Metrics,
+    output,
     pleg::{
         cache::PodCache,
         clock::{Clock, SystemClock},
@@ -34,8 +33,12 @@ use crate::{
         status::{SourceRegistry, SourceState},
     },
     state::{self, SavedRun},
-    sync_loop::{self, RecordingSyncHandler, SyncConfig},
+    sync_loop::{self, LoggingSyncHandler, SyncConfig},
 };
+
+/// How long stdout may take, at shutdown, to take the events not yet written; a reader that
+/// stopped reading is abandoned after it (like a watcher that stopped reading).
+const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
 
 /// Longest wait between two attempts to reach the runtime at start.
 const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -120,18 +123,6 @@ async fn try_connect(
     }
 }
 
-/// What a running daemon shares with its surroundings (API servers, sources, tests).
-#[derive(Clone, Debug)]
-pub struct Shared {
-    pub cache: Arc<PodCache>,
-    pub health: Arc<Health>,
-    pub triggers: TriggerSender,
-    pub sources: SourceRegistry,
-    /// Every published event, for the API's watchers.
-    pub bus: ApiBus,
-    pub metrics: Metrics,
-}
-
 /// What the push sources start from.
 pub struct PushSources {
     /// Where the runtime's event streams are (none: no stream sources).
@@ -201,19 +192,24 @@ where
             None,
         ),
     };
-    let (events_tx, events_rx) = mpsc::channel(config.event_channel_capacity);
+    // Closed however serve ends: watchers and the API's graceful shutdown wait for it.
+    let _close = CloseOnDrop(bus.clone());
+    let sink = BusSink {
+        bus: bus.clone(),
+        cache: Arc::clone(&cache),
+        metrics: metrics.clone(),
+    };
     let mut relister = Relister::new(
         runtime,
         Arc::clone(&clock),
         Arc::clone(&cache),
         Arc::clone(&health),
-        events_tx,
+        Arc::new(sink),
         RelistConfig {
             inspect_concurrency: config.inspect_concurrency,
             emit_changed: config.emit_changed,
         },
-    )
-    .with_metrics(metrics.clone());
+    );
     if let Some((records, sequence)) = reading {
         relister.restore(records, sequence);
     }
@@ -236,7 +232,29 @@ where
     let stream_sources =
         start_stream_sources(config, push, &triggers, &sources, &metrics, &shutdown);
 
-    // The relister's reading is taken when it stops; dropping it lets the sync loop drain.
+    // The consumers subscribe before the first relist: they see every event of the run.
+    let live = || {
+        bus.consume(0, config.event_channel_capacity)
+            .expect("a live-only subscription always starts")
+    };
+    let sync = tokio::spawn(sync_loop::run(
+        bus.clone(),
+        live(),
+        Arc::clone(&cache),
+        Arc::clone(&health),
+        Arc::clone(&clock),
+        Arc::new(LoggingSyncHandler),
+        metrics.clone(),
+        SyncConfig::default(),
+        shutdown.clone(),
+    ));
+    let mut stdout = tokio::spawn(output::write_events(
+        bus.clone(),
+        live(),
+        out,
+        config.output,
+    ));
+    // The relister's reading is taken when it stops, to be saved.
     let generator = tokio::spawn({
         let run = generator::run(
             relister,
@@ -244,21 +262,11 @@ where
             Arc::clone(&clock),
             trigger_rx,
             period_rx,
+            metrics.clone(),
             shutdown.clone(),
         );
         async move { run.await.into_saved() }
     });
-    let (forward_tx, mut forward_rx) = mpsc::channel(config.event_channel_capacity);
-    let sync = tokio::spawn(sync_loop::run(
-        events_rx,
-        forward_tx,
-        Arc::clone(&cache),
-        Arc::clone(&health),
-        Arc::clone(&clock),
-        Arc::new(RecordingSyncHandler::default()),
-        SyncConfig::default(),
-        shutdown.clone(),
-    ));
     if let Some(started) = started {
         // The receiver may have stopped caring; the daemon runs regardless.
         let _ = started.send(Shared {
@@ -278,20 +286,40 @@ where
         "plegd running"
     );
 
-    let mut out = out;
-    let mut result = Ok(());
-    while let Some(event) = forward_rx.recv().await {
-        // The API's watchers get it through the bus, which never blocks; stdout below.
-        api::publish(&bus, &metrics, &event, &cache);
-        let mut line = EventLine::new(&event, &cache).render(config.output);
-        line.push('\n');
-        if let Err(e) = write_line(&mut out, &line).await {
-            warn!(error = %e, "writing events failed; stopping");
-            shutdown.cancel();
-            result = Err(e);
-            break;
-        }
+    // Runs until shutdown, or until stdout cannot be written.
+    let stdout_failed = tokio::select! {
+        () = shutdown.cancelled() => None,
+        written = &mut stdout => Some(written),
+    };
+    if stdout_failed.is_some() {
+        shutdown.cancel();
     }
+    // Every event the generator made is on the bus once it stops; then the bus closes and
+    // each consumer ends after what it has queued.
+    let generated = generator.await;
+    bus.close();
+    let written = match stdout_failed {
+        Some(written) => written,
+        None => match tokio::time::timeout(STDOUT_DRAIN_GRACE, &mut stdout).await {
+            Ok(written) => written,
+            Err(_) => {
+                stdout.abort();
+                warn!(
+                    grace = ?STDOUT_DRAIN_GRACE,
+                    "stdout is not being read; abandoning the events not written yet"
+                );
+                Ok(Ok(()))
+            }
+        },
+    };
+    let result = match written {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            warn!(error = %e, "writing events failed; stopping");
+            Err(e)
+        }
+        Err(e) => Err(std::io::Error::other(e)),
+    };
     adaptive_period.abort();
     for source in &stream_sources {
         source.abort();
@@ -299,9 +327,10 @@ where
     if let Err(e) = sync.await {
         warn!(error = %e, "the sync loop ended abnormally");
     }
-    match generator.await {
-        // Saved only when every event generated was published (not after an output failure).
-        Ok((records, sequence)) if result.is_ok() => save(
+    match generated {
+        // Every event is in the bus's history, which is saved with the reading: the next
+        // start continues the run whatever stdout managed to write.
+        Ok((records, sequence)) => save(
             config,
             SavedRun {
                 runtime: runtime_id,
@@ -311,11 +340,19 @@ where
             },
             &bus,
         ),
-        Ok(_) => {}
         Err(e) => warn!(error = %e, "the generator ended abnormally"),
     }
     info!("plegd stopped");
     result
+}
+
+/// Closes the bus when dropped.
+struct CloseOnDrop(ApiBus);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// What the saved records were read from: a state saved for anything else is not used.
@@ -356,14 +393,6 @@ fn save(config: &Config, run: SavedRun, bus: &ApiBus) {
     let Some(dir) = config.state_dir.as_deref() else {
         return;
     };
-    if run.sequence != bus.last_sequence() {
-        warn!(
-            generated = run.sequence,
-            published = bus.last_sequence(),
-            "not every event was published; the next start is a new run"
-        );
-        return;
-    }
     match state::save(dir, &run, &bus.history()) {
         Ok(()) => info!(
             dir = %dir.display(),
@@ -468,8 +497,83 @@ fn start_stream_sources(
     tasks
 }
 
-async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &str) -> std::io::Result<()> {
-    out.write_all(line.as_bytes()).await?;
-    // One line at a time: a consumer piping stdout must see each event as it happens.
-    out.flush().await
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{
+        config::{OutputFormat, RunArgs},
+        pleg::record::ContainerState,
+        runtime::testing::{FakeRuntime, container},
+    };
+
+    /// stdout is a pipe nobody reads: the relist neither waits on it nor spins, a watcher
+    /// still gets every event, and shutdown abandons stdout after its grace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_stdout_delays_nobody_and_is_abandoned_at_shutdown() {
+        const PODS: usize = 300;
+        let period = Duration::from_millis(10);
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            relist_period: Some(period),
+            output: Some(OutputFormat::Json),
+            state_dir: Some("none".into()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        // Holds a few lines: the writer blocks for good after them.
+        let (stdout, _never_read) = tokio::io::duplex(1024);
+        let shutdown = CancellationToken::new();
+        let (started, shared) = tokio::sync::oneshot::channel();
+        let daemon = tokio::spawn({
+            let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
+            async move {
+                let push = PushSources {
+                    runtime_socket: None,
+                    ebpf: EbpfStart::Off,
+                };
+                serve(runtime, push, &config, stdout, shutdown, Some(started)).await
+            }
+        });
+        let shared = shared.await.unwrap();
+        let mut watcher = shared.bus.consume(0, 10 * PODS).unwrap();
+
+        for i in 0..PODS {
+            let pod = format!("p{i}");
+            runtime.add_pod(&pod, "ns", &pod);
+            runtime.set_container(
+                &pod,
+                container(&format!("c{i}"), "app", ContainerState::Running),
+            );
+        }
+        let deadline = Duration::from_secs(20);
+        let mut started_containers = 0;
+        while started_containers < PODS {
+            let event = tokio::time::timeout(deadline, watcher.next())
+                .await
+                .expect("the watcher gets every event while stdout is stalled")
+                .expect("subscription alive");
+            started_containers += usize::from(!event.container_id.is_empty());
+        }
+
+        // Idle relists at the period, not a loop: about 50 in half a second.
+        let before = runtime.list_calls().len();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let lists = runtime.list_calls().len() - before;
+        assert!(lists <= 60, "{lists} lists in 500 ms at a 10 ms period");
+
+        let stopping = Instant::now();
+        shutdown.cancel();
+        tokio::time::timeout(STDOUT_DRAIN_GRACE + Duration::from_secs(5), daemon)
+            .await
+            .expect("shutdown does not wait for stdout beyond its grace")
+            .unwrap()
+            .unwrap();
+        assert!(
+            stopping.elapsed() >= STDOUT_DRAIN_GRACE,
+            "stdout was given its grace"
+        );
+    }
 }

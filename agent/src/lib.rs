@@ -1,24 +1,41 @@
 //! plegd: kubelet's Pod Lifecycle Event Generator as a standalone, event-driven node daemon.
 //!
 //! # Layout
-//! - `api`: the plegd.v1 gRPC API (event bus with resume, server, client), grpc.health.v1 and
-//!   Prometheus metrics.
-//! - `check`: `plegd check`, what the node offers and which mode auto would pick.
-//! - `cli`: the `plegd` command line (thin; each subcommand delegates to a module).
-//! - `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
-//! - `daemon`: the core wired to a runtime, the sync loop and the event output.
-//! - `output`: events as text or JSON lines.
-//! - `pleg`: the pure core: runtime records, diff into lifecycle events, cache, health,
-//!   relist scheduling.
-//! - `runtime`: the `Runtime` trait and its CRI and containerd backends.
-//! - `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.
-//! - `sync_loop`: kubelet's sync loop: PLEG events, sync tick, housekeeping, per-pod workers.
+//!
+//! Data flows one way: sources say where and when to look, the scheduler turns their triggers
+//! into relists, the relist reads the runtime and diffs, the cache and the bus take the
+//! result, and consumers read those.
+//!
+//! ```text
+//! sources (eBPF, containerd events, CRI events) --Trigger--> generator + scheduler
+//!     --> relist (runtime read, diff) --> cache + sink --> bus --> stdout, sync loop, API
+//! ```
+//!
+//! Modules by layer, lowest first; a module imports only its own layer and those below
+//! (`tests/layers.rs` checks it):
+//! 0. `pleg::{record, event, clock}`: the types: runtime records, events, triggers, scopes,
+//!    time.
+//! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
+//!    history for resuming), and the pure core units `pleg::{diff, cache, health, scheduler,
+//!    sink}`.
+//! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends.
+//! 3. `pleg::{relist, generator}`: the relist (list, diff, inspect, publish) and the loop that
+//!    runs it for the scheduler.
+//! 4. `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.
+//! 5. The consumers: `output` (events on stdout), `sync_loop` (kubelet's sync loop), and
+//!    `state` (the run saved at a clean shutdown and continued at the next start).
+//! 6. `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
+//! 7. `api`: the plegd.v1 gRPC API, grpc.health.v1, `/metrics`, and the CLI's client side.
+//! 8. `daemon` (everything wired for `plegd run`) and `check` (`plegd check`).
+//! 9. `cli`: the `plegd` command line.
 
 pub mod api;
+pub mod bus;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod metrics;
 pub mod output;
 pub mod pleg;
 pub mod runtime;

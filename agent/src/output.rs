@@ -1,26 +1,36 @@
 //! Events on stdout: one human-readable line, or one JSON object, per event.
 //!
-//! Each event is completed from the pod cache (written before the event was sent), so a
-//! `ContainerDied` line carries the exit code and reason the runtime reported.
+//! stdout is one of the event bus's subscribers: it never delays the relist or the API's
+//! watchers. Events carry the runtime's exit code and reason as cached when they were
+//! published, so a `ContainerDied` line says how the container ended.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use clap::ValueEnum;
+use plegd_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncWrite, AsyncWriteExt as _};
+use tracing::warn;
 
-use crate::{
-    config::OutputFormat,
-    pleg::{
-        cache::PodCache,
-        event::{ObservationKind, PodLifecycleEvent, TriggerSource},
-    },
-};
+use crate::bus::{ApiBus, Ended, Subscription};
+
+/// How events are written to stdout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// One event as printed.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct EventLine {
     pub sequence: u64,
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: &'static str,
     pub pod_uid: String,
     pub pod_namespace: String,
     pub pod_name: String,
@@ -40,39 +50,24 @@ pub struct EventLine {
 }
 
 impl EventLine {
-    pub fn new(event: &PodLifecycleEvent, cache: &PodCache) -> Self {
-        let cached = cache.get(&event.pod);
-        let container = event.container_id.as_ref().and_then(|id| {
-            cached
-                .record
-                .as_ref()
-                .and_then(|pod| pod.containers.get(id))
-        });
-        let latency = event
-            .emitted_at
-            .duration_since(event.observed_at)
-            .unwrap_or_default();
+    pub fn new(event: &pb::Event) -> Self {
+        let observed = from_timestamp(event.observed_at.as_ref());
+        let emitted = from_timestamp(event.emitted_at.as_ref());
         Self {
             sequence: event.sequence,
-            event_type: format!("{:?}", event.event_type),
-            pod_uid: event.pod.0.clone(),
+            event_type: event_type_name(event.r#type()),
+            pod_uid: event.pod_uid.clone(),
             pod_namespace: event.pod_namespace.clone(),
             pod_name: event.pod_name.clone(),
-            container_id: event.container_id.as_ref().map(|c| c.0.clone()),
+            container_id: Some(event.container_id.clone()).filter(|id| !id.is_empty()),
             container_name: event.container_name.clone(),
-            observed_at: rfc3339(event.observed_at),
-            emitted_at: rfc3339(event.emitted_at),
-            latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
-            sources: event.sources.iter().map(|s| source_name(*s)).collect(),
-            exit_code: container.and_then(|c| c.exit_code),
-            reason: container
-                .map(|c| c.reason.clone())
-                .filter(|r| !r.is_empty()),
-            observations: event
-                .observations
-                .iter()
-                .map(|o| format!("{}:{}", source_name(o.source), observation(&o.kind)))
-                .collect(),
+            observed_at: rfc3339(observed),
+            emitted_at: rfc3339(emitted),
+            latency_ms: latency_ms(observed, emitted),
+            sources: event.sources().map(source_name).collect(),
+            exit_code: event.exit_code,
+            reason: Some(event.reason.clone()).filter(|r| !r.is_empty()),
+            observations: event.observations.iter().map(observation).collect(),
         }
     }
 
@@ -115,43 +110,130 @@ impl EventLine {
     }
 }
 
-fn short(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
+/// Writes the events of `events`, a subscription to `bus`, to `out`, one flushed line each,
+/// until the bus closes; returns the first write error. A writer that falls a whole queue
+/// behind (a pipe nobody reads fast enough) catches up from the bus's history; what the
+/// history no longer holds is skipped with a warning. Nothing here can delay the publisher.
+pub async fn write_events<W: AsyncWrite + Unpin>(
+    bus: ApiBus,
+    mut events: Subscription<pb::Event>,
+    mut out: W,
+    format: OutputFormat,
+) -> std::io::Result<()> {
+    let queue = events.queue();
+    let live = |bus: &ApiBus| {
+        bus.consume(0, queue)
+            .expect("a live-only subscription always starts")
+    };
+    let mut next = events.start();
+    loop {
+        match events.next().await {
+            Ok(event) => {
+                next = event.sequence + 1;
+                let mut line = EventLine::new(&event).render(format);
+                line.push('\n');
+                out.write_all(line.as_bytes()).await?;
+                // One line at a time: a consumer piping stdout sees each event as it happens.
+                out.flush().await?;
+            }
+            Err(Ended::Lagged { .. }) => {
+                events = match bus.consume(next, queue) {
+                    Ok(resumed) => resumed,
+                    Err(error) => {
+                        let resumed = live(&bus);
+                        warn!(
+                            skipped = resumed.start().saturating_sub(next),
+                            "stdout fell behind past the event history ({error}); skipping to live events"
+                        );
+                        resumed
+                    }
+                };
+            }
+            Err(Ended::Closed) => return Ok(()),
+        }
+    }
 }
 
-fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+/// The name of an event type, as printed.
+pub(crate) fn event_type_name(t: pb::EventType) -> &'static str {
+    match t {
+        pb::EventType::ContainerStarted => "ContainerStarted",
+        pb::EventType::ContainerDied => "ContainerDied",
+        pb::EventType::ContainerRemoved => "ContainerRemoved",
+        pb::EventType::ContainerChanged => "ContainerChanged",
+        pb::EventType::PodSync => "PodSync",
+        pb::EventType::Unspecified => "Unspecified",
+    }
 }
 
 /// The lowercase name of a source, as in the API and metrics.
-pub fn source_name(source: TriggerSource) -> &'static str {
-    match source {
-        TriggerSource::Ebpf => "ebpf",
-        TriggerSource::Containerd => "containerd",
-        TriggerSource::CriEvents => "cri-events",
-        TriggerSource::Relist => "relist",
+pub(crate) fn source_name(s: pb::TriggerSource) -> &'static str {
+    match s {
+        pb::TriggerSource::Ebpf => "ebpf",
+        pb::TriggerSource::Containerd => "containerd",
+        pb::TriggerSource::CriEvents => "cri-events",
+        pb::TriggerSource::Relist => "relist",
+        pb::TriggerSource::Unspecified => "unspecified",
     }
 }
 
-fn observation(kind: &ObservationKind) -> String {
-    match kind {
-        ObservationKind::ExitCode(code) => format!("exit_code={code}"),
-        ObservationKind::Signal(signal) => format!("signal={signal}"),
-        ObservationKind::OomKilled => "oom_killed".to_owned(),
-        ObservationKind::Exec(path) => format!("exec={path}"),
-        ObservationKind::Exited => "exited".to_owned(),
-        ObservationKind::CgroupRemoved => "cgroup_removed".to_owned(),
+/// An observation as `source:fact`.
+pub(crate) fn observation(o: &pb::Observation) -> String {
+    use pb::observation::Kind;
+    let source = source_name(o.source());
+    match &o.kind {
+        Some(Kind::ExitCode(code)) => format!("{source}:exit_code={code}"),
+        Some(Kind::Signal(signal)) => format!("{source}:signal={signal}"),
+        Some(Kind::OomKilled(_)) => format!("{source}:oom_killed"),
+        Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
+        Some(Kind::Exited(_)) => format!("{source}:exited"),
+        Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
+        None => format!("{source}:?"),
     }
+}
+
+/// The first 12 characters of a container id.
+pub(crate) fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// A protobuf timestamp as a wall-clock time.
+pub fn from_timestamp(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
+    SystemTime::try_from(*t?).ok()
+}
+
+/// RFC 3339 with milliseconds, `-` when unknown.
+pub(crate) fn rfc3339(t: Option<SystemTime>) -> String {
+    t.map_or_else(
+        || "-".to_owned(),
+        |t| humantime::format_rfc3339_millis(t).to_string(),
+    )
+}
+
+/// `emitted - observed` in whole milliseconds.
+pub(crate) fn latency_ms(observed: Option<SystemTime>, emitted: Option<SystemTime>) -> u64 {
+    let latency = match (observed, emitted) {
+        (Some(o), Some(e)) => e.duration_since(o).unwrap_or_default(),
+        _ => Duration::ZERO,
+    };
+    u64::try_from(latency.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{sync::Arc, time::Duration};
 
     use super::*;
-    use crate::pleg::{
-        event::{Observation, PodLifecycleEventType},
-        record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    use crate::{
+        api::convert,
+        pleg::{
+            cache::PodCache,
+            event::{
+                Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
+                TriggerSource,
+            },
+            record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+        },
     };
 
     fn died_event() -> PodLifecycleEvent {
@@ -199,9 +281,13 @@ mod tests {
         cache
     }
 
+    fn published(cache: &PodCache) -> pb::Event {
+        convert::event(&died_event(), cache, 1)
+    }
+
     #[test]
     fn text_line_reads_well_and_carries_the_runtime_exit() {
-        let line = EventLine::new(&died_event(), &cache_with_exit()).render(OutputFormat::Text);
+        let line = EventLine::new(&published(&cache_with_exit())).render(OutputFormat::Text);
         assert_eq!(
             line,
             "2027-01-15T08:00:00.042Z #7     ContainerDied     default/web app 0123456789ab via ebpf+containerd (42ms) exit=137 reason=Error ebpf:signal=9"
@@ -210,7 +296,7 @@ mod tests {
 
     #[test]
     fn json_line_has_every_field() {
-        let line = EventLine::new(&died_event(), &cache_with_exit()).render(OutputFormat::Json);
+        let line = EventLine::new(&published(&cache_with_exit())).render(OutputFormat::Json);
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["type"], "ContainerDied");
         assert_eq!(value["sequence"], 7);
@@ -218,12 +304,85 @@ mod tests {
         assert_eq!(value["latency_ms"], 42);
         assert_eq!(value["sources"], serde_json::json!(["ebpf", "containerd"]));
         assert_eq!(value["observed_at"], "2027-01-15T08:00:00.000Z");
+        assert_eq!(value["container_id"], "0123456789abcdef");
     }
 
     #[test]
     fn an_event_of_an_uncached_pod_still_prints() {
-        let line = EventLine::new(&died_event(), &PodCache::new());
+        let line = EventLine::new(&published(&PodCache::new()));
         assert_eq!(line.exit_code, None);
         assert!(line.render(OutputFormat::Text).contains("ContainerDied"));
+    }
+
+    fn event(sequence: u64) -> Arc<pb::Event> {
+        Arc::new(pb::Event {
+            sequence,
+            ..pb::Event::default()
+        })
+    }
+
+    fn sequences(written: &[u8]) -> Vec<u64> {
+        String::from_utf8_lossy(written)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["sequence"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// A writer whose reader is slow catches up from the history: every event is written once,
+    /// in order, and the publisher never waited.
+    #[tokio::test]
+    async fn a_writer_that_falls_behind_catches_up_from_the_history() {
+        let bus = ApiBus::new(1, 1000, 8);
+        // A pipe of 64 bytes: the writer blocks on it after the first line.
+        let (pipe, mut reader) = tokio::io::duplex(64);
+        let events = bus.consume(0, 2).unwrap();
+        let writer = tokio::spawn(write_events(bus.clone(), events, pipe, OutputFormat::Json));
+        tokio::task::yield_now().await;
+        for s in 1..=50 {
+            bus.publish(event(s));
+        }
+        bus.close();
+        let mut written = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut written)
+            .await
+            .unwrap();
+        writer.await.unwrap().unwrap();
+        assert_eq!(sequences(&written), (1..=50).collect::<Vec<_>>());
+    }
+
+    /// Past the history, the writer skips to live events rather than stopping.
+    #[tokio::test]
+    async fn a_writer_behind_the_history_skips_to_live_events() {
+        use tokio::io::AsyncBufReadExt as _;
+
+        let bus = ApiBus::new(1, 5, 8);
+        let (pipe, reader) = tokio::io::duplex(1 << 16);
+        let mut lines = tokio::io::BufReader::new(reader).lines();
+        let events = bus.consume(0, 2).unwrap();
+        let writer = tokio::spawn(write_events(bus.clone(), events, pipe, OutputFormat::Json));
+        tokio::task::yield_now().await;
+        // All while the writer waits for its first event: it gets that one, then lags, and the
+        // history keeps only 46..=50.
+        for s in 1..=50 {
+            bus.publish(event(s));
+        }
+        // Once line 1 is out, the writer has found the history too short and follows live
+        // events (this runtime has one thread: it did so before this task ran again).
+        let first = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(sequences(first.as_bytes()), [1]);
+        for s in 51..=52 {
+            bus.publish(event(s));
+        }
+        bus.close();
+        let mut rest = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            rest.extend(sequences(line.as_bytes()));
+        }
+        writer.await.unwrap().unwrap();
+        assert_eq!(rest, [51, 52]);
     }
 }

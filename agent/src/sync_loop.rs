@@ -2,26 +2,22 @@
 //! tick, housekeeping and health, and dispatches pods to per-pod workers that read the cache
 //! with `get_newer_than` and call a [`SyncHandler`].
 
-use std::{
-    collections::HashMap,
-    future::Future,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
-use tokio::{
-    sync::{mpsc, watch},
-    time::Instant,
-};
+use plegd_proto::v1 as pb;
+use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::pleg::{
-    cache::{CachedPod, PodCache},
-    clock::Clock,
-    event::PodLifecycleEvent,
-    health::Health,
-    record::PodUid,
+use crate::{
+    bus::{ApiBus, Ended, Subscription},
+    metrics::Metrics,
+    pleg::{
+        cache::{CachedPod, PodCache},
+        clock::Clock,
+        health::Health,
+        record::PodUid,
+    },
 };
 
 /// kubelet's `syncPeriod`: how often the loop looks for pods due for a resync.
@@ -51,32 +47,15 @@ pub trait SyncHandler: Send + Sync + 'static {
     ) -> impl Future<Output = ()> + Send;
 }
 
-/// The default handler: logs each sync and keeps the last status it saw per pod.
+/// The daemon's handler: logs each sync (plegd has no pods to act on; library users bring
+/// their own handler). Keeps no state, so it costs nothing per pod ever seen.
 #[derive(Debug, Default)]
-pub struct RecordingSyncHandler {
-    synced: Mutex<HashMap<PodUid, (CachedPod, u64)>>,
-}
+pub struct LoggingSyncHandler;
 
-impl RecordingSyncHandler {
-    /// The last status synced for `pod` and how many syncs it had.
-    pub fn last(&self, pod: &PodUid) -> Option<(CachedPod, u64)> {
-        self.lock().get(pod).cloned()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, (CachedPod, u64)>> {
-        self.synced.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl SyncHandler for RecordingSyncHandler {
+impl SyncHandler for LoggingSyncHandler {
     async fn sync_pod(&self, pod: &PodUid, status: &CachedPod, reason: SyncReason) {
         let containers = status.record.as_ref().map_or(0, |r| r.containers.len());
         debug!(%pod, ?reason, containers, "pod synced");
-        let mut synced = self.lock();
-        let entry = synced
-            .entry(pod.clone())
-            .or_insert_with(|| (CachedPod::default(), 0));
-        *entry = (status.clone(), entry.1 + 1);
     }
 }
 
@@ -105,23 +84,30 @@ struct Worker {
     last_dispatch: Instant,
 }
 
-/// Runs the sync loop until `shutdown`, forwarding every event it handles to `forward` (the
-/// daemon's output) after dispatching its pod; after `shutdown`, forwards what `events` still
-/// brings until its sender (the generator) is gone.
+/// Runs the sync loop on `events`, a subscription to `bus`, until `shutdown` or until the bus
+/// closes. When it falls a whole queue behind it skips what it missed, counts it as
+/// discarded, and resyncs every cached pod (the cache, not the events, carries the state a
+/// sync acts on), so a slow handler never delays the relist or other consumers.
 #[expect(
     clippy::too_many_arguments,
     reason = "the loop's inputs, each distinct"
 )]
 pub async fn run<H: SyncHandler>(
-    mut events: mpsc::Receiver<PodLifecycleEvent>,
-    forward: mpsc::Sender<PodLifecycleEvent>,
+    bus: ApiBus,
+    mut events: Subscription<pb::Event>,
     cache: Arc<PodCache>,
     health: Arc<Health>,
     clock: Arc<dyn Clock>,
     handler: Arc<H>,
+    metrics: Metrics,
     config: SyncConfig,
     shutdown: CancellationToken,
 ) {
+    let queue = events.queue();
+    let subscribe = || {
+        bus.consume(0, queue)
+            .expect("a live-only subscription always starts")
+    };
     let mut workers: HashMap<PodUid, Worker> = HashMap::new();
     // First ticks one period in: the first relist has a chance to succeed before health is
     // looked at.
@@ -132,27 +118,29 @@ pub async fn run<H: SyncHandler>(
         config.housekeeping_period,
     );
     let mut healthy = true;
+    let mut handled = events.start().saturating_sub(1);
     loop {
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => {
-                // Events already generated still reach the output: the state saved at shutdown
-                // counts them as published. The generator closes the channel as it stops.
-                while let Some(event) = events.recv().await {
-                    if forward.send(event).await.is_err() {
-                        break;
+            () = shutdown.cancelled() => break,
+            event = events.next() => match event {
+                Ok(event) => {
+                    handled = event.sequence;
+                    let uid = PodUid(event.pod_uid.clone());
+                    dispatch(&mut workers, &uid, SyncReason::Event, &cache, &clock, &handler, &shutdown);
+                }
+                Err(Ended::Lagged { .. }) => {
+                    events = subscribe();
+                    let skipped = events.start().saturating_sub(handled + 1);
+                    warn!(skipped, "the sync loop fell behind; resyncing every cached pod");
+                    metrics.discarded_events(skipped);
+                    handled = events.start().saturating_sub(1);
+                    for (uid, _) in cache.pods() {
+                        dispatch(&mut workers, &uid, SyncReason::Event, &cache, &clock, &handler, &shutdown);
                     }
                 }
-                break;
-            }
-            event = events.recv() => {
-                let Some(event) = event else { break };
-                dispatch(&mut workers, &event.pod, SyncReason::Event, &cache, &clock, &handler, &shutdown);
-                if forward.send(event).await.is_err() {
-                    debug!("event output closed");
-                    break;
-                }
-            }
+                Err(Ended::Closed) => break,
+            },
             _ = sync_tick.tick() => {
                 // kubelet skips pod syncs while the PLEG is unhealthy: their statuses would be
                 // stale.
@@ -266,29 +254,45 @@ async fn pod_worker<H: SyncHandler>(
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
+    use std::sync::Mutex;
 
     use super::*;
-    use crate::pleg::{
-        clock::SystemClock,
-        event::{PodLifecycleEventType, TriggerSource},
-        record::PodRecord,
-    };
+    use crate::pleg::{clock::SystemClock, record::PodRecord};
 
-    fn event(pod: &str) -> PodLifecycleEvent {
-        PodLifecycleEvent {
-            sequence: 1,
-            pod: PodUid(pod.into()),
-            pod_namespace: "ns".into(),
-            pod_name: pod.into(),
-            container_id: None,
-            container_name: String::new(),
-            event_type: PodLifecycleEventType::ContainerStarted,
-            observed_at: SystemTime::now(),
-            emitted_at: SystemTime::now(),
-            sources: vec![TriggerSource::Relist],
-            observations: Vec::new(),
+    /// Keeps the last status synced per pod and how many syncs it had.
+    #[derive(Debug, Default)]
+    struct RecordingSyncHandler {
+        synced: Mutex<HashMap<PodUid, (CachedPod, u64)>>,
+    }
+
+    impl RecordingSyncHandler {
+        /// The last status synced for `pod` and how many syncs it had.
+        fn last(&self, pod: &PodUid) -> Option<(CachedPod, u64)> {
+            self.lock().get(pod).cloned()
         }
+
+        fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, (CachedPod, u64)>> {
+            self.synced.lock().unwrap_or_else(|p| p.into_inner())
+        }
+    }
+
+    impl SyncHandler for RecordingSyncHandler {
+        async fn sync_pod(&self, pod: &PodUid, status: &CachedPod, _reason: SyncReason) {
+            let mut synced = self.lock();
+            let entry = synced
+                .entry(pod.clone())
+                .or_insert_with(|| (CachedPod::default(), 0));
+            *entry = (status.clone(), entry.1 + 1);
+        }
+    }
+
+    /// Publishes an event about `pod` with the next sequence.
+    fn publish(bus: &ApiBus, pod: &str) {
+        bus.publish(Arc::new(pb::Event {
+            sequence: bus.last_sequence() + 1,
+            pod_uid: pod.into(),
+            ..pb::Event::default()
+        }));
     }
 
     fn record(pod: &str) -> PodRecord {
@@ -305,8 +309,8 @@ mod tests {
         clock: Arc<dyn Clock>,
         cache: Arc<PodCache>,
         handler: Arc<RecordingSyncHandler>,
-        events: mpsc::Sender<PodLifecycleEvent>,
-        out: mpsc::Receiver<PodLifecycleEvent>,
+        bus: ApiBus,
+        metrics: Metrics,
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<()>,
     }
@@ -316,16 +320,18 @@ mod tests {
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let cache = Arc::new(PodCache::new());
             let handler = Arc::new(RecordingSyncHandler::default());
-            let (events, events_rx) = mpsc::channel(10);
-            let (out_tx, out) = mpsc::channel(10);
+            let bus = ApiBus::new(1, 100, 100);
+            let metrics = Metrics::new();
             let shutdown = CancellationToken::new();
+            let events = bus.consume(0, 4).unwrap();
             let task = tokio::spawn(run(
-                events_rx,
-                out_tx,
+                bus.clone(),
+                events,
                 Arc::clone(&cache),
                 health,
                 Arc::clone(&clock),
                 Arc::clone(&handler),
+                metrics.clone(),
                 config,
                 shutdown.clone(),
             ));
@@ -333,8 +339,8 @@ mod tests {
                 clock,
                 cache,
                 handler,
-                events,
-                out,
+                bus,
+                metrics,
                 shutdown,
                 task,
             }
@@ -348,38 +354,41 @@ mod tests {
             Self::start(health, SyncConfig::default())
         }
 
-        /// Stops it as the daemon does: shutdown, then the generator's end of the channel.
         async fn stop(self) {
             self.shutdown.cancel();
-            drop(self.events);
             self.task.await.unwrap();
+        }
+
+        /// Waits (in paused time) until `pod` has been synced `count` times.
+        async fn synced(&self, pod: &PodUid, count: u64) -> CachedPod {
+            loop {
+                if let Some((status, n)) = self.handler.last(pod)
+                    && n >= count
+                {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn events_are_forwarded_and_their_pods_synced_with_cached_status() {
-        let mut l = Looping::healthy();
+    async fn events_have_their_pods_synced_with_cached_status() {
+        let l = Looping::healthy();
         let (cache, clock, handler) = (
             Arc::clone(&l.cache),
             Arc::clone(&l.clock),
             Arc::clone(&l.handler),
         );
         cache.set(PodUid("p".into()), Some(record("p")), clock.now());
-        l.events.send(event("p")).await.unwrap();
-        assert_eq!(l.out.recv().await.unwrap().pod, PodUid("p".into()));
+        publish(&l.bus, "p");
         let uid = PodUid("p".into());
-        let synced = loop {
-            if let Some(s) = handler.last(&uid) {
-                break s;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        assert_eq!(synced.0.record, Some(record("p")));
-        assert_eq!(synced.1, 1);
+        let synced = l.synced(&uid, 1).await;
+        assert_eq!(synced.record, Some(record("p")));
+        assert_eq!(handler.last(&uid).unwrap().1, 1);
 
         // A second event with no newer cache data waits for the cache (get_newer_than).
-        l.events.send(event("p")).await.unwrap();
-        l.out.recv().await.unwrap();
+        publish(&l.bus, "p");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
             handler.last(&uid).unwrap().1,
@@ -388,14 +397,35 @@ mod tests {
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.set(uid.clone(), Some(record("p")), clock.now());
-        let count = loop {
-            let count = handler.last(&uid).unwrap().1;
-            if count == 2 {
-                break count;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        assert_eq!(count, 2);
+        l.synced(&uid, 2).await;
+        assert_eq!(handler.last(&uid).unwrap().1, 2);
+        l.stop().await;
+    }
+
+    /// A sync loop that falls behind the bus does not slow the publisher: it skips, counts the
+    /// skipped events as discarded, and resyncs every cached pod.
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_that_falls_behind_resyncs_every_cached_pod() {
+        let l = Looping::healthy();
+        for pod in ["a", "b"] {
+            l.cache
+                .set(PodUid(pod.into()), Some(record(pod)), l.clock.now());
+        }
+        // Far more than its queue of 4, published before it can run.
+        for _ in 0..20 {
+            publish(&l.bus, "a");
+        }
+        // b had no event, yet is synced: the resync after the lag.
+        l.synced(&PodUid("b".into()), 1).await;
+        l.synced(&PodUid("a".into()), 1).await;
+        // Lagged before it read any: all 20 skipped.
+        assert!(
+            l.metrics
+                .encode()
+                .contains("kubelet_pleg_discard_events 20"),
+            "{}",
+            l.metrics.encode()
+        );
         l.stop().await;
     }
 
@@ -422,12 +452,12 @@ mod tests {
             resync_interval: Duration::from_secs(2),
             ..SyncConfig::default()
         };
-        let mut l = Looping::start(Arc::clone(&health), config);
+        let l = Looping::start(Arc::clone(&health), config);
         let (cache, handler) = (Arc::clone(&l.cache), Arc::clone(&l.handler));
         let uid = PodUid("p".into());
         cache.set(uid.clone(), Some(record("p")), clock.now());
-        l.events.send(event("p")).await.unwrap();
-        l.out.recv().await.unwrap();
+        publish(&l.bus, "p");
+        l.synced(&uid, 1).await;
         tokio::time::sleep(Duration::from_secs(10)).await;
         // Only the event's sync: resyncs were skipped while unhealthy.
         assert_eq!(handler.last(&uid).unwrap().1, 1);

@@ -54,18 +54,18 @@ impl std::fmt::Display for Stats {
     }
 }
 
-/// A relister whose events are drained as they come, so the channel never fills.
+/// A relister whose events are drained as they come.
 fn relister<R: Runtime>(runtime: R) -> Relister<R> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
-    let (tx, mut rx) = mpsc::channel::<PodLifecycleEvent>(100_000);
+    let (tx, mut rx) = mpsc::unbounded_channel::<PodLifecycleEvent>();
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     Relister::new(
         runtime,
         clock,
         Arc::new(PodCache::new()),
         health,
-        tx,
+        Arc::new(tx),
         RelistConfig::default(),
     )
 }

@@ -1,5 +1,6 @@
 //! A private containerd for tests, the demo and benchmarks: its own config, root, state, runc
-//! root and sockets in one directory, never the node's containerd.
+//! root and sockets in one directory, never the node's containerd. Which release runs (1.6, 1.7,
+//! 2.x) is chosen per run, see [`crate::release`]; the config is written for its version.
 //!
 //! Lifecycle: [`PrivateContainerd::start`] writes the config, starts the daemon in its own
 //! session (so a terminal's Ctrl-C reaches the harness, which cleans up, not the daemon), waits
@@ -20,7 +21,9 @@ use k8s_cri::v1::{StatusRequest, VersionRequest, runtime_service_client::Runtime
 
 use crate::{
     image::{self, ImageTarballs},
-    process, unix_channel,
+    process,
+    release::{self, Release, Version},
+    unix_channel,
 };
 
 /// The namespace containerd's CRI plugin uses.
@@ -42,6 +45,22 @@ pub enum HarnessError {
         "`{binary}` not found in PATH: run `cargo xtask setup` (it installs containerd, runc and busybox-static)"
     )]
     MissingBinary { binary: &'static str },
+    #[error(
+        "{} = {asked:?}: expected 1.6 (the system's containerd), another MAJOR.MINOR unpacked by `cargo xtask setup` (1.7, 2.1) or an absolute directory",
+        release::ENV
+    )]
+    UnknownRelease { asked: String },
+    #[error(
+        "containerd {release} is not unpacked ({} is missing): run `cargo xtask setup`",
+        missing.display()
+    )]
+    ReleaseNotUnpacked { release: String, missing: PathBuf },
+    #[error("{} = {asked} but {} is containerd {found}", release::ENV, binary.display())]
+    ReleaseMismatch {
+        asked: String,
+        found: Version,
+        binary: PathBuf,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -84,6 +103,8 @@ pub struct ContainerdOptions {
     pub name: String,
     /// Directory where the image tarballs are built (shared across instances).
     pub image_dir: PathBuf,
+    /// Which containerd to run; `None`: the one [`release::ENV`] names when it starts.
+    pub release: Option<Release>,
 }
 
 impl ContainerdOptions {
@@ -101,6 +122,7 @@ impl ContainerdOptions {
             image_dir: base_dir.join("images"),
             base_dir,
             name: name.to_owned(),
+            release: None,
         }
     }
 }
@@ -161,6 +183,8 @@ impl InstancePaths {
 pub struct PrivateContainerd {
     paths: InstancePaths,
     images: ImageTarballs,
+    release: Release,
+    version: Version,
     detached: bool,
 }
 
@@ -168,7 +192,11 @@ impl PrivateContainerd {
     /// Starts a private containerd and imports the local images into the namespaces the
     /// harness uses. Stale instances of killed runs are cleaned up first.
     pub async fn start(options: &ContainerdOptions) -> Result<Self, HarnessError> {
-        preflight()?;
+        let release = match &options.release {
+            Some(release) => release.clone(),
+            None => Release::from_env()?,
+        };
+        let (version, runc) = preflight(&release)?;
         recover_stale(&options.base_dir);
         let paths = InstancePaths::new(options.base_dir.join(&options.name));
         if let Some(pid) = paths.daemon_pid().filter(|&pid| process::is_alive(pid)) {
@@ -184,12 +212,14 @@ impl PrivateContainerd {
         let images = image::build_images(&options.image_dir)?;
         create_dir(&paths.dir)?;
         write_file(&paths.owner_file(), &std::process::id().to_string())?;
-        write_file(&paths.config(), &config_toml(&paths))?;
+        write_file(&paths.config(), &config_toml(&paths, version, &runc))?;
         install_signal_cleanup();
         register_live(&paths.dir);
         let instance = Self {
             paths,
             images,
+            release,
+            version,
             detached: false,
         };
         instance.spawn_daemon().await?;
@@ -208,6 +238,16 @@ impl PrivateContainerd {
 
     pub fn paths(&self) -> &InstancePaths {
         &self.paths
+    }
+
+    /// Which containerd runs.
+    pub fn release(&self) -> &Release {
+        &self.release
+    }
+
+    /// The running containerd's version (what `containerd --version` said).
+    pub fn version(&self) -> Version {
+        self.version
     }
 
     /// The images built for this instance (the layer's diff id is the snapshot parent).
@@ -242,8 +282,9 @@ impl PrivateContainerd {
     async fn spawn_daemon(&self) -> Result<(), HarnessError> {
         let log = fs::File::create(self.paths.log()).map_err(io_err(&self.paths.log()))?;
         let log_err = log.try_clone().map_err(io_err(&self.paths.log()))?;
-        let mut command = Command::new("containerd");
+        let mut command = Command::new(self.release.program("containerd"));
         command
+            .env("PATH", self.release.daemon_path())
             .arg("--config")
             .arg(self.paths.config())
             .stdin(Stdio::null())
@@ -292,7 +333,7 @@ impl PrivateContainerd {
 
     fn import_image(&self, namespace: &str, tarball: &Path) -> Result<(), HarnessError> {
         run_command(
-            Command::new("ctr")
+            Command::new(self.release.program("ctr"))
                 .arg("--address")
                 .arg(self.paths.socket())
                 .args(["--namespace", namespace, "images", "import"])
@@ -356,12 +397,12 @@ async fn cri_ready(socket: &Path) -> Result<(), String> {
     }
 }
 
-/// The daemon's configuration: every path inside the instance directory.
-fn config_toml(paths: &InstancePaths) -> String {
+/// The daemon's configuration for `version` (2.x wants `version = 3`, whose CRI plugins are
+/// split and renamed): every path inside the instance directory, runc the given binary.
+fn config_toml(paths: &InstancePaths, version: Version, runc: &Path) -> String {
     let dir = paths.dir.display();
-    format!(
-        r#"version = 2
-root = "{dir}/root"
+    let common = format!(
+        r#"root = "{dir}/root"
 state = "{dir}/state"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.aufs",
@@ -370,6 +411,8 @@ disabled_plugins = [
   "io.containerd.snapshotter.v1.zfs",
   "io.containerd.tracing.processor.v1.otlp",
   "io.containerd.internal.v1.tracing",
+  # On by default in 2.x, with one node-wide socket (/var/run/nri/nri.sock) for every instance.
+  "io.containerd.nri.v1.nri",
 ]
 
 [grpc]
@@ -384,8 +427,23 @@ disabled_plugins = [
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{dir}/opt"
+"#
+    );
+    let cri = if version.wants_config_v3() {
+        cri_config_v3(paths, runc)
+    } else {
+        cri_config_v2(paths, runc)
+    };
+    let config_version = if version.wants_config_v3() { 3 } else { 2 };
+    format!("version = {config_version}\n{common}\n{cri}")
+}
 
-[plugins."io.containerd.grpc.v1.cri"]
+/// The CRI plugin of 1.6 and 1.7 (`version = 2`): one `io.containerd.grpc.v1.cri` plugin.
+fn cri_config_v2(paths: &InstancePaths, runc: &Path) -> String {
+    let dir = paths.dir.display();
+    let runc = runc.display();
+    format!(
+        r#"[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   # Required here: without CAP_SYS_RESOURCE runc cannot lower oom_score_adj.
   restrict_oom_score_adj = true
@@ -401,6 +459,7 @@ disabled_plugins = [
   runtime_type = "io.containerd.runc.v2"
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  BinaryName = "{runc}"
   Root = "{dir}/runc"
 
 [plugins."io.containerd.grpc.v1.cri".cni]
@@ -411,16 +470,60 @@ disabled_plugins = [
     )
 }
 
-fn preflight() -> Result<(), HarnessError> {
+/// The CRI plugins of 2.x (`version = 3`): images (sandbox image pinned there), runtime, and
+/// the gRPC service with only the streaming server left.
+fn cri_config_v3(paths: &InstancePaths, runc: &Path) -> String {
+    let dir = paths.dir.display();
+    let runc = runc.display();
+    format!(
+        r#"[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Required here: without CAP_SYS_RESOURCE runc cannot lower oom_score_adj.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  BinaryName = "{runc}"
+  Root = "{dir}/runc"
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["{dir}/cni/bin"]
+  conf_dir = "{dir}/cni/conf"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+        pause = image::PAUSE_IMAGE,
+    )
+}
+
+/// Checks the harness can run `release` and finds its version and the runc to use (the
+/// system's, from `PATH`).
+fn preflight(release: &Release) -> Result<(Version, PathBuf), HarnessError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(HarnessError::NotRoot);
     }
-    for binary in ["containerd", "ctr", "runc", "containerd-shim-runc-v2"] {
-        if !process::in_path(binary) {
-            return Err(HarnessError::MissingBinary { binary });
+    if release.bin_dir.is_none() {
+        for binary in ["containerd", "ctr", "containerd-shim-runc-v2"] {
+            if !process::in_path(binary) {
+                return Err(HarnessError::MissingBinary { binary });
+            }
         }
     }
-    Ok(())
+    let runc = process::which("runc").ok_or(HarnessError::MissingBinary { binary: "runc" })?;
+    Ok((release.detect_version()?, runc))
 }
 
 /// Cleans up instances whose owner died without cleaning up (a killed test run), and detached
@@ -505,18 +608,22 @@ pub fn cleanup(dir: &Path) {
     ]));
     process::kill_all(&pids, Duration::from_secs(10));
 
-    // Shim sockets live outside the instance directory (/run/containerd/s in containerd 1.6);
-    // each bundle records its shim's address.
-    for address_file in find_files(
-        &paths.state().join("io.containerd.runtime.v2.task"),
-        "address",
-        3,
-    ) {
-        if let Ok(address) = fs::read_to_string(&address_file) {
-            let socket = address.trim().trim_start_matches("unix://");
-            if !socket.is_empty() {
-                let _ = fs::remove_file(socket);
-            }
+    // Shim sockets live outside the instance directory (/run/containerd/s, not configurable);
+    // each bundle records its shim's address: in `address` (1.6, 1.7) or `bootstrap.json` (2.x).
+    let bundles = paths.state().join("io.containerd.runtime.v2.task");
+    let addresses = find_files(&bundles, "address", 3)
+        .into_iter()
+        .filter_map(|file| fs::read_to_string(file).ok())
+        .chain(
+            find_files(&bundles, "bootstrap.json", 3)
+                .into_iter()
+                .filter_map(|file| fs::read_to_string(file).ok())
+                .filter_map(|json| bootstrap_address(&json)),
+        );
+    for address in addresses {
+        let socket = address.trim().trim_start_matches("unix://");
+        if !socket.is_empty() {
+            let _ = fs::remove_file(socket);
         }
     }
 
@@ -548,6 +655,13 @@ pub fn cleanup(dir: &Path) {
     {
         eprintln!("harness: removing {}: {e}", dir.display());
     }
+}
+
+/// The shim address in a containerd 2.x bundle's `bootstrap.json`
+/// (`{"version":2,"address":"unix:///run/containerd/s/...","protocol":"ttrpc"}`).
+fn bootstrap_address(json: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    value["address"].as_str().map(str::to_owned)
 }
 
 /// Files named `name` at most `depth` levels below `root`.
@@ -679,8 +793,14 @@ mod tests {
     #[test]
     fn config_keeps_every_path_inside_the_instance() {
         let paths = InstancePaths::new(PathBuf::from("/tmp/plegd-harness/x"));
-        let config = config_toml(&paths);
-        let parsed: toml::Value = toml::from_str(&config).expect("valid TOML");
+        for version in [Version::new(1, 6, 20), Version::new(2, 1, 9)] {
+            let config = config_toml(&paths, version, Path::new("/usr/sbin/runc"));
+            let parsed: toml::Value = toml::from_str(&config).expect("valid TOML");
+            paths_inside_the_instance(&parsed);
+        }
+    }
+
+    fn paths_inside_the_instance(parsed: &toml::Value) {
         for key in ["root", "state"] {
             assert!(
                 parsed[key]
@@ -697,9 +817,56 @@ mod tests {
                     .starts_with("/tmp/plegd-harness/x/")
             );
         }
+    }
+
+    #[test]
+    fn config_v2_for_1_x_has_one_cri_plugin() {
+        let paths = InstancePaths::new(PathBuf::from("/tmp/plegd-harness/x"));
+        let config = config_toml(&paths, Version::new(1, 7, 24), Path::new("/usr/sbin/runc"));
+        let parsed: toml::Value = toml::from_str(&config).expect("valid TOML");
+        assert_eq!(parsed["version"].as_integer(), Some(2));
         let cri = &parsed["plugins"]["io.containerd.grpc.v1.cri"];
         assert_eq!(cri["restrict_oom_score_adj"].as_bool(), Some(true));
         assert_eq!(cri["sandbox_image"].as_str(), Some(image::PAUSE_IMAGE));
+        let runc = &cri["containerd"]["runtimes"]["runc"]["options"];
+        assert_eq!(runc["BinaryName"].as_str(), Some("/usr/sbin/runc"));
+        assert_eq!(runc["Root"].as_str(), Some("/tmp/plegd-harness/x/runc"));
+    }
+
+    #[test]
+    fn config_v3_for_2_x_splits_the_cri_plugin() {
+        let paths = InstancePaths::new(PathBuf::from("/tmp/plegd-harness/x"));
+        let config = config_toml(&paths, Version::new(2, 1, 9), Path::new("/usr/sbin/runc"));
+        let parsed: toml::Value = toml::from_str(&config).expect("valid TOML");
+        assert_eq!(parsed["version"].as_integer(), Some(3));
+        let plugins = &parsed["plugins"];
+        assert_eq!(
+            plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(),
+            Some(image::PAUSE_IMAGE)
+        );
+        let runtime = &plugins["io.containerd.cri.v1.runtime"];
+        assert_eq!(runtime["restrict_oom_score_adj"].as_bool(), Some(true));
+        let runc = &runtime["containerd"]["runtimes"]["runc"]["options"];
+        assert_eq!(runc["BinaryName"].as_str(), Some("/usr/sbin/runc"));
+        assert_eq!(runc["Root"].as_str(), Some("/tmp/plegd-harness/x/runc"));
+        assert!(
+            plugins["io.containerd.grpc.v1.cri"]
+                .get("sandbox_image")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn bootstrap_json_gives_the_shim_address() {
+        assert_eq!(
+            bootstrap_address(
+                r#"{"version":2,"address":"unix:///run/containerd/s/abc","protocol":"ttrpc"}"#
+            )
+            .as_deref(),
+            Some("unix:///run/containerd/s/abc")
+        );
+        assert_eq!(bootstrap_address("{}"), None);
+        assert_eq!(bootstrap_address("garbage"), None);
     }
 
     #[test]

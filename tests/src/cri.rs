@@ -107,7 +107,7 @@ impl ContainerSpec {
             memory_limit: Some(32 << 20),
             ..Self::shell(
                 name,
-                "dd if=/dev/zero of=/dev/null bs=200M count=1; status=$?; sleep 0.5; exit $status",
+                "dd if=/dev/zero of=/dev/null bs=200M count=1; status=$?; sleep 1; exit $status",
             )
         }
     }

@@ -7,6 +7,8 @@
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
 //! - `native`: test-support calls through containerd's own API (containers and tasks).
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
+//! - `release`: which containerd a run uses (`PLEGD_TEST_CONTAINERD`: 1.6, 1.7, 2.1) and its
+//!   version.
 //! - `wait`: bounded waits on awaited conditions.
 
 pub mod containerd;
@@ -15,11 +17,13 @@ pub mod demo;
 pub mod image;
 pub mod native;
 pub mod process;
+pub mod release;
 pub mod wait;
 
 use std::path::{Path, PathBuf};
 
 pub use containerd::{ContainerdOptions, HarnessError, PrivateContainerd};
+pub use release::{Release, Version};
 
 /// A gRPC channel over a unix socket (tonic needs a dummy URI; the connector ignores it).
 pub async fn unix_channel(

@@ -119,13 +119,19 @@ pub fn new_session(command: &mut Command) {
 
 /// Whether `binary` is an executable file in one of PATH's directories.
 pub fn in_path(binary: &str) -> bool {
+    which(binary).is_some()
+}
+
+/// The first executable file `binary` in PATH's directories.
+pub fn which(binary: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            fs::metadata(dir.join(binary))
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| {
+            fs::metadata(candidate)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
-    })
 }
 
 /// Processes whose argument list contains `needle` as consecutive arguments.

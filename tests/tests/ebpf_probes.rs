@@ -89,7 +89,7 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
         vec![CRI_NAMESPACE.to_owned()],
         tx,
         registry.clone(),
-        plegd::api::Metrics::new(),
+        plegd::metrics::Metrics::new(),
         shutdown.clone(),
     ));
     plegd_tests::wait::until("eBPF source connected", DEADLINE, || async {

@@ -1,8 +1,8 @@
 //! The runtime's event streams as trigger sources: containerd's `Events.Subscribe` against the
 //! real private containerd (kill -9 seen long before the slow full relist, a containerd restart
-//! while containers churn loses nothing, an exec's exit is not the container's), CRI
-//! `GetContainerEvents` detected as unsupported on containerd 1.6, and the CRI events source
-//! itself against an in-process CRI server whose stream breaks mid-way.
+//! while containers churn loses nothing, an exec's exit is not the container's), and the CRI
+//! events source itself against an in-process CRI server whose stream breaks mid-way (the real
+//! runtime's CRI events are in cri_events.rs).
 
 mod support;
 
@@ -26,10 +26,10 @@ use plegd::{
         generator::{TriggerReceiver, trigger_channel},
         record::ContainerId,
     },
-    runtime::{RuntimeKind, Scope},
+    runtime::Scope,
     sources::{
         cri_events::{self, CriEventsConfig},
-        status::{SourceRegistry, SourceState, SourceStatus},
+        status::{SourceRegistry, SourceState},
     },
 };
 use plegd_tests::{
@@ -39,51 +39,22 @@ use plegd_tests::{
     native::Native,
     process, unix_channel, wait,
 };
-use support::{RunningPlegd, config_with_sources, types_by_container, types_of};
+use support::{RunningPlegd, status_of, stream_only, types_by_container, types_of, wait_state};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, codegen::tokio_stream};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-/// Far longer than any test: only the event streams (and reconnect relists) can be fast.
-const SLOW: Duration = Duration::from_secs(60);
 
 /// A daemon with only containerd's event stream, whose full relists are a minute apart either
 /// way.
 async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
-    let mut settings = config_with_sources(
-        RuntimeKind::Cri,
-        &containerd.socket(),
-        SLOW,
-        &[SourceName::Containerd],
-    );
-    settings.slow_relist_period = SLOW;
-    let plegd = RunningPlegd::start(settings).await;
+    let plegd =
+        RunningPlegd::start(stream_only(&containerd.socket(), SourceName::Containerd)).await;
     wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
     plegd
-}
-
-async fn wait_state(
-    registry: &SourceRegistry,
-    source: TriggerSource,
-    want: impl Fn(&SourceStatus) -> bool,
-) -> SourceStatus {
-    wait::until(&format!("{source:?} state"), DEADLINE, || async {
-        let status = status_of(registry, source);
-        Ok::<_, String>(status.filter(&want))
-    })
-    .await
-    .unwrap()
-}
-
-fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<SourceStatus> {
-    registry
-        .snapshot()
-        .into_iter()
-        .find(|(s, _)| *s == source)
-        .map(|(_, status)| status)
 }
 
 /// Records every state a source goes through, polling faster than a reconnect takes.
@@ -354,33 +325,6 @@ async fn an_exec_exit_is_not_the_containers_death() {
     plegd.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn containerd_1_6_has_no_cri_container_events() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
-    let plegd = RunningPlegd::start(config_with_sources(
-        RuntimeKind::Cri,
-        &containerd.socket(),
-        Duration::from_millis(100),
-        &[SourceName::CriEvents],
-    ))
-    .await;
-    let status = wait_state(&plegd.shared.sources, TriggerSource::CriEvents, |s| {
-        s.state == SourceState::Unsupported
-    })
-    .await;
-    assert!(status.detail.contains("Unimplemented"), "{status:?}");
-    assert_eq!(
-        status_of(&plegd.shared.sources, TriggerSource::Containerd)
-            .unwrap()
-            .state,
-        SourceState::Disabled
-    );
-    assert!(!plegd.shared.sources.any_connected());
-    plegd.stop().await;
-}
-
 /// What one `GetContainerEvents` call streams.
 struct Script {
     events: Vec<ContainerEventResponse>,
@@ -626,7 +570,7 @@ async fn cri_events_refused_for_now_are_retried_not_turned_off() {
     let dir = tempfile::tempdir().unwrap();
     let server_shutdown = CancellationToken::new();
     // No scripts: every GetContainerEvents answers Unavailable, which is not Unimplemented
-    // (containerd_1_6_has_no_cri_container_events covers that against the real runtime).
+    // (cri_events.rs covers that against the real containerd 1.6).
     let socket = serve_cri(
         dir.path(),
         ScriptedCri {

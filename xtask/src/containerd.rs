@@ -21,6 +21,8 @@ pub struct Options {
     /// Instance name: its files live in $TMPDIR/plegd-harness/NAME.
     #[arg(long, default_value = "dev")]
     pub name: String,
+    #[command(flatten)]
+    pub containerd: harness::Release,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -32,5 +34,8 @@ pub fn run(opts: &Options) -> Result<()> {
         Action::Stop => "stop",
         Action::Status => "status",
     };
-    harness::run(&["containerd", action, "--name", &opts.name])
+    harness::run(
+        &["containerd", action, "--name", &opts.name],
+        &opts.containerd,
+    )
 }

@@ -13,19 +13,24 @@ pub struct Options {
     /// How long to let plegd catch up between steps, in seconds.
     #[arg(long, default_value = "2s")]
     pub pause: String,
+    #[command(flatten)]
+    pub containerd: harness::Release,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
     setup::run(&setup::Options::default())?;
     stream(Command::new(env!("CARGO")).args(["build", "--quiet", "--package", "plegd"]))?;
     let plegd = target_dir().join("debug").join("plegd");
-    harness::run(&[
-        "demo",
-        "--plegd",
-        &plegd.to_string_lossy(),
-        "--pause",
-        &opts.pause,
-    ])
+    harness::run(
+        &[
+            "demo",
+            "--plegd",
+            &plegd.to_string_lossy(),
+            "--pause",
+            &opts.pause,
+        ],
+        &opts.containerd,
+    )
 }
 
 /// Cargo's target directory for this workspace.

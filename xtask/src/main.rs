@@ -106,4 +106,28 @@ mod tests {
         };
         assert_eq!(opts.kernel, kernels::Choice::All);
     }
+
+    #[test]
+    fn containerd_release_is_chosen_per_run() {
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "test", "--containerd", "2.1", "cri"]).unwrap();
+        let Command::Test(opts) = cli.command else {
+            panic!("not test: {cli:?}");
+        };
+        assert_eq!(opts.containerd.containerd.as_deref(), Some("2.1"));
+        assert_eq!(opts.filter.as_deref(), Some("cri"));
+        let mut cmd = std::process::Command::new("cargo");
+        opts.containerd.apply(&mut cmd);
+        assert!(
+            cmd.get_envs()
+                .any(|(k, v)| k == harness::RELEASE_ENV && v == Some("2.1".as_ref()))
+        );
+        let cli =
+            Cli::try_parse_from(["cargo xtask", "containerd", "start", "--containerd", "1.7"])
+                .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Containerd(containerd::Options { containerd: harness::Release { containerd: Some(ref v) }, .. }) if v == "1.7"
+        ));
+    }
 }

@@ -6,14 +6,17 @@
 //! 2. apt packages ([`APT_PACKAGES`]), then check the programs the build and the harness run;
 //! 3. the nightly toolchain with `rust-src` (aya-build uses `-Z build-std=core`);
 //! 4. `bpf-linker` built against the system LLVM 22;
-//! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints).
+//! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
+//! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
+//!    from Debian's archive with a private apt configuration and unpacked under
+//!    [`CONTAINERD_ROOT`], never installed over the system's.
 //!
 //! With `--vm`, also what `cargo xtask kernels` needs to boot other kernels in a VM (its rows in
 //! the summary start with `kernels:`):
-//! 6. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
-//! 7. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
+//! 7. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
+//! 8. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
 //!    of that series is installed already;
-//! 8. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
+//! 9. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
 //!    workspace (Debian's python refuses system-wide `pip install` (PEP 668), and a venv keeps
 //!    the project's tools out of the node's Python).
 //!
@@ -70,6 +73,49 @@ const LLVM_MAJOR: &str = "22";
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// A tracepoint the agent attaches to: proves tracefs is mounted and the kernel has it.
 const PROBE_TRACEPOINT: &str = "/sys/kernel/tracing/events/sched/sched_process_exec";
+
+/// A containerd release the test harness can run instead of the system's (chosen per run with
+/// `PLEGD_TEST_CONTAINERD=<label>`), taken from a Debian suite.
+struct ContainerdRelease {
+    /// `MAJOR.MINOR`: the harness's name for it and its directory under [`CONTAINERD_ROOT`].
+    label: &'static str,
+    /// The Debian suite it comes from.
+    suite: &'static str,
+    /// The Debian version wanted; if the suite has moved on, its newest `label.*` is taken
+    /// (and said).
+    version: &'static str,
+}
+
+/// Releases besides the system's 1.6.20 (bookworm). Both run on Debian 12's glibc with its
+/// runc 1.1.5 (the harness always uses the system's runc: later Debian runc builds need glibc
+/// 2.38).
+const CONTAINERD_RELEASES: &[ContainerdRelease] = &[
+    ContainerdRelease {
+        label: "1.7",
+        suite: "trixie",
+        version: "1.7.24~ds1-6+deb13u1",
+    },
+    ContainerdRelease {
+        label: "2.1",
+        suite: "sid",
+        version: "2.1.9+ds1-5",
+    },
+];
+
+/// Where the releases are unpacked (`<root>/<label>/usr/bin/containerd`): outside every
+/// worktree and cargo target directory, so all checkouts share one copy and `cargo clean`
+/// keeps it; not in any `PATH`, so nothing shadows the system's containerd. The harness
+/// (tests/src/release.rs) looks there.
+const CONTAINERD_ROOT: &str = "/opt/plegd/containerd";
+/// The private apt configuration's sources, lists and package cache: the system's apt lists
+/// stay as they are.
+const PRIVATE_APT: &str = "/opt/plegd/apt";
+/// Debian's archive, as the system's sources name it.
+const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+/// Written beside each unpacked release: the Debian version and suite it came from.
+const RELEASE_MARKER: &str = "debian-version";
+/// The binaries the harness needs from each release.
+const RELEASE_BINARIES: &[&str] = &["containerd", "ctr", "containerd-shim-runc-v2"];
 
 /// Debian's hook asking maintainer scripts not to start services (exit 101 = "forbidden").
 const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
@@ -194,6 +240,7 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
+    containerd_releases(opts, &mut summary)?;
     let vm = if series.is_empty() {
         None
     } else {
@@ -456,7 +503,209 @@ fn tracefs(opts: &Options, summary: &mut Summary) -> Result<()> {
     Ok(())
 }
 
-/// Steps 6-8: QEMU, the kernels of `series`, virtme-ng. `None` when something is missing (only
+fn containerd_releases(opts: &Options, summary: &mut Summary) -> Result<()> {
+    const STEP: &str = "test containerds";
+    let mut present = Vec::new();
+    let mut missing = Vec::new();
+    for release in CONTAINERD_RELEASES {
+        match unpacked_release(release) {
+            Some(detail) => present.push(detail),
+            None => missing.push(release),
+        }
+    }
+    if missing.is_empty() {
+        say(STEP, format!("already unpacked: {}", present.join(", ")));
+        summary.add(STEP, State::Present, present.join(", "));
+        return Ok(());
+    }
+    let labels: Vec<&str> = missing.iter().map(|r| r.label).collect();
+    if opts.check {
+        say(STEP, format!("missing: {}", labels.join(" ")));
+        summary.add(STEP, State::Missing, labels.join(" "));
+        return Ok(());
+    }
+    say(
+        STEP,
+        format!(
+            "downloading containerd {} from Debian with a private apt configuration in {PRIVATE_APT}",
+            labels.join(" ")
+        ),
+    );
+    let apt = PrivateApt::update(CONTAINERD_RELEASES.iter().map(|r| r.suite))?;
+    let offered = parse_madison(&capture(
+        apt.command("apt-cache").args(["madison", "containerd"]),
+    )?);
+    let mut installed = Vec::new();
+    for release in missing {
+        let version = choose_version(release, &offered)?;
+        if version != release.version {
+            say(
+                STEP,
+                format!(
+                    "{} no longer offers containerd {}; taking {version}",
+                    release.suite, release.version
+                ),
+            );
+        }
+        unpack_release(&apt, release, &version)?;
+        installed.push(unpacked_release(release).with_context(|| {
+            format!(
+                "containerd {} was unpacked in {CONTAINERD_ROOT}/{} but does not run",
+                release.label, release.label
+            )
+        })?);
+    }
+    say(STEP, format!("unpacked {}", installed.join(", ")));
+    summary.add(STEP, State::Installed, installed.join(", "));
+    Ok(())
+}
+
+/// `"<label> = <debian version> (<suite>)"` when the release is unpacked and its containerd
+/// runs, else `None`.
+fn unpacked_release(release: &ContainerdRelease) -> Option<String> {
+    let dir = Path::new(CONTAINERD_ROOT).join(release.label);
+    let marker = fs::read_to_string(dir.join(RELEASE_MARKER)).ok()?;
+    let bin = dir.join("usr/bin");
+    if !RELEASE_BINARIES.iter().all(|b| is_executable(&bin.join(b))) {
+        return None;
+    }
+    program_version(&bin.join("containerd")).ok()?;
+    Some(format!("{} = {}", release.label, marker.trim()))
+}
+
+/// Downloads containerd `version` and unpacks it to `CONTAINERD_ROOT/<label>` (replacing
+/// whatever was there), through a `.partial` directory so a failed run leaves nothing that
+/// looks complete.
+fn unpack_release(apt: &PrivateApt, release: &ContainerdRelease, version: &str) -> Result<()> {
+    let debs = Path::new(PRIVATE_APT).join("debs").join(release.label);
+    if debs.exists() {
+        fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+    }
+    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+    stream(
+        apt.command("apt-get")
+            .args(["-q", "download"])
+            .arg(format!("containerd={version}"))
+            .current_dir(&debs),
+    )
+    .with_context(|| format!("downloading containerd {version}"))?;
+    let deb = fs::read_dir(&debs)
+        .with_context(|| format!("reading {}", debs.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .with_context(|| format!("apt-get download left no .deb in {}", debs.display()))?;
+
+    let dir = Path::new(CONTAINERD_ROOT).join(release.label);
+    let partial = dir.with_extension("partial");
+    for stale in [&partial, &dir] {
+        if stale.exists() {
+            fs::remove_dir_all(stale).with_context(|| format!("removing {}", stale.display()))?;
+        }
+    }
+    fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    capture(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial))?;
+    fs::write(
+        partial.join(RELEASE_MARKER),
+        format!("{version} ({})\n", release.suite),
+    )
+    .with_context(|| format!("writing {}", partial.join(RELEASE_MARKER).display()))?;
+    fs::rename(&partial, &dir)
+        .with_context(|| format!("renaming {} to {}", partial.display(), dir.display()))?;
+    Ok(())
+}
+
+/// The version to take for `release` among `offered` (`(version, suite)` rows): its pinned
+/// one if its suite has it, else the suite's newest of the same `MAJOR.MINOR`.
+fn choose_version(release: &ContainerdRelease, offered: &[(String, String)]) -> Result<String> {
+    let in_suite = || offered.iter().filter(|(_, suite)| suite == release.suite);
+    if in_suite().any(|(version, _)| version == release.version) {
+        return Ok(release.version.to_owned());
+    }
+    let prefix = format!("{}.", release.label);
+    // madison lists the newest first.
+    in_suite()
+        .map(|(version, _)| version)
+        .find(|version| version.starts_with(&prefix))
+        .cloned()
+        .with_context(|| {
+            let listed: Vec<String> = offered.iter().map(|(v, s)| format!("{v} ({s})")).collect();
+            format!(
+                "Debian {} offers no containerd {}.x (wanted {}); offered: {}",
+                release.suite,
+                release.label,
+                release.version,
+                listed.join(", ")
+            )
+        })
+}
+
+/// `(version, suite)` rows of `apt-cache madison` output, e.g. `containerd | 2.1.9+ds1-5 |
+/// http://deb.debian.org/debian sid/main amd64 Packages`.
+fn parse_madison(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split('|').map(str::trim);
+            let (_, version, source) = (fields.next()?, fields.next()?, fields.next()?);
+            let suite = source.split_whitespace().nth(1)?.split('/').next()?;
+            Some((version.to_owned(), suite.to_owned()))
+        })
+        .collect()
+}
+
+/// apt with its own sources, lists and cache under [`PRIVATE_APT`]; the system's are never
+/// read or written.
+struct PrivateApt {
+    options: Vec<String>,
+}
+
+impl PrivateApt {
+    /// Writes the sources for `suites` and runs `apt-get update` on them.
+    fn update<'a>(suites: impl Iterator<Item = &'a str>) -> Result<Self> {
+        let root = Path::new(PRIVATE_APT);
+        let sources = root.join("sources.list");
+        let lists = root.join("lists");
+        let cache = root.join("cache");
+        for dir in [lists.join("partial"), cache.join("archives/partial")] {
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let mut text = String::from(
+            "# Written by cargo xtask setup: containerd releases for the test harness.\n",
+        );
+        let mut seen = BTreeSet::new();
+        for suite in suites.filter(|s| seen.insert(*s)) {
+            text.push_str(&format!(
+                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {DEBIAN_MIRROR} {suite} main\n"
+            ));
+        }
+        fs::write(&sources, text).with_context(|| format!("writing {}", sources.display()))?;
+        let apt = Self {
+            options: vec![
+                format!("Dir::Etc::sourcelist={}", sources.display()),
+                "Dir::Etc::sourceparts=/nonexistent".into(),
+                format!("Dir::State::Lists={}", lists.display()),
+                format!("Dir::Cache={}", cache.display()),
+                // Downloads land in a root-owned directory that the _apt user cannot write.
+                "APT::Sandbox::User=root".into(),
+            ],
+        };
+        stream(apt.command("apt-get").args(["-q", "update"]))
+            .context("apt-get update with the private sources failed")?;
+        Ok(apt)
+    }
+
+    /// `program` (apt-get, apt-cache) with the private configuration.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        for option in &self.options {
+            cmd.arg("-o").arg(option);
+        }
+        cmd.env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    }
+}
+
+/// Steps 7-9: QEMU, the kernels of `series`, virtme-ng. `None` when something is missing (only
 /// in check mode: otherwise it is installed or this fails).
 fn vm_tools(
     opts: &Options,
@@ -935,6 +1184,36 @@ mod tests {
         assert!(!has_component("rust-src-extra\n", "rust-src"));
         assert!(has_component("rust-src (installed)\n", "rust-src"));
         assert!(!has_component("", "rust-src"));
+    }
+
+    #[test]
+    fn madison_rows_give_version_and_suite() {
+        let out = "containerd | 2.1.9+ds1-5 | http://deb.debian.org/debian sid/main amd64 Packages\n\
+                   containerd | 1.7.24~ds1-6+deb13u1 | http://deb.debian.org/debian trixie/main amd64 Packages\n\
+                   garbage\n";
+        assert_eq!(
+            parse_madison(out),
+            [
+                ("2.1.9+ds1-5".to_owned(), "sid".to_owned()),
+                ("1.7.24~ds1-6+deb13u1".to_owned(), "trixie".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_pinned_version_is_preferred_then_the_suites_newest_of_the_same_minor() {
+        let release = &CONTAINERD_RELEASES[1];
+        let row = |v: &str, s: &str| (v.to_owned(), s.to_owned());
+        let offered = [
+            row("2.1.9+ds1-5", "sid"),
+            row("1.7.24~ds1-6+deb13u1", "trixie"),
+        ];
+        assert_eq!(choose_version(release, &offered).unwrap(), "2.1.9+ds1-5");
+        let moved_on = [row("2.1.10+ds1-1", "sid"), row("2.1.9+ds1-5", "trixie")];
+        assert_eq!(choose_version(release, &moved_on).unwrap(), "2.1.10+ds1-1");
+        let gone = [row("2.2.0+ds1-1", "sid")];
+        let err = format!("{:#}", choose_version(release, &gone).unwrap_err());
+        assert!(err.contains("offers no containerd 2.1.x"), "{err}");
     }
 
     #[test]

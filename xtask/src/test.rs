@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::{
     cmd::stream,
-    kernels,
+    harness, kernels,
     setup::{self, KernelSeries},
 };
 
@@ -24,6 +24,8 @@ pub struct Options {
     pub no_kernels: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
+    #[command(flatten)]
+    pub containerd: harness::Release,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -53,6 +55,7 @@ pub fn run(opts: &Options) -> Result<()> {
     step("tests");
     let mut test = Command::new(cargo);
     test.args(["test", "--workspace", "--no-fail-fast"]);
+    opts.containerd.apply(&mut test);
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }

@@ -14,7 +14,10 @@ use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
 use serde::Serialize;
 use tonic::{Code, Status, transport::Channel};
 
-use crate::{api::convert::from_timestamp, config::OutputFormat};
+use crate::output::{
+    OutputFormat, event_type_name, from_timestamp, latency_ms, observation, rfc3339, short,
+    source_name,
+};
 
 /// How long a one-shot command waits for the daemon.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -223,14 +226,10 @@ impl WatchLine {
     pub fn new(event: &pb::Event) -> Self {
         let observed = from_timestamp(event.observed_at.as_ref());
         let emitted = from_timestamp(event.emitted_at.as_ref());
-        let latency = match (observed, emitted) {
-            (Some(o), Some(e)) => e.duration_since(o).unwrap_or_default(),
-            _ => Duration::ZERO,
-        };
         Self {
             sequence: event.sequence,
             run_id: format!("{:x}", event.run_id),
-            event_type: event_type_name(event.r#type()),
+            event_type: event_type_name(event.r#type()).to_owned(),
             pod_uid: event.pod_uid.clone(),
             pod_namespace: event.pod_namespace.clone(),
             pod_name: event.pod_name.clone(),
@@ -238,7 +237,7 @@ impl WatchLine {
             container_name: event.container_name.clone(),
             observed_at: rfc3339(observed),
             emitted_at: rfc3339(emitted),
-            latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
+            latency_ms: latency_ms(observed, emitted),
             sources: event.sources().map(|s| source_name(s).to_owned()).collect(),
             exit_code: event.exit_code,
             reason: event.reason.clone(),
@@ -276,53 +275,6 @@ impl WatchLine {
         .trim_end()
         .to_owned()
     }
-}
-
-fn event_type_name(t: pb::EventType) -> String {
-    match t {
-        pb::EventType::ContainerStarted => "ContainerStarted",
-        pb::EventType::ContainerDied => "ContainerDied",
-        pb::EventType::ContainerRemoved => "ContainerRemoved",
-        pb::EventType::ContainerChanged => "ContainerChanged",
-        pb::EventType::PodSync => "PodSync",
-        pb::EventType::Unspecified => "Unspecified",
-    }
-    .to_owned()
-}
-
-fn source_name(s: pb::TriggerSource) -> &'static str {
-    match s {
-        pb::TriggerSource::Ebpf => "ebpf",
-        pb::TriggerSource::Containerd => "containerd",
-        pb::TriggerSource::CriEvents => "cri-events",
-        pb::TriggerSource::Relist => "relist",
-        pb::TriggerSource::Unspecified => "unspecified",
-    }
-}
-
-fn observation(o: &pb::Observation) -> String {
-    use pb::observation::Kind;
-    let source = source_name(o.source());
-    match &o.kind {
-        Some(Kind::ExitCode(code)) => format!("{source}:exit_code={code}"),
-        Some(Kind::Signal(signal)) => format!("{source}:signal={signal}"),
-        Some(Kind::OomKilled(_)) => format!("{source}:oom_killed"),
-        Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
-        Some(Kind::Exited(_)) => format!("{source}:exited"),
-        Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
-        None => format!("{source}:?"),
-    }
-}
-
-fn short(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
-}
-
-fn rfc3339(t: Option<SystemTime>) -> String {
-    t.map_or_else(
-        || "-".to_owned(),
-        |t| humantime::format_rfc3339_millis(t).to_string(),
-    )
 }
 
 /// `plegd pods`: a table (or one JSON object) of cached pods and their containers.

@@ -6,7 +6,6 @@ use plegd_proto::v1 as pb;
 use prost_types::Timestamp;
 
 use crate::{
-    api::bus::Sequenced,
     pleg::{
         cache::{CachedPod, PodCache},
         event::{
@@ -17,12 +16,6 @@ use crate::{
     },
     sources::status::{SourceState, SourceStatus},
 };
-
-impl Sequenced for pb::Event {
-    fn sequence(&self) -> u64 {
-        self.sequence
-    }
-}
 
 /// A wall-clock time as a protobuf timestamp.
 pub fn timestamp(t: SystemTime) -> Timestamp {
@@ -189,17 +182,15 @@ fn to_wall(at: tokio::time::Instant) -> SystemTime {
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
-/// A protobuf timestamp as wall-clock time (`None` if unset or out of range).
-pub fn from_timestamp(t: Option<&Timestamp>) -> Option<SystemTime> {
-    SystemTime::try_from(*t?).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::pleg::record::{ContainerId, PodUid};
+    use crate::{
+        output::from_timestamp,
+        pleg::record::{ContainerId, PodUid},
+    };
 
     #[test]
     fn an_event_carries_the_cached_exit_and_every_field() {

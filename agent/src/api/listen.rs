@@ -26,14 +26,11 @@ use tonic::{
 use tonic_health::{ServingStatus, server::HealthReporter};
 use tracing::{info, warn};
 
+pub use crate::config::DEFAULT_SOCKET;
 use crate::{
-    api::{cut::Cuttable, server::PlegService},
+    api::{Shared, cut::Cuttable, server::PlegService},
     config::Config,
-    daemon::Shared,
 };
-
-/// Default path of the API socket.
-pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
 
 /// How often grpc.health.v1 statuses follow the PLEG's health.
 const HEALTH_UPDATE_PERIOD: Duration = Duration::from_secs(1);
@@ -146,14 +143,11 @@ impl Listeners {
         let metrics_task = self.metrics.map(|listener| {
             tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
         });
-        // Watch streams never end by themselves: close the bus on shutdown so they do, and the
-        // servers' graceful shutdown completes.
+        // Watch streams end when the bus closes: the daemon closes it once the generator has
+        // stopped and every event is published, so watchers get them all before UNAVAILABLE.
         let stopping = {
-            let (shutdown, bus) = (shutdown.clone(), shared.bus.clone());
-            async move {
-                shutdown.cancelled().await;
-                bus.close();
-            }
+            let bus = shared.bus.clone();
+            async move { bus.closed().await }
         };
         let stopping = futures::FutureExt::shared(Box::pin(stopping));
         let cut = CancellationToken::new();

@@ -1,28 +1,34 @@
 //! The daemon's API: the `plegd.v1` gRPC service with resumable event streams, grpc.health.v1,
 //! Prometheus metrics, and the client side used by `plegd watch | pods | health`.
 //!
-//! - `bus`: bounded event history and per-subscriber queues; resume and lagged semantics.
 //! - `convert`: domain types to `plegd.v1` messages.
 //! - `server`: the tonic service (thin handlers over plain functions).
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
 //! - `cut`: connections cut at shutdown when their watcher stopped reading.
-//! - `metrics`: kubelet's PLEG metrics and plegd's own.
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
-pub mod bus;
 pub mod client;
 pub mod convert;
 mod cut;
 pub mod listen;
-pub mod metrics;
 pub mod server;
 
-pub use bus::EventBus;
-pub use listen::{DEFAULT_SOCKET, Listeners};
-pub use metrics::Metrics;
+use std::sync::Arc;
 
-/// The bus of served events.
-pub type ApiBus = EventBus<plegd_proto::v1::Event>;
+pub use listen::{DEFAULT_SOCKET, Listeners};
+
+pub use crate::bus::{ApiBus, EventBus};
+use crate::{
+    metrics::Metrics,
+    pleg::{
+        cache::PodCache,
+        event::{PodLifecycleEvent, TriggerSource},
+        generator::TriggerSender,
+        health::Health,
+        sink::EventSink,
+    },
+    sources::status::SourceRegistry,
+};
 
 /// A new run id: random, so a client can tell a restarted daemon (whose sequences start
 /// again at 1) from the one it watched.
@@ -39,25 +45,42 @@ pub fn new_run_id() -> u64 {
     hasher.finish().max(1)
 }
 
-/// Publishes a lifecycle event to the watchers and records its trigger-to-event latency.
-pub fn publish(
-    bus: &ApiBus,
-    metrics: &Metrics,
-    event: &crate::pleg::event::PodLifecycleEvent,
-    cache: &crate::pleg::cache::PodCache,
-) {
-    use crate::pleg::event::TriggerSource;
-    if event.sources.iter().any(|s| *s != TriggerSource::Relist) {
-        metrics.trigger_to_event(
-            event
-                .emitted_at
-                .duration_since(event.observed_at)
-                .unwrap_or_default(),
-        );
+/// What a running daemon shares with its API servers (and tests).
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub cache: Arc<PodCache>,
+    pub health: Arc<Health>,
+    pub triggers: TriggerSender,
+    pub sources: SourceRegistry,
+    /// Every published event: the one fan-out to watchers, the sync loop and stdout.
+    pub bus: ApiBus,
+    pub metrics: Metrics,
+}
+
+/// The relist's sink: each event is completed from the cache (written before it is
+/// published) with the runtime's exit code and reason, numbered with the run, counted in the
+/// trigger-to-event latency, and published on the bus. Never blocks.
+#[derive(Clone, Debug)]
+pub struct BusSink {
+    pub bus: ApiBus,
+    pub cache: Arc<PodCache>,
+    pub metrics: Metrics,
+}
+
+impl EventSink for BusSink {
+    fn publish(&self, event: PodLifecycleEvent) {
+        if event.sources.iter().any(|s| *s != TriggerSource::Relist) {
+            self.metrics.trigger_to_event(
+                event
+                    .emitted_at
+                    .duration_since(event.observed_at)
+                    .unwrap_or_default(),
+            );
+        }
+        self.bus.publish(Arc::new(convert::event(
+            &event,
+            &self.cache,
+            self.bus.run_id(),
+        )));
     }
-    bus.publish(std::sync::Arc::new(convert::event(
-        event,
-        cache,
-        bus.run_id(),
-    )));
 }

@@ -8,11 +8,8 @@ use plegd_proto::v1::{self as pb, pleg_server::Pleg};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    api::{
-        bus::{Ended, SubscribeError, Subscription},
-        convert,
-    },
-    daemon::Shared,
+    api::{Shared, convert},
+    bus::{Ended, SubscribeError, Subscription},
     pleg::record::PodUid,
 };
 
@@ -206,10 +203,8 @@ impl Pleg for PlegService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let request = request.into_inner();
         let (subscription, filter) = watch(&self.shared, &request).map_err(watch_status)?;
-        let resume = match request.from_sequence {
-            0 => self.shared.bus.last_sequence() + 1,
-            from => from,
-        };
+        // Taken with the subscription, under the bus's lock: no event can slip in between.
+        let resume = subscription.start();
         Ok(Response::new(Box::pin(event_stream(
             subscription,
             filter,
@@ -244,7 +239,7 @@ impl Pleg for PlegService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::bus::EventBus;
+    use crate::bus::EventBus;
 
     fn event(sequence: u64, namespace: &str, t: pb::EventType) -> pb::Event {
         pb::Event {

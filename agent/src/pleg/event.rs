@@ -24,10 +24,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::{
-    pleg::record::{ContainerId, PodUid},
-    runtime::Scope,
-};
+use crate::pleg::record::{ContainerId, PodUid};
 
 /// How often a full relist runs when nothing else asks for one (kubelet's `relistPeriod`).
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -67,6 +64,30 @@ pub enum TriggerSource {
     CriEvents,
     /// A relist that nothing specific asked for (the periodic safety net).
     Relist,
+}
+
+impl TriggerSource {
+    /// The lowercase name, as in the API, metrics and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Containerd => "containerd",
+            Self::CriEvents => "cri-events",
+            Self::Relist => "relist",
+        }
+    }
+}
+
+/// What part of the node a relist reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every pod.
+    All,
+    /// One pod (targeted relist).
+    Pod(PodUid),
+    /// The pod holding this container (targeted relist from a kernel or stream hint that only
+    /// knows the container id).
+    Container(ContainerId),
 }
 
 /// A fact a source saw that runtime records may not carry.

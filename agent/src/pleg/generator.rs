@@ -9,13 +9,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
+    metrics::Metrics,
     pleg::{
         clock::Clock,
-        event::Trigger,
+        event::{Scope, Trigger},
         relist::{RelistError, Relister},
         scheduler::{Batch, RelistScheduler, RetryError},
     },
-    runtime::{Runtime, Scope},
+    runtime::Runtime,
 };
 
 /// Capacity of the trigger channel shared by every source. A full channel means the loop is
@@ -83,8 +84,9 @@ pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
     )
 }
 
-/// Runs relists until `shutdown` is cancelled or the event consumer goes away, then hands the
-/// relister back (its reading is saved at shutdown; dropping it closes the event channel). The
+/// Runs relists until `shutdown` is cancelled, then hands the relister back (its reading is
+/// saved at shutdown). Every event is handed to the relister's sink, which never blocks: no
+/// consumer can stall the relists or make them spin. The
 /// full relist period can be changed while running through `period` (adaptive relist: long
 /// while push sources are healthy, short otherwise).
 pub async fn run<R: Runtime>(
@@ -93,6 +95,7 @@ pub async fn run<R: Runtime>(
     clock: Arc<dyn Clock>,
     mut triggers: TriggerReceiver,
     mut period: watch::Receiver<Duration>,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Relister<R> {
     loop {
@@ -101,7 +104,7 @@ pub async fn run<R: Runtime>(
             biased;
             () = shutdown.cancelled() => break,
             Some(trigger) = triggers.triggers.recv() => {
-                relister.metrics().trigger(trigger.source);
+                metrics.trigger(trigger.source);
                 scheduler.push(trigger, clock.now(), |c| relister.pod_of(c));
             }
             () = triggers.full_relist.notified() => scheduler.request_full_relist(clock.now()),
@@ -112,9 +115,7 @@ pub async fn run<R: Runtime>(
             }
             () = tokio::time::sleep_until(deadline) => {
                 while let Some(batch) = scheduler.next_due(clock.now()) {
-                    if !run_batch(&mut relister, &mut scheduler, clock.as_ref(), batch).await {
-                        return relister;
-                    }
+                    run_batch(&mut relister, &mut scheduler, clock.as_ref(), &metrics, batch).await;
                 }
             }
         }
@@ -123,34 +124,24 @@ pub async fn run<R: Runtime>(
     relister
 }
 
-/// Runs one relist and feeds its outcome back to the scheduler. Returns false when the event
-/// consumer is gone and the generator must stop.
+/// Runs one relist and feeds its outcome back to the scheduler.
 async fn run_batch<R: Runtime>(
     relister: &mut Relister<R>,
     scheduler: &mut RelistScheduler,
     clock: &dyn Clock,
+    metrics: &Metrics,
     batch: Batch,
-) -> bool {
+) {
     let started = clock.now();
     let result = relister.relist(&batch.scope, &batch.hints).await;
-    relister.metrics().relisted(
+    metrics.relisted(
         batch.scope == Scope::All,
         started.into_std(),
         clock.now().saturating_duration_since(started),
         result.is_ok(),
-        result.as_ref().map_or(0, |o| o.events_discarded),
     );
     let retry = match result {
-        Ok(outcome) => {
-            if outcome.full_relist_needed {
-                scheduler.request_full_relist(clock.now());
-            }
-            outcome.not_reflected
-        }
-        Err(RelistError::EventChannelClosed) => {
-            info!("event consumer gone; stopping the generator");
-            return false;
-        }
+        Ok(outcome) => outcome.not_reflected,
         Err(RelistError::List(error)) => {
             // A failed full relist is retried by the next period; health reports it if it
             // lasts. A failed targeted one is retried like an unreflected trigger.
@@ -168,12 +159,11 @@ async fn run_batch<R: Runtime>(
                 // alarm or a runtime that lags badly, and either is worth knowing.
                 warn!(?scope, ?sources, %e, "hint not confirmed by the runtime");
                 for source in sources {
-                    relister.metrics().unconfirmed_hint(source);
+                    metrics.unconfirmed_hint(source);
                 }
             }
         }
     }
-    true
 }
 
 #[cfg(test)]
@@ -200,27 +190,27 @@ mod tests {
     struct Harness {
         runtime: FakeRuntime,
         triggers: TriggerSender,
-        events: mpsc::Receiver<PodLifecycleEvent>,
+        events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
         period: watch::Sender<Duration>,
         shutdown: CancellationToken,
         task: tokio::task::JoinHandle<Relister<FakeRuntime>>,
-        metrics: crate::api::Metrics,
+        metrics: Metrics,
     }
 
     fn start(period: Duration) -> Harness {
         let runtime = FakeRuntime::new();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
-        let (tx, events) = mpsc::channel(100);
+        let (tx, events) = mpsc::unbounded_channel();
         let relister = Relister::new(
             runtime.clone(),
             Arc::clone(&clock),
             Arc::new(PodCache::new()),
             health,
-            tx,
+            Arc::new(tx),
             RelistConfig::default(),
         );
-        let metrics = relister.metrics().clone();
+        let metrics = Metrics::new();
         let scheduler = RelistScheduler::new(
             SchedulerConfig {
                 full_relist_period: period,
@@ -237,6 +227,7 @@ mod tests {
             clock,
             receiver,
             period_rx,
+            metrics.clone(),
             shutdown.clone(),
         ));
         Harness {
@@ -357,17 +348,5 @@ mod tests {
         assert!(tokio::time::Instant::now() - started <= Duration::from_secs(1));
         h.shutdown.cancel();
         h.task.await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn stops_when_the_consumer_is_gone() {
-        let h = start(Duration::from_millis(10));
-        add_running(&h.runtime, "p", "c");
-        drop(h.events);
-        // Without a consumer the next relist with events ends the loop by itself.
-        tokio::time::timeout(Duration::from_secs(5), h.task)
-            .await
-            .expect("generator stops")
-            .unwrap();
     }
 }

@@ -9,3 +9,4 @@ pub mod health;
 pub mod record;
 pub mod relist;
 pub mod scheduler;
+pub mod sink;

@@ -20,12 +20,9 @@ use std::{
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::{
-    pleg::{
-        event::{DEFAULT_RELIST_PERIOD, Observation, Trigger, TriggerSource},
-        record::{ContainerId, PodUid},
-    },
-    runtime::Scope,
+use crate::pleg::{
+    event::{DEFAULT_RELIST_PERIOD, Observation, Scope, Trigger, TriggerSource},
+    record::{ContainerId, PodUid},
 };
 
 /// Default delay between the first retries, while the runtime usually catches up (containerd's

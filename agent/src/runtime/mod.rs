@@ -18,19 +18,9 @@ pub use endpoint::{
     UnknownRuntimeKind,
 };
 
-use crate::pleg::record::{ContainerId, PodRecord, PodUid};
-
-/// What part of the node a relist reads.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// Every pod.
-    All,
-    /// One pod (targeted relist).
-    Pod(PodUid),
-    /// The pod holding this container (targeted relist from a kernel or stream hint that only
-    /// knows the container id).
-    Container(ContainerId),
-}
+// Scope is the relist's notion; re-exported because every backend answers in its terms.
+pub use crate::pleg::event::Scope;
+use crate::pleg::record::{PodRecord, PodUid};
 
 /// Default deadline of one runtime call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -18,11 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     pleg::{
-        event::{Observation, ObservationKind, Trigger, TriggerSource},
+        event::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
         generator::TriggerSender,
         record::ContainerId,
     },
-    runtime::Scope,
     sources::{
         reconnect::{Link, SessionEnd, dial, run_forever, stream_session},
         status::SourceRegistry,

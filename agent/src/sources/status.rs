@@ -10,7 +10,7 @@ use std::{
 
 use tokio::{sync::watch, time::Instant};
 
-use crate::{api::Metrics, pleg::event::TriggerSource};
+use crate::{metrics::Metrics, pleg::event::TriggerSource};
 
 /// Fast periods that full relists stay fast after a push source (re)connects. A change in
 /// flight at that moment (published before the subscription, or a process exit before the

@@ -86,8 +86,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     let instance = PrivateContainerd::start(&options).await?;
                     let pid = instance.pid().unwrap_or_default();
+                    let version = instance.version();
                     let paths = instance.detach();
-                    println!("containerd {name} started (pid {pid})");
+                    println!("containerd {name} started (pid {pid}, containerd {version})");
                     println!("  socket: {}", paths.socket().display());
                     println!("  log:    {}", paths.log().display());
                     println!(

@@ -10,8 +10,11 @@ use std::{collections::HashMap, path::Path, time::Duration};
 use plegd::{
     config::{Config, OutputFormat, RunArgs, SourceName},
     daemon::{self, Connected, Shared},
+    pleg::event::TriggerSource,
     runtime::{RuntimeKind, RuntimeOptions},
+    sources::status::{SourceRegistry, SourceStatus},
 };
+use plegd_tests::wait;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader, DuplexStream, Lines};
 use tokio_util::sync::CancellationToken;
@@ -26,10 +29,49 @@ pub struct RunningPlegd {
     pub events: Vec<Value>,
 }
 
+/// Room for plegd's output before its writer blocks: far more than a test that reads reads.
+const OUTPUT_BUFFER: usize = 1 << 20;
+/// How long a source may take to reach a state.
+const STATE_DEADLINE: Duration = Duration::from_secs(30);
+/// Far longer than any test: with it, only the event streams (and reconnect relists) can be
+/// fast.
+pub const SLOW: Duration = Duration::from_secs(60);
+
 /// Settings for a test daemon: fast relists, JSON output, polling only (no push sources, so
 /// every event is the relist's own).
 pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Config {
     config_with_sources(kind, socket, relist_period, &[SourceName::Relist])
+}
+
+/// A CRI daemon whose only trigger source is the runtime event stream `source`, with full
+/// relists [`SLOW`] apart whether the stream is healthy or not.
+pub fn stream_only(socket: &Path, source: SourceName) -> Config {
+    let mut settings = config_with_sources(RuntimeKind::Cri, socket, SLOW, &[source]);
+    settings.slow_relist_period = SLOW;
+    settings
+}
+
+/// The state of `source` in `registry` (plegd's health), if it is there.
+pub fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<SourceStatus> {
+    registry
+        .snapshot()
+        .into_iter()
+        .find(|(s, _)| *s == source)
+        .map(|(_, status)| status)
+}
+
+/// Waits until `source`'s state satisfies `want`, and returns it.
+pub async fn wait_state(
+    registry: &SourceRegistry,
+    source: TriggerSource,
+    want: impl Fn(&SourceStatus) -> bool,
+) -> SourceStatus {
+    wait::until(&format!("{source:?} state"), STATE_DEADLINE, || async {
+        let status = status_of(registry, source);
+        Ok::<_, String>(status.filter(&want))
+    })
+    .await
+    .unwrap()
 }
 
 /// [`config`] with the given `--sources`.
@@ -55,12 +97,18 @@ pub fn config_with_sources(
 
 impl RunningPlegd {
     pub async fn start(config: Config) -> Self {
+        Self::start_with_output_buffer(config, OUTPUT_BUFFER).await
+    }
+
+    /// [`RunningPlegd::start`] with room for only `bytes` of unread output: a test that does
+    /// not read stalls plegd's output (its event consumer) once they are written.
+    pub async fn start_with_output_buffer(config: Config, bytes: usize) -> Self {
         let shutdown = CancellationToken::new();
         let connected = daemon::connect(&config, &shutdown)
             .await
             .expect("runtime reachable")
             .expect("not shut down");
-        Self::start_with(connected, config, shutdown).await
+        Self::start_connected(connected, config, shutdown, bytes).await
     }
 
     pub async fn start_with(
@@ -68,13 +116,22 @@ impl RunningPlegd {
         config: Config,
         shutdown: CancellationToken,
     ) -> Self {
+        Self::start_connected(connected, config, shutdown, OUTPUT_BUFFER).await
+    }
+
+    async fn start_connected(
+        connected: Connected,
+        config: Config,
+        shutdown: CancellationToken,
+        output_buffer: usize,
+    ) -> Self {
         let Connected { runtime, socket } = connected;
         let ebpf = daemon::load_ebpf(&config).expect("eBPF loads where --mode ebpf asks for it");
         let push = daemon::PushSources {
             runtime_socket: Some(socket),
             ebpf,
         };
-        let (writer, reader) = tokio::io::duplex(1 << 20);
+        let (writer, reader) = tokio::io::duplex(output_buffer);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
@@ -156,12 +213,19 @@ impl RunningPlegd {
         }
     }
 
+    /// Shuts the daemon down, reading (and dropping) whatever output it still writes so one
+    /// whose output a test left unread can finish.
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.task
-            .await
-            .expect("daemon task")
-            .expect("daemon output");
+        let Self {
+            mut lines,
+            shutdown,
+            task,
+            ..
+        } = self;
+        shutdown.cancel();
+        let drain = async { while let Ok(Some(_)) = lines.next_line().await {} };
+        let (result, ()) = tokio::join!(task, drain);
+        result.expect("daemon task").expect("daemon output");
     }
 }
 

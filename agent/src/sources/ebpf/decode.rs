@@ -8,10 +8,9 @@ use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
 
 use crate::{
     pleg::{
-        event::{Observation, ObservationKind, Trigger, TriggerSource},
+        event::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
         record::ContainerId,
     },
-    runtime::Scope,
     sources::ebpf::{cgroup_path, index::CgroupIndex},
 };
 

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    api::Metrics,
+    metrics::Metrics,
     pleg::{event::TriggerSource, generator::TriggerSender},
     sources::{
         ebpf::{

@@ -1,11 +1,12 @@
 //! Prometheus metrics: kubelet's PLEG metrics under kubelet's names and buckets, plus plegd's
-//! own. [`Metrics`] is a cheap `Clone` handle given to the relister, the generator and the
-//! sources; [`Metrics::encode`] renders the OpenMetrics text for `/metrics`.
+//! own. A leaf module: [`Metrics`] is a cheap `Clone` handle given to the generator, the sync
+//! loop and the sources; [`Metrics::encode`] renders the OpenMetrics text for `/metrics`.
 //!
 //! kubelet's names and semantics: `kubelet_pleg_relist_duration_seconds` and
 //! `kubelet_pleg_relist_interval_seconds` (histograms, Prometheus' default buckets as kubelet
 //! uses) and `kubelet_pleg_last_seen_seconds` describe *full* relists (kubelet's only kind);
-//! `kubelet_pleg_discard_events` counts events dropped on a full channel. It is exposed
+//! `kubelet_pleg_discard_events` counts events the sync loop skipped because it fell behind
+//! (kubelet drops them on a full channel; plegd's relist never drops). It is exposed
 //! without the `_total` suffix OpenMetrics gives counters, so kubelet dashboards find it, and
 //! therefore with type `unknown`.
 
@@ -30,7 +31,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{output::source_name, pleg::event::TriggerSource};
+use crate::pleg::event::TriggerSource;
 
 /// kubelet's buckets (`metrics.DefBuckets`, Prometheus' defaults).
 const KUBELET_BUCKETS: [f64; 11] = [
@@ -211,12 +212,21 @@ impl Metrics {
         }
     }
 
+    /// The sync loop fell behind the bus and skipped `count` events (it resyncs every pod
+    /// instead): kubelet's discarded events, which it drops on a full channel.
+    pub fn discarded_events(&self, count: u64) {
+        self.inner
+            .discard_events
+            .0
+            .fetch_add(count, Ordering::Relaxed);
+    }
+
     /// A hint from `source` was never confirmed by the runtime within the retry budget.
     pub fn unconfirmed_hint(&self, source: TriggerSource) {
         self.inner
             .unconfirmed_hints
             .get_or_create(&SourceLabel {
-                source: source_name(source),
+                source: source.name(),
             })
             .inc();
     }
@@ -226,30 +236,18 @@ impl Metrics {
         self.inner
             .triggers
             .get_or_create(&SourceLabel {
-                source: source_name(source),
+                source: source.name(),
             })
             .inc();
     }
 
-    /// A relist started at `started` took `duration`; `succeeded` says whether it listed,
-    /// `discarded` how many events it dropped on a full channel.
-    pub fn relisted(
-        &self,
-        full: bool,
-        started: Instant,
-        duration: Duration,
-        succeeded: bool,
-        discarded: usize,
-    ) {
+    /// A relist started at `started` took `duration`; `succeeded` says whether it listed.
+    pub fn relisted(&self, full: bool, started: Instant, duration: Duration, succeeded: bool) {
         let scope = if full { "full" } else { "targeted" };
         self.inner
             .relists
             .get_or_create(&ScopeLabel { scope })
             .inc();
-        self.inner
-            .discard_events
-            .0
-            .fetch_add(discarded as u64, Ordering::Relaxed);
         if !full {
             return;
         }
@@ -291,7 +289,7 @@ impl Metrics {
         self.inner
             .stream_reconnects
             .get_or_create(&SourceLabel {
-                source: source_name(source),
+                source: source.name(),
             })
             .inc();
     }
@@ -337,15 +335,15 @@ mod tests {
     fn kubelet_names_and_plegd_metrics_are_exposed() {
         let metrics = Metrics::new();
         let t0 = Instant::now();
-        metrics.relisted(true, t0, Duration::from_millis(3), true, 0);
+        metrics.relisted(true, t0, Duration::from_millis(3), true);
         metrics.relisted(
             true,
             t0 + Duration::from_secs(1),
             Duration::from_millis(7),
             true,
-            2,
         );
-        metrics.relisted(false, t0, Duration::from_millis(1), true, 0);
+        metrics.relisted(false, t0, Duration::from_millis(1), true);
+        metrics.discarded_events(2);
         metrics.trigger(TriggerSource::Containerd);
         metrics.trigger_to_event(Duration::from_micros(350));
         metrics.ringbuf_drops(3);

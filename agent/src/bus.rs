@@ -1,4 +1,6 @@
-//! The event bus: a bounded history of published events and a bounded queue per subscriber.
+//! The event bus: the single fan-out of lifecycle events. The relist publishes each event
+//! once; every consumer (API watchers, the sync loop, stdout) is a subscriber with its own
+//! bounded queue and its own lag policy, so none of them can delay the relist or each other.
 //!
 //! - **Sequences come from the relister**: [`EventBus::publish`] assigns nothing; events are
 //!   published in sequence order, gapless within a daemon run (an event out of order is
@@ -6,7 +8,8 @@
 //! - **Resume**: [`EventBus::subscribe`] with `from` > 0 returns every kept event with
 //!   sequence >= `from`, then the live ones, atomically (no gap, no duplicate). `from` older
 //!   than the oldest kept event, or beyond the next sequence, is [`SubscribeError`]. `from` = 0
-//!   means live events only.
+//!   means live events only. A subscription knows the first sequence it delivers
+//!   ([`Subscription::start`]), taken under the same lock as the subscription itself.
 //! - **Slow subscribers are ended, never waited for**: publishing never blocks. When a
 //!   subscriber's queue is full, it is removed and its [`Subscription`] ends with
 //!   [`Ended::Lagged`] at its next read (events still queued are dropped: the subscriber
@@ -22,8 +25,20 @@ use std::{
     },
 };
 
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::{
+    mpsc::{self, error::TrySendError},
+    watch,
+};
 use tracing::warn;
+
+/// The bus of plegd's events, as served (`plegd.v1.Event`).
+pub type ApiBus = EventBus<plegd_proto::v1::Event>;
+
+impl Sequenced for plegd_proto::v1::Event {
+    fn sequence(&self) -> u64 {
+        self.sequence
+    }
+}
 
 /// Default number of events kept for resuming watchers.
 pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
@@ -60,6 +75,8 @@ pub struct EventBus<T> {
     inner: Arc<Mutex<Inner<T>>>,
     run_id: u64,
     queue: usize,
+    /// True once closed: the publisher is done.
+    closed: watch::Sender<bool>,
 }
 
 impl<T> Clone for EventBus<T> {
@@ -68,6 +85,7 @@ impl<T> Clone for EventBus<T> {
             inner: Arc::clone(&self.inner),
             run_id: self.run_id,
             queue: self.queue,
+            closed: self.closed.clone(),
         }
     }
 }
@@ -98,6 +116,8 @@ struct Slot<T> {
     id: u64,
     tx: mpsc::Sender<Arc<T>>,
     lagged: Arc<AtomicBool>,
+    /// One of the daemon's own consumers (stdout, the sync loop), not a watcher.
+    internal: bool,
 }
 
 impl<T: Sequenced> EventBus<T> {
@@ -114,6 +134,7 @@ impl<T: Sequenced> EventBus<T> {
             })),
             run_id,
             queue: queue.max(1),
+            closed: watch::Sender::new(false),
         }
     }
 
@@ -148,9 +169,14 @@ impl<T: Sequenced> EventBus<T> {
         self.lock().last
     }
 
-    /// Number of live subscribers.
+    /// Number of live watchers (subscribers made with [`EventBus::subscribe`]; the daemon's
+    /// own consumers are not counted).
     pub fn subscriber_count(&self) -> usize {
-        self.lock().subscribers.len()
+        self.lock()
+            .subscribers
+            .iter()
+            .filter(|s| !s.internal)
+            .count()
     }
 
     /// Keeps `event` and hands it to every subscriber; never blocks. Subscribers whose queue is
@@ -171,7 +197,6 @@ impl<T: Sequenced> EventBus<T> {
             inner.history.pop_front();
         }
         inner.history.push_back(Arc::clone(&event));
-        let queue = self.queue;
         inner
             .subscribers
             .retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
@@ -179,7 +204,8 @@ impl<T: Sequenced> EventBus<T> {
                 Err(TrySendError::Full(_)) => {
                     warn!(
                         subscriber = slot.id,
-                        queue, "a watcher fell behind; ending it as lagged"
+                        queue = slot.tx.max_capacity(),
+                        "a subscriber fell behind; ending it as lagged"
                     );
                     slot.lagged.store(true, Ordering::Release);
                     false
@@ -188,8 +214,24 @@ impl<T: Sequenced> EventBus<T> {
             });
     }
 
-    /// Subscribes from sequence `from` (0: live events only); see the module docs.
+    /// Subscribes a watcher from sequence `from` (0: live events only); see the module docs.
     pub fn subscribe(&self, from: u64) -> Result<Subscription<T>, SubscribeError> {
+        self.add_subscriber(from, self.queue, false)
+    }
+
+    /// Subscribes one of the daemon's own consumers, with a queue of its own length (at least
+    /// one) and a lag policy of its own; not counted as a watcher.
+    pub fn consume(&self, from: u64, queue: usize) -> Result<Subscription<T>, SubscribeError> {
+        self.add_subscriber(from, queue, true)
+    }
+
+    fn add_subscriber(
+        &self,
+        from: u64,
+        queue: usize,
+        internal: bool,
+    ) -> Result<Subscription<T>, SubscribeError> {
+        let queue = queue.max(1);
         let mut inner = self.lock();
         let next = inner.last + 1;
         let oldest = inner.history.front().map_or(next, |e| e.sequence());
@@ -202,7 +244,8 @@ impl<T: Sequenced> EventBus<T> {
                 inner.history.range(start..).cloned().collect()
             }
         };
-        let (tx, rx) = mpsc::channel(self.queue);
+        let start = if from == 0 { next } else { from };
+        let (tx, rx) = mpsc::channel(queue);
         let lagged = Arc::new(AtomicBool::new(false));
         let id = inner.next_id;
         inner.next_id += 1;
@@ -211,23 +254,34 @@ impl<T: Sequenced> EventBus<T> {
                 id,
                 tx,
                 lagged: Arc::clone(&lagged),
+                internal,
             });
         }
         Ok(Subscription {
             backlog,
             rx,
             lagged,
-            queue: self.queue,
+            queue,
+            start,
             id,
             bus: Arc::clone(&self.inner),
         })
     }
 
-    /// Ends every subscription (after what is queued) and refuses new live ones.
+    /// Ends every subscription (after what is queued) and refuses new live ones: the
+    /// publisher is done.
     pub fn close(&self) {
         let mut inner = self.lock();
         inner.closed = true;
         inner.subscribers.clear();
+        self.closed.send_replace(true);
+    }
+
+    /// Resolves once the bus is closed.
+    pub async fn closed(&self) {
+        let mut closed = self.closed.subscribe();
+        // The sender lives in `self`: wait_for cannot fail while we hold it.
+        let _ = closed.wait_for(|closed| *closed).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
@@ -246,11 +300,23 @@ pub struct Subscription<T> {
     rx: mpsc::Receiver<Arc<T>>,
     lagged: Arc<AtomicBool>,
     queue: usize,
+    start: u64,
     id: u64,
     bus: Arc<Mutex<Inner<T>>>,
 }
 
 impl<T> Subscription<T> {
+    /// The sequence of the first event this subscription delivers: where a client that lags
+    /// or disconnects before reading anything resumes.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// The length of its queue.
+    pub fn queue(&self) -> usize {
+        self.queue
+    }
+
     /// The next event, or why there are no more.
     pub async fn next(&mut self) -> Result<Arc<T>, Ended> {
         if let Some(event) = self.backlog.pop_front() {
@@ -338,8 +404,21 @@ mod tests {
         let bus = EventBus::new(1, 100, 16);
         publish(&bus, 1..=3);
         let mut sub = bus.subscribe(0).unwrap();
+        assert_eq!(sub.start(), 4);
         publish(&bus, 4..=4);
         assert_eq!(take(&mut sub, 1).await, [4]);
+        assert_eq!(bus.subscribe(2).unwrap().start(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_with_its_own_queue_lags_on_its_own_and_is_no_watcher() {
+        let bus = EventBus::new(1, 100, 2);
+        let mut roomy = bus.consume(0, 10).unwrap();
+        let mut tight = bus.subscribe(0).unwrap();
+        assert_eq!(bus.subscriber_count(), 1);
+        publish(&bus, 1..=5);
+        assert_eq!(take(&mut roomy, 5).await, [1, 2, 3, 4, 5]);
+        assert_eq!(tight.next().await.unwrap_err(), Ended::Lagged { queue: 2 });
     }
 
     #[test]
@@ -403,6 +482,7 @@ mod tests {
         let mut sub = bus.subscribe(0).unwrap();
         publish(&bus, 1..=1);
         bus.close();
+        bus.closed().await;
         assert_eq!(take(&mut sub, 1).await, [1]);
         assert_eq!(sub.next().await.unwrap_err(), Ended::Closed);
     }

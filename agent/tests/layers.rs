@@ -1,0 +1,200 @@
+//! The layer rule of `lib.rs`'s `# Layout`: a module imports only modules of its own layer or
+//! of layers below it. Reads the `crate::` paths of every source file (test modules excluded)
+//! and fails naming each arrow that points up.
+
+use std::{collections::BTreeSet, path::Path};
+
+/// The layers, lowest first, as `lib.rs` lists them. `pleg` is split by file: its types sit
+/// at the bottom, its relist and generator above the runtime.
+const LAYERS: &[&[&str]] = &[
+    &["pleg::record", "pleg::event", "pleg::clock"],
+    &[
+        "metrics",
+        "bus",
+        "pleg::diff",
+        "pleg::cache",
+        "pleg::health",
+        "pleg::scheduler",
+        "pleg::sink",
+    ],
+    &["runtime"],
+    &["pleg::relist", "pleg::generator"],
+    &["sources"],
+    &["output", "sync_loop", "state"],
+    &["config"],
+    &["api"],
+    &["daemon", "check"],
+    &["cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// The module a source file belongs to: `pleg::<file>` inside `pleg`, else its top directory
+/// or file. `None` for the crate root and `pleg/mod.rs`, which only declare modules.
+fn module_of(relative: &Path) -> Option<String> {
+    let parts: Vec<String> = relative
+        .with_extension("")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    match parts.as_slice() {
+        [root] if root == "lib" || root == "main" => None,
+        [pleg, file] if pleg == "pleg" => (file != "mod").then(|| format!("pleg::{file}")),
+        [top, ..] => Some(top.clone()),
+        [] => None,
+    }
+}
+
+/// The module a `crate::` path names: `pleg::<item>` inside `pleg`, else its first segment.
+fn target_of(path: &str) -> String {
+    let mut segments = path.split("::").map(str::trim);
+    let first = segments.next().unwrap_or_default();
+    match (first, segments.next()) {
+        ("pleg", Some(second)) => format!("pleg::{second}"),
+        _ => first.to_owned(),
+    }
+}
+
+/// Every module the code (not comments) of `source` names through `crate::`, expanding
+/// `crate::{a::b, c::{d, e}}` groups at their first level, and `pleg::{x, y}` one deeper.
+fn imports(source: &str) -> BTreeSet<String> {
+    let code: String = source
+        .lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        for path in expand(rest) {
+            found.insert(target_of(&path));
+        }
+    }
+    found
+}
+
+/// The paths a `use` tree starting at `rest` names, down to the second segment.
+fn expand(rest: &str) -> Vec<String> {
+    let ident_end = |s: &str| {
+        s.find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(s.len())
+    };
+    if let Some(group) = rest.strip_prefix('{') {
+        return split_group(group)
+            .into_iter()
+            .flat_map(|entry| expand(entry.trim()))
+            .collect();
+    }
+    let end = ident_end(rest);
+    let first = &rest[..end];
+    if first.is_empty() {
+        return Vec::new();
+    }
+    let after = &rest[end..];
+    match after.strip_prefix("::") {
+        Some(next) if first == "pleg" => match next.strip_prefix('{') {
+            Some(group) => split_group(group)
+                .into_iter()
+                .map(|entry| {
+                    let entry = entry.trim();
+                    format!("pleg::{}", &entry[..ident_end(entry)])
+                })
+                .collect(),
+            None => vec![format!("pleg::{}", &next[..ident_end(next)])],
+        },
+        _ => vec![first.to_owned()],
+    }
+}
+
+/// The top-level, comma-separated entries of a `{...}` group whose opening brace is consumed.
+fn split_group(group: &str) -> Vec<&str> {
+    let (mut depth, mut start, mut entries) = (0usize, 0usize, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                entries.push(&group[start..i]);
+                return entries
+                    .into_iter()
+                    .filter(|e| !e.trim().is_empty())
+                    .collect();
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                entries.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    entries
+}
+
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_module_imports_a_module_above_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    files.sort();
+    let mut upward = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let relative = file.strip_prefix(&root).unwrap();
+        let Some(module) = module_of(relative) else {
+            continue;
+        };
+        let own = layer_of(&module)
+            .unwrap_or_else(|| panic!("{module} ({}) is in no layer", relative.display()));
+        for target in imports(&std::fs::read_to_string(file).unwrap()) {
+            if target == module {
+                continue;
+            }
+            let Some(layer) = layer_of(&target) else {
+                panic!(
+                    "{} imports {target}, which is in no layer",
+                    relative.display()
+                );
+            };
+            checked += 1;
+            if layer > own {
+                upward.push(format!(
+                    "{} ({module}) imports {target}",
+                    relative.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} imports found: is the parser broken?"
+    );
+    assert!(
+        upward.is_empty(),
+        "imports pointing up:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn the_parser_finds_grouped_and_nested_paths() {
+    let source = "use crate::{\n    api::{self, ApiBus},\n    pleg::{cache::PodCache, event::{Scope, Trigger}},\n    runtime::Runtime,\n};\n// crate::cli in a comment\nfn f() { crate::metrics::Metrics::new(); }\n#[cfg(test)]\nmod tests { use crate::daemon; }\n";
+    let found: Vec<String> = imports(source).into_iter().collect();
+    assert_eq!(
+        found,
+        ["api", "metrics", "pleg::cache", "pleg::event", "runtime"]
+    );
+}
