@@ -88,8 +88,8 @@ pub async fn connect(
                 return Ok(Some(Connected { runtime, socket }));
             }
             Err(Retry::Never(e)) => return Err(e),
-            Err(Retry::After(reason)) => {
-                error!("cannot reach the runtime: {reason}; retrying in {delay:?}");
+            Err(Retry::After(unreachable)) => {
+                error!("cannot reach the runtime: {unreachable}; retrying in {delay:?}");
             }
         }
         tokio::select! {
@@ -102,7 +102,17 @@ pub async fn connect(
 
 enum Retry {
     Never(StartError),
-    After(String),
+    After(Unreachable),
+}
+
+/// Why the runtime cannot be reached yet; retried.
+#[derive(Debug, thiserror::Error)]
+enum Unreachable {
+    #[error(transparent)]
+    NoSocket(EndpointError),
+    /// Shown with every cause: tonic's own text is often just "transport error".
+    #[error("{}", endpoint::with_causes(.0.to_string(), .0))]
+    Runtime(crate::runtime::RuntimeError),
 }
 
 async fn try_connect(
@@ -112,14 +122,12 @@ async fn try_connect(
     let socket = match &config.runtime_endpoint {
         Some(given) => endpoint::parse_endpoint(given).map_err(|e| Retry::Never(e.into()))?,
         None => endpoint::detect(&endpoint::WELL_KNOWN_SOCKETS)
-            .map_err(|e| Retry::After(e.to_string()))?,
+            .map_err(|e| Retry::After(Unreachable::NoSocket(e)))?,
     };
     match AnyRuntime::connect(config.runtime, &socket, options.clone()).await {
         Ok(runtime) => Ok((runtime, socket)),
         Err(ConnectError::Namespace(e)) => Err(Retry::Never(e.into())),
-        Err(ConnectError::Runtime(e)) => {
-            Err(Retry::After(endpoint::with_causes(e.to_string(), &e)))
-        }
+        Err(ConnectError::Runtime(e)) => Err(Retry::After(Unreachable::Runtime(e))),
     }
 }
 
@@ -134,7 +142,7 @@ pub struct PushSources {
 pub enum EbpfStart {
     Loaded(Probes),
     /// `--mode auto` on a node that cannot load them: the reason, for health.
-    Unavailable(String),
+    Unavailable(ebpf::LoadError),
     /// Turned off by `--mode polling` or `--sources`.
     Off,
 }
@@ -149,7 +157,7 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
         Ok(probes) => Ok(EbpfStart::Loaded(probes)),
         Err(error) if config.mode == Mode::Auto => {
             warn!("eBPF probes unavailable, running without them: {error}");
-            Ok(EbpfStart::Unavailable(error.to_string()))
+            Ok(EbpfStart::Unavailable(error))
         }
         Err(error) => Err(error),
     }
@@ -439,7 +447,11 @@ fn start_stream_sources(
             }));
         }
         EbpfStart::Unavailable(reason) => {
-            registry.set(TriggerSource::Ebpf, SourceState::Unsupported, reason);
+            registry.set(
+                TriggerSource::Ebpf,
+                SourceState::Unsupported,
+                reason.to_string(),
+            );
         }
         EbpfStart::Off => {
             registry.set(

@@ -252,7 +252,9 @@ async fn auto_mode_child() {
         .unwrap()
     };
     match daemon::load_ebpf(&with_mode(Mode::Auto)).expect("auto mode never fails") {
-        EbpfStart::Unavailable(reason) => assert!(reason.contains("tracefs"), "{reason}"),
+        EbpfStart::Unavailable(reason) => {
+            assert!(reason.to_string().contains("tracefs"), "{reason}")
+        }
         _ => panic!("the probes loaded without tracefs"),
     }
     let error = daemon::load_ebpf(&with_mode(Mode::Ebpf))

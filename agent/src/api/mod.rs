@@ -33,16 +33,17 @@ use crate::{
 /// A new run id: random, so a client can tell a restarted daemon (whose sequences start
 /// again at 1) from the one it watched.
 pub fn new_run_id() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    // std's hasher keys are random per process; mixing in the time guards against a reuse.
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
+    let id = getrandom::u64().unwrap_or_else(|error| {
+        // The kernel's generator does not fail on Linux; if it ever did, the clock still
+        // tells two runs apart.
+        tracing::warn!(%error, "no random run id; using the clock");
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
-            .as_nanos(),
-    );
-    hasher.finish().max(1)
+            .as_nanos() as u64
+    });
+    // 0 means "any run" in WatchRequest.
+    id.max(1)
 }
 
 /// What a running daemon shares with its API servers (and tests).

@@ -2,7 +2,10 @@
 //! what it observed, and which cgroups the probes should stop tracking. Pure: no
 //! maps, no ring buffer, so it is tested with plain values.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashSet,
+    time::{Duration, SystemTime},
+};
 
 use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
 
@@ -28,11 +31,29 @@ pub struct Decoded {
 pub struct Decoder {
     pub index: CgroupIndex,
     namespaces: Vec<String>,
+    /// Processes whose exec was a runtime's bootstrap (see [`is_bootstrap_exec`]): the probes
+    /// took them for their container's init, so their exit comes too, and means nothing.
+    bootstraps: HashSet<u32>,
+}
+
+/// Bootstraps whose exit was never seen (lost to a full ring) are forgotten past this many.
+const MAX_BOOTSTRAPS: usize = 4096;
+
+/// Whether an exec is a container runtime re-executing its own binary through a file
+/// descriptor (runc's cloned binary, `/dev/fd/N` or `/proc/self/fd/N`), which runc's init may
+/// do inside the container's cgroup before the container's command execs. It is not the
+/// container starting; its exit is not the container dying.
+fn is_bootstrap_exec(path: &str) -> bool {
+    path.starts_with("/dev/fd/") || path.starts_with("/proc/self/fd/")
 }
 
 impl Decoder {
     pub fn new(index: CgroupIndex, namespaces: Vec<String>) -> Self {
-        Self { index, namespaces }
+        Self {
+            index,
+            namespaces,
+            bootstraps: HashSet::new(),
+        }
     }
 
     /// Decodes one event; `observed_at` is its wall-clock time. `victim_cgroup` resolves an OOM
@@ -77,9 +98,20 @@ impl Decoder {
                 }),
                 untrack: None,
             },
-            Some(KernelEventKind::Exec) => self.about_cgroup(event.cgroup_id, |id| {
-                trigger(id, vec![ObservationKind::Exec(text(&event.path))])
-            }),
+            Some(KernelEventKind::Exec) => {
+                let path = text(&event.path);
+                if is_bootstrap_exec(&path) {
+                    if self.bootstraps.len() >= MAX_BOOTSTRAPS {
+                        self.bootstraps.clear();
+                    }
+                    self.bootstraps.insert(event.pid);
+                    return Decoded::default();
+                }
+                self.about_cgroup(event.cgroup_id, |id| {
+                    trigger(id, vec![ObservationKind::Exec(path)])
+                })
+            }
+            Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
             Some(KernelEventKind::Exit) => {
                 let observation = if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
                     exit_observation(event.exit_status)
@@ -130,13 +162,10 @@ fn text(bytes: &[u8]) -> String {
 
 /// The wall-clock time of a `bpf_ktime_get_ns()` stamp.
 pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    let mono_now = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
+    // CLOCK_MONOTONIC cannot fail on Linux; a zero "now" would only make the age zero.
+    let mono_now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default();
     let age = mono_now.saturating_sub(Duration::from_nanos(ktime_ns));
     SystemTime::now() - age
 }
@@ -270,6 +299,47 @@ mod tests {
                 no_proc
             ),
             Decoded::default()
+        );
+    }
+
+    /// runc's init may re-exec its own binary inside the cgroup before the container's
+    /// command: neither that exec nor that process's exit is a hint.
+    #[test]
+    fn a_runtime_bootstrap_exec_and_its_exit_are_no_hints() {
+        let mut d = decoder();
+        d.decode(
+            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            SystemTime::UNIX_EPOCH,
+            no_proc,
+        );
+        let mut bootstrap = event(KernelEventKind::Exec, 7, "/dev/fd/6");
+        bootstrap.pid = 100;
+        assert_eq!(
+            d.decode(&bootstrap, SystemTime::UNIX_EPOCH, no_proc),
+            Decoded::default()
+        );
+        let mut exit = event(KernelEventKind::Exit, 7, "");
+        exit.pid = 100;
+        assert_eq!(
+            d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc),
+            Decoded::default()
+        );
+        // The container's command, and its exit, are.
+        let mut command = event(KernelEventKind::Exec, 7, "/bin/sh");
+        command.pid = 101;
+        let trigger = d
+            .decode(&command, SystemTime::UNIX_EPOCH, no_proc)
+            .trigger
+            .unwrap();
+        assert_eq!(
+            trigger.observations[0].kind,
+            ObservationKind::Exec("/bin/sh".into())
+        );
+        exit.pid = 101;
+        assert!(
+            d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc)
+                .trigger
+                .is_some()
         );
     }
 

@@ -276,7 +276,7 @@ fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex) {
         match inits.insert(id, init, BPF_NOEXIST) {
             Ok(()) => {}
             Err(aya::maps::MapError::SyscallError(e))
-                if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                if e.io_error.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) => {}
             Err(error) => {
                 debug!(%error, cgroup = id, "seeding the init map");
                 failed += 1;
@@ -300,16 +300,8 @@ fn total_lost(lost: &PerCpuArray<MapData, u64>) -> u64 {
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK. Newer ones account to the memory
 /// cgroup, and raising the limit needs CAP_SYS_RESOURCE, so failure is not an error.
 fn bump_memlock_rlimit() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads a valid, initialised rlimit struct.
-    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
-    if ret != 0 {
-        debug!(
-            error = %std::io::Error::last_os_error(),
-            "could not raise RLIMIT_MEMLOCK (not needed on kernels >= 5.11)"
-        );
+    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+    if let Err(error) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+        debug!(%error, "could not raise RLIMIT_MEMLOCK (not needed on kernels >= 5.11)");
     }
 }
