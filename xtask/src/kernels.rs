@@ -689,6 +689,22 @@ ok  --mode auto              ebpf
     }
 
     #[test]
+    fn a_filter_may_leave_a_binary_without_tests() {
+        let mut report = Report::default();
+        feed(
+            &mut report,
+            &format!(
+                "{CHECK_OK}@@xtask begin ebpf_probes\n\
+                 test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out\n\
+                 @@xtask end ebpf_probes 0\n\
+                 @@xtask done\n"
+            ),
+        );
+        assert!(report.verdict(1, false).is_empty());
+        assert_eq!(report.verdict(1, true), ["ebpf_probes: no test ran"]);
+    }
+
+    #[test]
     fn a_vm_that_never_ran_the_script_says_so() {
         let mut report = Report {
             problem: Some("vng exited with exit status: 1".into()),
