@@ -91,6 +91,7 @@ struct Inner {
     relists: Family<ScopeLabel, Counter>,
     trigger_to_event: Histogram,
     ringbuf_drops: Counter,
+    untracked_cgroups: Counter,
     stream_reconnects: Family<SourceLabel, Counter>,
     unconfirmed_hints: Family<SourceLabel, Counter>,
     watch_subscribers: Gauge,
@@ -165,6 +166,12 @@ impl Metrics {
             "Kernel events lost because the eBPF ring buffer was full.",
             ringbuf_drops.clone(),
         );
+        let untracked_cgroups = Counter::default();
+        registry.register(
+            "plegd_untracked_cgroups",
+            "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes).",
+            untracked_cgroups.clone(),
+        );
         let stream_reconnects = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_stream_reconnects",
@@ -202,6 +209,7 @@ impl Metrics {
                 relists,
                 trigger_to_event,
                 ringbuf_drops,
+                untracked_cgroups,
                 stream_reconnects,
                 unconfirmed_hints,
                 watch_subscribers,
@@ -284,6 +292,11 @@ impl Metrics {
         self.inner.ringbuf_drops.inc_by(count);
     }
 
+    /// `count` container cgroups could not be tracked in the eBPF init map.
+    pub fn untracked_cgroups(&self, count: u64) {
+        self.inner.untracked_cgroups.inc_by(count);
+    }
+
     /// A runtime event stream of `source` reconnected.
     pub fn stream_reconnect(&self, source: TriggerSource) {
         self.inner
@@ -347,6 +360,7 @@ mod tests {
         metrics.trigger(TriggerSource::Containerd);
         metrics.trigger_to_event(Duration::from_micros(350));
         metrics.ringbuf_drops(3);
+        metrics.untracked_cgroups(4);
         metrics.stream_reconnect(TriggerSource::CriEvents);
         metrics.unconfirmed_hint(TriggerSource::Ebpf);
         metrics.set_snapshot(2, 1, &BTreeMap::from([("running", 3)]));
@@ -376,6 +390,7 @@ mod tests {
         );
         assert_eq!(value(&text, "plegd_trigger_to_event_seconds_count"), 1.0);
         assert_eq!(value(&text, "plegd_ringbuf_drops_total"), 3.0);
+        assert_eq!(value(&text, "plegd_untracked_cgroups_total"), 4.0);
         assert_eq!(
             value(
                 &text,

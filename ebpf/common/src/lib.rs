@@ -118,6 +118,12 @@ unsafe impl aya::Pod for KernelEvent {}
 // SAFETY: repr(C), Copy, no padding, and every bit pattern is a valid value.
 unsafe impl aya::Pod for ProbeConfig {}
 
+/// Index in the per-CPU `LOST` counters: events that found the ring buffer full.
+pub const LOST_RING_FULL: u32 = 0;
+/// Index in the per-CPU `LOST` counters: cgroups the `INITS` map could not take (their
+/// containers get no process hints; the relist still finds their changes).
+pub const LOST_INIT_SLOTS: u32 = 1;
+
 /// Size in bytes of the `EVENTS` ring buffer (a power of two, a multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 

@@ -11,17 +11,19 @@ use aya_ebpf::{
 };
 use plegd_common::{
     EVENT_HAS_EXIT_STATUS, EVENTS_RING_BYTES, INIT_CGROUPS, KernelEvent, KernelEventKind,
-    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, ProbeConfig, tracepoint_offsets as tp,
+    LOST_INIT_SLOTS, LOST_RING_FULL, PROBE_EXIT_CODE, PROBE_GROUP_DEAD, ProbeConfig,
+    tracepoint_offsets as tp,
 };
 
 /// Events for userspace.
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
-/// Events that found the ring buffer full, per CPU (index 0). Userspace schedules a full
-/// relist when it grows.
+/// What the probes could not record, per CPU: events that found the ring buffer full
+/// ([`LOST_RING_FULL`]; userspace schedules a full relist when it grows) and cgroups the init
+/// map could not take ([`LOST_INIT_SLOTS`]; logged and counted by userspace).
 #[map]
-static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 /// Container init tracking: cgroup2 id -> thread-group id of its init, 0 while it has none.
 /// A container's init is the process that execs in its cgroup while it has none: runc's init
@@ -100,9 +102,11 @@ fn try_cgroup_change(ctx: &TracePointContext, kind: KernelEventKind) -> Result<u
     // Before the event: the cgroup's first exec may follow at once.
     match kind {
         // A full map (LRU eviction failing) only costs this cgroup its process hints: the
-        // relist still finds its container's changes.
+        // relist still finds its container's changes. Counted, so userspace can say so.
         KernelEventKind::CgroupMkdir => {
-            let _ = INITS.insert(&id, &0, BPF_NOEXIST as u64);
+            if INITS.insert(&id, &0, BPF_NOEXIST as u64).is_err() && !is_tracked(id) {
+                count_lost(LOST_INIT_SLOTS);
+            }
         }
         _ => {
             let _ = INITS.remove(&id);
@@ -190,6 +194,19 @@ fn probe_config() -> ProbeConfig {
     unsafe { core::ptr::read_volatile(&PROBE_CONFIG) }
 }
 
+/// Whether the init map has an entry for `cgroup` (an insert with NOEXIST fails on one).
+fn is_tracked(cgroup: u64) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { INITS.get(&cgroup).is_some() }
+}
+
+fn count_lost(index: u32) {
+    if let Some(lost) = LOST.get_ptr_mut(index) {
+        // SAFETY: a per-CPU slot, touched only by this CPU.
+        unsafe { *lost += 1 };
+    }
+}
+
 fn current_tgid() -> u64 {
     bpf_get_current_pid_tgid() >> 32
 }
@@ -213,10 +230,7 @@ fn emit(
     path: Option<*const u8>,
 ) -> Result<u32, u32> {
     let Some(mut entry) = EVENTS.reserve::<KernelEvent>(0) else {
-        if let Some(lost) = LOST.get_ptr_mut(0) {
-            // SAFETY: a per-CPU slot, touched only by this CPU.
-            unsafe { *lost += 1 };
-        }
+        count_lost(LOST_RING_FULL);
         return Err(1);
     };
     let event = entry.as_mut_ptr();

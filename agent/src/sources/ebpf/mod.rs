@@ -29,7 +29,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
-use plegd_common::KernelEvent;
+use plegd_common::{KernelEvent, LOST_INIT_SLOTS, LOST_RING_FULL};
 use tokio::io::{Interest, unix::AsyncFd};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -192,7 +192,7 @@ pub async fn run(
         CgroupIndex::scan(&probes.cgroup2, &namespaces),
         namespaces.clone(),
     );
-    seed_inits(&mut inits, &decoder.index);
+    seed_inits(&mut inits, &decoder.index, &metrics);
     let programs = probes.program_names();
     registry.set(
         TriggerSource::Ebpf,
@@ -212,7 +212,8 @@ pub async fn run(
 
     let mut refresh = tokio::time::interval(INDEX_REFRESH);
     let mut loss_check = tokio::time::interval(LOSS_CHECK);
-    let mut lost_seen = total_lost(&lost);
+    let mut lost_seen = total_lost(&lost, LOST_RING_FULL);
+    let mut untracked_seen = total_lost(&lost, LOST_INIT_SLOTS);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -233,17 +234,26 @@ pub async fn run(
                 guard.clear_ready();
             }
             _ = loss_check.tick() => {
-                let now = total_lost(&lost);
+                let now = total_lost(&lost, LOST_RING_FULL);
                 if now > lost_seen {
                     warn!(lost = now - lost_seen, "kernel events lost (ring buffer full): full relist");
                     metrics.ringbuf_drops(now - lost_seen);
                     triggers.request_full_relist();
                     lost_seen = now;
                 }
+                let now = total_lost(&lost, LOST_INIT_SLOTS);
+                if now > untracked_seen {
+                    warn!(
+                        cgroups = now - untracked_seen,
+                        "the init map is full: these cgroups get no process hints (the relist still finds their changes)"
+                    );
+                    metrics.untracked_cgroups(now - untracked_seen);
+                    untracked_seen = now;
+                }
             }
             _ = refresh.tick() => {
                 decoder.index = CgroupIndex::scan(&probes.cgroup2, &namespaces);
-                seed_inits(&mut inits, &decoder.index);
+                seed_inits(&mut inits, &decoder.index, &metrics);
                 debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
             }
         }
@@ -264,7 +274,7 @@ fn read_event(bytes: &[u8]) -> Option<KernelEvent> {
 /// Gives the probes the init of every indexed container they do not track yet: containers
 /// that ran before the probes attached, or whose entry the map evicted. Entries the probes
 /// made themselves are left as they are.
-fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex) {
+fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex, metrics: &Metrics) {
     let tracked: std::collections::HashSet<u64> = inits.keys().flatten().collect();
     let mut failed = 0;
     for (id, dir) in index.dirs() {
@@ -286,13 +296,15 @@ fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex) {
     if failed > 0 {
         warn!(
             failed,
-            "could not seed the init map for some containers: their process hints wait for their next exec"
+            "could not seed the init map for some containers: they get no process hints (the relist still finds their changes)"
         );
+        metrics.untracked_cgroups(failed);
     }
 }
 
-fn total_lost(lost: &PerCpuArray<MapData, u64>) -> u64 {
-    lost.get(&0, 0)
+/// The sum over CPUs of the `LOST` counter at `index`.
+fn total_lost(lost: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
+    lost.get(&index, 0)
         .map(|values| values.iter().sum())
         .unwrap_or(0)
 }
