@@ -154,7 +154,15 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
         return Ok(EbpfStart::Off);
     }
     match Probes::load() {
-        Ok(probes) => Ok(EbpfStart::Loaded(probes)),
+        Ok(probes) => {
+            // Said once: what this kernel lacks, and what that costs (`plegd check` lists all).
+            for (subject, available, detail) in probes.features().describe() {
+                if !available {
+                    info!("eBPF {subject}: {detail}");
+                }
+            }
+            Ok(EbpfStart::Loaded(probes))
+        }
         Err(error) if config.mode == Mode::Auto => {
             warn!("eBPF probes unavailable, running without them: {error}");
             Ok(EbpfStart::Unavailable(error))

@@ -115,13 +115,6 @@ impl Probes {
         if let Some(why) = features.fatal() {
             return Err(LoadError::Unsupported(why.to_owned()));
         }
-        for (subject, available, detail) in features.describe() {
-            if available {
-                debug!("{subject}: {detail}");
-            } else {
-                warn!("{subject}: {detail}");
-            }
-        }
         bump_memlock_rlimit();
         let mut ebpf = EbpfLoader::new()
             .override_global("PROBE_CONFIG", &features.probe_config(), true)
