@@ -1,6 +1,7 @@
 //! `cargo xtask test`: set the machine up, check format and lints, run every test, unit and
 //! end-to-end (the latter against a private containerd, runc and the real kernel; root), then
-//! `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM.
+//! the event-source and eBPF suites on containerd 1.7 and 2.1, then `cargo xtask kernels
+//! --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM.
 
 use std::process::Command;
 
@@ -22,6 +23,10 @@ pub struct Options {
     /// --quick`, a few minutes). Also skipped when a filter is given.
     #[arg(long)]
     pub no_kernels: bool,
+    /// Skip the event-source and eBPF suites on the other containerd releases (1.7, 2.1).
+    /// Also skipped when a filter or `--containerd` is given.
+    #[arg(long)]
+    pub no_matrix: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
     #[command(flatten)]
@@ -59,8 +64,27 @@ pub fn run(opts: &Options) -> Result<()> {
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }
-    // The VM check runs even when a test failed here: CI then tells both at once.
-    let tests = stream(&mut test);
+    // The later checks run even when a test failed here: CI then tells everything at once.
+    let mut failures = Vec::new();
+    if let Err(e) = stream(&mut test) {
+        failures.push(e);
+    }
+    let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
+    for release in MATRIX_RELEASES.iter().filter(|_| matrix) {
+        step(&format!(
+            "event sources and eBPF on containerd {release} ({})",
+            MATRIX_SUITES.join(", ")
+        ));
+        let mut suites = Command::new(cargo);
+        suites.args(["test", "--package", "plegd-tests", "--no-fail-fast"]);
+        for suite in MATRIX_SUITES {
+            suites.args(["--test", suite]);
+        }
+        suites.env(harness::RELEASE_ENV, release);
+        if let Err(e) = stream(&mut suites) {
+            failures.push(e.context(format!("containerd {release}")));
+        }
+    }
     if let Some(vm) = vm {
         step("eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)");
         let started = std::time::Instant::now();
@@ -77,14 +101,24 @@ pub fn run(opts: &Options) -> Result<()> {
             started.elapsed().as_secs_f64()
         ));
         if let Err(e) = kernels {
-            return Err(match tests {
-                Ok(()) => e,
-                Err(tests) => anyhow!("{tests:#}; and {e:#}"),
-            });
+            failures.push(e);
         }
     }
-    tests
+    match failures
+        .into_iter()
+        .reduce(|all, e| anyhow!("{all:#}; and {e:#}"))
+    {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
+
+/// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
+const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
+
+/// The suites run on them: the runtime's event streams (containerd's and CRI's) and the
+/// eBPF path, the parts that differ between releases.
+const MATRIX_SUITES: &[&str] = &["cri_events", "event_sources", "ebpf_events"];
 
 fn step(name: &str) {
     eprintln!("xtask test: {name}");
