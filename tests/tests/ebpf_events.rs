@@ -8,10 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use plegd::{
-    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
+    config::{Config, Mode, RunArgs, SourceName},
     daemon::{self, EbpfStart},
     pleg::event::TriggerSource,
-    runtime::RuntimeKind,
     sources::status::SourceState,
 };
 use plegd_tests::{
@@ -20,7 +19,7 @@ use plegd_tests::{
     cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
 };
-use support::RunningPlegd;
+use support::{RunningPlegd, observations, push_config, start_then_kill};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Far longer than any wait below: an event within it did not come from the periodic relist.
@@ -29,39 +28,6 @@ const SLOW: Duration = Duration::from_secs(300);
 /// eBPF as the only push source, relists every `period`, in `mode`.
 fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> Config {
     push_config(containerd, &[SourceName::Ebpf], mode, period)
-}
-
-/// `sources` as the push sources, relists every `period`, in `mode`.
-fn push_config(
-    containerd: &PrivateContainerd,
-    sources: &[SourceName],
-    mode: Mode,
-    period: Duration,
-) -> Config {
-    Config::load(&RunArgs {
-        runtime: Some(RuntimeKind::Cri),
-        runtime_endpoint: Some(containerd.socket().display().to_string()),
-        sources: Some(sources.to_vec()),
-        mode: Some(mode),
-        relist_period: Some(period),
-        slow_relist_period: Some(period),
-        output: Some(OutputFormat::Json),
-        // In-process daemons save no state between runs.
-        state_dir: Some("none".into()),
-        ..RunArgs::default()
-    })
-    .expect("valid test config")
-}
-
-fn observations(event: &serde_json::Value) -> Vec<String> {
-    event["observations"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|o| o.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// In every pid namespace mode (each container its own, the pod's, the host's), starts and
@@ -188,17 +154,7 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
         .await
         .unwrap();
     let pod = cri.run_pod("polled").await.unwrap();
-    let killed = cri
-        .run_container(&pod, &ContainerSpec::sleeper("killed"))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
-        .await;
-    tasks.kill_init(&killed).await.unwrap();
-    plegd
-        .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
-        .await;
+    let killed = start_then_kill(&mut plegd, &cri, &tasks, &pod, "killed", DEADLINE).await;
     let died = plegd.last_of(&killed);
     assert_eq!(died["sources"], serde_json::json!(["relist"]));
     assert!(observations(died).is_empty());
@@ -294,21 +250,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
         .await
         .unwrap();
     let pod = cri.run_pod("both").await.unwrap();
-    let killed = cri
-        .run_container(&pod, &ContainerSpec::sleeper("killed"))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
-        .await;
-    tasks.kill_init(&killed).await.unwrap();
-    plegd
-        .wait_container(
-            &killed,
-            &["ContainerStarted", "ContainerDied"],
-            Duration::from_secs(5),
-        )
-        .await;
+    let killed = start_then_kill(&mut plegd, &cri, &tasks, &pod, "killed", DEADLINE).await;
     let died = plegd.last_of(&killed);
     assert_eq!(
         died["sources"],

@@ -8,17 +8,11 @@ mod support;
 
 use std::time::Duration;
 
-use plegd::{
-    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
-    runtime::RuntimeKind,
-};
+use plegd::config::{Mode, SourceName};
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
-    containerd::CRI_NAMESPACE,
-    cri::{ContainerSpec, Cri},
-    native::Native,
+    ContainerdOptions, PrivateContainerd, containerd::CRI_NAMESPACE, cri::Cri, native::Native,
 };
-use support::RunningPlegd;
+use support::{RunningPlegd, observations, push_config, start_then_kill};
 
 /// Bounds each wait; far below the relist period, so an event within it came from eBPF.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -29,18 +23,7 @@ async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
     let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
         .await
         .unwrap();
-    let config = Config::load(&RunArgs {
-        runtime: Some(RuntimeKind::Cri),
-        runtime_endpoint: Some(containerd.socket().display().to_string()),
-        sources: Some(vec![SourceName::Ebpf]),
-        mode: Some(Mode::Ebpf),
-        relist_period: Some(SLOW),
-        slow_relist_period: Some(SLOW),
-        output: Some(OutputFormat::Json),
-        state_dir: Some("none".into()),
-        ..RunArgs::default()
-    })
-    .expect("valid test config");
+    let config = push_config(&containerd, &[SourceName::Ebpf], Mode::Ebpf, SLOW);
     // --mode ebpf fails here if the probes do not load and attach.
     let mut plegd = RunningPlegd::start(config).await;
     let sources = plegd.shared.sources.clone();
@@ -55,28 +38,15 @@ async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
         .unwrap();
 
     let pod = cri.run_pod("smoke").await.unwrap();
-    let killed = cri
-        .run_container(&pod, &ContainerSpec::sleeper("killed"))
-        .await
-        .unwrap();
     // eBPF is the only push source and the first full relist ran before the pod existed, so
     // the start can only be found through a kernel hint. Not necessarily this container's: in
     // a slow VM the targeted relist of the pod that the sandbox's hint triggered (and retries)
     // may see the container running first, and then names the relist as its source.
-    plegd
-        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
-        .await;
-
-    tasks.kill_init(&killed).await.unwrap();
-    plegd
-        .wait_container(&killed, &["ContainerStarted", "ContainerDied"], DEADLINE)
-        .await;
+    let killed = start_then_kill(&mut plegd, &cri, &tasks, &pod, "killed", DEADLINE).await;
     let died = plegd.last_of(&killed);
     assert_eq!(died["sources"], serde_json::json!(["ebpf"]), "{died}");
     assert!(
-        died["observations"]
-            .as_array()
-            .is_some_and(|o| o.iter().any(|o| o == "ebpf:signal=9")),
+        observations(died).contains(&"ebpf:signal=9".to_owned()),
         "{died}"
     );
     assert_eq!(died["exit_code"], 137, "{died}");

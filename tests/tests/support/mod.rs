@@ -8,13 +8,18 @@
 use std::{collections::HashMap, path::Path, time::Duration};
 
 use plegd::{
-    config::{Config, OutputFormat, RunArgs, SourceName},
+    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
     daemon::{self, Connected, Shared},
     pleg::event::TriggerSource,
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceStatus},
 };
-use plegd_tests::wait;
+use plegd_tests::{
+    PrivateContainerd,
+    cri::{ContainerSpec, Cri, Pod},
+    native::Native,
+    wait,
+};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader, DuplexStream, Lines};
 use tokio_util::sync::CancellationToken;
@@ -93,6 +98,65 @@ pub fn config_with_sources(
         ..RunArgs::default()
     })
     .expect("valid test config")
+}
+
+/// A CRI daemon on `containerd` with `sources` as its push sources, in `mode`, relisting every
+/// `period` (also while a push source is connected), JSON output, no saved state.
+pub fn push_config(
+    containerd: &PrivateContainerd,
+    sources: &[SourceName],
+    mode: Mode,
+    period: Duration,
+) -> Config {
+    Config::load(&RunArgs {
+        runtime: Some(RuntimeKind::Cri),
+        runtime_endpoint: Some(containerd.socket().display().to_string()),
+        sources: Some(sources.to_vec()),
+        mode: Some(mode),
+        relist_period: Some(period),
+        slow_relist_period: Some(period),
+        output: Some(OutputFormat::Json),
+        // In-process daemons save no state between runs.
+        state_dir: Some("none".into()),
+        ..RunArgs::default()
+    })
+    .expect("valid test config")
+}
+
+/// The observations of an event line.
+pub fn observations(event: &Value) -> Vec<String> {
+    event["observations"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| o.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs a sleeper named `name` in `pod`, waits for its `ContainerStarted`, kills its init with
+/// SIGKILL and waits for its `ContainerDied`, each within `deadline`; returns its id.
+pub async fn start_then_kill(
+    plegd: &mut RunningPlegd,
+    cri: &Cri,
+    tasks: &Native,
+    pod: &Pod,
+    name: &str,
+    deadline: Duration,
+) -> String {
+    let id = cri
+        .run_container(pod, &ContainerSpec::sleeper(name))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&id, &["ContainerStarted"], deadline)
+        .await;
+    tasks.kill_init(&id).await.unwrap();
+    plegd
+        .wait_container(&id, &["ContainerStarted", "ContainerDied"], deadline)
+        .await;
+    id
 }
 
 impl RunningPlegd {
