@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod containerd;
 mod demo;
+mod fresh;
 mod fuzz;
 mod harness;
 mod setup;
@@ -40,6 +41,10 @@ enum Command {
     Demo(demo::Options),
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root).
     Test(test::Options),
+    /// Prove README's `demo` and `test` work on a fresh machine: bootstrap a minimal Debian 12
+    /// root, copy in only the Rust toolchain and a clone of HEAD, run both in a chroot (root;
+    /// slow: a full build on top of the bootstrap).
+    Fresh(fresh::Options),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
+        Command::Fresh(opts) => fresh::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -344,7 +344,7 @@ fn tracefs(opts: &Options, summary: &mut Summary) -> Result<()> {
 // apt
 
 /// The subset of `packages` that dpkg does not report as installed.
-fn missing_packages<'a>(packages: &[&'a str]) -> Result<Vec<&'a str>> {
+pub(crate) fn missing_packages<'a>(packages: &[&'a str]) -> Result<Vec<&'a str>> {
     let mut cmd = Command::new("dpkg-query");
     cmd.args(["-W", "-f=${Package}\t${Status}\n"])
         .args(packages);
@@ -373,7 +373,7 @@ fn installed_packages(dpkg_query: &str) -> BTreeSet<&str> {
         .collect()
 }
 
-fn install_packages(packages: &[&str]) -> Result<()> {
+pub(crate) fn install_packages(packages: &[&str]) -> Result<()> {
     let names = packages.join(" ");
     // Installing containerd must not start the system daemon: the harness runs its own.
     let _policy = if packages.contains(&"containerd") {
