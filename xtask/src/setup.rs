@@ -381,6 +381,9 @@ pub(crate) fn install_packages(packages: &[&str]) -> Result<()> {
     } else {
         None
     };
+    // Wait for a dpkg or apt that holds the dpkg lock (unattended-upgrades on a freshly booted
+    // machine, another install) instead of failing at once.
+    const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=600";
     stream(
         Command::new("apt-get")
             .args(["-q", "update"])
@@ -389,7 +392,14 @@ pub(crate) fn install_packages(packages: &[&str]) -> Result<()> {
     .with_context(|| format!("installing apt packages {names}: apt-get update failed"))?;
     stream(
         Command::new("apt-get")
-            .args(["-q", "install", "-y", "--no-install-recommends"])
+            .args([
+                "-q",
+                "-o",
+                LOCK_TIMEOUT,
+                "install",
+                "-y",
+                "--no-install-recommends",
+            ])
             .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
