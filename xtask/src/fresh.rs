@@ -57,6 +57,9 @@ const COMMANDS: &[&str] = &["demo", "test"];
 /// Where the clone goes inside the root.
 const REPO_IN_ROOT: &str = "root/plegd";
 
+/// Where Debian keeps a site's own CA certificates (`update-ca-certificates` adds them).
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
 /// The marker written once `base/` is complete.
 const BASE_OK: &str = "base.ok";
 
@@ -556,7 +559,10 @@ fn mount_from(args: &[&str], source: &Path, target: &Path) -> Result<()> {
     capture(Command::new("mount").args(args).arg(source).arg(target)).map(drop)
 }
 
-/// The host's resolver for apt and cargo, and the /etc/hosts any installed Debian has.
+/// This site's network settings, which a fresh machine here would need too: the host's
+/// resolver, and the local CA certificates it trusts (`/usr/local/share/ca-certificates`: here
+/// egress to crates.io goes through a TLS-inspecting proxy); and the /etc/hosts any installed
+/// Debian has (mmdebstrap writes none).
 fn write_host_files(root: &Path) -> Result<()> {
     let resolv = fs::read("/etc/resolv.conf").context("reading the host's /etc/resolv.conf")?;
     let target = root.join("etc/resolv.conf");
@@ -571,6 +577,31 @@ fn write_host_files(root: &Path) -> Result<()> {
             "127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n",
         )
         .with_context(|| format!("writing {}", hosts.display()))?;
+    }
+    let local_cas = Path::new(LOCAL_CAS);
+    let cas: Vec<PathBuf> = fs::read_dir(local_cas)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    if !cas.is_empty() {
+        let into = root.join(LOCAL_CAS.trim_start_matches('/'));
+        fs::create_dir_all(&into).with_context(|| format!("creating {}", into.display()))?;
+        for ca in &cas {
+            cp(ca, &into)?;
+        }
+        capture(
+            Command::new("chroot")
+                .arg(root)
+                .args(["/usr/sbin/update-ca-certificates", "--fresh"])
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        )?;
+        eprintln!(
+            "fresh: trusting the host's local CA certificates ({})",
+            cas.iter()
+                .filter_map(|p| p.file_name())
+                .map(|n| n.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     Ok(())
 }
