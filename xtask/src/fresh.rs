@@ -39,7 +39,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, stream},
+    cmd::{capture, render, stream},
     setup,
 };
 
@@ -75,6 +75,10 @@ pub struct Options {
     /// from the pristine base: a warm re-run to chase a failure, not a fresh one.
     #[arg(long)]
     pub keep: bool,
+    /// Open a shell in the root, mounted as for a run, instead of running demo and test (with
+    /// `--keep`: in the previous run's root, to look at a failure).
+    #[arg(long)]
+    pub shell: bool,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -138,6 +142,9 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
     write_host_files(&root)?;
     timings.time("clone", || clone_head(&root))?;
 
+    if opts.shell {
+        return shell(&root);
+    }
     let mut failed = Vec::new();
     for command in COMMANDS {
         if interrupted().is_some() {
@@ -153,11 +160,10 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
     drop(mounts);
     if !failed.is_empty() {
         bail!(
-            "in the fresh root, `cargo xtask {}` failed; the root stays at {} for a look \
-             (`chroot {} /bin/bash` after mounting, or `cargo xtask fresh --keep` to re-run)",
+            "in the fresh root, `cargo xtask {}` failed; what the run changed stays in {} \
+             (`cargo xtask fresh --keep --shell` for a look, `--keep` to re-run warm)",
             failed.join("`, `cargo xtask "),
-            root.display(),
-            root.display()
+            run.join("upper").display(),
         );
     }
     Ok(())
@@ -661,10 +667,34 @@ fn clone_head(root: &Path) -> Result<()> {
 /// `cargo xtask COMMAND` in the root's clone, with a root login's environment and nothing of
 /// ours (no CARGO_TARGET_DIR, no RUSTUP_TOOLCHAIN).
 fn in_chroot(root: &Path, command: &str) -> Result<()> {
+    let mut cmd = chroot(root);
+    cmd.args(["cargo", "xtask", command]);
+    eprintln!("fresh: chroot {}: cargo xtask {command}", root.display());
+    stream(&mut cmd)
+}
+
+/// An interactive shell in the root's clone (stdin is the terminal's, unlike [`stream`]'s).
+fn shell(root: &Path) -> Result<()> {
+    let mut cmd = chroot(root);
+    cmd.args(["/bin/bash", "-i"]);
+    eprintln!(
+        "fresh: shell in {} (mounted until it exits)",
+        root.display()
+    );
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not run `{}`", render(&cmd)))?;
+    eprintln!("fresh: shell exited ({status})");
+    // A Ctrl-C typed at the shell was the shell's, not a request to stop.
+    SIGNAL.store(0, Ordering::SeqCst);
+    Ok(())
+}
+
+/// `chroot ROOT env -C /root/plegd` with a root login's environment; the program comes next.
+fn chroot(root: &Path) -> Command {
     let mut cmd = Command::new("chroot");
     cmd.arg(root)
         .args(["/usr/bin/env", "-C", &format!("/{REPO_IN_ROOT}")])
-        .args(["cargo", "xtask", command])
         .env_clear()
         .env("HOME", "/root")
         .env("USER", "root")
@@ -678,8 +708,7 @@ fn in_chroot(root: &Path, command: &str) -> Result<()> {
     if let Some(term) = env::var_os("TERM") {
         cmd.env("TERM", term);
     }
-    eprintln!("fresh: chroot {}: cargo xtask {command}", root.display());
-    stream(&mut cmd)
+    cmd
 }
 
 // ---------------------------------------------------------------------------------------------
