@@ -714,8 +714,9 @@ fn chroot(root: &Path) -> Command {
 // ---------------------------------------------------------------------------------------------
 // Mounts
 
-/// Unmounts every mount under the root (ours, and any a failed run left), deepest first, when
-/// dropped.
+/// When dropped: kills what the run left running in the root (a process whose root directory
+/// is the chroot's can only be one the run started), then unmounts every mount under the root
+/// (ours, and any a failed run left), deepest first.
 struct MountGuard {
     root: PathBuf,
 }
@@ -730,6 +731,7 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
+        kill_strays(&self.root);
         let mounts = match read_mountinfo() {
             Ok(info) => mounts_under(&info, &self.root),
             Err(e) => {
@@ -767,6 +769,43 @@ impl Drop for MountGuard {
             );
         }
     }
+}
+
+/// SIGKILLs every process chrooted into `root` (by pid, after naming it) and waits a moment
+/// for them to go, so the unmounts that follow are not busy.
+fn kill_strays(root: &Path) {
+    let strays = processes_in(root);
+    if strays.is_empty() {
+        return;
+    }
+    for (pid, cmdline) in &strays {
+        eprintln!(
+            "fresh: warning: the run left pid {pid} running in the root, killing it: {cmdline}"
+        );
+        // SAFETY: kill has no memory preconditions; the pid was chrooted into our root a moment
+        // ago (a reused pid would have another root).
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_in(root).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Processes whose root directory is `root`, with their command lines.
+fn processes_in(root: &Path) -> Vec<(libc::pid_t, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|r| r == root))
+        .map(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (pid, cmdline.trim().to_owned())
+        })
+        .collect()
 }
 
 fn read_mountinfo() -> Result<String> {
