@@ -104,10 +104,17 @@ pub fn run(opts: &Options) -> Result<()> {
 fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
     let base = dir.join("base");
     let base_ok = dir.join(BASE_OK);
+    let run = dir.join("run");
     let rebuilt = opts.rebuild || !base_ok.exists();
     if rebuilt {
-        remove_tree(&base_ok)?;
-        remove_tree(&base)?;
+        if base.exists() || run.exists() {
+            // The run's overlay is on the old base: it goes too.
+            timings.time("remove old roots", || {
+                remove_tree(&base_ok)?;
+                remove_tree(&run)?;
+                remove_tree(&base)
+            })?;
+        }
         let sources = host_sources()?;
         timings.time("mmdebstrap", || bootstrap(&base, &sources))?;
         timings.time("toolchain copy", || copy_toolchain(&base))?;
@@ -120,14 +127,13 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
         );
     }
 
-    let run = dir.join("run");
     if opts.keep && !rebuilt && run.join("upper").is_dir() {
         eprintln!(
             "fresh: --keep: continuing the previous run's changes in {}",
             run.display()
         );
-    } else {
-        remove_tree(&run)?;
+    } else if run.exists() {
+        timings.time("remove previous run", || remove_tree(&run))?;
     }
     for sub in ["upper", "work", "root", "tmp"] {
         fs::create_dir_all(run.join(sub))
