@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod containerd;
 mod demo;
+mod fresh;
 mod fuzz;
 mod harness;
 mod kernels;
@@ -46,6 +47,10 @@ enum Command {
     /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
     /// and the eBPF end-to-end tests inside each.
     Kernels(kernels::Options),
+    /// Prove README's `demo` and `test` work on a fresh machine: bootstrap a minimal Debian 12
+    /// root, copy in only the Rust toolchain and a clone of HEAD, run both in a chroot (root;
+    /// slow: a full build on top of the bootstrap).
+    Fresh(fresh::Options),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +63,7 @@ fn main() -> ExitCode {
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Kernels(opts) => kernels::run(&opts),
+        Command::Fresh(opts) => fresh::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

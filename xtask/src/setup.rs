@@ -911,7 +911,7 @@ pub fn workspace_root() -> PathBuf {
 // apt
 
 /// The subset of `packages` that dpkg does not report as installed.
-fn missing_packages<'a>(packages: &[&'a str]) -> Result<Vec<&'a str>> {
+pub(crate) fn missing_packages<'a>(packages: &[&'a str]) -> Result<Vec<&'a str>> {
     let mut cmd = Command::new("dpkg-query");
     cmd.args(["-W", "-f=${Package}\t${Status}\n"])
         .args(packages);
@@ -940,7 +940,7 @@ fn installed_packages(dpkg_query: &str) -> BTreeSet<&str> {
         .collect()
 }
 
-fn install_packages(packages: &[&str]) -> Result<()> {
+pub(crate) fn install_packages(packages: &[&str]) -> Result<()> {
     let names = packages.join(" ");
     // Installing containerd must not start the system daemon: the harness runs its own.
     let _policy = if packages.contains(&"containerd") {
@@ -949,9 +949,19 @@ fn install_packages(packages: &[&str]) -> Result<()> {
         None
     };
     apt_update().with_context(|| format!("installing apt packages {names}"))?;
+    // Wait for a dpkg or apt that holds the dpkg lock (unattended-upgrades on a freshly booted
+    // machine, another install) instead of failing at once.
+    const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=600";
     stream(
         Command::new("apt-get")
-            .args(["-q", "install", "-y", "--no-install-recommends"])
+            .args([
+                "-q",
+                "-o",
+                LOCK_TIMEOUT,
+                "install",
+                "-y",
+                "--no-install-recommends",
+            ])
             .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
