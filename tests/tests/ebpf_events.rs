@@ -73,10 +73,12 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
         .await;
     let started = plegd.last_of(&killed);
     assert_eq!(started["sources"], serde_json::json!(["ebpf"]), "{mode:?}");
+    // Found through the exec of its command, or through its cgroup's creation when the relist
+    // that hint asked for already saw it running (containerd 2.x starts a task fast): then the
+    // exec's relist finds nothing new, and its observation has no event to ride on.
+    let seen = observations(started);
     assert!(
-        observations(started)
-            .iter()
-            .any(|o| o == "ebpf:exec=/bin/sh"),
+        seen.is_empty() || seen.iter().any(|o| o == "ebpf:exec=/bin/sh"),
         "{mode:?}: {started}"
     );
 
