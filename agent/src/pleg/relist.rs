@@ -194,6 +194,18 @@ impl<R: Runtime> Relister<R> {
                     self.to_reinspect.insert(uid.clone());
                     continue;
                 }
+                // An inspection that shows a container in an earlier state than the listing did
+                // read the runtime mid-change (its status call lags its list call): the event
+                // would go out with a status that contradicts it. Read the pod again soon.
+                Some(Inspection::Found { record, .. })
+                    if lags_listing(&record, listed.get(uid)) =>
+                {
+                    debug!(pod = %uid, "inspection older than the listing; reinspecting");
+                    outcome.failed_inspections += 1;
+                    outcome.not_reflected = true;
+                    self.to_reinspect.insert(uid.clone());
+                    continue;
+                }
                 // 5. Refresh the cache before publishing: a consumer that reads it on an event
                 //    must find the state the event announces.
                 Some(Inspection::Found { record, read_at }) => {
@@ -342,6 +354,24 @@ impl<R> std::fmt::Debug for Relister<R> {
             .field("sequence", &self.sequence)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `inspected` shows a container of the pod in an earlier lifecycle state than
+/// `listed` does (created before running before exited; unknown states are not compared).
+fn lags_listing(inspected: &PodRecord, listed: Option<&PodRecord>) -> bool {
+    let rank = |state: ContainerState| match state {
+        ContainerState::Created => Some(0),
+        ContainerState::Running => Some(1),
+        ContainerState::Exited => Some(2),
+        ContainerState::Unknown => None,
+    };
+    let Some(listed) = listed else {
+        return false;
+    };
+    listed.containers.iter().any(|(id, listed)| {
+        let inspected = inspected.containers.get(id).and_then(|c| rank(c.state));
+        matches!((inspected, rank(listed.state)), (Some(i), Some(l)) if i < l)
+    })
 }
 
 /// Whether a listed pod belongs to the scope asked for (a runtime may return more).
@@ -642,6 +672,33 @@ mod tests {
         assert_eq!((outcome.failed_inspections, outcome.events_sent), (0, 2));
         assert!(h.cache.get(&uid("p")).record.is_some());
         assert_eq!(h.runtime.inspect_calls(), [uid("p"), uid("p")]);
+    }
+
+    /// An inspection that lags the listing (the runtime's status call still shows the
+    /// container running after its list call showed it exited) publishes nothing and is read
+    /// again, so the event goes out with the runtime's exit code, not without one.
+    #[tokio::test]
+    async fn an_inspection_older_than_the_listing_is_read_again() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        let before = h.cache.get(&uid("p")).record.unwrap();
+        h.runtime.set_state("p", "c", Exited, Some(137));
+        h.runtime.lag_next_inspection("p", before);
+
+        let outcome = relist_all(&mut h).await;
+        assert_eq!((outcome.events_sent, outcome.failed_inspections), (0, 1));
+        assert!(drain(&mut h.events).is_empty());
+
+        let outcome = relist_all(&mut h).await;
+        assert_eq!(outcome.events_sent, 1);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
+        let cached = h.cache.get(&uid("p")).record.unwrap();
+        assert_eq!(cached.containers[&cid("c")].exit_code, Some(137));
     }
 
     #[tokio::test]

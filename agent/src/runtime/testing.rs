@@ -30,6 +30,8 @@ struct State {
     list_calls: Vec<Scope>,
     inspect_calls: Vec<PodUid>,
     failing_inspections: BTreeSet<PodUid>,
+    /// What the next inspection of a pod returns instead of its records (once).
+    stale_inspections: BTreeMap<PodUid, PodRecord>,
     failing_lists: bool,
     delay: Option<Duration>,
     hang: bool,
@@ -134,6 +136,14 @@ impl FakeRuntime {
         self.lock().inspect_calls.clone()
     }
 
+    /// Makes the next inspection of `uid` return `record`, as a runtime whose status call
+    /// lags its list call does (containerd's task deleted before the CRI store is updated).
+    pub fn lag_next_inspection(&self, uid: &str, record: PodRecord) {
+        self.lock()
+            .stale_inspections
+            .insert(PodUid(uid.to_owned()), record);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Test state, written in single statements: a poisoned lock is still consistent.
         self.state
@@ -205,6 +215,10 @@ impl Runtime for FakeRuntime {
         let state = self.lock();
         if state.failing_inspections.contains(uid) {
             return Err(injected("inspect_pod"));
+        }
+        let mut state = state;
+        if let Some(stale) = state.stale_inspections.remove(uid) {
+            return Ok(Some(stale));
         }
         Ok(state.pods.get(uid).cloned())
     }
