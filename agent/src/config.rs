@@ -138,8 +138,9 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_RUNTIME_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     pub runtime_timeout: Option<Duration>,
 
-    /// Capacity of the event channel; events beyond it are discarded, counted and regenerated
-    /// by the next relist. [default: 1000]
+    /// Events stdout and the sync loop may fall behind before their lag policy applies
+    /// (stdout catches up from the event history; the sync loop resyncs every pod and counts
+    /// the skipped events as discarded). The relist never waits or drops. [default: 1000]
     #[arg(long, env = "PLEGD_EVENT_CHANNEL_CAPACITY", value_name = "N")]
     pub event_channel_capacity: Option<usize>,
 

@@ -39,12 +39,7 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
         .await
         .unwrap();
     let mut plegd = RunningPlegd::start(ebpf_config(&containerd, Mode::Ebpf, SLOW)).await;
-    let sources = plegd.shared.sources.clone();
-    plegd_tests::wait::until("eBPF connected", DEADLINE, || async {
-        anyhow::Ok(sources.any_connected().then_some(()))
-    })
-    .await
-    .unwrap();
+    plegd.wait_sources_connected(1, DEADLINE).await;
     let cri = Cri::connect(&containerd).await.unwrap();
     let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
         .await
@@ -236,17 +231,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
         SLOW,
     );
     let mut plegd = RunningPlegd::start(config).await;
-    let sources = plegd.shared.sources.clone();
-    plegd_tests::wait::until("both sources connected", DEADLINE, || async {
-        let connected = sources
-            .snapshot()
-            .iter()
-            .filter(|(_, s)| s.state == SourceState::Connected)
-            .count();
-        anyhow::Ok((connected == 2).then_some(()))
-    })
-    .await
-    .unwrap();
+    plegd.wait_sources_connected(2, DEADLINE).await;
     let cri = Cri::connect(&containerd).await.unwrap();
     let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
         .await

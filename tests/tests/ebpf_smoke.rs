@@ -26,12 +26,7 @@ async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
     let config = push_config(&containerd, &[SourceName::Ebpf], Mode::Ebpf, SLOW);
     // --mode ebpf fails here if the probes do not load and attach.
     let mut plegd = RunningPlegd::start(config).await;
-    let sources = plegd.shared.sources.clone();
-    plegd_tests::wait::until("eBPF connected", DEADLINE, || async {
-        anyhow::Ok(sources.any_connected().then_some(()))
-    })
-    .await
-    .unwrap();
+    plegd.wait_sources_connected(1, DEADLINE).await;
     let cri = Cri::connect(&containerd).await.unwrap();
     let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
         .await

@@ -33,7 +33,8 @@ pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
 /// `relistThreshold`).
 pub const DEFAULT_RELIST_THRESHOLD: Duration = Duration::from_secs(3 * 60);
 
-/// Capacity of the channel between the relist and its consumer (kubelet's `plegChannelCapacity`).
+/// Queue length of the daemon's own event consumers (stdout, the sync loop) on the event bus;
+/// kubelet's `plegChannelCapacity` sizes its one channel the same.
 pub const DEFAULT_EVENT_CHANNEL_CAPACITY: usize = 1000;
 
 /// Kind of a lifecycle event (kubelet's `PodLifeCycleEventType`).

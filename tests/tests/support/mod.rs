@@ -12,7 +12,7 @@ use plegd::{
     daemon::{self, Connected, Shared},
     pleg::event::TriggerSource,
     runtime::{RuntimeKind, RuntimeOptions},
-    sources::status::{SourceRegistry, SourceStatus},
+    sources::status::{SourceRegistry, SourceState, SourceStatus},
 };
 use plegd_tests::{
     PrivateContainerd,
@@ -211,6 +211,24 @@ impl RunningPlegd {
             task,
             events: Vec::new(),
         }
+    }
+
+    /// Waits until `count` push sources are connected, at most `timeout`.
+    pub async fn wait_sources_connected(&self, count: usize, timeout: Duration) {
+        let sources = self.shared.sources.clone();
+        wait::until(&format!("{count} push sources connected"), timeout, || {
+            let sources = sources.clone();
+            async move {
+                let connected = sources
+                    .snapshot()
+                    .iter()
+                    .filter(|(_, s)| s.state == SourceState::Connected)
+                    .count();
+                anyhow::Ok((connected >= count).then_some(()))
+            }
+        })
+        .await
+        .unwrap();
     }
 
     /// Reads events until `done` holds over everything read so far, or fails at the deadline
