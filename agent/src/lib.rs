@@ -16,8 +16,9 @@
 //! 0. `pleg::{record, event, clock}`: the types: runtime records, events, triggers, scopes,
 //!    time.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
-//!    history for resuming), and the pure core units `pleg::{diff, cache, health, scheduler,
-//!    sink}`.
+//!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
+//!    scheduler, provenance, sink}`: what changed, what the triggers said (and whether a
+//!    reading reflects it), when to relist, who saw a change first, where events go.
 //! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends.
 //! 3. `pleg::{relist, generator}`: the relist (list, diff, inspect, publish) and the loop that
 //!    runs it for the scheduler.

@@ -18,9 +18,9 @@ use plegd::{
         clock::{Clock, SystemClock},
         event::PodLifecycleEvent,
         health::Health,
+        hints::Hints,
         record::ContainerState,
         relist::{RelistConfig, Relister},
-        scheduler::Hints,
     },
     runtime::{
         AnyRuntime, Runtime, RuntimeKind, RuntimeOptions, Scope,

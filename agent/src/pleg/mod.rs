@@ -6,6 +6,8 @@ pub mod diff;
 pub mod event;
 pub mod generator;
 pub mod health;
+pub mod hints;
+pub mod provenance;
 pub mod record;
 pub mod relist;
 pub mod scheduler;

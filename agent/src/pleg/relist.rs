@@ -8,7 +8,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
-    time::SystemTime,
 };
 
 use futures::{StreamExt as _, stream};
@@ -20,10 +19,11 @@ use crate::{
         cache::PodCache,
         clock::Clock,
         diff::{ContainerEvent, diff_pods},
-        event::{ObservationKind, PodLifecycleEvent, PodLifecycleEventType, Scope, TriggerSource},
+        event::{PodLifecycleEvent, PodLifecycleEventType, Scope},
         health::Health,
+        hints::Hints,
+        provenance::{PodReadings, pod_events},
         record::{ContainerId, ContainerState, PodRecord, PodRecords, PodUid},
-        scheduler::Hints,
         sink::EventSink,
     },
     runtime::{Runtime, RuntimeError},
@@ -178,11 +178,11 @@ impl<R: Runtime> Relister<R> {
         let mut inspections = self.inspect(&to_inspect, &listed).await;
 
         let mut outcome = RelistOutcome {
-            not_reflected: !full && !reflects_hints(scope, hints, &listed),
+            not_reflected: !full && !hints.reflected_in(scope, &listed),
             ..RelistOutcome::default()
         };
         for uid in &considered {
-            let pod_changes = changes.remove(uid).unwrap_or_default();
+            let mut pod_changes = changes.remove(uid).unwrap_or_default();
             let inspection = inspections.remove(uid);
 
             // 4. Keep the old reading of a pod that failed inspection: the next relist diffs
@@ -218,7 +218,14 @@ impl<R: Runtime> Relister<R> {
             self.to_reinspect.remove(uid);
 
             // 6. Publish the pod's events, then commit its reading.
-            let events = self.pod_events(uid, &pod_changes, &listed, hints, listed_at);
+            let readings = PodReadings {
+                new: listed.get(uid),
+                old: self.records.get(uid),
+            };
+            if !self.config.emit_changed {
+                pod_changes.retain(|c| c.event_type != PodLifecycleEventType::ContainerChanged);
+            }
+            let events = pod_events(uid, &pod_changes, readings, hints, listed_at);
             outcome.events_sent += self.publish(events);
             self.commit(uid, listed.remove(uid));
         }
@@ -266,55 +273,6 @@ impl<R: Runtime> Relister<R> {
             .await;
         inspections.extend(found);
         inspections
-    }
-
-    /// Dresses the diff's changes of one pod with names and provenance. Sequence numbers and
-    /// emission times are given at publish time.
-    fn pod_events(
-        &self,
-        uid: &PodUid,
-        changes: &[ContainerEvent],
-        listed: &PodRecords,
-        hints: &Hints,
-        listed_at: SystemTime,
-    ) -> Vec<PodLifecycleEvent> {
-        let (new, old) = (listed.get(uid), self.records.get(uid));
-        let Some(pod) = new.or(old) else {
-            return Vec::new();
-        };
-        changes
-            .iter()
-            .filter(|c| {
-                self.config.emit_changed || c.event_type != PodLifecycleEventType::ContainerChanged
-            })
-            .map(|change| {
-                let container_name = new
-                    .into_iter()
-                    .chain(old)
-                    .find_map(|p| p.containers.get(&change.container))
-                    .map(|c| c.name.clone())
-                    .unwrap_or_default();
-                let hint = hints.for_container(uid, &change.container);
-                PodLifecycleEvent {
-                    sequence: 0,
-                    pod: uid.clone(),
-                    pod_namespace: pod.namespace.clone(),
-                    pod_name: pod.name.clone(),
-                    container_id: Some(change.container.clone()),
-                    container_name,
-                    event_type: change.event_type,
-                    observed_at: hint.as_ref().map_or(listed_at, |h| h.observed_at),
-                    emitted_at: listed_at,
-                    sources: hint.as_ref().map_or_else(
-                        || vec![TriggerSource::Relist],
-                        |h| h.sources.iter().copied().collect(),
-                    ),
-                    observations: hint
-                        .map(|h| h.observations.into_iter().map(|(_, o)| o).collect())
-                        .unwrap_or_default(),
-                }
-            })
-            .collect()
     }
 
     /// Numbers `events` and hands them to the sink; returns how many.
@@ -405,44 +363,9 @@ fn considered_pods(
     }
 }
 
-/// Whether a targeted reading shows what its triggers saw: the container exists, and a
-/// container a source saw die no longer runs.
-fn reflects_hints(scope: &Scope, hints: &Hints, listed: &PodRecords) -> bool {
-    let state_of = |id: &ContainerId| {
-        listed
-            .values()
-            .find_map(|pod| pod.containers.get(id))
-            .map(|c| c.state)
-    };
-    if let Scope::Container(id) = scope
-        && state_of(id).is_none()
-    {
-        return false;
-    }
-    hints.observations().all(|(id, observation)| {
-        let state = state_of(id);
-        match observation.kind {
-            // A source saw it die: the runtime must not still show it running.
-            ObservationKind::ExitCode(_)
-            | ObservationKind::Signal(_)
-            | ObservationKind::Exited
-            | ObservationKind::CgroupRemoved
-            | ObservationKind::OomKilled => state != Some(ContainerState::Running),
-            // The kernel saw its init exec: the runtime marks it running only once its start
-            // call returns, a few milliseconds later.
-            ObservationKind::Exec(_) => {
-                matches!(
-                    state,
-                    Some(ContainerState::Running | ContainerState::Exited)
-                )
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     use ContainerState::{Created, Exited, Running};
     use PodLifecycleEventType::*;
@@ -453,7 +376,9 @@ mod tests {
     use crate::{
         pleg::{
             clock::ManualClock,
-            event::{DEFAULT_RELIST_THRESHOLD, Observation, Trigger},
+            event::{
+                DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, Trigger, TriggerSource,
+            },
             health::HealthError,
             scheduler::{RelistScheduler, SchedulerConfig},
         },

@@ -14,14 +14,15 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::pleg::{
-    event::{DEFAULT_RELIST_PERIOD, Observation, Scope, Trigger, TriggerSource},
+    event::{DEFAULT_RELIST_PERIOD, Scope, Trigger},
+    hints::{Hint, Hints, Target},
     record::{ContainerId, PodUid},
 };
 
@@ -60,97 +61,6 @@ impl Default for SchedulerConfig {
             full_relist_period: DEFAULT_RELIST_PERIOD,
             retry_base: DEFAULT_RETRY_BASE,
             max_retries: DEFAULT_MAX_RETRIES,
-        }
-    }
-}
-
-/// What a targeted relist is about: a pod, or a container whose pod no relist has seen yet.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Target {
-    Pod(PodUid),
-    Container(ContainerId),
-}
-
-impl Target {
-    fn scope(&self) -> Scope {
-        match self {
-            Self::Pod(uid) => Scope::Pod(uid.clone()),
-            Self::Container(id) => Scope::Container(id.clone()),
-        }
-    }
-}
-
-/// What the triggers coalesced into one target said.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Hint {
-    /// Distinct sources, sorted.
-    pub sources: BTreeSet<TriggerSource>,
-    /// The earliest trigger's time.
-    pub observed_at: SystemTime,
-    /// Observations with the container each is about, in arrival order.
-    pub observations: Vec<(ContainerId, Observation)>,
-}
-
-impl Hint {
-    fn merge(&mut self, other: Hint) {
-        self.sources.extend(other.sources);
-        self.observed_at = self.observed_at.min(other.observed_at);
-        self.observations.extend(other.observations);
-    }
-}
-
-/// The hints behind one relist, by target.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Hints(BTreeMap<Target, Hint>);
-
-impl Hints {
-    /// What the triggers said about one container of one pod: the pod's hint and the
-    /// container's own, merged, keeping only the observations about this container.
-    pub fn for_container(&self, pod: &PodUid, container: &ContainerId) -> Option<Hint> {
-        let by_pod = self.0.get(&Target::Pod(pod.clone()));
-        let by_container = self.0.get(&Target::Container(container.clone()));
-        let mut hint: Option<Hint> = None;
-        for h in by_pod.into_iter().chain(by_container) {
-            let only_this = Hint {
-                observations: h
-                    .observations
-                    .iter()
-                    .filter(|(id, _)| id == container)
-                    .cloned()
-                    .collect(),
-                ..h.clone()
-            };
-            match &mut hint {
-                Some(acc) => acc.merge(only_this),
-                None => hint = Some(only_this),
-            }
-        }
-        hint
-    }
-
-    /// Every source that contributed a hint.
-    pub fn sources(&self) -> BTreeSet<TriggerSource> {
-        self.0
-            .values()
-            .flat_map(|h| h.sources.iter().copied())
-            .collect()
-    }
-
-    /// Every observation, with its container.
-    pub fn observations(&self) -> impl Iterator<Item = &(ContainerId, Observation)> {
-        self.0.values().flat_map(|h| &h.observations)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn insert(&mut self, target: Target, hint: Hint) {
-        match self.0.get_mut(&target) {
-            Some(existing) => existing.merge(hint),
-            None => {
-                self.0.insert(target, hint);
-            }
         }
     }
 }
@@ -321,7 +231,7 @@ impl RelistScheduler {
             });
         }
         let delay = retry_delay(self.config.retry_base, batch.attempt);
-        for (target, hint) in batch.hints.0 {
+        for (target, hint) in batch.hints {
             self.enqueue(target, hint, now + delay, batch.attempt + 1);
         }
         Ok(())
@@ -351,8 +261,10 @@ impl RelistScheduler {
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
     use super::*;
-    use crate::pleg::event::ObservationKind;
+    use crate::pleg::event::{Observation, ObservationKind, TriggerSource};
 
     const MS: Duration = Duration::from_millis(1);
 

@@ -1,0 +1,274 @@
+//! What the triggers behind a relist said, by target, and whether a runtime reading reflects
+//! it: the scheduler's bookkeeping, carried with each batch so the relist can credit events to
+//! the sources that saw them and tell when the runtime has not caught up yet.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::SystemTime,
+};
+
+use crate::pleg::{
+    event::{Observation, ObservationKind, Scope, TriggerSource},
+    record::{ContainerId, ContainerState, PodRecords, PodUid},
+};
+
+/// What a targeted relist is about: a pod, or a container whose pod no relist has seen yet.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Pod(PodUid),
+    Container(ContainerId),
+}
+
+impl Target {
+    pub(crate) fn scope(&self) -> Scope {
+        match self {
+            Self::Pod(uid) => Scope::Pod(uid.clone()),
+            Self::Container(id) => Scope::Container(id.clone()),
+        }
+    }
+}
+
+/// What the triggers coalesced into one target said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hint {
+    /// Distinct sources, sorted.
+    pub sources: BTreeSet<TriggerSource>,
+    /// The earliest trigger's time.
+    pub observed_at: SystemTime,
+    /// Observations with the container each is about, in arrival order.
+    pub observations: Vec<(ContainerId, Observation)>,
+}
+
+impl Hint {
+    pub(crate) fn merge(&mut self, other: Hint) {
+        self.sources.extend(other.sources);
+        self.observed_at = self.observed_at.min(other.observed_at);
+        self.observations.extend(other.observations);
+    }
+}
+
+/// The hints behind one relist, by target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints(BTreeMap<Target, Hint>);
+
+impl Hints {
+    /// What the triggers said about one container of one pod: the pod's hint and the
+    /// container's own, merged, keeping only the observations about this container.
+    pub fn for_container(&self, pod: &PodUid, container: &ContainerId) -> Option<Hint> {
+        let by_pod = self.0.get(&Target::Pod(pod.clone()));
+        let by_container = self.0.get(&Target::Container(container.clone()));
+        let mut hint: Option<Hint> = None;
+        for h in by_pod.into_iter().chain(by_container) {
+            let only_this = Hint {
+                observations: h
+                    .observations
+                    .iter()
+                    .filter(|(id, _)| id == container)
+                    .cloned()
+                    .collect(),
+                ..h.clone()
+            };
+            match &mut hint {
+                Some(acc) => acc.merge(only_this),
+                None => hint = Some(only_this),
+            }
+        }
+        hint
+    }
+
+    /// Every source that contributed a hint.
+    pub fn sources(&self) -> BTreeSet<TriggerSource> {
+        self.0
+            .values()
+            .flat_map(|h| h.sources.iter().copied())
+            .collect()
+    }
+
+    /// Every observation, with its container.
+    pub fn observations(&self) -> impl Iterator<Item = &(ContainerId, Observation)> {
+        self.0.values().flat_map(|h| &h.observations)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(crate) fn insert(&mut self, target: Target, hint: Hint) {
+        match self.0.get_mut(&target) {
+            Some(existing) => existing.merge(hint),
+            None => {
+                self.0.insert(target, hint);
+            }
+        }
+    }
+
+    /// Whether a targeted reading shows what these hints saw: the container exists, and a
+    /// container a source saw die no longer runs.
+    pub fn reflected_in(&self, scope: &Scope, listed: &PodRecords) -> bool {
+        let state_of = |id: &ContainerId| {
+            listed
+                .values()
+                .find_map(|pod| pod.containers.get(id))
+                .map(|c| c.state)
+        };
+        if let Scope::Container(id) = scope
+            && state_of(id).is_none()
+        {
+            return false;
+        }
+        self.observations().all(|(id, observation)| {
+            let state = state_of(id);
+            match observation.kind {
+                // A source saw it die: the runtime must not still show it running.
+                ObservationKind::ExitCode(_)
+                | ObservationKind::Signal(_)
+                | ObservationKind::Exited
+                | ObservationKind::CgroupRemoved
+                | ObservationKind::OomKilled => state != Some(ContainerState::Running),
+                // The kernel saw its init exec: the runtime marks it running only once its
+                // start call returns, a few milliseconds later.
+                ObservationKind::Exec(_) => {
+                    matches!(
+                        state,
+                        Some(ContainerState::Running | ContainerState::Exited)
+                    )
+                }
+            }
+        })
+    }
+}
+
+impl IntoIterator for Hints {
+    type Item = (Target, Hint);
+    type IntoIter = std::collections::btree_map::IntoIter<Target, Hint>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ContainerState::{Exited, Running};
+    use ObservationKind::{CgroupRemoved, Exec, ExitCode, OomKilled, Signal};
+
+    use super::*;
+    use crate::{pleg::record::PodRecord, runtime::testing::container};
+
+    fn listed(containers: &[(&str, ContainerState)]) -> PodRecords {
+        let pod = PodRecord {
+            uid: PodUid("p".into()),
+            namespace: "ns".into(),
+            name: "web".into(),
+            containers: containers
+                .iter()
+                .map(|(id, state)| (ContainerId((*id).into()), container(id, "", *state)))
+                .collect(),
+        };
+        PodRecords::from([(pod.uid.clone(), pod)])
+    }
+
+    fn hints(observations: &[(&str, ObservationKind)]) -> Hints {
+        let mut hints = Hints::default();
+        hints.insert(
+            Target::Pod(PodUid("p".into())),
+            Hint {
+                sources: BTreeSet::from([TriggerSource::Ebpf]),
+                observed_at: SystemTime::UNIX_EPOCH,
+                observations: observations
+                    .iter()
+                    .map(|(id, kind)| {
+                        let observation = Observation {
+                            source: TriggerSource::Ebpf,
+                            kind: kind.clone(),
+                        };
+                        (ContainerId((*id).into()), observation)
+                    })
+                    .collect(),
+            },
+        );
+        hints
+    }
+
+    #[test]
+    fn a_reading_reflects_hints_once_the_runtime_shows_what_they_saw() {
+        let pod = Scope::Pod(PodUid("p".into()));
+        let container = |id: &str| Scope::Container(ContainerId(id.into()));
+        let cases = [
+            (
+                "no observation",
+                pod.clone(),
+                vec![],
+                vec![("a", Running)],
+                true,
+            ),
+            (
+                "a death while still running",
+                pod.clone(),
+                vec![("a", Signal(9))],
+                vec![("a", Running)],
+                false,
+            ),
+            (
+                "a death once exited",
+                pod.clone(),
+                vec![("a", ExitCode(1))],
+                vec![("a", Exited)],
+                true,
+            ),
+            (
+                "a death once gone",
+                pod.clone(),
+                vec![("a", OomKilled)],
+                vec![],
+                true,
+            ),
+            (
+                "a removed cgroup still running",
+                pod.clone(),
+                vec![("a", CgroupRemoved)],
+                vec![("a", Running)],
+                false,
+            ),
+            (
+                "an exec not yet running",
+                pod.clone(),
+                vec![("a", Exec("/app".into()))],
+                vec![],
+                false,
+            ),
+            (
+                "an exec once running",
+                pod.clone(),
+                vec![("a", Exec("/app".into()))],
+                vec![("a", Running)],
+                true,
+            ),
+            (
+                "an exec already exited",
+                pod.clone(),
+                vec![("a", Exec("/app".into()))],
+                vec![("a", Exited)],
+                true,
+            ),
+            (
+                "a container scope not listed yet",
+                container("a"),
+                vec![],
+                vec![("b", Running)],
+                false,
+            ),
+            (
+                "a container scope listed",
+                container("a"),
+                vec![],
+                vec![("a", Running)],
+                true,
+            ),
+        ];
+        for (name, scope, observations, containers, want) in cases {
+            let got = hints(&observations).reflected_in(&scope, &listed(&containers));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+}
