@@ -15,7 +15,6 @@ use crate::{
     output,
     pleg::{
         cache::PodCache,
-        clock::{Clock, SystemClock},
         event::TriggerSource,
         generator::{self, TriggerSender},
         health::Health,
@@ -187,9 +186,8 @@ where
     R: Runtime,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let cache = Arc::new(PodCache::new());
-    let health = Arc::new(Health::new(Arc::clone(&clock), config.relist_threshold));
+    let health = Arc::new(Health::new(config.relist_threshold));
     let metrics = Metrics::new();
     let runtime_id = runtime_identity(config, push.runtime_socket.as_deref());
     let (bus, reading) = match restore(config, &runtime_id) {
@@ -217,7 +215,6 @@ where
     };
     let mut relister = Relister::new(
         runtime,
-        Arc::clone(&clock),
         Arc::clone(&cache),
         Arc::clone(&health),
         Arc::new(sink),
@@ -234,7 +231,7 @@ where
             full_relist_period: config.relist_period,
             ..SchedulerConfig::default()
         },
-        clock.now(),
+        tokio::time::Instant::now(),
     );
     let (triggers, trigger_rx) = generator::trigger_channel();
     let sources = SourceRegistry::with_metrics(metrics.clone());
@@ -258,7 +255,6 @@ where
         live(),
         Arc::clone(&cache),
         Arc::clone(&health),
-        Arc::clone(&clock),
         Arc::new(LoggingSyncHandler),
         metrics.clone(),
         SyncConfig::default(),
@@ -275,7 +271,6 @@ where
         let run = generator::run(
             relister,
             scheduler,
-            Arc::clone(&clock),
             trigger_rx,
             period_rx,
             metrics.clone(),

@@ -11,10 +11,13 @@
 //!     --> relist (runtime read, diff) --> cache + sink --> bus --> stdout, sync loop, API
 //! ```
 //!
+//! Time is tokio's clock (`tokio::time::Instant`) for every age and deadline, so tests pause
+//! and advance it (`#[tokio::test(start_paused = true)]`); wall time (`SystemTime`) only
+//! stamps what users see.
+//!
 //! Modules by layer, lowest first; a module imports only its own layer and those below
 //! (`tests/layers.rs` checks it):
-//! 0. `pleg::{record, event, clock}`: the types: runtime records, events, triggers, scopes,
-//!    time.
+//! 0. `pleg::{record, event}`: the types: runtime records, events, triggers, scopes.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
 //!    scheduler, provenance, sink}`: what changed, what the triggers said (and whether a

@@ -14,7 +14,6 @@ use crate::{
     metrics::Metrics,
     pleg::{
         cache::{CachedPod, PodCache},
-        clock::Clock,
         health::Health,
         record::PodUid,
     },
@@ -97,7 +96,6 @@ pub async fn run<H: SyncHandler>(
     mut events: Subscription<pb::Event>,
     cache: Arc<PodCache>,
     health: Arc<Health>,
-    clock: Arc<dyn Clock>,
     handler: Arc<H>,
     metrics: Metrics,
     config: SyncConfig,
@@ -127,7 +125,7 @@ pub async fn run<H: SyncHandler>(
                 Ok(event) => {
                     handled = event.sequence;
                     let uid = PodUid(event.pod_uid.clone());
-                    dispatch(&mut workers, &uid, SyncReason::Event, &cache, &clock, &handler, &shutdown);
+                    dispatch(&mut workers, &uid, SyncReason::Event, &cache, &handler, &shutdown);
                 }
                 Err(Ended::Lagged { .. }) => {
                     events = subscribe();
@@ -136,7 +134,7 @@ pub async fn run<H: SyncHandler>(
                     metrics.discarded_events(skipped);
                     handled = events.start().saturating_sub(1);
                     for (uid, _) in cache.pods() {
-                        dispatch(&mut workers, &uid, SyncReason::Event, &cache, &clock, &handler, &shutdown);
+                        dispatch(&mut workers, &uid, SyncReason::Event, &cache, &handler, &shutdown);
                     }
                 }
                 Err(Ended::Closed) => break,
@@ -159,14 +157,14 @@ pub async fn run<H: SyncHandler>(
                         continue;
                     }
                 }
-                let now = clock.now();
+                let now = Instant::now();
                 let due: Vec<PodUid> = workers
                     .iter()
                     .filter(|(_, w)| now.saturating_duration_since(w.last_dispatch) >= config.resync_interval)
                     .map(|(uid, _)| uid.clone())
                     .collect();
                 for uid in due {
-                    dispatch(&mut workers, &uid, SyncReason::Resync, &cache, &clock, &handler, &shutdown);
+                    dispatch(&mut workers, &uid, SyncReason::Resync, &cache, &handler, &shutdown);
                 }
             }
             _ = housekeeping.tick() => {
@@ -180,7 +178,7 @@ pub async fn run<H: SyncHandler>(
                 if healthy {
                     for (uid, pod) in &cached {
                         if pod.record.is_some() && !workers.contains_key(uid) {
-                            dispatch(&mut workers, uid, SyncReason::Resync, &cache, &clock, &handler, &shutdown);
+                            dispatch(&mut workers, uid, SyncReason::Resync, &cache, &handler, &shutdown);
                         }
                     }
                 }
@@ -194,11 +192,10 @@ fn dispatch<H: SyncHandler>(
     uid: &PodUid,
     reason: SyncReason,
     cache: &Arc<PodCache>,
-    clock: &Arc<dyn Clock>,
     handler: &Arc<H>,
     shutdown: &CancellationToken,
 ) {
-    let now = clock.now();
+    let now = Instant::now();
     if let Some(worker) = workers.get_mut(uid)
         && !worker.poke.is_closed()
     {
@@ -257,7 +254,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::pleg::{clock::SystemClock, record::PodRecord};
+    use crate::pleg::record::PodRecord;
 
     /// Keeps the last status synced per pod and how many syncs it had.
     #[derive(Debug, Default)]
@@ -306,7 +303,6 @@ mod tests {
 
     /// A running sync loop and its ends.
     struct Looping {
-        clock: Arc<dyn Clock>,
         cache: Arc<PodCache>,
         handler: Arc<RecordingSyncHandler>,
         bus: ApiBus,
@@ -317,7 +313,6 @@ mod tests {
 
     impl Looping {
         fn start(health: Arc<Health>, config: SyncConfig) -> Self {
-            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
             let cache = Arc::new(PodCache::new());
             let handler = Arc::new(RecordingSyncHandler::default());
             let bus = ApiBus::new(1, 100, 100);
@@ -329,14 +324,12 @@ mod tests {
                 events,
                 Arc::clone(&cache),
                 health,
-                Arc::clone(&clock),
                 Arc::clone(&handler),
                 metrics.clone(),
                 config,
                 shutdown.clone(),
             ));
             Self {
-                clock,
                 cache,
                 handler,
                 bus,
@@ -348,9 +341,8 @@ mod tests {
 
         /// A loop whose PLEG is healthy.
         fn healthy() -> Self {
-            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-            let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
-            health.relist_succeeded(clock.now());
+            let health = Arc::new(Health::new(Duration::from_secs(180)));
+            health.relist_succeeded(Instant::now());
             Self::start(health, SyncConfig::default())
         }
 
@@ -375,12 +367,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn events_have_their_pods_synced_with_cached_status() {
         let l = Looping::healthy();
-        let (cache, clock, handler) = (
-            Arc::clone(&l.cache),
-            Arc::clone(&l.clock),
-            Arc::clone(&l.handler),
-        );
-        cache.set(PodUid("p".into()), Some(record("p")), clock.now());
+        let (cache, handler) = (Arc::clone(&l.cache), Arc::clone(&l.handler));
+        cache.set(PodUid("p".into()), Some(record("p")), Instant::now());
         publish(&l.bus, "p");
         let uid = PodUid("p".into());
         let synced = l.synced(&uid, 1).await;
@@ -396,7 +384,7 @@ mod tests {
             "synced again on stale data"
         );
         tokio::time::advance(Duration::from_millis(1)).await;
-        cache.set(uid.clone(), Some(record("p")), clock.now());
+        cache.set(uid.clone(), Some(record("p")), Instant::now());
         l.synced(&uid, 2).await;
         assert_eq!(handler.last(&uid).unwrap().1, 2);
         l.stop().await;
@@ -409,7 +397,7 @@ mod tests {
         let l = Looping::healthy();
         for pod in ["a", "b"] {
             l.cache
-                .set(PodUid(pod.into()), Some(record(pod)), l.clock.now());
+                .set(PodUid(pod.into()), Some(record(pod)), Instant::now());
         }
         // Far more than its queue of 4, published before it can run.
         for _ in 0..20 {
@@ -432,9 +420,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn cached_pods_without_events_are_adopted_at_housekeeping() {
         let l = Looping::healthy();
-        let (cache, clock, handler) = (&l.cache, &l.clock, &l.handler);
+        let (cache, handler) = (&l.cache, &l.handler);
         let uid = PodUid("quiet".into());
-        cache.set(uid.clone(), Some(record("quiet")), clock.now());
+        cache.set(uid.clone(), Some(record("quiet")), Instant::now());
         tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD / 2).await;
         assert!(handler.last(&uid).is_none(), "not before housekeeping");
         tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD).await;
@@ -445,9 +433,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unhealthy_pleg_pauses_resyncs() {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         // Never succeeded: unhealthy.
-        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(1)));
+        let health = Arc::new(Health::new(Duration::from_secs(1)));
         let config = SyncConfig {
             resync_interval: Duration::from_secs(2),
             ..SyncConfig::default()
@@ -455,15 +442,15 @@ mod tests {
         let l = Looping::start(Arc::clone(&health), config);
         let (cache, handler) = (Arc::clone(&l.cache), Arc::clone(&l.handler));
         let uid = PodUid("p".into());
-        cache.set(uid.clone(), Some(record("p")), clock.now());
+        cache.set(uid.clone(), Some(record("p")), Instant::now());
         publish(&l.bus, "p");
         l.synced(&uid, 1).await;
         tokio::time::sleep(Duration::from_secs(10)).await;
         // Only the event's sync: resyncs were skipped while unhealthy.
         assert_eq!(handler.last(&uid).unwrap().1, 1);
 
-        health.relist_succeeded(clock.now());
-        cache.set(uid.clone(), Some(record("p")), clock.now());
+        health.relist_succeeded(Instant::now());
+        cache.set(uid.clone(), Some(record("p")), Instant::now());
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(
             handler.last(&uid).unwrap().1,

@@ -15,7 +15,6 @@ use std::{
 use plegd::{
     pleg::{
         cache::PodCache,
-        clock::{Clock, SystemClock},
         event::PodLifecycleEvent,
         health::Health,
         hints::Hints,
@@ -56,13 +55,11 @@ impl std::fmt::Display for Stats {
 
 /// A relister whose events are drained as they come.
 fn relister<R: Runtime>(runtime: R) -> Relister<R> {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+    let health = Arc::new(Health::new(Duration::from_secs(180)));
     let (tx, mut rx) = mpsc::unbounded_channel::<PodLifecycleEvent>();
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     Relister::new(
         runtime,
-        clock,
         Arc::new(PodCache::new()),
         health,
         Arc::new(tx),

@@ -4,14 +4,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use tokio::sync::{mpsc, watch};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
     metrics::Metrics,
     pleg::{
-        clock::Clock,
         event::{Scope, Trigger},
         relist::{RelistError, Relister},
         scheduler::{Batch, RelistScheduler, RetryError},
@@ -92,7 +94,6 @@ pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
 pub async fn run<R: Runtime>(
     mut relister: Relister<R>,
     mut scheduler: RelistScheduler,
-    clock: Arc<dyn Clock>,
     mut triggers: TriggerReceiver,
     mut period: watch::Receiver<Duration>,
     metrics: Metrics,
@@ -105,17 +106,17 @@ pub async fn run<R: Runtime>(
             () = shutdown.cancelled() => break,
             Some(trigger) = triggers.triggers.recv() => {
                 metrics.trigger(trigger.source);
-                scheduler.push(trigger, clock.now(), |c| relister.pod_of(c));
+                scheduler.push(trigger, Instant::now(), |c| relister.pod_of(c));
             }
-            () = triggers.full_relist.notified() => scheduler.request_full_relist(clock.now()),
+            () = triggers.full_relist.notified() => scheduler.request_full_relist(Instant::now()),
             Ok(()) = period.changed() => {
                 let new = *period.borrow_and_update();
                 info!(period = ?new, "full relist period changed");
                 scheduler.set_full_relist_period(new);
             }
             () = tokio::time::sleep_until(deadline) => {
-                while let Some(batch) = scheduler.next_due(clock.now()) {
-                    run_batch(&mut relister, &mut scheduler, clock.as_ref(), &metrics, batch).await;
+                while let Some(batch) = scheduler.next_due(Instant::now()) {
+                    run_batch(&mut relister, &mut scheduler, &metrics, batch).await;
                 }
             }
         }
@@ -128,16 +129,15 @@ pub async fn run<R: Runtime>(
 async fn run_batch<R: Runtime>(
     relister: &mut Relister<R>,
     scheduler: &mut RelistScheduler,
-    clock: &dyn Clock,
     metrics: &Metrics,
     batch: Batch,
 ) {
-    let started = clock.now();
+    let started = Instant::now();
     let result = relister.relist(&batch.scope, &batch.hints).await;
     metrics.relisted(
         batch.scope == Scope::All,
         started.into_std(),
-        clock.now().saturating_duration_since(started),
+        started.elapsed(),
         result.is_ok(),
     );
     let retry = match result {
@@ -151,7 +151,7 @@ async fn run_batch<R: Runtime>(
     };
     if retry {
         let (scope, sources) = (batch.scope.clone(), batch.hints.sources());
-        match scheduler.retry(batch, clock.now()) {
+        match scheduler.retry(batch, Instant::now()) {
             Ok(()) => {}
             Err(RetryError::FullRelist) => {}
             Err(e @ RetryError::Exhausted { .. }) => {
@@ -174,7 +174,6 @@ mod tests {
     use crate::{
         pleg::{
             cache::PodCache,
-            clock::SystemClock,
             event::{
                 Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
                 TriggerSource,
@@ -199,12 +198,10 @@ mod tests {
 
     fn start(period: Duration) -> Harness {
         let runtime = FakeRuntime::new();
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let health = Arc::new(Health::new(Arc::clone(&clock), Duration::from_secs(180)));
+        let health = Arc::new(Health::new(Duration::from_secs(180)));
         let (tx, events) = mpsc::unbounded_channel();
         let relister = Relister::new(
             runtime.clone(),
-            Arc::clone(&clock),
             Arc::new(PodCache::new()),
             health,
             Arc::new(tx),
@@ -216,7 +213,7 @@ mod tests {
                 full_relist_period: period,
                 ..SchedulerConfig::default()
             },
-            clock.now(),
+            Instant::now(),
         );
         let (triggers, receiver) = trigger_channel();
         let (period_tx, period_rx) = watch::channel(period);
@@ -224,7 +221,6 @@ mod tests {
         let task = tokio::spawn(run(
             relister,
             scheduler,
-            clock,
             receiver,
             period_rx,
             metrics.clone(),

@@ -6,13 +6,11 @@
 
 use std::{
     fmt::Write as _,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard},
     time::Duration,
 };
 
 use tokio::time::Instant;
-
-use crate::pleg::clock::Clock;
 
 /// Why the PLEG is unhealthy. The messages are kubelet's, word for word, since node tooling
 /// greps for them.
@@ -33,7 +31,6 @@ pub enum HealthError {
 
 /// Relist timestamps, shared between the relister (writes) and health checks (reads).
 pub struct Health {
-    clock: Arc<dyn Clock>,
     threshold: Duration,
     state: Mutex<State>,
 }
@@ -47,9 +44,8 @@ struct State {
 }
 
 impl Health {
-    pub fn new(clock: Arc<dyn Clock>, threshold: Duration) -> Self {
+    pub fn new(threshold: Duration) -> Self {
         Self {
-            clock,
             threshold,
             state: Mutex::default(),
         }
@@ -75,7 +71,7 @@ impl Health {
 
     /// `Ok` while the last successful full relist is within the threshold.
     pub fn check(&self) -> Result<(), HealthError> {
-        let now = self.clock.now();
+        let now = Instant::now();
         let state = self.lock();
         let last_success = state.last_success.ok_or(HealthError::NeverSucceeded)?;
         let age = now.saturating_duration_since(last_success);
@@ -149,13 +145,13 @@ fn decimal(value: u128, unit: u128) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::pleg::{clock::ManualClock, event::DEFAULT_RELIST_THRESHOLD};
+    use tokio::time::advance;
 
-    fn health() -> (Arc<ManualClock>, Health) {
-        let clock = Arc::new(ManualClock::new());
-        let health = Health::new(clock.clone(), DEFAULT_RELIST_THRESHOLD);
-        (clock, health)
+    use super::*;
+    use crate::pleg::event::DEFAULT_RELIST_THRESHOLD;
+
+    fn health() -> Health {
+        Health::new(DEFAULT_RELIST_THRESHOLD)
     }
 
     #[test]
@@ -179,20 +175,20 @@ mod tests {
 
     #[test]
     fn unhealthy_before_the_first_relist() {
-        let (_clock, health) = health();
+        let health = health();
         let err = health.check().expect_err("healthy before any relist");
         assert_eq!(err.to_string(), "pleg has yet to be successful");
     }
 
-    #[test]
-    fn healthy_within_threshold_unhealthy_after() {
-        let (clock, health) = health();
-        health.relist_started(clock.now());
-        health.relist_succeeded(clock.now());
+    #[tokio::test(start_paused = true)]
+    async fn healthy_within_threshold_unhealthy_after() {
+        let health = health();
+        health.relist_started(Instant::now());
+        health.relist_succeeded(Instant::now());
         assert_eq!(health.check(), Ok(()));
-        clock.advance(DEFAULT_RELIST_THRESHOLD);
+        advance(DEFAULT_RELIST_THRESHOLD).await;
         assert_eq!(health.check(), Ok(()));
-        clock.advance(Duration::from_millis(4_300));
+        advance(Duration::from_millis(4_300)).await;
         let err = health.check().expect_err("healthy past the threshold");
         assert_eq!(
             err.to_string(),
@@ -208,15 +204,15 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_hanging_relist_turns_unhealthy() {
-        let (clock, health) = health();
-        health.relist_started(clock.now());
-        health.relist_succeeded(clock.now());
-        clock.advance(Duration::from_secs(1));
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_relist_turns_unhealthy() {
+        let health = health();
+        health.relist_started(Instant::now());
+        health.relist_succeeded(Instant::now());
+        advance(Duration::from_secs(1)).await;
         // The next relist starts and never returns: nobody calls relist_succeeded.
-        health.relist_started(clock.now());
-        clock.advance(Duration::from_secs(200));
+        health.relist_started(Instant::now());
+        advance(Duration::from_secs(200)).await;
         match health.check() {
             Err(HealthError::Stale {
                 age, running_for, ..
@@ -228,14 +224,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_failed_relist_does_not_count() {
-        let (clock, health) = health();
-        health.relist_succeeded(clock.now());
-        clock.advance(Duration::from_secs(170));
-        health.relist_started(clock.now());
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_relist_does_not_count() {
+        let health = health();
+        health.relist_succeeded(Instant::now());
+        advance(Duration::from_secs(170)).await;
+        health.relist_started(Instant::now());
         health.relist_failed();
-        clock.advance(Duration::from_secs(11));
+        advance(Duration::from_secs(11)).await;
         assert!(matches!(
             health.check(),
             Err(HealthError::Stale {

@@ -1,7 +1,6 @@
 //! The PLEG core: pure logic, no I/O.
 
 pub mod cache;
-pub mod clock;
 pub mod diff;
 pub mod event;
 pub mod generator;
