@@ -246,6 +246,24 @@ impl Cri {
         Ok(id)
     }
 
+    /// Runs a sleeper container per name in `pod`; returns their ids in the same order.
+    pub async fn run_sleepers<const N: usize>(
+        &self,
+        pod: &Pod,
+        names: [&str; N],
+    ) -> anyhow::Result<[String; N]> {
+        let mut ids = Vec::with_capacity(N);
+        for name in names {
+            ids.push(
+                self.run_container(pod, &ContainerSpec::sleeper(name))
+                    .await?,
+            );
+        }
+        Ok(ids
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one id per name")))
+    }
+
     /// Stops a container: SIGTERM, then SIGKILL after `timeout` (0: SIGKILL at once).
     pub async fn stop_container(&self, id: &str, timeout: Duration) -> anyhow::Result<()> {
         self.runtime

@@ -9,6 +9,7 @@
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
 //! - `release`: which containerd a run uses (`PLEGD_TEST_CONTAINERD`: 1.6, 1.7, 2.1) and its
 //!   version.
+//! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
 pub mod containerd;
@@ -18,12 +19,14 @@ pub mod image;
 pub mod native;
 pub mod process;
 pub mod release;
+pub mod scenario;
 pub mod wait;
 
 use std::path::{Path, PathBuf};
 
 pub use containerd::{ContainerdOptions, HarnessError, PrivateContainerd};
 pub use release::{Release, Version};
+pub use scenario::Node;
 
 /// A gRPC channel over a unix socket (tonic needs a dummy URI; the connector ignores it).
 pub async fn unix_channel(

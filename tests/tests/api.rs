@@ -8,10 +8,7 @@ use std::{collections::BTreeMap, os::unix::fs::PermissionsExt as _, path::Path, 
 
 use plegd::{config::Config, runtime::RuntimeKind};
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
-use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
-    cri::{ContainerSpec, Cri},
-};
+use plegd_tests::{ContainerdOptions, Node, PrivateContainerd, cri::ContainerSpec};
 use serde_json::Value;
 use support::{RunningPlegd, ServedApi, config};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -105,13 +102,12 @@ fn api_view(events: &[pb::Event]) -> Vec<(u64, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_the_events_of_real_containers() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |_| {}).await;
     let mut client = api.client().await;
     let mut stream = watch(&mut client, 0, 0).await.unwrap();
-    let cri = Cri::connect(&containerd).await.unwrap();
 
     let pod = cri.run_pod("watched").await.unwrap();
     let app = cri
@@ -208,11 +204,10 @@ async fn watch_streams_the_events_of_real_containers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_after_a_disconnect_gets_exactly_the_missed_events() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |_| {}).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
 
     let mut client = api.client().await;
     let mut stream = watch(&mut client, 1, 0).await.unwrap();
@@ -227,14 +222,7 @@ async fn resume_after_a_disconnect_gets_exactly_the_missed_events() {
     drop(client);
 
     // Missed while disconnected.
-    let a = cri
-        .run_container(&pod, &ContainerSpec::sleeper("a"))
-        .await
-        .unwrap();
-    let b = cri
-        .run_container(&pod, &ContainerSpec::sleeper("b"))
-        .await
-        .unwrap();
+    let [a, b] = cri.run_sleepers(&pod, ["a", "b"]).await.unwrap();
     for id in [&a, &b] {
         plegd
             .wait_container(id, &["ContainerStarted"], DEADLINE)
@@ -281,11 +269,10 @@ async fn resume_after_a_disconnect_gets_exactly_the_missed_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_from_too_old_a_sequence_or_another_run_is_out_of_range() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |c| c.event_history = 2).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
     let pod = cri.run_pod("old").await.unwrap();
     let a = cri
         .run_container(&pod, &ContainerSpec::sleeper("a"))
@@ -375,9 +362,9 @@ async fn drain(stream: &mut Streaming<pb::Event>) -> (Vec<pb::Event>, tonic::Sta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_up() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |c| c.watch_queue = 8).await;
     let bus = plegd.shared.bus.clone();
     let mut fast_client = api.client().await;
@@ -401,7 +388,6 @@ async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_
         // Still subscribed: the one left when the stalled ones are dropped.
         (seen, fast)
     });
-    let cri = Cri::connect(&containerd).await.unwrap();
     let pod = cri.run_pod("busy").await.unwrap();
     for i in 0..CONTAINERS {
         let id = cri
@@ -617,9 +603,9 @@ async fn scrape(api: &ServedApi) -> BTreeMap<String, f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_scraped_and_move() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |_| {}).await;
     let first = scrape(&api).await;
     for name in [
@@ -637,7 +623,6 @@ async fn metrics_are_scraped_and_move() {
     assert!(first.contains_key("kubelet_pleg_relist_duration_seconds_bucket{le=\"0.005\"}"));
     assert!(first.contains_key("kubelet_pleg_relist_duration_seconds_bucket{le=\"10.0\"}"));
 
-    let cri = Cri::connect(&containerd).await.unwrap();
     let pod = cri.run_pod("metered").await.unwrap();
     plegd
         .wait_container(&pod.id, &["ContainerStarted"], DEADLINE)

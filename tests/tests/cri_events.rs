@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_cri::v1::ContainerState;
 use plegd::{config::SourceName, pleg::event::TriggerSource, sources::status::SourceState};
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
+    ContainerdOptions, Node, PrivateContainerd,
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
     native::Native,
@@ -105,7 +105,11 @@ async fn health_says_whether_the_runtime_streams_cri_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_kill_and_removal_are_triggered_by_cri_events_alone() {
-    let containerd = start().await;
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     if !has_cri_events(
         &containerd,
         "start_kill_and_removal_are_triggered_by_cri_events_alone",
@@ -113,10 +117,6 @@ async fn start_kill_and_removal_are_triggered_by_cri_events_alone() {
         return;
     }
     let mut plegd = cri_events_only(&containerd).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let pod = cri.run_pod("cri-events").await.unwrap();
     let id = cri
         .run_container(&pod, &ContainerSpec::sleeper("app"))

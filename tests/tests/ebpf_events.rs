@@ -14,8 +14,7 @@ use plegd::{
     sources::status::SourceState,
 };
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
-    containerd::CRI_NAMESPACE,
+    Node, PrivateContainerd,
     cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
 };
@@ -35,15 +34,13 @@ fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> 
 /// kernel saw, while the full relist sleeps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observations() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let mut plegd = RunningPlegd::start(ebpf_config(&containerd, Mode::Ebpf, SLOW)).await;
     plegd.wait_sources_connected(1, DEADLINE).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     // The first full relist (at start) saw no pod; everything below comes from eBPF triggers.
     for mode in PidMode::ALL {
         let pod = cri
@@ -140,16 +137,14 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
 /// The same scenario in polling mode: the same event types, found by the relist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_mode_yields_the_same_events_through_the_relist() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let config = ebpf_config(&containerd, Mode::Polling, Duration::from_millis(200));
     assert!(config.sources.is_empty());
     let mut plegd = RunningPlegd::start(config).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let pod = cri.run_pod("polled").await.unwrap();
     let killed = start_then_kill(&mut plegd, &cri, &tasks, &pod, "killed", DEADLINE).await;
     let died = plegd.last_of(&killed);
@@ -221,9 +216,11 @@ async fn auto_mode_child() {
 /// plugin's status update (it causes it), so it joins the retry that waits for that update.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let config = push_config(
         &containerd,
         &[SourceName::Ebpf, SourceName::Containerd],
@@ -232,10 +229,6 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event_naming_both() {
     );
     let mut plegd = RunningPlegd::start(config).await;
     plegd.wait_sources_connected(2, DEADLINE).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let pod = cri.run_pod("both").await.unwrap();
     let killed = start_then_kill(&mut plegd, &cri, &tasks, &pod, "killed", DEADLINE).await;
     let died = plegd.last_of(&killed);

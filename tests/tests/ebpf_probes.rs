@@ -16,7 +16,7 @@ use plegd::{
     },
 };
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
+    Node,
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
@@ -54,13 +54,11 @@ fn has(trigger: &Trigger, kind: &ObservationKind) -> bool {
 /// containers that were running before the probes attached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
+    let Node {
+        containerd: _containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
 
     // Running before the probes attach: userspace finds their inits in /proc.
     let mut earlier = Vec::new();

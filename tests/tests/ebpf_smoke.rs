@@ -9,9 +9,7 @@ mod support;
 use std::time::Duration;
 
 use plegd::config::{Mode, SourceName};
-use plegd_tests::{
-    ContainerdOptions, PrivateContainerd, containerd::CRI_NAMESPACE, cri::Cri, native::Native,
-};
+use plegd_tests::Node;
 use support::{RunningPlegd, observations, push_config, start_then_kill};
 
 /// Bounds each wait; far below the relist period, so an event within it came from eBPF.
@@ -20,17 +18,15 @@ const SLOW: Duration = Duration::from_secs(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let config = push_config(&containerd, &[SourceName::Ebpf], Mode::Ebpf, SLOW);
     // --mode ebpf fails here if the probes do not load and attach.
     let mut plegd = RunningPlegd::start(config).await;
     plegd.wait_sources_connected(1, DEADLINE).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
 
     let pod = cri.run_pod("smoke").await.unwrap();
     // eBPF is the only push source and the first full relist ran before the pod existed, so

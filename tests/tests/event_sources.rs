@@ -33,11 +33,11 @@ use plegd::{
     },
 };
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
+    Node, PrivateContainerd,
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
     native::Native,
-    process, unix_channel, wait,
+    process, unix_channel,
 };
 use support::{RunningPlegd, status_of, stream_only, types_by_container, types_of, wait_state};
 use tokio_util::sync::CancellationToken;
@@ -57,29 +57,6 @@ async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
     plegd
 }
 
-/// Records every state a source goes through, polling faster than a reconnect takes.
-fn record_states(
-    registry: SourceRegistry,
-    source: TriggerSource,
-) -> (Arc<Mutex<Vec<SourceState>>>, tokio::task::JoinHandle<()>) {
-    let states = Arc::new(Mutex::new(Vec::new()));
-    let task = tokio::spawn({
-        let states = Arc::clone(&states);
-        async move {
-            loop {
-                if let Some(status) = status_of(&registry, source) {
-                    let mut states = states.lock().unwrap();
-                    if states.last() != Some(&status.state) {
-                        states.push(status.state);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
-    (states, task)
-}
-
 /// A container that runs until the test creates /tmp/go inside it, then exits with `code`.
 fn exits_on_signal(name: &str, code: u8) -> ContainerSpec {
     ContainerSpec::shell(
@@ -94,14 +71,12 @@ fn signal_exit(pid: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let mut plegd = events_only(&containerd).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let pod = cri.run_pod("evented").await.unwrap();
     let killed = cri
         .run_container(&pod, &ContainerSpec::sleeper("killed"))
@@ -158,14 +133,12 @@ async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let mut plegd = events_only(&containerd).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let pod = cri.run_pod("churn").await.unwrap();
     let mut ids = Vec::new();
     for i in 0..6u8 {
@@ -185,7 +158,9 @@ async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
         pids.push(tasks.init_pid(id).await.unwrap());
     }
 
-    let (states, recorder) = record_states(plegd.shared.sources.clone(), TriggerSource::Containerd);
+    let reconnects = status_of(&plegd.shared.sources, TriggerSource::Containerd)
+        .unwrap()
+        .reconnects;
     // Exits racing the daemon's shutdown, and one while it is down: whatever the stream misses
     // the reconnect's full relist finds.
     process::kill_all(&[pids[0], pids[1]], DEADLINE);
@@ -196,20 +171,10 @@ async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
     };
     let (restarted, ()) = tokio::join!(restarting, exit_while_down);
     restarted.unwrap();
-    wait::until("containerd events reconnected", DEADLINE, || {
-        let states = Arc::clone(&states);
-        async move {
-            let states = states.lock().unwrap();
-            let reconnected = states
-                .iter()
-                .skip_while(|s| **s != SourceState::Reconnecting)
-                .any(|s| *s == SourceState::Connected);
-            Ok::<_, String>(reconnected.then_some(()))
-        }
+    wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
+        s.reconnects > reconnects && s.state == SourceState::Connected
     })
-    .await
-    .unwrap();
-    recorder.abort();
+    .await;
 
     // After the restart: more churn, through the stream.
     let cri = Cri::connect(&containerd).await.unwrap();
@@ -278,11 +243,10 @@ async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_exit_is_not_the_containers_death() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let mut plegd = events_only(&containerd).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
     let pod = cri.run_pod("exec").await.unwrap();
     let id = cri
         .run_container(&pod, &ContainerSpec::sleeper("app"))

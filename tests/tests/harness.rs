@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_cri::v1::ContainerState;
 use plegd_tests::{
-    CgroupPaths, ContainerdOptions, PrivateContainerd,
+    CgroupPaths, ContainerdOptions, Node, PrivateContainerd,
     containerd::{CRI_NAMESPACE, cleanup},
     cri::{ContainerSpec, Cri},
     native::{Native, NativeSpec},
@@ -23,17 +23,13 @@ async fn start() -> PrivateContainerd {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_pod_with_two_containers_is_seen_by_cri_and_tasks_api_and_kill_reports_137() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
+    let Node {
+        containerd: _containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let pod = cri.run_pod("two").await.unwrap();
-    let a = cri
-        .run_container(&pod, &ContainerSpec::sleeper("a"))
-        .await
-        .unwrap();
-    let b = cri
-        .run_container(&pod, &ContainerSpec::sleeper("b"))
-        .await
-        .unwrap();
+    let [a, b] = cri.run_sleepers(&pod, ["a", "b"]).await.unwrap();
     for id in [&a, &b] {
         cri.wait_state(id, ContainerState::ContainerRunning, DEADLINE)
             .await
@@ -54,9 +50,6 @@ async fn cri_pod_with_two_containers_is_seen_by_cri_and_tasks_api_and_kill_repor
     assert!(listed.contains(&a) && listed.contains(&b));
 
     // The same containers through containerd's tasks API, plus the sandbox.
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
     let running: Vec<String> = tasks
         .list_tasks()
         .await
@@ -96,8 +89,11 @@ async fn cri_pod_with_two_containers_is_seen_by_cri_and_tasks_api_and_kill_repor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_and_oom_kill_are_reported_through_cri() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
+    let Node {
+        containerd: _containerd,
+        cri,
+        ..
+    } = Node::start().await.unwrap();
     let pod = cri.run_pod("exits").await.unwrap();
 
     let three = cri
@@ -163,8 +159,9 @@ async fn native_containers_run_exit_and_are_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_a_containerd_restart() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let pod = cri.run_pod("restart").await.unwrap();
     let id = cri
         .run_container(&pod, &ContainerSpec::sleeper("s"))
@@ -196,8 +193,9 @@ async fn state_survives_a_containerd_restart() {
 /// instance, no cgroup, no shim socket, no directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_leaves_no_process_mount_cgroup_or_socket() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let pod = cri.run_pod("leftovers").await.unwrap();
     let id = cri
         .run_container(&pod, &ContainerSpec::sleeper("s"))

@@ -9,8 +9,7 @@ use std::time::Duration;
 use k8s_cri::v1::ContainerState;
 use plegd::{daemon, runtime::RuntimeKind};
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
-    containerd::CRI_NAMESPACE,
+    ContainerdOptions, Node, PrivateContainerd,
     cri::{ContainerSpec, Cri},
     native::{Native, NativeSpec},
 };
@@ -26,14 +25,12 @@ fn exits_3_on_signal(name: &str) -> ContainerSpec {
 }
 
 async fn lifecycle(kind: RuntimeKind) {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let mut plegd = RunningPlegd::start(config(kind, &containerd.socket(), PERIOD)).await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
 
     let pod = cri.run_pod("life").await.unwrap();
     let killed = cri

@@ -15,9 +15,9 @@ use plegd::{
     },
 };
 use plegd_tests::{
-    ContainerdOptions, PrivateContainerd,
+    ContainerdOptions, Node, PrivateContainerd,
     containerd::{CRI_NAMESPACE, NATIVE_NAMESPACE},
-    cri::{ContainerSpec, Cri},
+    cri::ContainerSpec,
     native::{Native, NativeSpec},
     wait,
 };
@@ -70,8 +70,9 @@ async fn wait_inspected(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
     let pod = cri.run_pod("two").await.unwrap();
     let other = cri.run_pod("other").await.unwrap();
     let a = cri
@@ -158,11 +159,11 @@ async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kills_exit_codes_and_removals_are_reported_by_both_backends() {
-    let containerd = start().await;
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
     let cri_runtime = connect(RuntimeKind::Cri, &containerd.socket(), &[]).await;
     let native_runtime = connect(RuntimeKind::Containerd, &containerd.socket(), &[]).await;
     let runtimes = [&cri_runtime, &native_runtime];

@@ -41,6 +41,8 @@ pub struct SourceStatus {
     pub detail: String,
     /// When it last delivered a trigger.
     pub last_delivered: Option<SystemTime>,
+    /// How many times it was lost and went back to reconnecting.
+    pub reconnects: u64,
 }
 
 /// Shared registry of source states; cheap to clone.
@@ -88,14 +90,15 @@ impl SourceRegistry {
                     state,
                     detail: String::new(),
                     last_delivered: None,
+                    reconnects: 0,
                 }
             });
             let changed = new || entry.state != state || entry.detail != detail;
-            if state == SourceState::Reconnecting
-                && entry.state != SourceState::Reconnecting
-                && let Some(metrics) = &self.metrics
-            {
-                metrics.stream_reconnect(source);
+            if state == SourceState::Reconnecting && entry.state != SourceState::Reconnecting {
+                entry.reconnects += 1;
+                if let Some(metrics) = &self.metrics {
+                    metrics.stream_reconnect(source);
+                }
             }
             entry.state = state;
             entry.detail = detail;
@@ -111,6 +114,12 @@ impl SourceRegistry {
         if let Some(status) = self.lock().get_mut(&source) {
             status.last_delivered = Some(at);
         }
+    }
+
+    /// Changes whenever a source's state or detail does (not on deliveries). States in
+    /// between two looks may be missed: [`SourceStatus::reconnects`] counts the losses.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// Every registered source and its status.
@@ -132,7 +141,7 @@ impl SourceRegistry {
         fast: Duration,
         slow: Duration,
     ) {
-        let mut changes = self.changed.subscribe();
+        let mut changes = self.changes();
         let mut connected = BTreeSet::new();
         let mut settled_at = Instant::now();
         loop {
@@ -227,5 +236,28 @@ mod tests {
             Some(SystemTime::UNIX_EPOCH)
         );
         assert!(registry.any_connected());
+    }
+
+    #[test]
+    fn each_loss_counts_one_reconnect_whatever_is_said_while_reconnecting() {
+        let registry = SourceRegistry::new();
+        let changes = registry.changes();
+        let steps = [
+            (SourceState::Connecting, ""),
+            (SourceState::Connected, ""),
+            (SourceState::Reconnecting, "stream broke"),
+            (SourceState::Reconnecting, "connection refused"),
+            (SourceState::Connected, ""),
+            (SourceState::Reconnecting, "stream broke"),
+        ];
+        for (state, detail) in steps {
+            registry.set(TriggerSource::Containerd, state, detail);
+        }
+        assert!(changes.has_changed().unwrap());
+        let status = &registry.snapshot()[0].1;
+        assert_eq!(
+            (status.state, status.reconnects),
+            (SourceState::Reconnecting, 2)
+        );
     }
 }

@@ -65,18 +65,34 @@ pub fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<Sou
         .map(|(_, status)| status)
 }
 
-/// Waits until `source`'s state satisfies `want`, and returns it.
+/// Waits until `source`'s status satisfies `want`, looking at each change of the registry, and
+/// returns it.
 pub async fn wait_state(
     registry: &SourceRegistry,
     source: TriggerSource,
     want: impl Fn(&SourceStatus) -> bool,
 ) -> SourceStatus {
-    wait::until(&format!("{source:?} state"), STATE_DEADLINE, || async {
-        let status = status_of(registry, source);
-        Ok::<_, String>(status.filter(&want))
-    })
-    .await
-    .unwrap()
+    let mut changes = registry.changes();
+    let reached = async {
+        loop {
+            // Marks the current version seen before looking: a change after the look wakes us.
+            changes.borrow_and_update();
+            if let Some(status) = status_of(registry, source).filter(&want) {
+                return status;
+            }
+            changes
+                .changed()
+                .await
+                .expect("the registry outlives its daemon");
+        }
+    };
+    match tokio::time::timeout(STATE_DEADLINE, reached).await {
+        Ok(status) => status,
+        Err(_) => panic!(
+            "{source:?} state not reached within {STATE_DEADLINE:?}; last: {:?}",
+            status_of(registry, source)
+        ),
+    }
 }
 
 /// [`config`] with the given `--sources`.
