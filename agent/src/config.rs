@@ -699,4 +699,159 @@ mod tests {
         let err = parse_duration("3 parsecs").unwrap_err().to_string();
         assert!(err.starts_with("invalid duration \"3 parsecs\": "), "{err}");
     }
+
+    /// `plegd run`'s settings from a command line, as `plegd run` reads them.
+    fn given(argv: &[&str]) -> RunArgs {
+        let command = RunArgs::augment_args(clap::Command::new("run"));
+        RunArgs::given(&command.try_get_matches_from(argv).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_file_is_read_the_way_flags_are() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "relist-period = \"1h 30m\"\n\
+             runtime = \"containerd\"\n\
+             sources = [\"ebpf\"]\n\
+             mode = \"ebpf\"\n\
+             emit-changed = true"
+        )
+        .unwrap();
+        let path = file.path().to_str().unwrap();
+        let from_file = Config::load(&given(&["run", "--config", path])).unwrap();
+        let from_flags = Config::load(&given(&[
+            "run",
+            "--relist-period",
+            "1h 30m",
+            "--runtime",
+            "containerd",
+            "--sources",
+            "ebpf",
+            "--mode",
+            "ebpf",
+            "--emit-changed",
+        ]))
+        .unwrap();
+        assert_eq!(from_file, from_flags);
+        assert_eq!(from_file.relist_period, Duration::from_secs(90 * 60));
+    }
+
+    /// A setting's key, its flag, `PLEGD_*` variable and file value (each maybe absent), and
+    /// what `plegd run` resolves.
+    type Row = (
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+        &'static str,
+    );
+
+    /// Read by the child process of
+    /// `flags_beat_the_environment_which_beats_the_file_which_beats_defaults`.
+    const PRECEDENCE: [Row; 8] = [
+        (
+            "relist-period",
+            Some("2s"),
+            Some("3s"),
+            Some("\"4s\""),
+            "2s",
+        ),
+        ("slow-relist-period", None, Some("3s"), Some("\"4s\""), "3s"),
+        ("relist-threshold", None, None, Some("\"4s\""), "4s"),
+        ("runtime-timeout", None, None, None, "10s"),
+        ("event-history", Some("7"), Some("8"), Some("9"), "7"),
+        ("watch-queue", None, Some("8"), Some("9"), "8"),
+        ("inspect-concurrency", None, None, Some("9"), "9"),
+        ("event-channel-capacity", None, None, None, "1000"),
+    ];
+
+    const PRECEDENCE_CHILD: &str = "PLEGD_TEST_PRECEDENCE_CHILD";
+
+    /// The environment layer is the process's: the table runs in a child process (this test
+    /// binary again) with the variables set, so no test here changes its own environment.
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_defaults() {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args(["--exact", "config::tests::precedence_child", "--ignored"]);
+        child.env(PRECEDENCE_CHILD, "1");
+        for (key, _, env, _, _) in PRECEDENCE {
+            let name = format!("PLEGD_{}", key.to_uppercase().replace('-', "_"));
+            match env {
+                Some(value) => child.env(name, value),
+                None => child.env_remove(name),
+            };
+        }
+        let output = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "{stdout}");
+    }
+
+    #[test]
+    #[ignore = "run by flags_beat_the_environment_which_beats_the_file_which_beats_defaults"]
+    fn precedence_child() {
+        if std::env::var_os(PRECEDENCE_CHILD).is_none() {
+            return;
+        }
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let mut argv = vec!["run".to_owned(), "--config".to_owned()];
+        argv.push(file.path().to_str().unwrap().to_owned());
+        for (key, flag, _, in_file, _) in PRECEDENCE {
+            if let Some(value) = flag {
+                argv.extend([format!("--{key}"), value.to_owned()]);
+            }
+            if let Some(value) = in_file {
+                writeln!(file, "{key} = {value}").unwrap();
+            }
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = Config::load(&given(&argv)).unwrap();
+        for (key, _, _, _, expected) in PRECEDENCE {
+            let resolved = match key {
+                "relist-period" => human(config.relist_period),
+                "slow-relist-period" => human(config.slow_relist_period),
+                "relist-threshold" => human(config.relist_threshold),
+                "runtime-timeout" => human(config.runtime_timeout),
+                "event-history" => config.event_history.to_string(),
+                "watch-queue" => config.watch_queue.to_string(),
+                "inspect-concurrency" => config.inspect_concurrency.to_string(),
+                "event-channel-capacity" => config.event_channel_capacity.to_string(),
+                _ => unreachable!("{key} is not in the table"),
+            };
+            assert_eq!(resolved, expected, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_bad_file_names_its_line_and_column() {
+        let cases = [
+            // Syntax: an unquoted duration.
+            (
+                "relist-period = \"1s\"\nrelist-threshold = 3m",
+                "line 2, column 20",
+            ),
+            // Type: a string where a number goes.
+            (
+                "watch-queue = 5\nevent-history = \"many\"",
+                "line 2, column 17",
+            ),
+            // Value: a duration humantime does not read.
+            ("\nslow-relist-period = \"soon\"", "line 2, column 22"),
+            // Value: a runtime plegd does not know.
+            ("runtime = \"docker\"", "line 1, column 11"),
+        ];
+        for (text, at) in cases {
+            let mut file = tempfile::NamedTempFile::new().unwrap();
+            writeln!(file, "{text}").unwrap();
+            let err = Config::load(&RunArgs {
+                config: Some(file.path().to_owned()),
+                ..RunArgs::default()
+            })
+            .unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+            let err = err.to_string();
+            assert!(err.contains(at), "{text:?}: {err}");
+        }
+    }
 }
