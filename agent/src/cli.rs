@@ -3,7 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -112,7 +112,7 @@ impl From<EventTypeArg> for plegd_proto::v1::EventType {
 
 /// Entry point of the `plegd` binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let result = match cli.command {
         Command::Run(args) => run(&args),
         Command::Check => {
@@ -132,6 +132,17 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line, keeping of `plegd run`'s settings only what flags and environment
+/// gave: the config file comes between them and the defaults ([`Config::load`]).
+fn parse() -> Cli {
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Command::Run(args), Some(run)) = (&mut cli.command, matches.subcommand_matches("run")) {
+        **args = RunArgs::given(run).unwrap_or_else(|e| e.exit());
+    }
+    cli
 }
 
 /// An error and its causes on one line, none repeated (anyhow's `{:#}` would print a cause
@@ -278,8 +289,6 @@ fn health(args: &ReportArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory as _;
-
     use super::*;
 
     #[test]

@@ -1,5 +1,15 @@
 //! `plegd run` configuration: flags, `PLEGD_*` environment variables and an optional TOML file,
 //! in that order of precedence, over built-in defaults.
+//!
+//! Each setting is defined once, as a field of [`RunArgs`]: its flag and environment variable
+//! (clap), its file key (serde, the flag's name) and its default (clap's `default_value`, which
+//! `plegd run --help` shows). The layers are merged without a config crate: clap already does
+//! flag over environment over default and reports where each value came from
+//! ([`ArgMatches::value_source`]), so [`RunArgs::given`] keeps only what a flag or variable gave,
+//! the file deserializes into the same struct (toml reports line and column), and
+//! [`Config::load`] takes each setting from the first layer that has it. A layered config crate
+//! (figment) would add a dependency and a second toml version, and would report a file's type
+//! errors without their line and column.
 
 use std::{
     collections::BTreeSet,
@@ -8,8 +18,8 @@ use std::{
     time::Duration,
 };
 
-use clap::{Args, ValueEnum};
-use serde::Deserialize;
+use clap::{ArgMatches, Args, FromArgMatches as _, ValueEnum, parser::ValueSource};
+use serde::{Deserialize, Deserializer};
 
 pub use crate::output::OutputFormat;
 use crate::{
@@ -75,18 +85,27 @@ pub enum LogFormat {
     Json,
 }
 
-/// Flags of `plegd run`; every one also reads a `PLEGD_*` variable and a key of the file.
-#[derive(Clone, Debug, Default, Args)]
+/// Settings of `plegd run`: each is a flag, a `PLEGD_*` variable and a key of the file. `None`:
+/// not given at this layer (flags and environment, or the file); clap's defaults are the last
+/// layer, see [`Config::load`].
+#[derive(Clone, Debug, Default, Args, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RunArgs {
     /// TOML file with any of the settings below (keys are the flag names, e.g.
     /// `relist-period = "1s"`). Flags and environment variables override it.
     #[arg(long, env = "PLEGD_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 
     /// Runtime API to read state from: `cri` (any CRI runtime: containerd, CRI-O) or
     /// `containerd` (containerd's own API, also sees containers not made through CRI).
-    /// [default: cri]
-    #[arg(long, env = "PLEGD_RUNTIME", value_name = "cri|containerd")]
+    #[arg(
+        long,
+        env = "PLEGD_RUNTIME",
+        value_name = "cri|containerd",
+        default_value = "cri"
+    )]
+    #[serde(deserialize_with = "from_str")]
     pub runtime: Option<RuntimeKind>,
 
     /// Runtime socket (`unix:///run/containerd/containerd.sock` or a plain path). [default:
@@ -95,75 +114,121 @@ pub struct RunArgs {
     pub runtime_endpoint: Option<String>,
 
     /// containerd namespaces to watch with `--runtime containerd`, comma separated.
-    /// [default: k8s.io]
     #[arg(
         long,
         env = "PLEGD_NAMESPACES",
         value_delimiter = ',',
-        value_name = "NS,..."
+        value_name = "NS,...",
+        default_value = "k8s.io"
     )]
     pub namespaces: Option<Vec<String>>,
 
-    /// Period of the full relist. [default: 1s]
-    #[arg(long, env = "PLEGD_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    /// Period of the full relist.
+    #[arg(
+        long,
+        env = "PLEGD_RELIST_PERIOD",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(DEFAULT_RELIST_PERIOD)
+    )]
+    #[serde(deserialize_with = "duration")]
     pub relist_period: Option<Duration>,
 
     /// Period of the full relist while at least one push source (eBPF, containerd events, CRI
-    /// events) is connected: the safety net, slowed. [default: 30s]
-    #[arg(long, env = "PLEGD_SLOW_RELIST_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    /// events) is connected: the safety net, slowed.
+    #[arg(
+        long,
+        env = "PLEGD_SLOW_RELIST_PERIOD",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(DEFAULT_SLOW_RELIST_PERIOD)
+    )]
+    #[serde(deserialize_with = "duration")]
     pub slow_relist_period: Option<Duration>,
 
     /// Push sources to use, comma separated: `ebpf`, `containerd` (containerd's event stream),
     /// `cri-events` (CRI GetContainerEvents). The periodic full relist always runs; `relist`
-    /// alone means polling only. [default: ebpf,containerd,cri-events]
+    /// alone means polling only.
     #[arg(
         long,
         env = "PLEGD_SOURCES",
         value_enum,
         value_delimiter = ',',
-        value_name = "SOURCE,..."
+        value_name = "SOURCE,...",
+        default_value = "ebpf,containerd,cri-events"
     )]
     pub sources: Option<Vec<SourceName>>,
 
     /// `auto` uses the eBPF probes when this kernel can load them, `ebpf` requires them,
-    /// `polling` turns every push source off (relist only). [default: auto]
-    #[arg(long, env = "PLEGD_MODE", value_enum)]
+    /// `polling` turns every push source off (relist only).
+    #[arg(long, env = "PLEGD_MODE", value_enum, default_value = "auto")]
     pub mode: Option<Mode>,
 
-    /// The PLEG is unhealthy when no full relist succeeded for this long. [default: 3m]
-    #[arg(long, env = "PLEGD_RELIST_THRESHOLD", value_parser = parse_duration, value_name = "DURATION")]
+    /// The PLEG is unhealthy when no full relist succeeded for this long.
+    #[arg(
+        long,
+        env = "PLEGD_RELIST_THRESHOLD",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(DEFAULT_RELIST_THRESHOLD)
+    )]
+    #[serde(deserialize_with = "duration")]
     pub relist_threshold: Option<Duration>,
 
-    /// Deadline of each runtime call. [default: 10s]
-    #[arg(long, env = "PLEGD_RUNTIME_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    /// Deadline of each runtime call.
+    #[arg(
+        long,
+        env = "PLEGD_RUNTIME_TIMEOUT",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(DEFAULT_CALL_TIMEOUT)
+    )]
+    #[serde(deserialize_with = "duration")]
     pub runtime_timeout: Option<Duration>,
 
     /// Events stdout and the sync loop may fall behind before their lag policy applies
     /// (stdout catches up from the event history; the sync loop resyncs every pod and counts
-    /// the skipped events as discarded). The relist never waits or drops. [default: 1000]
-    #[arg(long, env = "PLEGD_EVENT_CHANNEL_CAPACITY", value_name = "N")]
+    /// the skipped events as discarded). The relist never waits or drops.
+    #[arg(
+        long,
+        env = "PLEGD_EVENT_CHANNEL_CAPACITY",
+        value_name = "N",
+        default_value = DEFAULT_EVENT_CHANNEL_CAPACITY.to_string()
+    )]
     pub event_channel_capacity: Option<usize>,
 
-    /// Pod inspections in flight at once during a relist. [default: 8]
-    #[arg(long, env = "PLEGD_INSPECT_CONCURRENCY", value_name = "N")]
+    /// Pod inspections in flight at once during a relist.
+    #[arg(
+        long,
+        env = "PLEGD_INSPECT_CONCURRENCY",
+        value_name = "N",
+        default_value = DEFAULT_INSPECT_CONCURRENCY.to_string()
+    )]
     pub inspect_concurrency: Option<usize>,
 
     /// Also emit ContainerChanged (a container became unknown or created), which kubelet
-    /// computes but does not send. [default: false]
-    #[arg(long, env = "PLEGD_EMIT_CHANGED", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    /// computes but does not send.
+    #[arg(
+        long,
+        env = "PLEGD_EMIT_CHANGED",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        default_value = "false"
+    )]
     pub emit_changed: Option<bool>,
 
-    /// Event output on stdout. [default: text]
-    #[arg(long, env = "PLEGD_OUTPUT", value_enum)]
+    /// Event output on stdout.
+    #[arg(long, env = "PLEGD_OUTPUT", value_enum, default_value = "text")]
     pub output: Option<OutputFormat>,
 
-    /// Log format on stderr (level from RUST_LOG, default info). [default: text]
-    #[arg(long, env = "PLEGD_LOG_FORMAT", value_enum)]
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, env = "PLEGD_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: Option<LogFormat>,
 
     /// Unix socket of the plegd.v1 gRPC API (and grpc.health.v1); its directory is created
-    /// 0700, the socket is 0600. [default: /run/plegd/plegd.sock]
-    #[arg(long, env = "PLEGD_SOCKET", value_name = "PATH")]
+    /// 0700, the socket is 0600.
+    #[arg(long, env = "PLEGD_SOCKET", value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub socket: Option<PathBuf>,
 
     /// Also serve the API on this TCP address, with TLS (needs --tls-cert and --tls-key).
@@ -191,47 +256,57 @@ pub struct RunArgs {
 
     /// Directory where a clean shutdown saves the last reading of the runtime and the event
     /// history, so the next start continues the same run: only what changed meanwhile becomes
-    /// events, and watchers resume where they were. `none`: off. [default: /var/lib/plegd]
-    #[arg(long, env = "PLEGD_STATE_DIR", value_name = "DIR")]
+    /// events, and watchers resume where they were. `none`: off.
+    #[arg(
+        long,
+        env = "PLEGD_STATE_DIR",
+        value_name = "DIR",
+        default_value = crate::state::DEFAULT_STATE_DIR
+    )]
     pub state_dir: Option<PathBuf>,
 
-    /// Events kept for watchers that reconnect and resume. [default: 10000]
-    #[arg(long, env = "PLEGD_EVENT_HISTORY", value_name = "N")]
+    /// Events kept for watchers that reconnect and resume.
+    #[arg(
+        long,
+        env = "PLEGD_EVENT_HISTORY",
+        value_name = "N",
+        default_value = crate::bus::DEFAULT_EVENT_HISTORY.to_string()
+    )]
     pub event_history: Option<usize>,
 
     /// Events queued per watcher; a watcher that falls further behind is ended as lagged.
-    /// [default: 1024]
-    #[arg(long, env = "PLEGD_WATCH_QUEUE", value_name = "N")]
+    #[arg(
+        long,
+        env = "PLEGD_WATCH_QUEUE",
+        value_name = "N",
+        default_value = crate::bus::DEFAULT_WATCH_QUEUE.to_string()
+    )]
     pub watch_queue: Option<usize>,
 }
 
-/// The file form of [`RunArgs`].
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct FileConfig {
-    runtime: Option<String>,
-    runtime_endpoint: Option<String>,
-    namespaces: Option<Vec<String>>,
-    relist_period: Option<String>,
-    slow_relist_period: Option<String>,
-    sources: Option<Vec<SourceName>>,
-    mode: Option<Mode>,
-    relist_threshold: Option<String>,
-    runtime_timeout: Option<String>,
-    event_channel_capacity: Option<usize>,
-    inspect_concurrency: Option<usize>,
-    emit_changed: Option<bool>,
-    output: Option<OutputFormat>,
-    log_format: Option<LogFormat>,
-    socket: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    tls_client_ca: Option<PathBuf>,
-    metrics_address: Option<SocketAddr>,
-    state_dir: Option<PathBuf>,
-    event_history: Option<usize>,
-    watch_queue: Option<usize>,
+impl RunArgs {
+    /// The settings a flag or an environment variable gave in `matches` (`plegd run`'s), the
+    /// others `None`: clap fills in its defaults, which must not hide the file's values.
+    pub fn given(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut given = matches.clone();
+        for id in matches.ids() {
+            if matches.value_source(id.as_str()) == Some(ValueSource::DefaultValue) {
+                // Cannot fail: the id is one of these matches'.
+                let _ = given.try_clear_id(id.as_str());
+            }
+        }
+        Self::from_arg_matches_mut(&mut given)
+    }
+
+    /// clap's defaults, as `plegd run --help` shows them, and nothing else.
+    fn defaults() -> Self {
+        let command = Self::augment_args(clap::Command::new("plegd-run"))
+            .mut_args(|arg| arg.env(None::<&'static str>));
+        command
+            .try_get_matches_from(["plegd-run"])
+            .and_then(|matches| Self::from_arg_matches(&matches))
+            .expect("the defaults of plegd run parse")
+    }
 }
 
 /// Resolved settings of `plegd run`.
@@ -286,12 +361,6 @@ pub enum ConfigError {
         #[source]
         source: Box<toml::de::Error>,
     },
-    #[error("config file {path}: {key}: {message}")]
-    Value {
-        path: PathBuf,
-        key: &'static str,
-        message: String,
-    },
     #[error("{key} must be greater than zero")]
     Zero { key: &'static str },
     #[error("mode ebpf needs ebpf among the sources")]
@@ -301,110 +370,55 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Resolves flags and environment (already merged by clap) over the file over defaults.
+    /// Resolves `args` (flags and environment, already merged by clap, or set by a test) over
+    /// the file they name over clap's defaults.
     pub fn load(args: &RunArgs) -> Result<Self, ConfigError> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+            None => RunArgs::default(),
         };
-        let path = args.config.clone().unwrap_or_default();
-        let file_duration =
-            |key: &'static str, value: &Option<String>| -> Result<Option<Duration>, ConfigError> {
-                value
-                    .as_deref()
-                    .map(|v| {
-                        parse_duration(v).map_err(|message| ConfigError::Value {
-                            path: path.clone(),
-                            key,
-                            message,
-                        })
-                    })
-                    .transpose()
-            };
-        let file_runtime = file
-            .runtime
-            .as_deref()
-            .map(|v| {
-                v.parse::<RuntimeKind>().map_err(|e| ConfigError::Value {
-                    path: path.clone(),
-                    key: "runtime",
-                    message: e.to_string(),
-                })
-            })
-            .transpose()?;
-        let mode = args.mode.or(file.mode).unwrap_or_default();
+        let (a, f, d) = (args.clone(), file, RunArgs::defaults());
+        let mode = first(a.mode, f.mode, d.mode);
         let config = Self {
-            runtime: args.runtime.or(file_runtime).unwrap_or(RuntimeKind::Cri),
-            runtime_endpoint: args.runtime_endpoint.clone().or(file.runtime_endpoint),
-            namespaces: args
-                .namespaces
-                .clone()
-                .or(file.namespaces)
-                .unwrap_or_else(|| vec!["k8s.io".to_owned()]),
-            relist_period: args
-                .relist_period
-                .or(file_duration("relist-period", &file.relist_period)?)
-                .unwrap_or(DEFAULT_RELIST_PERIOD),
-            slow_relist_period: args
-                .slow_relist_period
-                .or(file_duration(
-                    "slow-relist-period",
-                    &file.slow_relist_period,
-                )?)
-                .unwrap_or(DEFAULT_SLOW_RELIST_PERIOD),
-            sources: args
-                .sources
-                .clone()
-                .or(file.sources)
-                .unwrap_or_else(|| SourceName::PUSH.to_vec())
+            runtime: first(a.runtime, f.runtime, d.runtime),
+            runtime_endpoint: a.runtime_endpoint.or(f.runtime_endpoint),
+            namespaces: first(a.namespaces, f.namespaces, d.namespaces),
+            relist_period: first(a.relist_period, f.relist_period, d.relist_period),
+            slow_relist_period: first(
+                a.slow_relist_period,
+                f.slow_relist_period,
+                d.slow_relist_period,
+            ),
+            sources: first(a.sources, f.sources, d.sources)
                 .into_iter()
                 .filter(|s| *s != SourceName::Relist && mode != Mode::Polling)
                 .collect(),
             mode,
-            relist_threshold: args
-                .relist_threshold
-                .or(file_duration("relist-threshold", &file.relist_threshold)?)
-                .unwrap_or(DEFAULT_RELIST_THRESHOLD),
-            runtime_timeout: args
-                .runtime_timeout
-                .or(file_duration("runtime-timeout", &file.runtime_timeout)?)
-                .unwrap_or(DEFAULT_CALL_TIMEOUT),
-            event_channel_capacity: args
-                .event_channel_capacity
-                .or(file.event_channel_capacity)
-                .unwrap_or(DEFAULT_EVENT_CHANNEL_CAPACITY),
-            inspect_concurrency: args
-                .inspect_concurrency
-                .or(file.inspect_concurrency)
-                .unwrap_or(DEFAULT_INSPECT_CONCURRENCY),
-            emit_changed: args.emit_changed.or(file.emit_changed).unwrap_or(false),
-            output: args.output.or(file.output).unwrap_or_default(),
-            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
-            socket: args
-                .socket
-                .clone()
-                .or(file.socket)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
-            listen: args.listen.or(file.listen),
-            tls_cert: args.tls_cert.clone().or(file.tls_cert),
-            tls_key: args.tls_key.clone().or(file.tls_key),
-            tls_client_ca: args.tls_client_ca.clone().or(file.tls_client_ca),
-            metrics_address: args.metrics_address.or(file.metrics_address),
-            state_dir: Some(
-                args.state_dir
-                    .clone()
-                    .or(file.state_dir)
-                    .unwrap_or_else(|| PathBuf::from(crate::state::DEFAULT_STATE_DIR)),
-            )
-            .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
-            event_history: args
-                .event_history
-                .or(file.event_history)
-                .unwrap_or(crate::bus::DEFAULT_EVENT_HISTORY),
-            watch_queue: args
-                .watch_queue
-                .or(file.watch_queue)
-                .unwrap_or(crate::bus::DEFAULT_WATCH_QUEUE),
+            relist_threshold: first(a.relist_threshold, f.relist_threshold, d.relist_threshold),
+            runtime_timeout: first(a.runtime_timeout, f.runtime_timeout, d.runtime_timeout),
+            event_channel_capacity: first(
+                a.event_channel_capacity,
+                f.event_channel_capacity,
+                d.event_channel_capacity,
+            ),
+            inspect_concurrency: first(
+                a.inspect_concurrency,
+                f.inspect_concurrency,
+                d.inspect_concurrency,
+            ),
+            emit_changed: first(a.emit_changed, f.emit_changed, d.emit_changed),
+            output: first(a.output, f.output, d.output),
+            log_format: first(a.log_format, f.log_format, d.log_format),
+            socket: first(a.socket, f.socket, d.socket),
+            listen: a.listen.or(f.listen),
+            tls_cert: a.tls_cert.or(f.tls_cert),
+            tls_key: a.tls_key.or(f.tls_key),
+            tls_client_ca: a.tls_client_ca.or(f.tls_client_ca),
+            metrics_address: a.metrics_address.or(f.metrics_address),
+            state_dir: Some(first(a.state_dir, f.state_dir, d.state_dir))
+                .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
+            event_history: first(a.event_history, f.event_history, d.event_history),
+            watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
         };
         config.validate()?;
         Ok(config)
@@ -434,7 +448,16 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// A setting from the first layer that has it: flags and environment, the file, the defaults.
+fn first<T>(given: Option<T>, file: Option<T>, default: Option<T>) -> T {
+    // Every setting that reaches here has a clap default (checked by the defaults test).
+    given
+        .or(file)
+        .or(default)
+        .expect("plegd run has a default for this setting")
+}
+
+fn read_file(path: &Path) -> Result<RunArgs, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
@@ -445,9 +468,45 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
-/// Parses `1s`, `500ms`, `3m`, `1h 30m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))
+/// A duration that is not `1s`, `500ms`, `3m`, `1h 30m`, ...
+#[derive(Debug, thiserror::Error)]
+#[error("invalid duration {text:?}: {source}")]
+pub struct InvalidDuration {
+    text: String,
+    #[source]
+    source: humantime::DurationError,
+}
+
+/// Parses `1s`, `500ms`, `3m`, `1h 30m`: the syntax of duration flags and file values alike.
+pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
+    humantime::parse_duration(text).map_err(|source| InvalidDuration {
+        text: text.to_owned(),
+        source,
+    })
+}
+
+/// A default duration as `--help` shows it and [`parse_duration`] reads it back.
+fn human(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+/// A file's duration, with [`parse_duration`]'s syntax.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// A file's value of a type that parses from a string the way its flag does.
+fn from_str<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text = String::deserialize(deserializer)?;
+    text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]
@@ -632,8 +691,167 @@ mod tests {
 
     #[test]
     fn durations_parse_in_human_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
-        assert!(parse_duration("3 parsecs").is_err());
+        assert_eq!(
+            parse_duration("500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("3m").ok(), Some(Duration::from_secs(180)));
+        let err = parse_duration("3 parsecs").unwrap_err().to_string();
+        assert!(err.starts_with("invalid duration \"3 parsecs\": "), "{err}");
+    }
+
+    /// `plegd run`'s settings from a command line, as `plegd run` reads them.
+    fn given(argv: &[&str]) -> RunArgs {
+        let command = RunArgs::augment_args(clap::Command::new("run"));
+        RunArgs::given(&command.try_get_matches_from(argv).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_file_is_read_the_way_flags_are() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "relist-period = \"1h 30m\"\n\
+             runtime = \"containerd\"\n\
+             sources = [\"ebpf\"]\n\
+             mode = \"ebpf\"\n\
+             emit-changed = true"
+        )
+        .unwrap();
+        let path = file.path().to_str().unwrap();
+        let from_file = Config::load(&given(&["run", "--config", path])).unwrap();
+        let from_flags = Config::load(&given(&[
+            "run",
+            "--relist-period",
+            "1h 30m",
+            "--runtime",
+            "containerd",
+            "--sources",
+            "ebpf",
+            "--mode",
+            "ebpf",
+            "--emit-changed",
+        ]))
+        .unwrap();
+        assert_eq!(from_file, from_flags);
+        assert_eq!(from_file.relist_period, Duration::from_secs(90 * 60));
+    }
+
+    /// A setting's key, its flag, `PLEGD_*` variable and file value (each maybe absent), and
+    /// what `plegd run` resolves.
+    type Row = (
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+        &'static str,
+    );
+
+    /// Read by the child process of
+    /// `flags_beat_the_environment_which_beats_the_file_which_beats_defaults`.
+    const PRECEDENCE: [Row; 8] = [
+        (
+            "relist-period",
+            Some("2s"),
+            Some("3s"),
+            Some("\"4s\""),
+            "2s",
+        ),
+        ("slow-relist-period", None, Some("3s"), Some("\"4s\""), "3s"),
+        ("relist-threshold", None, None, Some("\"4s\""), "4s"),
+        ("runtime-timeout", None, None, None, "10s"),
+        ("event-history", Some("7"), Some("8"), Some("9"), "7"),
+        ("watch-queue", None, Some("8"), Some("9"), "8"),
+        ("inspect-concurrency", None, None, Some("9"), "9"),
+        ("event-channel-capacity", None, None, None, "1000"),
+    ];
+
+    const PRECEDENCE_CHILD: &str = "PLEGD_TEST_PRECEDENCE_CHILD";
+
+    /// The environment layer is the process's: the table runs in a child process (this test
+    /// binary again) with the variables set, so no test here changes its own environment.
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_defaults() {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args(["--exact", "config::tests::precedence_child", "--ignored"]);
+        child.env(PRECEDENCE_CHILD, "1");
+        for (key, _, env, _, _) in PRECEDENCE {
+            let name = format!("PLEGD_{}", key.to_uppercase().replace('-', "_"));
+            match env {
+                Some(value) => child.env(name, value),
+                None => child.env_remove(name),
+            };
+        }
+        let output = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "{stdout}");
+    }
+
+    #[test]
+    #[ignore = "run by flags_beat_the_environment_which_beats_the_file_which_beats_defaults"]
+    fn precedence_child() {
+        if std::env::var_os(PRECEDENCE_CHILD).is_none() {
+            return;
+        }
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let mut argv = vec!["run".to_owned(), "--config".to_owned()];
+        argv.push(file.path().to_str().unwrap().to_owned());
+        for (key, flag, _, in_file, _) in PRECEDENCE {
+            if let Some(value) = flag {
+                argv.extend([format!("--{key}"), value.to_owned()]);
+            }
+            if let Some(value) = in_file {
+                writeln!(file, "{key} = {value}").unwrap();
+            }
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let config = Config::load(&given(&argv)).unwrap();
+        for (key, _, _, _, expected) in PRECEDENCE {
+            let resolved = match key {
+                "relist-period" => human(config.relist_period),
+                "slow-relist-period" => human(config.slow_relist_period),
+                "relist-threshold" => human(config.relist_threshold),
+                "runtime-timeout" => human(config.runtime_timeout),
+                "event-history" => config.event_history.to_string(),
+                "watch-queue" => config.watch_queue.to_string(),
+                "inspect-concurrency" => config.inspect_concurrency.to_string(),
+                "event-channel-capacity" => config.event_channel_capacity.to_string(),
+                _ => unreachable!("{key} is not in the table"),
+            };
+            assert_eq!(resolved, expected, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_bad_file_names_its_line_and_column() {
+        let cases = [
+            // Syntax: an unquoted duration.
+            (
+                "relist-period = \"1s\"\nrelist-threshold = 3m",
+                "line 2, column 20",
+            ),
+            // Type: a string where a number goes.
+            (
+                "watch-queue = 5\nevent-history = \"many\"",
+                "line 2, column 17",
+            ),
+            // Value: a duration humantime does not read.
+            ("\nslow-relist-period = \"soon\"", "line 2, column 22"),
+            // Value: a runtime plegd does not know.
+            ("runtime = \"docker\"", "line 1, column 11"),
+        ];
+        for (text, at) in cases {
+            let mut file = tempfile::NamedTempFile::new().unwrap();
+            writeln!(file, "{text}").unwrap();
+            let err = Config::load(&RunArgs {
+                config: Some(file.path().to_owned()),
+                ..RunArgs::default()
+            })
+            .unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+            let err = err.to_string();
+            assert!(err.contains(at), "{text:?}: {err}");
+        }
     }
 }
