@@ -180,6 +180,17 @@ impl RunningPlegd {
         Self::start_with_output_buffer(config, OUTPUT_BUFFER).await
     }
 
+    /// plegd's logs go to the test's output, filtered by `RUST_LOG` (none without it).
+    fn log_to_test_output() {
+        if std::env::var_os("RUST_LOG").is_some() {
+            // Another test of the binary may have set it up already.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
+    }
+
     /// [`RunningPlegd::start`] with room for only `bytes` of unread output: a test that does
     /// not read stalls plegd's output (its event consumer) once they are written.
     pub async fn start_with_output_buffer(config: Config, bytes: usize) -> Self {
@@ -205,6 +216,7 @@ impl RunningPlegd {
         shutdown: CancellationToken,
         output_buffer: usize,
     ) -> Self {
+        Self::log_to_test_output();
         let Connected { runtime, socket } = connected;
         let ebpf = daemon::load_ebpf(&config).expect("eBPF loads where --mode ebpf asks for it");
         let push = daemon::PushSources {
