@@ -213,7 +213,7 @@ pub async fn run(
         metrics,
         refresh: INDEX_REFRESH,
     };
-    source.drive(kernel, host, &programs, shutdown).await
+    source.drive(kernel, host, programs, shutdown).await
 }
 
 /// The kernel side of a running source: the ring buffer and the maps.
@@ -363,7 +363,7 @@ impl Source {
         self,
         mut kernel: impl Kernel,
         host: impl Host,
-        programs: &[String],
+        programs: Vec<String>,
         shutdown: CancellationToken,
     ) -> Result<(), LoadError> {
         let host = Arc::new(host);
@@ -559,5 +559,176 @@ fn bump_memlock_rlimit() {
     use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
     if let Err(error) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
         debug!(%error, "could not raise RLIMIT_MEMLOCK (not needed on kernels >= 5.11)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Mutex, mpsc as std_mpsc};
+
+    use plegd_common::EVENT_PATH_BYTES;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::pleg::{
+        event::{Scope, Trigger},
+        generator::{TriggerReceiver, trigger_channel},
+        record::ContainerId,
+    };
+
+    const NAMESPACE: &str = "plegd-native";
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Kernel events from a channel; seeded inits recorded.
+    struct FakeKernel {
+        events: mpsc::UnboundedReceiver<KernelEvent>,
+        seeds: Arc<Mutex<Vec<(u64, u32)>>>,
+    }
+
+    impl Kernel for FakeKernel {
+        async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError> {
+            match self.events.recv().await {
+                Some(event) => events.push(event),
+                None => std::future::pending().await,
+            }
+            Ok(())
+        }
+
+        fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
+            Box::new(HashSet::new)
+        }
+
+        fn seed(&mut self, id: u64, init: u32) -> Result<(), MapError> {
+            self.seeds.lock().unwrap().push((id, init));
+            Ok(())
+        }
+
+        fn untrack(&mut self, _id: u64) -> Result<(), MapError> {
+            Ok(())
+        }
+
+        fn lost(&self, _index: u32) -> u64 {
+            0
+        }
+    }
+
+    /// The first scan finds nothing; every later one says it started, then blocks until the
+    /// test hands it its result.
+    struct GatedHost {
+        scans: Mutex<u32>,
+        started: mpsc::UnboundedSender<()>,
+        results: Mutex<std_mpsc::Receiver<Scan>>,
+    }
+
+    impl Host for GatedHost {
+        fn scan(&self, _tracked: &HashSet<u64>) -> Scan {
+            let mut scans = self.scans.lock().unwrap();
+            *scans += 1;
+            if *scans == 1 {
+                return Scan::default();
+            }
+            drop(scans);
+            self.started.send(()).unwrap();
+            self.results.lock().unwrap().recv().unwrap_or_default()
+        }
+
+        fn victim_cgroup(&self, _pid: u32) -> Option<String> {
+            None
+        }
+    }
+
+    fn event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
+        let mut bytes = [0u8; EVENT_PATH_BYTES];
+        bytes[..path.len()].copy_from_slice(path.as_bytes());
+        KernelEvent {
+            kind: kind as u32,
+            pid: 42,
+            cgroup_id,
+            ktime_ns: 0,
+            exit_status: 0,
+            flags: 0,
+            path: bytes,
+        }
+    }
+
+    async fn next_container(triggers: &mut TriggerReceiver) -> String {
+        let trigger: Trigger = tokio::time::timeout(WAIT, triggers.recv())
+            .await
+            .expect("a trigger while the scan is blocked: the ring is still read")
+            .unwrap();
+        match trigger.scope {
+            Scope::Container(ContainerId(id)) => id,
+            scope => panic!("unexpected scope {scope:?}"),
+        }
+    }
+
+    /// Multi-threaded: with the scan on the loop's own task (the bug this guards against),
+    /// the loop would wait in the scan and the timeout would fire on the other worker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ring_is_read_while_a_scan_runs_and_its_result_is_applied_after() {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let (results_tx, results) = std_mpsc::channel();
+        let seeds = Arc::new(Mutex::new(Vec::new()));
+        let kernel = FakeKernel {
+            events,
+            seeds: seeds.clone(),
+        };
+        let host = GatedHost {
+            scans: Mutex::new(0),
+            started: started_tx,
+            results: Mutex::new(results),
+        };
+        let (triggers_tx, mut triggers) = trigger_channel();
+        let source = Source {
+            namespaces: vec![NAMESPACE.to_owned()],
+            triggers: triggers_tx,
+            registry: SourceRegistry::new(),
+            metrics: Metrics::new(),
+            refresh: Duration::from_millis(10),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
+
+        tokio::time::timeout(WAIT, started.recv())
+            .await
+            .expect("a refresh scan starts")
+            .unwrap();
+        // The scan is blocked: a cgroup made now is still decoded.
+        let new = format!("{NAMESPACE}/new");
+        events_tx
+            .send(event(KernelEventKind::CgroupMkdir, 2, &new))
+            .unwrap();
+        assert_eq!(next_container(&mut triggers).await, "new");
+
+        // The scan ends: its containers are indexed and their inits seeded; the cgroup made
+        // while it ran (which it did not see) stays indexed.
+        let mut index = CgroupIndex::default();
+        index.insert(3, &format!("{NAMESPACE}/old"), &[NAMESPACE.to_owned()]);
+        results_tx
+            .send(Scan {
+                index,
+                inits: vec![(3, 4242)],
+            })
+            .unwrap();
+        tokio::time::timeout(WAIT, async {
+            while !seeds.lock().unwrap().contains(&(3, 4242)) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the scan's inits are seeded");
+        for cgroup in [3, 2] {
+            events_tx
+                .send(event(KernelEventKind::Exec, cgroup, "/bin/sh"))
+                .unwrap();
+        }
+        assert_eq!(next_container(&mut triggers).await, "old");
+        assert_eq!(next_container(&mut triggers).await, "new");
+
+        shutdown.cancel();
+        // A later scan may be blocked on the test's channel: let it go.
+        drop(results_tx);
+        task.await.unwrap().unwrap();
     }
 }
