@@ -50,6 +50,12 @@ struct ScopeLabel {
     scope: &'static str,
 }
 
+/// Label of `plegd_init_map_errors_total`: what userspace was doing to the map.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
 /// Label of `plegd_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -92,6 +98,7 @@ struct Inner {
     trigger_to_event: Histogram,
     ringbuf_drops: Counter,
     untracked_cgroups: Counter,
+    init_map_errors: Family<OpLabel, Counter>,
     stream_reconnects: Family<SourceLabel, Counter>,
     unconfirmed_hints: Family<SourceLabel, Counter>,
     watch_subscribers: Gauge,
@@ -172,6 +179,12 @@ impl Metrics {
             "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes).",
             untracked_cgroups.clone(),
         );
+        let init_map_errors = Family::<OpLabel, Counter>::default();
+        registry.register(
+            "plegd_init_map_errors",
+            "Failed updates of the eBPF init map from userspace, by operation: seed (a running container's init not given to the probes: no process hints for it) or untrack (a non-container cgroup left in the map, holding a slot until evicted).",
+            init_map_errors.clone(),
+        );
         let stream_reconnects = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_stream_reconnects",
@@ -210,6 +223,7 @@ impl Metrics {
                 trigger_to_event,
                 ringbuf_drops,
                 untracked_cgroups,
+                init_map_errors,
                 stream_reconnects,
                 unconfirmed_hints,
                 watch_subscribers,
@@ -297,6 +311,14 @@ impl Metrics {
         self.inner.untracked_cgroups.inc_by(count);
     }
 
+    /// `count` updates of the eBPF init map failed while userspace did `op` (`seed`, `untrack`).
+    pub fn init_map_errors(&self, op: &'static str, count: u64) {
+        self.inner
+            .init_map_errors
+            .get_or_create(&OpLabel { op })
+            .inc_by(count);
+    }
+
     /// A runtime event stream of `source` reconnected.
     pub fn stream_reconnect(&self, source: TriggerSource) {
         self.inner
@@ -361,6 +383,7 @@ mod tests {
         metrics.trigger_to_event(Duration::from_micros(350));
         metrics.ringbuf_drops(3);
         metrics.untracked_cgroups(4);
+        metrics.init_map_errors("untrack", 5);
         metrics.stream_reconnect(TriggerSource::CriEvents);
         metrics.unconfirmed_hint(TriggerSource::Ebpf);
         metrics.set_snapshot(2, 1, &BTreeMap::from([("running", 3)]));
@@ -391,6 +414,10 @@ mod tests {
         assert_eq!(value(&text, "plegd_trigger_to_event_seconds_count"), 1.0);
         assert_eq!(value(&text, "plegd_ringbuf_drops_total"), 3.0);
         assert_eq!(value(&text, "plegd_untracked_cgroups_total"), 4.0);
+        assert_eq!(
+            value(&text, "plegd_init_map_errors_total{op=\"untrack\"}"),
+            5.0
+        );
         assert_eq!(
             value(
                 &text,

@@ -25,3 +25,13 @@ fn the_report_names_every_subject_and_the_probes_load() {
         "the probes load here (root, tracefs mounted):\n{report}"
     );
 }
+
+/// The running kernel's BTF gives `task_struct.exit_code`, wherever the struct puts it: exits
+/// carry their status on the kernels this project runs on.
+#[test]
+fn the_running_kernel_gives_the_exit_code_offset() {
+    let offset = plegd::sources::ebpf::btf::running_kernel_exit_code_offset()
+        .expect("task_struct.exit_code in /sys/kernel/btf/vmlinux");
+    // task_struct is a few KiB; an offset past that is a misread.
+    assert!((8..16 * 1024).contains(&offset), "offset {offset}");
+}

@@ -289,7 +289,12 @@ mod tests {
             "sched/sched_process_exit",
             "format:\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:bool group_dead;\toffset:32;\tsize:1;\tsigned:0;\n",
         );
-        let features = features(&formats, Err(BtfError::BadHeader));
+        let features = features(
+            &formats,
+            Err(BtfError::MissingStruct {
+                name: "task_struct",
+            }),
+        );
         assert_eq!(features.group_dead, Some(32));
         let config = features.probe_config();
         assert_eq!(config.flags, PROBE_GROUP_DEAD);

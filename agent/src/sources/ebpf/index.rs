@@ -67,6 +67,17 @@ impl CgroupMode {
 pub struct CgroupIndex {
     root: PathBuf,
     owners: HashMap<u64, (CgroupOwner, String)>,
+    /// The changes made since a scan started, replayed on its result by [`Self::replace`]:
+    /// the scan runs while events keep coming, and may have walked past a cgroup before its
+    /// mkdir or rmdir.
+    journal: Option<Vec<Change>>,
+}
+
+/// One change to the index made from an event.
+#[derive(Debug)]
+enum Change {
+    Insert(u64, CgroupOwner, String),
+    Remove(u64),
 }
 
 impl CgroupIndex {
@@ -74,7 +85,7 @@ impl CgroupIndex {
     pub fn scan(root: &Path, namespaces: &[String]) -> Self {
         let mut index = Self {
             root: root.to_owned(),
-            owners: HashMap::new(),
+            ..Self::default()
         };
         index.walk(root, namespaces, 0);
         index
@@ -123,13 +134,44 @@ impl CgroupIndex {
         namespaces: &[String],
     ) -> Option<&CgroupOwner> {
         let owner = cgroup_path::parse(path, namespaces)?;
+        if let Some(journal) = &mut self.journal {
+            journal.push(Change::Insert(cgroup_id, owner.clone(), path.to_owned()));
+        }
         self.owners.insert(cgroup_id, (owner, path.to_owned()));
         self.get(cgroup_id)
     }
 
     /// Forgets a removed cgroup; returns its owner if it was a container's.
     pub fn remove(&mut self, cgroup_id: u64) -> Option<CgroupOwner> {
+        if let Some(journal) = &mut self.journal {
+            journal.push(Change::Remove(cgroup_id));
+        }
         self.owners.remove(&cgroup_id).map(|(owner, _)| owner)
+    }
+
+    /// Starts recording changes for [`Self::replace`]: call it when a scan starts.
+    pub fn start_journal(&mut self) {
+        self.journal = Some(Vec::new());
+    }
+
+    /// Becomes `scanned`, with the changes made since [`Self::start_journal`] replayed on it in
+    /// order: a cgroup created while the scan ran stays indexed, one removed stays forgotten.
+    pub fn replace(&mut self, mut scanned: CgroupIndex) {
+        for change in self.journal.take().unwrap_or_default() {
+            match change {
+                Change::Insert(id, owner, path) => {
+                    scanned.owners.insert(id, (owner, path));
+                }
+                Change::Remove(id) => {
+                    scanned.owners.remove(&id);
+                }
+            }
+        }
+        *self = scanned;
+    }
+
+    pub fn contains(&self, cgroup_id: u64) -> bool {
+        self.owners.contains_key(&cgroup_id)
     }
 
     /// Every indexed cgroup id with its directory.
@@ -193,5 +235,28 @@ mod tests {
         assert_eq!(owner.pod_uid.as_deref(), Some("12345678-aaaa"));
         let dirs: HashMap<u64, PathBuf> = index.dirs().collect();
         assert_eq!(dirs[&inode], container);
+    }
+
+    #[test]
+    fn changes_made_during_a_scan_are_replayed_on_its_result() {
+        let namespaces = ["plegd-native".to_owned()];
+        let mut index = CgroupIndex::default();
+        index.insert(1, "plegd-native/gone", &namespaces);
+        index.start_journal();
+        // While the scan runs: one cgroup created after the scan walked past its parent, one
+        // removed after the scan saw it.
+        index.insert(2, "plegd-native/new", &namespaces);
+        index.remove(1);
+        let mut scanned = CgroupIndex::default();
+        scanned.insert(1, "plegd-native/gone", &namespaces);
+        scanned.insert(3, "plegd-native/old", &namespaces);
+        index.replace(scanned);
+        assert!(!index.contains(1));
+        assert_eq!(index.get(2).unwrap().container_id, "new");
+        assert_eq!(index.get(3).unwrap().container_id, "old");
+        // The journal stops with the replacement.
+        index.remove(3);
+        index.replace(CgroupIndex::default());
+        assert!(index.is_empty());
     }
 }

@@ -22,15 +22,19 @@ pub mod features;
 pub mod index;
 pub mod inits;
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::HashSet, os::fd::AsFd as _, path::PathBuf, sync::Arc, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, IterableMap as _, MapData, MapError, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
-use plegd_common::{KernelEvent, LOST_INIT_SLOTS, LOST_RING_FULL};
-use tokio::io::{Interest, unix::AsyncFd};
+use nix::errno::Errno;
+use plegd_common::{KernelEvent, KernelEventKind, LOST_INIT_SLOTS, LOST_RING_FULL};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    task::JoinSet,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -103,7 +107,23 @@ pub struct Probes {
 impl Probes {
     /// Probes the kernel, loads the embedded object and attaches every program the kernel
     /// supports; fails only when the source cannot run at all.
+    ///
+    /// Reading BTF and the verifier's work take a while (tens to hundreds of milliseconds).
+    /// Called on a worker of a multi-threaded tokio runtime (the daemon's), the worker hands its
+    /// other tasks to a new one while this runs; elsewhere (`plegd check`, a current-thread
+    /// runtime, which has no other worker to hand them to) it just runs.
     pub fn load() -> Result<Self, LoadError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime)
+                if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
+            {
+                tokio::task::block_in_place(Self::load_here)
+            }
+            _ => Self::load_here(),
+        }
+    }
+
+    fn load_here() -> Result<Self, LoadError> {
         let cgroup2 = CgroupMode::detect()
             .cgroup2()
             .ok_or(LoadError::NoCgroup2)?
@@ -172,86 +192,355 @@ pub async fn run(
 ) -> Result<(), LoadError> {
     let map_err = |name| move |source| LoadError::Map { name, source };
     let ring = RingBuf::try_from(probes.take_map("EVENTS")?).map_err(map_err("EVENTS"))?;
-    let mut inits: BpfHashMap<MapData, u64, u32> =
+    let inits: BpfHashMap<MapData, u64, u32> =
         BpfHashMap::try_from(probes.take_map("INITS")?).map_err(map_err("INITS"))?;
     let lost: PerCpuArray<MapData, u64> =
         PerCpuArray::try_from(probes.take_map("LOST")?).map_err(map_err("LOST"))?;
     // SAFETY: the ring buffer owns its map's file descriptor and keeps it open, unchanged,
     // for as long as the AsyncFd owns the ring buffer.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+    let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| LoadError::Poll(e.into()))?;
-
-    let mut decoder = Decoder::new(
-        CgroupIndex::scan(&probes.cgroup2, &namespaces),
-        namespaces.clone(),
-    );
-    seed_inits(&mut inits, &decoder.index, &metrics);
+    let kernel = Maps { ring, inits, lost };
+    let host = ProcHost {
+        cgroup2: probes.cgroup2.clone(),
+        namespaces: namespaces.clone(),
+    };
     let programs = probes.program_names();
-    registry.set(
-        TriggerSource::Ebpf,
-        SourceState::Connected,
-        format!(
-            "{} programs attached ({}), {} container cgroups",
-            programs.len(),
-            programs.join(", "),
-            decoder.index.len()
-        ),
-    );
-    info!(
-        cgroups = decoder.index.len(),
-        programs = ?programs,
-        "eBPF probes attached"
-    );
+    let source = Source {
+        namespaces,
+        triggers,
+        registry,
+        metrics,
+        refresh: INDEX_REFRESH,
+    };
+    source.drive(kernel, host, programs, shutdown).await
+}
 
-    let mut refresh = tokio::time::interval(INDEX_REFRESH);
-    let mut loss_check = tokio::time::interval(LOSS_CHECK);
-    let mut lost_seen = total_lost(&lost, LOST_RING_FULL);
-    let mut untracked_seen = total_lost(&lost, LOST_INIT_SLOTS);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            guard = ring.readable_mut() => {
-                let mut guard = guard.map_err(LoadError::Poll)?;
-                while let Some(item) = guard.get_inner_mut().next() {
-                    let Some(event) = read_event(&item) else { continue };
-                    let decoded = decoder.decode(&event, wall_time_of(event.ktime_ns), proc_cgroup2_path);
-                    if let Some(id) = decoded.untrack {
-                        // Already gone from the map (LRU) is as good as removed.
-                        let _ = inits.remove(&id);
-                    }
-                    if let Some(trigger) = decoded.trigger {
-                        registry.delivered(TriggerSource::Ebpf, trigger.observed_at);
-                        triggers.send(trigger);
-                    }
-                }
-                guard.clear_ready();
+/// The kernel side of a running source: the ring buffer and the maps.
+trait Kernel {
+    /// Waits for records in the ring buffer and appends them to `events`. Cancel safe: it
+    /// takes records only once they are ready, without waiting in between.
+    async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError>;
+    /// A read of the cgroup ids the init map tracks, to run on the blocking pool (the map
+    /// holds up to [`plegd_common::INIT_CGROUPS`] entries, one syscall each).
+    fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send>;
+    /// Gives the probes `init` for cgroup `id`, unless they track it already.
+    fn seed(&mut self, id: u64, init: u32) -> Result<(), MapError>;
+    /// Stops tracking cgroup `id` (already gone is fine).
+    fn untrack(&mut self, id: u64) -> Result<(), MapError>;
+    /// The sum over CPUs of the `LOST` counter at `index`.
+    fn lost(&self, index: u32) -> u64;
+}
+
+/// The blocking reads of the host besides the ring buffer. They run on tokio's blocking pool:
+/// a cgroup tree walk and the /proc reads of a node with many containers take long enough to
+/// fill the ring if its reader waited for them.
+trait Host: Send + Sync + 'static {
+    /// Indexes the container cgroups and finds the inits of those not in `tracked`.
+    fn scan(&self, tracked: &HashSet<u64>) -> Scan;
+    /// An OOM victim's cgroup2 path, while the process is still there to ask.
+    fn victim_cgroup(&self, pid: u32) -> Option<String>;
+}
+
+/// What a [`Host::scan`] found.
+#[derive(Debug, Default)]
+struct Scan {
+    index: CgroupIndex,
+    /// Cgroup id and init pid (`0`: none yet) of the containers the probes did not track.
+    inits: Vec<(u64, u32)>,
+}
+
+/// The real host: the cgroup2 tree and /proc.
+struct ProcHost {
+    cgroup2: PathBuf,
+    namespaces: Vec<String>,
+}
+
+impl Host for ProcHost {
+    fn scan(&self, tracked: &HashSet<u64>) -> Scan {
+        let index = CgroupIndex::scan(&self.cgroup2, &self.namespaces);
+        let inits = index
+            .dirs()
+            .filter(|(id, _)| !tracked.contains(id))
+            .map(|(id, dir)| (id, inits::find_init(&dir)))
+            .collect();
+        Scan { index, inits }
+    }
+
+    fn victim_cgroup(&self, pid: u32) -> Option<String> {
+        proc_cgroup2_path(pid)
+    }
+}
+
+/// The real kernel: the maps of the loaded object.
+struct Maps {
+    ring: AsyncFd<RingBuf<MapData>>,
+    inits: BpfHashMap<MapData, u64, u32>,
+    lost: PerCpuArray<MapData, u64>,
+}
+
+impl Kernel for Maps {
+    async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError> {
+        let mut guard = self.ring.readable_mut().await.map_err(LoadError::Poll)?;
+        while let Some(item) = guard.get_inner_mut().next() {
+            events.extend(read_event(&item));
+        }
+        guard.clear_ready();
+        Ok(())
+    }
+
+    fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
+        // A second handle on the same map, owned by the closure.
+        let fd = self.inits.map().fd().as_fd().try_clone_to_owned();
+        Box::new(move || {
+            let read = || -> Result<HashSet<u64>, MapError> {
+                let data = MapData::from_fd(fd.map_err(|io_error| {
+                    MapError::SyscallError(aya::sys::SyscallError {
+                        call: "dup",
+                        io_error,
+                    })
+                })?)?;
+                let map: BpfHashMap<MapData, u64, u32> =
+                    BpfHashMap::try_from(aya::maps::Map::LruHashMap(data))?;
+                Ok(map.keys().flatten().collect())
+            };
+            read().unwrap_or_else(|error| {
+                // Seeding with NOEXIST leaves tracked cgroups alone: this only costs /proc reads.
+                debug!(%error, "reading the init map's keys: seeding every container");
+                HashSet::new()
+            })
+        })
+    }
+
+    fn seed(&mut self, id: u64, init: u32) -> Result<(), MapError> {
+        // NOEXIST: an exec the probes saw since the scan wins over what /proc said.
+        match self.inits.insert(id, init, BPF_NOEXIST) {
+            Err(MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(Errno::EEXIST as i32) =>
+            {
+                Ok(())
             }
-            _ = loss_check.tick() => {
-                let now = total_lost(&lost, LOST_RING_FULL);
-                if now > lost_seen {
-                    warn!(lost = now - lost_seen, "kernel events lost (ring buffer full): full relist");
-                    metrics.ringbuf_drops(now - lost_seen);
-                    triggers.request_full_relist();
-                    lost_seen = now;
+            result => result,
+        }
+    }
+
+    fn untrack(&mut self, id: u64) -> Result<(), MapError> {
+        // Already gone from the map (LRU, or the probes' rmdir) is as good as removed.
+        match self.inits.remove(&id) {
+            Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(Errno::ENOENT as i32) =>
+            {
+                Ok(())
+            }
+            result => result,
+        }
+    }
+
+    fn lost(&self, index: u32) -> u64 {
+        self.lost
+            .get(&index, 0)
+            .map(|values| values.iter().sum())
+            .unwrap_or(0)
+    }
+}
+
+/// Where the source's triggers and reports go.
+struct Source {
+    namespaces: Vec<String>,
+    triggers: TriggerSender,
+    registry: SourceRegistry,
+    metrics: Metrics,
+    /// How often the index is rebuilt ([`INDEX_REFRESH`]).
+    refresh: Duration,
+}
+
+impl Source {
+    /// The source's loop. Blocking reads of the host run on the blocking pool while the ring
+    /// keeps being read: the periodic scan (its result applied when it completes, with the
+    /// changes events made meanwhile replayed on it) and each OOM victim's /proc read.
+    async fn drive(
+        self,
+        mut kernel: impl Kernel,
+        host: impl Host,
+        programs: Vec<String>,
+        shutdown: CancellationToken,
+    ) -> Result<(), LoadError> {
+        let host = Arc::new(host);
+        // The first scan is waited for: events about containers that ran before the probes
+        // attached mean something only with the index, and the ring holds them meanwhile.
+        let scan = {
+            let (host, tracked) = (host.clone(), kernel.tracked());
+            tokio::task::spawn_blocking(move || host.scan(&tracked()))
+                .await
+                .unwrap_or_else(|error| {
+                    warn!(%error, "the first cgroup scan failed: the next refresh retries");
+                    Scan::default()
+                })
+        };
+        let mut decoder = Decoder::new(CgroupIndex::default(), self.namespaces.clone());
+        let mut map_errors = MapErrors::default();
+        decoder.index.start_journal();
+        self.apply(scan, &mut decoder, &mut kernel);
+        self.registry.set(
+            TriggerSource::Ebpf,
+            SourceState::Connected,
+            format!(
+                "{} programs attached ({}), {} container cgroups",
+                programs.len(),
+                programs.join(", "),
+                decoder.index.len()
+            ),
+        );
+        info!(
+            cgroups = decoder.index.len(),
+            programs = ?programs,
+            "eBPF probes attached"
+        );
+
+        let mut refresh =
+            tokio::time::interval_at(tokio::time::Instant::now() + self.refresh, self.refresh);
+        // A scan that outlasts the period is not followed by a burst of them.
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut loss_check = tokio::time::interval(LOSS_CHECK);
+        let mut lost_seen = kernel.lost(LOST_RING_FULL);
+        let mut untracked_seen = kernel.lost(LOST_INIT_SLOTS);
+        let mut scans: JoinSet<Scan> = JoinSet::new();
+        let mut victims: JoinSet<(KernelEvent, Option<String>)> = JoinSet::new();
+        let mut events = Vec::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                read = kernel.read(&mut events) => {
+                    read?;
+                    for event in events.drain(..) {
+                        if KernelEventKind::from_raw(event.kind) == Some(KernelEventKind::Oom) {
+                            let host = host.clone();
+                            victims.spawn_blocking(move || (event, host.victim_cgroup(event.pid)));
+                            continue;
+                        }
+                        self.decode(&mut decoder, &event, None, &mut kernel, &mut map_errors);
+                    }
                 }
-                let now = total_lost(&lost, LOST_INIT_SLOTS);
-                if now > untracked_seen {
+                Some(victim) = victims.join_next() => {
+                    match victim {
+                        Ok((event, path)) => {
+                            self.decode(&mut decoder, &event, path, &mut kernel, &mut map_errors);
+                        }
+                        Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
+                    }
+                }
+                _ = refresh.tick(), if scans.is_empty() => {
+                    decoder.index.start_journal();
+                    let (host, tracked) = (host.clone(), kernel.tracked());
+                    scans.spawn_blocking(move || host.scan(&tracked()));
+                }
+                Some(scan) = scans.join_next() => match scan {
+                    Ok(scan) => {
+                        self.apply(scan, &mut decoder, &mut kernel);
+                        debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
+                    }
+                    // The index stays as events keep it; the journal stops at the next scan.
+                    Err(error) => warn!(%error, "the cgroup scan failed: the next refresh retries"),
+                },
+                _ = loss_check.tick() => {
+                    let now = kernel.lost(LOST_RING_FULL);
+                    if now > lost_seen {
+                        warn!(lost = now - lost_seen, "kernel events lost (ring buffer full): full relist");
+                        self.metrics.ringbuf_drops(now - lost_seen);
+                        self.triggers.request_full_relist();
+                        lost_seen = now;
+                    }
+                    let now = kernel.lost(LOST_INIT_SLOTS);
+                    if now > untracked_seen {
+                        warn!(
+                            cgroups = now - untracked_seen,
+                            "the init map is full: these cgroups get no process hints (the relist still finds their changes)"
+                        );
+                        self.metrics.untracked_cgroups(now - untracked_seen);
+                        untracked_seen = now;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes one event and acts on it; `victim` is an OOM victim's cgroup2 path, read before.
+    fn decode(
+        &self,
+        decoder: &mut Decoder,
+        event: &KernelEvent,
+        victim: Option<String>,
+        kernel: &mut impl Kernel,
+        map_errors: &mut MapErrors,
+    ) {
+        let decoded = decoder.decode(event, wall_time_of(event.ktime_ns), |_| victim);
+        if let Some(id) = decoded.untrack {
+            let result = kernel.untrack(id);
+            map_errors.untrack(result, id, &self.metrics);
+        }
+        if let Some(trigger) = decoded.trigger {
+            self.registry
+                .delivered(TriggerSource::Ebpf, trigger.observed_at);
+            self.triggers.send(trigger);
+        }
+    }
+
+    /// Takes a finished scan as the index and gives the probes the inits it found (only of
+    /// cgroups still indexed: one removed while the scan ran would hold a slot for nothing).
+    fn apply(&self, scan: Scan, decoder: &mut Decoder, kernel: &mut impl Kernel) {
+        decoder.index.replace(scan.index);
+        let mut failed = 0;
+        for (id, init) in scan.inits {
+            if !decoder.index.contains(id) {
+                continue;
+            }
+            if let Err(error) = kernel.seed(id, init) {
+                debug!(%error, cgroup = id, "seeding the init map");
+                failed += 1;
+            }
+        }
+        if failed > 0 {
+            warn!(
+                failed,
+                "could not seed the init map for some containers: they get no process hints (the relist still finds their changes)"
+            );
+            self.metrics.untracked_cgroups(failed);
+            self.metrics.init_map_errors("seed", failed);
+        }
+    }
+}
+
+/// Failed updates of the init map from userspace, said once per incident: a map that keeps
+/// failing (full, or the kernel refusing) would otherwise log on every event.
+#[derive(Debug, Default)]
+struct MapErrors {
+    untrack_failing: bool,
+}
+
+impl MapErrors {
+    /// Counts a failed untrack; warns when failures start and says when they stop.
+    fn untrack(&mut self, result: Result<(), MapError>, id: u64, metrics: &Metrics) {
+        match result {
+            Ok(()) if self.untrack_failing => {
+                info!("the init map takes removals again");
+                self.untrack_failing = false;
+            }
+            Ok(()) => {}
+            Err(error) => {
+                metrics.init_map_errors("untrack", 1);
+                if !self.untrack_failing {
                     warn!(
-                        cgroups = now - untracked_seen,
-                        "the init map is full: these cgroups get no process hints (the relist still finds their changes)"
+                        %error,
+                        cgroup = id,
+                        "could not remove a non-container cgroup from the init map: it holds a slot until evicted (counted in plegd_init_map_errors_total; said once until removals work again)"
                     );
-                    metrics.untracked_cgroups(now - untracked_seen);
-                    untracked_seen = now;
+                    self.untrack_failing = true;
                 }
-            }
-            _ = refresh.tick() => {
-                decoder.index = CgroupIndex::scan(&probes.cgroup2, &namespaces);
-                seed_inits(&mut inits, &decoder.index, &metrics);
-                debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
             }
         }
     }
-    Ok(())
 }
 
 /// Reads one ring buffer record; a record of another size (a mismatched object) is skipped.
@@ -264,49 +553,182 @@ fn read_event(bytes: &[u8]) -> Option<KernelEvent> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<KernelEvent>()) })
 }
 
-/// Gives the probes the init of every indexed container they do not track yet: containers
-/// that ran before the probes attached, or whose entry the map evicted. Entries the probes
-/// made themselves are left as they are.
-fn seed_inits(inits: &mut BpfHashMap<MapData, u64, u32>, index: &CgroupIndex, metrics: &Metrics) {
-    let tracked: std::collections::HashSet<u64> = inits.keys().flatten().collect();
-    let mut failed = 0;
-    for (id, dir) in index.dirs() {
-        if tracked.contains(&id) {
-            continue;
-        }
-        let init = inits::find_init(&dir);
-        // NOEXIST: an exec the probes saw since the scan wins over what /proc said.
-        match inits.insert(id, init, BPF_NOEXIST) {
-            Ok(()) => {}
-            Err(aya::maps::MapError::SyscallError(e))
-                if e.io_error.raw_os_error() == Some(nix::errno::Errno::EEXIST as i32) => {}
-            Err(error) => {
-                debug!(%error, cgroup = id, "seeding the init map");
-                failed += 1;
-            }
-        }
-    }
-    if failed > 0 {
-        warn!(
-            failed,
-            "could not seed the init map for some containers: they get no process hints (the relist still finds their changes)"
-        );
-        metrics.untracked_cgroups(failed);
-    }
-}
-
-/// The sum over CPUs of the `LOST` counter at `index`.
-fn total_lost(lost: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
-    lost.get(&index, 0)
-        .map(|values| values.iter().sum())
-        .unwrap_or(0)
-}
-
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK. Newer ones account to the memory
 /// cgroup, and raising the limit needs CAP_SYS_RESOURCE, so failure is not an error.
 fn bump_memlock_rlimit() {
     use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
     if let Err(error) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
         debug!(%error, "could not raise RLIMIT_MEMLOCK (not needed on kernels >= 5.11)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Mutex, mpsc as std_mpsc};
+
+    use plegd_common::EVENT_PATH_BYTES;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::pleg::{
+        event::{Scope, Trigger},
+        generator::{TriggerReceiver, trigger_channel},
+        record::ContainerId,
+    };
+
+    const NAMESPACE: &str = "plegd-native";
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Kernel events from a channel; seeded inits recorded.
+    struct FakeKernel {
+        events: mpsc::UnboundedReceiver<KernelEvent>,
+        seeds: Arc<Mutex<Vec<(u64, u32)>>>,
+    }
+
+    impl Kernel for FakeKernel {
+        async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError> {
+            match self.events.recv().await {
+                Some(event) => events.push(event),
+                None => std::future::pending().await,
+            }
+            Ok(())
+        }
+
+        fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
+            Box::new(HashSet::new)
+        }
+
+        fn seed(&mut self, id: u64, init: u32) -> Result<(), MapError> {
+            self.seeds.lock().unwrap().push((id, init));
+            Ok(())
+        }
+
+        fn untrack(&mut self, _id: u64) -> Result<(), MapError> {
+            Ok(())
+        }
+
+        fn lost(&self, _index: u32) -> u64 {
+            0
+        }
+    }
+
+    /// The first scan finds nothing; every later one says it started, then blocks until the
+    /// test hands it its result.
+    struct GatedHost {
+        scans: Mutex<u32>,
+        started: mpsc::UnboundedSender<()>,
+        results: Mutex<std_mpsc::Receiver<Scan>>,
+    }
+
+    impl Host for GatedHost {
+        fn scan(&self, _tracked: &HashSet<u64>) -> Scan {
+            let mut scans = self.scans.lock().unwrap();
+            *scans += 1;
+            if *scans == 1 {
+                return Scan::default();
+            }
+            drop(scans);
+            self.started.send(()).unwrap();
+            self.results.lock().unwrap().recv().unwrap_or_default()
+        }
+
+        fn victim_cgroup(&self, _pid: u32) -> Option<String> {
+            None
+        }
+    }
+
+    fn event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
+        let mut bytes = [0u8; EVENT_PATH_BYTES];
+        bytes[..path.len()].copy_from_slice(path.as_bytes());
+        KernelEvent {
+            kind: kind as u32,
+            pid: 42,
+            cgroup_id,
+            ktime_ns: 0,
+            exit_status: 0,
+            flags: 0,
+            path: bytes,
+        }
+    }
+
+    async fn next_container(triggers: &mut TriggerReceiver) -> String {
+        let trigger: Trigger = tokio::time::timeout(WAIT, triggers.recv())
+            .await
+            .expect("a trigger while the scan is blocked: the ring is still read")
+            .unwrap();
+        match trigger.scope {
+            Scope::Container(ContainerId(id)) => id,
+            scope => panic!("unexpected scope {scope:?}"),
+        }
+    }
+
+    /// Multi-threaded: with the scan on the loop's own task (the bug this guards against),
+    /// the loop would wait in the scan and the timeout would fire on the other worker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ring_is_read_while_a_scan_runs_and_its_result_is_applied_after() {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let (results_tx, results) = std_mpsc::channel();
+        let seeds = Arc::new(Mutex::new(Vec::new()));
+        let kernel = FakeKernel {
+            events,
+            seeds: seeds.clone(),
+        };
+        let host = GatedHost {
+            scans: Mutex::new(0),
+            started: started_tx,
+            results: Mutex::new(results),
+        };
+        let (triggers_tx, mut triggers) = trigger_channel();
+        let source = Source {
+            namespaces: vec![NAMESPACE.to_owned()],
+            triggers: triggers_tx,
+            registry: SourceRegistry::new(),
+            metrics: Metrics::new(),
+            refresh: Duration::from_millis(10),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
+
+        tokio::time::timeout(WAIT, started.recv())
+            .await
+            .expect("a refresh scan starts")
+            .unwrap();
+        // The scan is blocked: a cgroup made now is still decoded.
+        let new = format!("{NAMESPACE}/new");
+        events_tx
+            .send(event(KernelEventKind::CgroupMkdir, 2, &new))
+            .unwrap();
+        assert_eq!(next_container(&mut triggers).await, "new");
+
+        // The scan ends: its containers are indexed and their inits seeded; the cgroup made
+        // while it ran (which it did not see) stays indexed.
+        let mut index = CgroupIndex::default();
+        index.insert(3, &format!("{NAMESPACE}/old"), &[NAMESPACE.to_owned()]);
+        results_tx
+            .send(Scan {
+                index,
+                inits: vec![(3, 4242)],
+            })
+            .unwrap();
+        tokio::time::timeout(WAIT, async {
+            while !seeds.lock().unwrap().contains(&(3, 4242)) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the scan's inits are seeded");
+        for cgroup in [3, 2] {
+            events_tx
+                .send(event(KernelEventKind::Exec, cgroup, "/bin/sh"))
+                .unwrap();
+        }
+        assert_eq!(next_container(&mut triggers).await, "old");
+        assert_eq!(next_container(&mut triggers).await, "new");
+
+        shutdown.cancel();
+        // A later scan may be blocked on the test's channel: let it go.
+        drop(results_tx);
+        task.await.unwrap().unwrap();
     }
 }
