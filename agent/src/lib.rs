@@ -22,7 +22,9 @@
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
 //!    scheduler, provenance, sink}`: what changed, what the triggers said (and whether a
 //!    reading reflects it), when to relist, who saw a change first, where events go.
-//! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends.
+//! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends; inside it, imports
+//!    point one way: `transport` (gRPC over a unix socket) <- `cri`, `containerd` <- `choice`
+//!    (which backend, at which endpoint).
 //! 3. `pleg::{relist, generator}`: the relist (list, diff, inspect, publish) and the loop that
 //!    runs it for the scheduler.
 //! 4. `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.

@@ -59,15 +59,20 @@ fn target_of(path: &str) -> String {
     }
 }
 
-/// Every module the code (not comments) of `source` names through `crate::`, expanding
-/// `crate::{a::b, c::{d, e}}` groups at their first level, and `pleg::{x, y}` one deeper.
-fn imports(source: &str) -> BTreeSet<String> {
-    let code: String = source
+/// `source` without its test module and comment lines.
+fn code_of(source: &str) -> String {
+    source
         .lines()
         .take_while(|line| line.trim() != "#[cfg(test)]")
         .filter(|line| !line.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// Every module the code (not comments) of `source` names through `crate::`, expanding
+/// `crate::{a::b, c::{d, e}}` groups at their first level, and `pleg::{x, y}` one deeper.
+fn imports(source: &str) -> BTreeSet<String> {
+    let code = code_of(source);
     let mut found = BTreeSet::new();
     for (at, _) in code.match_indices("crate::") {
         let rest = &code[at + "crate::".len()..];
@@ -187,6 +192,64 @@ fn no_module_imports_a_module_above_it() {
     assert!(
         upward.is_empty(),
         "imports pointing up:\n{}",
+        upward.join("\n")
+    );
+}
+
+/// Inside `runtime`, its files by layer, lowest first: the trait and its types (`mod.rs`, which
+/// also declares and re-exports the rest, so its own imports are not checked) with the label
+/// names; the gRPC transport; the CRI backend and the fake; the containerd backend (which asks
+/// CRI on the same socket); the choice of backend.
+const RUNTIME_LAYERS: &[&[&str]] = &[
+    &["mod", "labels"],
+    &["transport"],
+    &["cri", "testing"],
+    &["containerd"],
+    &["choice"],
+];
+
+fn runtime_layer_of(file: &str) -> Option<usize> {
+    RUNTIME_LAYERS
+        .iter()
+        .position(|layer| layer.contains(&file))
+}
+
+#[test]
+fn runtime_files_import_one_way() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    files.sort();
+    let mut upward = Vec::new();
+    for file in &files {
+        let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "mod" {
+            continue;
+        }
+        let own = runtime_layer_of(&name)
+            .unwrap_or_else(|| panic!("runtime/{name}.rs is in no runtime layer"));
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        for (at, _) in code.match_indices("crate::runtime::") {
+            for item in expand(&code[at + "crate::runtime::".len()..]) {
+                // An item that is no file (`Runtime`, `RuntimeError`, ...) is `mod.rs`'s.
+                let target = if runtime_layer_of(&item).is_some() {
+                    item
+                } else {
+                    "mod".to_owned()
+                };
+                if runtime_layer_of(&target).unwrap() > own {
+                    upward.push(format!("runtime/{name}.rs imports runtime::{target}"));
+                }
+            }
+        }
+    }
+    assert!(
+        files.len() >= RUNTIME_LAYERS.concat().len(),
+        "runtime files: {files:?}"
+    );
+    assert!(
+        upward.is_empty(),
+        "runtime imports pointing up:\n{}",
         upward.join("\n")
     );
 }

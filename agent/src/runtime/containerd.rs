@@ -34,29 +34,19 @@ use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
 use crate::{
     pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
     runtime::{
-        Runtime, RuntimeError, Scope,
-        cri::{
-            CriRuntime, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL, apply_status,
-            container_state,
+        Runtime, RuntimeError, RuntimeVersion, Scope,
+        cri::{CriRuntime, apply_status, container_state},
+        labels::{
+            CONTAINER_NAME_ANNOTATION, CONTAINER_NAME_LABEL, KIND_LABEL, POD_NAME_LABEL,
+            POD_NAMESPACE_LABEL, POD_UID_LABEL, SANDBOX_NAME_ANNOTATION,
+            SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION,
         },
-        endpoint::{
-            ConnectError, MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name,
-            found,
-        },
+        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
     },
 };
 
 /// The namespace containerd's CRI plugin keeps Kubernetes containers in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
-/// Set by the CRI plugin on every container it makes: `sandbox` or `container`.
-const KIND_LABEL: &str = "io.cri-containerd.kind";
-/// Set by kubelet on its containers.
-const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
-/// OCI spec annotations the CRI plugin sets whatever the CRI client's labels.
-const SANDBOX_UID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-uid";
-const SANDBOX_NAME_ANNOTATION: &str = "io.kubernetes.cri.sandbox-name";
-const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
-const CONTAINER_NAME_ANNOTATION: &str = "io.kubernetes.cri.container-name";
 /// containerd's identifier limit (namespaces, container ids).
 const MAX_NAMESPACE_LEN: usize = 76;
 
@@ -74,6 +64,16 @@ pub(crate) struct Namespace {
     "invalid containerd namespace {0:?}: expected letters and digits separated by single '.', '_' or '-', at most 76 characters"
 )]
 pub struct InvalidNamespace(String);
+
+/// Why a backend could not be set up. Defined with the containerd backend, the only one that
+/// can fail before dialling (on a namespace name).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Namespace(#[from] InvalidNamespace),
+}
 
 impl Namespace {
     /// `k8s.io`, where containerd's CRI plugin keeps Kubernetes containers.

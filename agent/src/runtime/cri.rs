@@ -22,15 +22,11 @@ use tonic::transport::Channel;
 use crate::{
     pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
     runtime::{
-        Runtime, RuntimeError, Scope,
-        endpoint::{MAX_MESSAGE_SIZE, RuntimeVersion, call, connect_unix, endpoint_name, found},
+        Runtime, RuntimeError, RuntimeVersion, Scope,
+        labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
+        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
     },
 };
-
-/// Labels kubelet puts on every sandbox and container it creates.
-pub(crate) const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
-pub(crate) const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
-pub(crate) const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
 
 /// A CRI runtime over a unix socket.
 #[derive(Clone, Debug)]

@@ -3,20 +3,31 @@
 //! Two real backends: CRI v1 (`cri`) and containerd's native API (`containerd`). A relist asks
 //! for the pods within a [`Scope`]; every call has a timeout and its errors name the endpoint and
 //! the call.
+//!
+//! Files import one way, lowest first: this file (the trait, its errors and types) and
+//! `labels`; `transport` (gRPC over a unix socket, deadlines); the backends `cri` and
+//! `containerd` (which asks CRI on the same socket for what containerd forgets); `choice`
+//! (which backend, at which endpoint). `testing` holds the fake.
 
+pub mod choice;
 pub mod containerd;
 pub mod cri;
-pub mod endpoint;
+pub mod labels;
 pub mod testing;
+pub(crate) mod transport;
 
-use std::{future::Future, time::Duration};
+use std::{fmt, future::Future, time::Duration};
 
-pub use containerd::{ContainerdRuntime, InvalidNamespace};
+pub use choice::{AnyRuntime, EndpointError, RuntimeKind, RuntimeOptions, UnknownRuntimeKind};
+pub use containerd::{ConnectError, ContainerdRuntime, InvalidNamespace};
 pub use cri::CriRuntime;
-pub use endpoint::{
-    AnyRuntime, ConnectError, EndpointError, RuntimeKind, RuntimeOptions, RuntimeVersion,
-    UnknownRuntimeKind,
-};
+
+/// The paths of the former `endpoint` file (discovery and transport helpers mixed), kept for
+/// callers outside `runtime` (`cli`, `check`, `daemon`); new code names `choice` or `transport`.
+pub mod endpoint {
+    pub use super::choice::{WELL_KNOWN_SOCKETS, detect, parse_endpoint};
+    pub(crate) use super::transport::{endpoint_name, with_causes};
+}
 
 // Scope is the relist's notion; re-exported because every backend answers in its terms.
 pub use crate::pleg::event::Scope;
@@ -24,6 +35,19 @@ use crate::pleg::record::{PodRecord, PodUid};
 
 /// Default deadline of one runtime call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The runtime's own name and version, for the start-up log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeVersion {
+    pub name: String,
+    pub version: String,
+}
+
+impl fmt::Display for RuntimeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.version)
+    }
+}
 
 /// A runtime call that failed.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use crate::{
         event::{Trigger, TriggerSource},
         generator::TriggerSender,
     },
-    runtime::endpoint::{connect_unix, with_causes},
+    runtime::transport::{connect_unix, with_causes},
     sources::status::{SourceRegistry, SourceState},
 };
 

@@ -1,0 +1,118 @@
+//! The gRPC plumbing both backends and the event streams share: dialling a unix socket, the
+//! per-call deadline, and error text that keeps tonic's hidden causes. Knows no backend.
+
+use std::{future::Future, path::Path, time::Duration};
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::runtime::RuntimeError;
+
+/// Largest response accepted, as kubelet's CRI client (tonic's default of 4 MiB is too small
+/// for a full list on a busy node).
+pub(crate) const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// How to display a socket in logs and errors.
+pub(crate) fn endpoint_name(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
+}
+
+/// `text` followed by `error`'s causes, `text: cause: cause` (tonic's transport errors keep the
+/// useful part, e.g. "No such file or directory", in their source chain); a cause the text
+/// already ends with is not repeated.
+pub(crate) fn with_causes(mut text: String, error: &dyn std::error::Error) -> String {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Dials a unix socket. Waits for the connection (so a missing socket fails here, naming it),
+/// within `timeout`; tonic's channel redials by itself if the runtime restarts later.
+pub(crate) async fn connect_unix(
+    socket: &Path,
+    timeout: Duration,
+) -> Result<Channel, RuntimeError> {
+    let endpoint = endpoint_name(socket);
+    let socket = socket.to_owned();
+    // tonic needs a URI; the connector ignores it.
+    let uri = Endpoint::from_static("http://[::]:50051");
+    let connecting = uri.connect_with_connector(tower::service_fn(move |_| {
+        let socket = socket.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(socket).await?,
+            ))
+        }
+    }));
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(source)) => Err(RuntimeError::Connect { endpoint, source }),
+        Err(_) => Err(RuntimeError::Timeout {
+            endpoint,
+            call: "connect",
+            timeout,
+        }),
+    }
+}
+
+/// Runs one gRPC call under the call deadline, naming the endpoint and the call on failure.
+pub(crate) async fn call<T>(
+    endpoint: &str,
+    call: &'static str,
+    timeout: Duration,
+    request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, RuntimeError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(RuntimeError::Call {
+            endpoint: endpoint.to_owned(),
+            call,
+            status,
+        }),
+        Err(_) => Err(RuntimeError::Timeout {
+            endpoint: endpoint.to_owned(),
+            call,
+            timeout,
+        }),
+    }
+}
+
+/// A call's result with NotFound as `None`: the object vanished between a list and a status
+/// call, which is no error.
+pub(crate) fn found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, RuntimeError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(RuntimeError::Call { status, .. }) if status.code() == tonic::Code::NotFound => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_is_recognised_only_for_call_errors() {
+        let gone = RuntimeError::Call {
+            endpoint: "e".into(),
+            call: "ContainerStatus",
+            status: tonic::Status::not_found("gone"),
+        };
+        let failed = RuntimeError::Call {
+            endpoint: "e".into(),
+            call: "ContainerStatus",
+            status: tonic::Status::unavailable("down"),
+        };
+        assert!(matches!(found::<()>(Err(gone)), Ok(None)));
+        assert!(found::<()>(Err(failed)).is_err());
+        assert!(matches!(found(Ok(1)), Ok(Some(1))));
+    }
+}
