@@ -10,6 +10,7 @@ use tracing::{error, info, warn};
 pub use crate::api::Shared;
 use crate::{
     api::{self, ApiBus, BusSink},
+    backoff::{Backoff, Exponential},
     config::{Config, Mode, SourceName},
     metrics::Metrics,
     output,
@@ -39,6 +40,8 @@ use crate::{
 /// stopped reading is abandoned after it (like a watcher that stopped reading).
 const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
 
+/// First wait between two attempts to reach the runtime at start, doubling after each.
+const CONNECT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Longest wait between two attempts to reach the runtime at start.
 const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
@@ -70,7 +73,10 @@ pub async fn connect(
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
     };
-    let mut delay = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Exponential::doubling(
+        CONNECT_BACKOFF_BASE,
+        CONNECT_BACKOFF_MAX,
+    ));
     loop {
         match try_connect(config, &options).await {
             Ok((runtime, socket)) => {
@@ -88,14 +94,14 @@ pub async fn connect(
             }
             Err(Retry::Never(e)) => return Err(e),
             Err(Retry::After(unreachable)) => {
+                let delay = backoff.next_delay();
                 error!("cannot reach the runtime: {unreachable}; retrying in {delay:?}");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(delay) => {}
+                }
             }
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(None),
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(CONNECT_BACKOFF_MAX);
     }
 }
 

@@ -17,7 +17,8 @@
 //!
 //! Modules by layer, lowest first; a module imports only its own layer and those below
 //! (`tests/layers.rs` checks it):
-//! 0. `pleg::{record, event}`: the types: runtime records, events, triggers, scopes.
+//! 0. `pleg::{record, event}`: the types: runtime records, events, triggers, scopes;
+//!    `backoff`: the one exponential backoff (optional jitter) every retry uses.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
 //!    scheduler, provenance, sink}`: what changed, what the triggers said (and whether a
@@ -36,6 +37,7 @@
 //! 9. `cli`: the `plegd` command line.
 
 pub mod api;
+pub mod backoff;
 pub mod bus;
 pub mod check;
 pub mod cli;

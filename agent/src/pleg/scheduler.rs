@@ -20,10 +20,13 @@ use std::{
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::pleg::{
-    event::{DEFAULT_RELIST_PERIOD, Scope, Trigger},
-    hints::{Hint, Hints, Target},
-    record::{ContainerId, PodUid},
+use crate::{
+    backoff::Exponential,
+    pleg::{
+        event::{DEFAULT_RELIST_PERIOD, Scope, Trigger},
+        hints::{Hint, Hints, Target},
+        record::{ContainerId, PodUid},
+    },
 };
 
 /// Default delay between the first retries, while the runtime usually catches up (containerd's
@@ -41,10 +44,15 @@ pub const DEFAULT_MAX_RETRIES: u32 = 16;
 /// Longest wait between two retries.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
 
-/// The wait before retry number `attempt + 1`: steady first, then doubling, capped.
+/// The wait before retry number `attempt + 1`: steady first, then doubling, capped. No
+/// jitter: the scheduler is a pure function of its inputs.
 fn retry_delay(base: Duration, attempt: u32) -> Duration {
-    let doublings = attempt.saturating_sub(STEADY_RETRIES - 1).min(16);
-    base.saturating_mul(1 << doublings).min(MAX_RETRY_DELAY)
+    Exponential {
+        base,
+        cap: MAX_RETRY_DELAY,
+        steady: STEADY_RETRIES,
+    }
+    .delay(attempt)
 }
 
 /// Scheduler settings.

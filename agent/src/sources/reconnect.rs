@@ -5,7 +5,7 @@
 use std::{
     future::Future,
     pin::pin,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
 use tokio::time::Instant;
@@ -14,6 +14,7 @@ use tonic::{Code, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::{
+    backoff::{Backoff, Exponential, time_seed},
     pleg::{
         event::{Trigger, TriggerSource},
         generator::TriggerSender,
@@ -35,68 +36,22 @@ pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(30);
 /// of life; an `Unimplemented` answer comes well within this.
 const STREAM_SETTLE: Duration = Duration::from_millis(100);
 
-/// Exponential backoff with full jitter: the first retry is immediate, the n-th waits a random
-/// time up to `base * 2^(n-2)`, capped; a connection that stayed up long enough resets it.
-/// Pure: randomness comes from a seeded xorshift, time from the caller.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    base: Duration,
-    cap: Duration,
-    reset_after: Duration,
-    failures: u32,
-    rng: u64,
+/// The reconnect policy: the first retry is immediate, the n-th waits a random time up to
+/// `BACKOFF_BASE * 2^(n-2)`, capped at [`BACKOFF_CAP`].
+fn reconnect_backoff(seed: u64) -> Backoff {
+    Backoff::new(Exponential::doubling(BACKOFF_BASE, BACKOFF_CAP))
+        .immediate_first()
+        .full_jitter(seed)
 }
 
-impl Backoff {
-    /// The defaults ([`BACKOFF_BASE`], [`BACKOFF_CAP`], [`BACKOFF_RESET_AFTER`]).
-    pub fn new(seed: u64) -> Self {
-        Self::with(BACKOFF_BASE, BACKOFF_CAP, BACKOFF_RESET_AFTER, seed)
+/// The wait before reconnecting, after an attempt whose connection stayed up for
+/// `connected_for` (`None`: it never connected). A connection that stayed up
+/// [`BACKOFF_RESET_AFTER`] starts a new incident.
+fn next_delay(backoff: &mut Backoff, connected_for: Option<Duration>) -> Duration {
+    if connected_for.is_some_and(|up| up >= BACKOFF_RESET_AFTER) {
+        backoff.reset();
     }
-
-    pub fn with(base: Duration, cap: Duration, reset_after: Duration, seed: u64) -> Self {
-        Self {
-            base,
-            cap,
-            reset_after,
-            failures: 0,
-            // xorshift never leaves zero.
-            rng: seed.max(1),
-        }
-    }
-
-    /// The wait before the next attempt, after an attempt whose connection stayed up for
-    /// `connected_for` (`None`: it never connected).
-    pub fn next_delay(&mut self, connected_for: Option<Duration>) -> Duration {
-        if connected_for.is_some_and(|up| up >= self.reset_after) {
-            self.failures = 0;
-        }
-        let failures = self.failures;
-        self.failures = self.failures.saturating_add(1);
-        if failures == 0 {
-            return Duration::ZERO;
-        }
-        let factor = 1u32.checked_shl(failures - 1).unwrap_or(u32::MAX);
-        let ceiling = self.base.saturating_mul(factor).min(self.cap);
-        ceiling.mul_f64(self.next_unit())
-    }
-
-    /// Uniform in [0, 1).
-    fn next_unit(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// A seed that differs between processes and starts.
-fn time_seed() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
+    backoff.next_delay()
 }
 
 /// How one connection of a stream source ended.
@@ -146,7 +101,7 @@ where
 {
     link.registry
         .set(link.source, SourceState::Connecting, "starting");
-    let mut backoff = Backoff::new(time_seed());
+    let mut backoff = reconnect_backoff(time_seed());
     // Warn once per outage, not once per failed attempt.
     let mut outage_reported = false;
     loop {
@@ -169,7 +124,7 @@ where
                 if connected_for.is_some() {
                     outage_reported = false;
                 }
-                let delay = backoff.next_delay(connected_for);
+                let delay = next_delay(&mut backoff, connected_for);
                 if outage_reported {
                     debug!(source = ?link.source, %error, ?delay, "event stream still down");
                 } else {
@@ -279,76 +234,21 @@ fn status_text(status: &Status) -> String {
 mod tests {
     use super::*;
 
-    fn backoff() -> Backoff {
-        Backoff::with(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            Duration::from_secs(30),
-            42,
-        )
-    }
-
-    #[test]
-    fn the_first_retry_is_immediate_then_ceilings_double_up_to_the_cap() {
-        let mut b = backoff();
-        assert_eq!(b.next_delay(None), Duration::ZERO);
-        let ceilings = [1, 2, 4, 8, 16, 32, 60, 60, 60, 60];
-        for ceiling in ceilings {
-            let delay = b.next_delay(None);
-            assert!(
-                delay < Duration::from_secs(ceiling),
-                "{delay:?} vs {ceiling}s"
-            );
-        }
-        // Far past any shift: still capped, no overflow.
-        for _ in 0..100 {
-            assert!(b.next_delay(None) < Duration::from_secs(60));
-        }
-    }
-
-    #[test]
-    fn jitter_spreads_delays() {
-        let mut b = backoff();
-        b.next_delay(None);
-        let delays: Vec<_> = (0..20).map(|_| b.next_delay(None)).skip(6).collect();
-        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
-        assert!(distinct.len() > 10, "{delays:?}");
-        assert!(
-            delays.iter().any(|d| *d > Duration::from_secs(30)),
-            "{delays:?}"
-        );
-    }
-
+    // The schedule and the jitter are tested with `Backoff`; here, what reconnecting adds.
     #[test]
     fn a_stable_connection_resets_the_backoff_a_short_one_does_not() {
-        let mut b = backoff();
-        for _ in 0..8 {
-            b.next_delay(None);
+        let mut b = reconnect_backoff(42);
+        assert_eq!(next_delay(&mut b, None), Duration::ZERO);
+        for _ in 0..7 {
+            next_delay(&mut b, None);
         }
         // Up for a moment only: keeps backing off.
-        b.next_delay(Some(Duration::from_secs(1)));
-        assert_eq!(b.failures, 9);
-        assert_eq!(b.next_delay(Some(Duration::from_secs(30))), Duration::ZERO);
-        assert!(b.next_delay(None) < Duration::from_secs(1));
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_delays() {
-        let (mut a, mut b) = (backoff(), backoff());
-        for _ in 0..10 {
-            assert_eq!(a.next_delay(None), b.next_delay(None));
-        }
-        let mut zero = Backoff::with(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            Duration::from_secs(30),
-            0,
+        next_delay(&mut b, Some(Duration::from_secs(1)));
+        assert_eq!(b.failures(), 9);
+        assert_eq!(
+            next_delay(&mut b, Some(BACKOFF_RESET_AFTER)),
+            Duration::ZERO
         );
-        zero.next_delay(None);
-        assert!(
-            (0..5)
-                .map(|_| zero.next_delay(None))
-                .any(|d| d > Duration::ZERO)
-        );
+        assert!(next_delay(&mut b, None) < BACKOFF_BASE);
     }
 }
