@@ -19,7 +19,10 @@ use crate::{
         event::{Trigger, TriggerSource},
         generator::TriggerSender,
     },
-    runtime::transport::{connect_unix, with_causes},
+    runtime::{
+        RuntimeError,
+        transport::{connect_unix, with_causes},
+    },
     sources::status::{SourceRegistry, SourceState},
 };
 
@@ -58,12 +61,32 @@ fn next_delay(backoff: &mut Backoff, connected_for: Option<Duration>) -> Duratio
 #[derive(Debug)]
 pub(crate) enum SessionEnd {
     /// The runtime does not offer the stream: stop trying.
-    Unsupported(String),
+    Unsupported(Unimplemented),
     /// The connection failed or broke. `connected_at`: when it was established, if it was.
     Lost {
-        error: String,
+        error: SessionError,
         connected_at: Option<Instant>,
     },
+}
+
+/// The runtime answered the stream call with `Unimplemented`.
+#[derive(Debug, thiserror::Error)]
+#[error("the runtime does not implement it ({})", status_text(.0))]
+pub(crate) struct Unimplemented(#[source] Status);
+
+/// Why a session was lost.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SessionError {
+    #[error(transparent)]
+    Dial(RuntimeError),
+    /// The stream or the probe call failed; shown as `Code: message`, with the transport's
+    /// cause when tonic hides one.
+    #[error("{}", status_text(.0))]
+    Call(#[source] Status),
+    #[error("runtime did not answer within {0:?}")]
+    ProbeTimeout(Duration),
+    #[error("the runtime ended the stream")]
+    StreamEnded,
 }
 
 /// What a session reports through: the source's registry entry and the trigger channel.
@@ -113,7 +136,7 @@ where
             SessionEnd::Unsupported(why) => {
                 info!(source = ?link.source, "{why}; this source stays off");
                 link.registry
-                    .set(link.source, SourceState::Unsupported, why);
+                    .set(link.source, SourceState::Unsupported, why.to_string());
                 return;
             }
             SessionEnd::Lost {
@@ -132,7 +155,7 @@ where
                     outage_reported = true;
                 }
                 link.registry
-                    .set(link.source, SourceState::Reconnecting, error);
+                    .set(link.source, SourceState::Reconnecting, error.to_string());
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -159,7 +182,7 @@ where
 {
     let mut call = pin!(call);
     let mut connected_at = None;
-    let lost = |error: String, connected_at| SessionEnd::Lost {
+    let lost = |error: SessionError, connected_at| SessionEnd::Lost {
         error,
         connected_at,
     };
@@ -169,8 +192,8 @@ where
         answer = &mut call => Some(answer),
         probed = tokio::time::timeout(link.timeout, probe) => match probed {
             Ok(Ok(())) => None,
-            Ok(Err(status)) => return lost(status_text(&status), None),
-            Err(_) => return lost(format!("runtime did not answer within {:?}", link.timeout), None),
+            Ok(Err(status)) => return lost(SessionError::Call(status), None),
+            Err(_) => return lost(SessionError::ProbeTimeout(link.timeout), None),
         },
     };
     let answer = match answered {
@@ -186,12 +209,9 @@ where
     let mut stream = match answer {
         Ok(response) => response.into_inner(),
         Err(status) if status.code() == Code::Unimplemented => {
-            return SessionEnd::Unsupported(format!(
-                "the runtime does not implement it ({})",
-                status_text(&status)
-            ));
+            return SessionEnd::Unsupported(Unimplemented(status));
         }
-        Err(status) => return lost(status_text(&status), connected_at),
+        Err(status) => return lost(SessionError::Call(status), connected_at),
     };
     if connected_at.is_none() {
         connected_at = Some(link.connected());
@@ -206,8 +226,8 @@ where
                     link.triggers.request_full_relist();
                 }
             },
-            Ok(None) => return lost("the runtime ended the stream".to_owned(), connected_at),
-            Err(status) => return lost(status_text(&status), connected_at),
+            Ok(None) => return lost(SessionError::StreamEnded, connected_at),
+            Err(status) => return lost(SessionError::Call(status), connected_at),
         }
     }
 }
@@ -220,7 +240,7 @@ pub(crate) async fn dial(
     connect_unix(socket, timeout)
         .await
         .map_err(|error| SessionEnd::Lost {
-            error: error.to_string(),
+            error: SessionError::Dial(error),
             connected_at: None,
         })
 }
