@@ -69,8 +69,31 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: not a plegd state file: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    #[error("{path}: not a plegd state file: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: not a plegd state file: format version {version}")]
+    Version { path: PathBuf, version: u32 },
+    #[error("{path}: not a plegd state file: {source}")]
+    History {
+        path: PathBuf,
+        #[source]
+        source: HistoryError,
+    },
+}
+
+/// A history file that does not continue the saved state.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error(transparent)]
+    Decode(#[from] prost::DecodeError),
+    #[error("sequence {sequence} out of order")]
+    OutOfOrder { sequence: u64 },
+    #[error("ends at sequence {last}, the state at {expected}")]
+    WrongEnd { last: u64, expected: u64 },
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
@@ -97,9 +120,9 @@ pub fn save(dir: &Path, run: &SavedRun, history: &[Arc<pb::Event>]) -> Result<()
         version: FORMAT_VERSION,
         run: run.clone(),
     })
-    .map_err(|e| StateError::Invalid {
+    .map_err(|source| StateError::Json {
         path: dir.join(STATE_FILE),
-        reason: e.to_string(),
+        source,
     })?;
     write_atomically(&dir.join(STATE_FILE), &state)
 }
@@ -128,21 +151,23 @@ pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
             Err(e) => return Err(io_error(path)(e)),
         }
     }
-    let invalid = |reason: String| StateError::Invalid {
+    let state: StateFile = serde_json::from_slice(&state).map_err(|source| StateError::Json {
         path: state_path.clone(),
-        reason,
-    };
-    let state: StateFile = serde_json::from_slice(&state).map_err(|e| invalid(e.to_string()))?;
+        source,
+    })?;
     if state.version != FORMAT_VERSION {
-        return Err(invalid(format!("format version {}", state.version)));
+        return Err(StateError::Version {
+            path: state_path,
+            version: state.version,
+        });
     }
     if state.run.runtime != runtime {
         return Ok(None);
     }
     let history = decode_history(history.as_deref().unwrap_or_default(), state.run.sequence)
-        .map_err(|reason| StateError::Invalid {
-            path: history_path.clone(),
-            reason,
+        .map_err(|source| StateError::History {
+            path: history_path,
+            source,
         })?;
     Ok(Some(Restored {
         run: state.run,
@@ -151,23 +176,25 @@ pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
 }
 
 /// The events of a history file, checked to be in order and to end at `last`.
-fn decode_history(mut bytes: &[u8], last: u64) -> Result<Vec<pb::Event>, String> {
+fn decode_history(mut bytes: &[u8], last: u64) -> Result<Vec<pb::Event>, HistoryError> {
     let mut events: Vec<pb::Event> = Vec::new();
     while !bytes.is_empty() {
-        let event = pb::Event::decode_length_delimited(&mut bytes).map_err(|e| e.to_string())?;
+        let event = pb::Event::decode_length_delimited(&mut bytes)?;
         if events
             .last()
             .is_some_and(|e| e.sequence + 1 != event.sequence)
         {
-            return Err(format!("sequence {} out of order", event.sequence));
+            return Err(HistoryError::OutOfOrder {
+                sequence: event.sequence,
+            });
         }
         events.push(event);
     }
     match events.last() {
-        Some(e) if e.sequence != last => Err(format!(
-            "ends at sequence {}, the state at {last}",
-            e.sequence
-        )),
+        Some(e) if e.sequence != last => Err(HistoryError::WrongEnd {
+            last: e.sequence,
+            expected: last,
+        }),
         _ => Ok(events),
     }
 }
@@ -288,14 +315,49 @@ mod tests {
         // A history that does not end where the state does.
         save(dir.path(), &saved, &history(3..=6)).unwrap();
         let error = take(dir.path(), &saved.runtime).unwrap_err();
-        assert!(error.to_string().contains("ends at sequence 6"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .ends_with("not a plegd state file: ends at sequence 6, the state at 7"),
+            "{error}"
+        );
+        assert!(matches!(
+            error,
+            StateError::History {
+                source: HistoryError::WrongEnd {
+                    last: 6,
+                    expected: 7
+                },
+                ..
+            }
+        ));
         // Not JSON.
         fs::write(dir.path().join(STATE_FILE), "{").unwrap();
         assert!(matches!(
             take(dir.path(), &saved.runtime),
-            Err(StateError::Invalid { .. })
+            Err(StateError::Json { .. })
         ));
         assert_eq!(take(dir.path(), &saved.runtime).unwrap(), None);
+    }
+
+    #[test]
+    fn an_undecodable_history_keeps_protobufs_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = run(7);
+        save(dir.path(), &saved, &history(3..=7)).unwrap();
+        // A length prefix promising more bytes than follow.
+        fs::write(dir.path().join(HISTORY_FILE), [0x10, 0x08]).unwrap();
+        let error = take(dir.path(), &saved.runtime).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                StateError::History {
+                    source: HistoryError::Decode(_),
+                    ..
+                }
+            ),
+            "{error}"
+        );
     }
 
     #[test]
