@@ -25,6 +25,7 @@ pub use crate::output::OutputFormat;
 use crate::{
     pleg::{
         event::{DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_RELIST_PERIOD, DEFAULT_RELIST_THRESHOLD},
+        record::Layer,
         relist::DEFAULT_INSPECT_CONCURRENCY,
     },
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
@@ -73,6 +74,28 @@ impl Config {
     /// Whether `source` is enabled (the relist always is).
     pub fn source_enabled(&self, source: SourceName) -> bool {
         source == SourceName::Relist || self.sources.contains(&source)
+    }
+}
+
+/// Which of the runtime's records confirms a container's start or exit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Confirm {
+    /// The runtime's task service where it has one (containerd: its `/tasks/start` and
+    /// `/tasks/exit` events, or the task's status on a kernel hint), about 30 ms before its CRI
+    /// store shows the change; the CRI store elsewhere (CRI-O).
+    #[default]
+    Task,
+    /// The CRI store only: every event announces a state that CRI already shows.
+    Cri,
+}
+
+impl From<Confirm> for Layer {
+    fn from(confirm: Confirm) -> Self {
+        match confirm {
+            Confirm::Task => Layer::Task,
+            Confirm::Cri => Layer::Cri,
+        }
     }
 }
 
@@ -218,6 +241,13 @@ pub struct RunArgs {
     )]
     pub emit_changed: Option<bool>,
 
+    /// Which of the runtime's records confirms a start or an exit: `task` sends ContainerDied
+    /// as soon as containerd's task service recorded the exit, with its code and time (CRI's
+    /// reason follows in the cache, with no second event); `cri` waits until the CRI store
+    /// shows it, for consumers that read CRI right after each event.
+    #[arg(long, env = "PLEGD_CONFIRM", value_enum, default_value = "task")]
+    pub confirm: Option<Confirm>,
+
     /// Event output on stdout.
     #[arg(long, env = "PLEGD_OUTPUT", value_enum, default_value = "text")]
     pub output: Option<OutputFormat>,
@@ -326,6 +356,7 @@ pub struct Config {
     pub event_channel_capacity: usize,
     pub inspect_concurrency: usize,
     pub emit_changed: bool,
+    pub confirm: Confirm,
     pub output: OutputFormat,
     pub log_format: LogFormat,
     /// Unix socket of the API.
@@ -407,6 +438,7 @@ impl Config {
                 d.inspect_concurrency,
             ),
             emit_changed: first(a.emit_changed, f.emit_changed, d.emit_changed),
+            confirm: first(a.confirm, f.confirm, d.confirm),
             output: first(a.output, f.output, d.output),
             log_format: first(a.log_format, f.log_format, d.log_format),
             socket: first(a.socket, f.socket, d.socket),

@@ -23,8 +23,8 @@ use crate::{
         scheduler::{RelistScheduler, SchedulerConfig},
     },
     runtime::{
-        AnyRuntime, ConnectError, EndpointError, Runtime, RuntimeKind, RuntimeOptions,
-        containerd::CRI_NAMESPACE, endpoint,
+        AnyRuntime, CRI_NAMESPACE, ConnectError, EndpointError, Runtime, RuntimeKind,
+        RuntimeOptions, endpoint,
     },
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
@@ -227,6 +227,7 @@ where
         RelistConfig {
             inspect_concurrency: config.inspect_concurrency,
             emit_changed: config.emit_changed,
+            confirm: config.confirm.into(),
         },
     );
     if let Some((records, sequence)) = reading {

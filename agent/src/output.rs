@@ -46,6 +46,8 @@ pub struct EventLine {
     pub exit_code: Option<i32>,
     /// The runtime's reason ("Error", "OOMKilled", "Completed"), for exited containers.
     pub reason: Option<String>,
+    /// Which of the runtime's records confirmed the state: "task" or "cri".
+    pub confirmed_by: Option<&'static str>,
     pub observations: Vec<String>,
 }
 
@@ -67,6 +69,7 @@ impl EventLine {
             sources: event.sources().map(source_name).collect(),
             exit_code: event.exit_code,
             reason: Some(event.reason.clone()).filter(|r| !r.is_empty()),
+            confirmed_by: layer_name(event.confirmed_by()),
             observations: event.observations.iter().map(observation).collect(),
         }
     }
@@ -102,6 +105,10 @@ impl EventLine {
         }
         if let Some(reason) = &self.reason {
             line.push_str(&format!(" reason={reason}"));
+        }
+        // The CRI layer is the usual confirmation, not worth a word on every line.
+        if self.confirmed_by == Some("task") {
+            line.push_str(" confirmed_by=task");
         }
         for observation in &self.observations {
             line.push_str(&format!(" {observation}"));
@@ -188,7 +195,17 @@ pub(crate) fn observation(o: &pb::Observation) -> String {
         Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
         Some(Kind::Exited(_)) => format!("{source}:exited"),
         Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
+        Some(Kind::TaskStarted(_)) => format!("{source}:task_started"),
         None => format!("{source}:?"),
+    }
+}
+
+/// A layer's name; `None` when the event is about no container's state.
+pub(crate) fn layer_name(layer: pb::Layer) -> Option<&'static str> {
+    match layer {
+        pb::Layer::Cri => Some("cri"),
+        pb::Layer::Task => Some("task"),
+        pb::Layer::Unspecified => None,
     }
 }
 
@@ -270,6 +287,7 @@ mod tests {
             finished_at: None,
             exit_code: Some(137),
             reason: "Error".into(),
+            confirmed_by: crate::pleg::record::Layer::Cri,
         };
         let pod = PodRecord {
             uid: PodUid("uid-1".into()),
@@ -301,6 +319,7 @@ mod tests {
         assert_eq!(value["type"], "ContainerDied");
         assert_eq!(value["sequence"], 7);
         assert_eq!(value["exit_code"], 137);
+        assert_eq!(value["confirmed_by"], "cri");
         assert_eq!(value["latency_ms"], 42);
         assert_eq!(value["sources"], serde_json::json!(["ebpf", "containerd"]));
         assert_eq!(value["observed_at"], "2027-01-15T08:00:00.000Z");

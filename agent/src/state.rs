@@ -240,6 +240,7 @@ mod tests {
             finished_at: Some(std::time::SystemTime::now()),
             exit_code: Some(137),
             reason: "Error".into(),
+            confirmed_by: crate::pleg::record::Layer::Cri,
         };
         let pod = PodRecord {
             uid: PodUid("u1".into()),

@@ -12,7 +12,7 @@ use crate::{
             Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType, TriggerSource,
         },
         health::HealthError,
-        record::{ContainerRecord, ContainerState, PodRecord},
+        record::{ContainerRecord, ContainerState, Layer, PodRecord},
     },
     sources::status::{SourceState, SourceStatus},
 };
@@ -49,6 +49,7 @@ pub fn event(event: &PodLifecycleEvent, cache: &PodCache, run_id: u64) -> pb::Ev
         run_id,
         exit_code: container.and_then(|c| c.exit_code),
         reason: container.map(|c| c.reason.clone()).unwrap_or_default(),
+        confirmed_by: container.map_or(pb::Layer::Unspecified, |c| layer(c.confirmed_by)) as i32,
     }
 }
 
@@ -80,6 +81,8 @@ fn observation(o: &Observation) -> pb::Observation {
         ObservationKind::Exec(path) => Kind::Exec(path.clone()),
         ObservationKind::Exited => Kind::Exited(true),
         ObservationKind::CgroupRemoved => Kind::CgroupRemoved(true),
+        ObservationKind::TaskStarted { .. } => Kind::TaskStarted(true),
+        ObservationKind::TaskExited { code, .. } => Kind::ExitCode(*code),
     };
     pb::Observation {
         source: source(o.source) as i32,
@@ -117,6 +120,14 @@ fn container(c: &ContainerRecord) -> pb::ContainerStatus {
         reason: c.reason.clone(),
         sandbox: c.sandbox,
         has_exit_code: c.exit_code.is_some(),
+        confirmed_by: layer(c.confirmed_by) as i32,
+    }
+}
+
+pub fn layer(l: Layer) -> pb::Layer {
+    match l {
+        Layer::Cri => pb::Layer::Cri,
+        Layer::Task => pb::Layer::Task,
     }
 }
 
@@ -214,6 +225,7 @@ mod tests {
                     finished_at: None,
                     exit_code: Some(137),
                     reason: "Error".into(),
+                    confirmed_by: Layer::Cri,
                 },
             )]
             .into(),

@@ -126,6 +126,7 @@ mod tests {
             finished_at: None,
             exit_code: None,
             reason: String::new(),
+            confirmed_by: crate::pleg::record::Layer::Cri,
         }
     }
 

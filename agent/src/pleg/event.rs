@@ -24,7 +24,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::pleg::record::{ContainerId, PodUid};
+use crate::pleg::record::{ContainerId, PodUid, TaskRecord};
 
 /// How often a full relist runs when nothing else asks for one (kubelet's `relistPeriod`).
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -113,6 +113,35 @@ pub enum ObservationKind {
     Exited,
     /// The container's cgroup was removed: its processes are gone and its task deleted.
     CgroupRemoved,
+    /// The runtime's task service started the container's init (containerd `/tasks/start`):
+    /// the runtime's own record, not a kernel hint.
+    TaskStarted { at: SystemTime },
+    /// The runtime's task service recorded the init's exit (containerd `/tasks/exit`).
+    TaskExited { code: i32, at: SystemTime },
+}
+
+impl ObservationKind {
+    /// The runtime's task record this observation is, if it is one (and not a kernel hint).
+    pub fn task_record(&self) -> Option<TaskRecord> {
+        match *self {
+            Self::TaskStarted { at } => Some(TaskRecord::Started { at: Some(at) }),
+            Self::TaskExited { code, at } => Some(TaskRecord::Exited { code, at }),
+            _ => None,
+        }
+    }
+
+    /// Whether it says the container's init is gone.
+    pub fn is_death(&self) -> bool {
+        matches!(
+            self,
+            Self::ExitCode(_)
+                | Self::Signal(_)
+                | Self::Exited
+                | Self::CgroupRemoved
+                | Self::OomKilled
+                | Self::TaskExited { .. }
+        )
+    }
 }
 
 /// A hint that part of the node may have changed: relist `scope` soon.

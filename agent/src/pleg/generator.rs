@@ -140,13 +140,17 @@ async fn run_batch<R: Runtime>(
         started.elapsed(),
         result.is_ok(),
     );
-    let retry = match result {
-        Ok(outcome) => outcome.not_reflected,
+    // Whether to read the scope again, and whether giving up would leave a hint unconfirmed.
+    let (retry, unconfirmed) = match result {
+        Ok(outcome) => (
+            outcome.not_reflected || outcome.awaiting_cri,
+            outcome.not_reflected,
+        ),
         Err(RelistError::List(error)) => {
             // A failed full relist is retried by the next period; health reports it if it
             // lasts. A failed targeted one is retried like an unreflected trigger.
             warn!(scope = ?batch.scope, %error, "relist failed");
-            batch.scope != Scope::All
+            (batch.scope != Scope::All, true)
         }
     };
     if retry {
@@ -154,6 +158,12 @@ async fn run_batch<R: Runtime>(
         match scheduler.retry(batch, Instant::now()) {
             Ok(()) => {}
             Err(RetryError::FullRelist) => {}
+            Err(RetryError::Exhausted { .. }) if !unconfirmed => {
+                debug!(
+                    ?scope,
+                    "the CRI store still lags the task layer; the next full relist reads it"
+                );
+            }
             Err(e @ RetryError::Exhausted { .. }) => {
                 // Never silent: a hint the runtime never confirmed is either a source's false
                 // alarm or a runtime that lags badly, and either is worth knowing.

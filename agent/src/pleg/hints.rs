@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::pleg::{
-    event::{Observation, ObservationKind, Scope, TriggerSource},
+    event::{Observation, Scope, TriggerSource},
     record::{ContainerId, ContainerState, PodRecords, PodUid},
 };
 
@@ -120,19 +120,13 @@ impl Hints {
             let state = state_of(id);
             match observation.kind {
                 // A source saw it die: the runtime must not still show it running.
-                ObservationKind::ExitCode(_)
-                | ObservationKind::Signal(_)
-                | ObservationKind::Exited
-                | ObservationKind::CgroupRemoved
-                | ObservationKind::OomKilled => state != Some(ContainerState::Running),
-                // The kernel saw its init exec: the runtime marks it running only once its
-                // start call returns, a few milliseconds later.
-                ObservationKind::Exec(_) => {
-                    matches!(
-                        state,
-                        Some(ContainerState::Running | ContainerState::Exited)
-                    )
-                }
+                ref kind if kind.is_death() => state != Some(ContainerState::Running),
+                // Its init started (the kernel saw it exec, or the task service started it):
+                // the CRI store marks it running only once the start call returns.
+                _ => matches!(
+                    state,
+                    Some(ContainerState::Running | ContainerState::Exited)
+                ),
             }
         })
     }
@@ -153,7 +147,10 @@ mod tests {
     use ObservationKind::{CgroupRemoved, Exec, ExitCode, OomKilled, Signal};
 
     use super::*;
-    use crate::{pleg::record::PodRecord, runtime::testing::container};
+    use crate::{
+        pleg::{event::ObservationKind, record::PodRecord},
+        runtime::testing::container,
+    };
 
     fn listed(containers: &[(&str, ContainerState)]) -> PodRecords {
         let pod = PodRecord {

@@ -1,6 +1,7 @@
 //! The PLEG core: pure logic, no I/O.
 
 pub mod cache;
+pub mod confirm;
 pub mod diff;
 pub mod event;
 pub mod generator;

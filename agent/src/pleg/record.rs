@@ -40,6 +40,37 @@ pub enum ContainerState {
     Unknown,
 }
 
+/// Which of the runtime's records a container's state was confirmed by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Layer {
+    /// The runtime's container store, as CRI (or containerd's container API) shows it.
+    #[default]
+    Cri,
+    /// The runtime's task service (containerd's shim record of the container's init): it
+    /// knows of a start or an exit some 30 ms before the CRI store does, which is updated
+    /// only after the runtime's cleanup.
+    Task,
+}
+
+impl Layer {
+    /// The lowercase name, as in the API, the config and the output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cri => "cri",
+            Self::Task => "task",
+        }
+    }
+}
+
+/// What the runtime's task service recorded about a container's init process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskRecord {
+    /// The init process was started (at `at`, where the record says when).
+    Started { at: Option<SystemTime> },
+    /// The init process exited with `code` at `at`.
+    Exited { code: i32, at: SystemTime },
+}
+
 /// One container or sandbox of a pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerRecord {
@@ -58,6 +89,9 @@ pub struct ContainerRecord {
     pub exit_code: Option<i32>,
     /// Runtime's reason for the state, e.g. "Error", "OOMKilled", "Completed".
     pub reason: String,
+    /// The record the state comes from; [`Layer::Task`] until the CRI store catches up.
+    #[serde(default)]
+    pub confirmed_by: Layer,
 }
 
 /// One pod as listed by the runtime.

@@ -8,7 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use futures::{StreamExt as _, stream};
@@ -18,12 +18,13 @@ use tracing::{debug, warn};
 use crate::{
     pleg::{
         cache::PodCache,
+        confirm::{self, TaskRecords},
         diff::{ContainerEvent, diff_pods},
         event::{PodLifecycleEvent, PodLifecycleEventType, Scope},
         health::Health,
         hints::Hints,
         provenance::{PodReadings, pod_events},
-        record::{ContainerId, ContainerState, PodRecord, PodRecords, PodUid},
+        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid},
         sink::EventSink,
     },
     runtime::{Runtime, RuntimeError},
@@ -32,6 +33,11 @@ use crate::{
 /// Default number of pod inspections in flight at once.
 pub const DEFAULT_INSPECT_CONCURRENCY: usize = 8;
 
+/// How long a relist waits for one task status before leaving the change to the CRI store:
+/// the shim holds the task's lock through its cleanup after an exit (`runc kill`, `runc
+/// delete`), and a status call issued then waits for all of it.
+pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(25);
+
 /// Relist settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RelistConfig {
@@ -39,6 +45,8 @@ pub struct RelistConfig {
     pub inspect_concurrency: usize,
     /// Send `ContainerChanged` events; kubelet computes but never sends them.
     pub emit_changed: bool,
+    /// The runtime record that confirms a start or an exit (see [`crate::pleg::confirm`]).
+    pub confirm: Layer,
 }
 
 impl Default for RelistConfig {
@@ -46,6 +54,7 @@ impl Default for RelistConfig {
         Self {
             inspect_concurrency: DEFAULT_INSPECT_CONCURRENCY,
             emit_changed: false,
+            confirm: Layer::Task,
         }
     }
 }
@@ -66,6 +75,9 @@ pub struct RelistOutcome {
     /// A targeted relist did not find what its trigger saw (the container does not exist yet,
     /// or still runs though a source saw it die): retry with backoff.
     pub not_reflected: bool,
+    /// A targeted relist left a state only the task layer confirmed: read the pod again soon
+    /// (no event), so the cache takes the CRI store's status and reason once it catches up.
+    pub awaiting_cri: bool,
 }
 
 /// Owns the last reading of the runtime and turns each new reading into events.
@@ -161,6 +173,11 @@ impl<R: Runtime> Relister<R> {
             .filter(|pod| in_scope(scope, pod))
             .map(|pod| (pod.uid.clone(), pod))
             .collect();
+        // The runtime's task records over its CRI store's reading (no-op at the CRI layer).
+        let tasks = self.task_records(hints, &listed).await;
+        for pod in listed.values_mut() {
+            confirm::apply(pod, &tasks, self.records.get(&pod.uid));
+        }
 
         // 2. Diff, only over the pods this reading vouches for.
         let considered = considered_pods(scope, &self.records, &self.to_reinspect, &listed);
@@ -169,10 +186,22 @@ impl<R: Runtime> Relister<R> {
             changes.entry(change.pod.clone()).or_default().push(change);
         }
 
-        // 3. Inspect changed pods, and those whose inspection failed last time.
+        // 3. Inspect changed pods, those whose inspection failed last time, and those whose
+        //    CRI store caught up with what the task layer confirmed (for the cache only).
         let mut to_inspect: BTreeSet<PodUid> = changes.keys().cloned().collect();
         to_inspect.extend(self.to_reinspect.intersection(&considered).cloned());
+        to_inspect.extend(
+            considered
+                .iter()
+                .filter(|uid| confirm::caught_up(self.records.get(*uid), listed.get(*uid)))
+                .cloned(),
+        );
         let mut inspections = self.inspect(&to_inspect, &listed).await;
+        for (uid, inspection) in &mut inspections {
+            if let Inspection::Found { record, .. } = inspection {
+                confirm::apply(record, &tasks, self.records.get(uid));
+            }
+        }
 
         let mut outcome = RelistOutcome {
             not_reflected: !full && !hints.reflected_in(scope, &listed),
@@ -227,6 +256,15 @@ impl<R: Runtime> Relister<R> {
             self.commit(uid, listed.remove(uid));
         }
 
+        outcome.awaiting_cri = !full
+            && considered.iter().any(|uid| {
+                self.records.get(uid).is_some_and(|pod| {
+                    pod.containers
+                        .values()
+                        .any(|c| c.confirmed_by == Layer::Task)
+                })
+            });
+
         // 7. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
         //    released by it find every entry above already written.
         if full {
@@ -235,6 +273,27 @@ impl<R: Runtime> Relister<R> {
         }
         debug!(?scope, pods = considered.len(), ?outcome, "relisted");
         Ok(outcome)
+    }
+
+    /// The task records behind this relist: those the runtime's own events carried, and,
+    /// where a kernel hint is ahead of the CRI store, the task status read from the runtime
+    /// within [`TASK_STATUS_DEADLINE`]. None when confirming at the CRI layer.
+    async fn task_records(&self, hints: &Hints, listed: &PodRecords) -> TaskRecords {
+        if self.config.confirm != Layer::Task {
+            return TaskRecords::new();
+        }
+        let mut tasks = confirm::from_hints(hints);
+        for id in confirm::to_read(listed, hints, &tasks) {
+            match tokio::time::timeout(TASK_STATUS_DEADLINE, self.runtime.task_record(&id)).await {
+                Ok(Ok(Some(record))) => {
+                    tasks.insert(id, record);
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(error)) => debug!(container = %id, %error, "task status unavailable"),
+                Err(_) => debug!(container = %id, "task status busy; the CRI store will tell"),
+            }
+        }
+        tasks
     }
 
     /// Inspects `pods` with bounded concurrency. Pods missing from `listed` are gone: kubelet
@@ -362,7 +421,6 @@ fn considered_pods(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use ContainerState::{Created, Exited, Running};
     use PodLifecycleEventType::*;
@@ -376,6 +434,8 @@ mod tests {
                 DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, Trigger, TriggerSource,
             },
             health::HealthError,
+            hints::{Hint, Target},
+            record::{ContainerRecord, TaskRecord},
             scheduler::{RelistScheduler, SchedulerConfig},
         },
         runtime::testing::{FakeRuntime, container},
@@ -914,5 +974,168 @@ mod tests {
             "relist of {PODS} pods: first {first:?} (all new), {} died {second:?}, idle {idle:?}",
             PODS / 10
         );
+    }
+
+    /// Hints of one pod-wide trigger, each observation about its container.
+    fn pod_hints(pod: &str, observations: &[(&str, TriggerSource, ObservationKind)]) -> Hints {
+        let mut hints = Hints::default();
+        hints.insert(
+            Target::Pod(uid(pod)),
+            Hint {
+                sources: observations.iter().map(|(_, s, _)| *s).collect(),
+                observed_at: SystemTime::UNIX_EPOCH,
+                observations: observations
+                    .iter()
+                    .map(|(id, source, kind)| {
+                        let observation = Observation {
+                            source: *source,
+                            kind: kind.clone(),
+                        };
+                        (cid(id), observation)
+                    })
+                    .collect(),
+            },
+        );
+        hints
+    }
+
+    fn cached(h: &Harness, pod: &str, id: &str) -> ContainerRecord {
+        h.cache
+            .get(&uid(pod))
+            .record
+            .expect("cached pod")
+            .containers[&cid(id)]
+            .clone()
+    }
+
+    /// containerd's `/tasks/exit` confirms the death while its CRI store still shows the
+    /// container running: one ContainerDied, with the task's code and time in the cache; none
+    /// when CRI catches up, whose reason then reaches the cache.
+    #[tokio::test]
+    async fn the_task_services_exit_confirms_a_death_before_the_cri_store_shows_it() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+
+        let exited_at = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
+        let exit = ObservationKind::TaskExited {
+            code: 137,
+            at: exited_at,
+        };
+        let hints = pod_hints("p", &[("c", TriggerSource::Containerd, exit)]);
+        let scope = Scope::Pod(uid("p"));
+        let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
+        assert!(!outcome.not_reflected);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
+        let c = cached(&h, "p", "c");
+        assert_eq!(
+            (c.state, c.exit_code, c.finished_at, c.confirmed_by),
+            (Exited, Some(137), Some(exited_at), Layer::Task)
+        );
+        assert!(
+            h.runtime.task_calls().is_empty(),
+            "the event was the record"
+        );
+
+        // CRI still lags: the confirmed death stands, no event.
+        relist_all(&mut h).await;
+        assert!(drain(&mut h.events).is_empty());
+        assert_eq!(cached(&h, "p", "c").confirmed_by, Layer::Task);
+
+        // CRI catches up: no second event, its reason reaches the cache.
+        h.runtime.set_state("p", "c", Exited, Some(137));
+        let mut record = cached(&h, "p", "c");
+        record.reason = "OOMKilled".into();
+        record.confirmed_by = Layer::Cri;
+        record.finished_at = None;
+        h.runtime.set_container("p", record);
+        relist_all(&mut h).await;
+        assert!(drain(&mut h.events).is_empty());
+        let c = cached(&h, "p", "c");
+        assert_eq!(
+            (c.reason.as_str(), c.confirmed_by),
+            ("OOMKilled", Layer::Cri)
+        );
+    }
+
+    /// A kernel hint is not a confirmation: the relist reads the task's status, and only a
+    /// stopped task confirms the death.
+    #[tokio::test]
+    async fn a_kernel_death_is_confirmed_by_the_task_status_never_alone() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        let hints = pod_hints(
+            "p",
+            &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
+        );
+        let scope = Scope::Pod(uid("p"));
+
+        h.runtime
+            .set_task("c", Some(TaskRecord::Started { at: None }));
+        let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
+        assert!(outcome.not_reflected, "the task still runs");
+        assert!(drain(&mut h.events).is_empty());
+
+        let exited_at = SystemTime::UNIX_EPOCH + Duration::from_secs(9);
+        h.runtime.set_task(
+            "c",
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: exited_at,
+            }),
+        );
+        let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
+        assert!(!outcome.not_reflected);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
+        assert_eq!(cached(&h, "p", "c").confirmed_by, Layer::Task);
+        assert_eq!(h.runtime.task_calls(), [cid("c"), cid("c")]);
+    }
+
+    /// With confirmation at the CRI layer, neither the runtime's events nor the task status
+    /// make an event before CRI shows the change.
+    #[tokio::test]
+    async fn confirming_at_the_cri_layer_waits_for_the_cri_store() {
+        let mut h = harness(RelistConfig {
+            confirm: Layer::Cri,
+            ..RelistConfig::default()
+        });
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        let exit = ObservationKind::TaskExited {
+            code: 137,
+            at: SystemTime::UNIX_EPOCH,
+        };
+        let hints = pod_hints(
+            "p",
+            &[
+                ("c", TriggerSource::Containerd, exit),
+                ("c", TriggerSource::Ebpf, ObservationKind::Signal(9)),
+            ],
+        );
+        h.runtime.set_task(
+            "c",
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: SystemTime::UNIX_EPOCH,
+            }),
+        );
+        let outcome = h
+            .relister
+            .relist(&Scope::Pod(uid("p")), &hints)
+            .await
+            .expect("relist");
+        assert!(outcome.not_reflected);
+        assert!(drain(&mut h.events).is_empty());
+        assert!(h.runtime.task_calls().is_empty());
     }
 }

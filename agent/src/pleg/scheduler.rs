@@ -29,17 +29,17 @@ use crate::{
     },
 };
 
-/// Default delay between the first retries, while the runtime usually catches up (containerd's
-/// CRI plugin reflects an exit some 50-150 ms after the kernel saw it).
-pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(20);
+/// Default delay between the first retries, while the runtime usually catches up: containerd's
+/// task service records an exit some 5 ms after the kernel saw it, its CRI store some 40 ms.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
 
 /// Retries at the base delay before backing off.
 pub const STEADY_RETRIES: u32 = 10;
 
 /// Default number of retries of one targeted relist: [`STEADY_RETRIES`] at the base delay,
-/// then doubling up to [`MAX_RETRY_DELAY`], about 4.5 s in all. A runtime catching up after
+/// then doubling up to [`MAX_RETRY_DELAY`], about 4.3 s in all. A runtime catching up after
 /// its own restart can lag a trigger by seconds; past that, the next full relist catches up.
-pub const DEFAULT_MAX_RETRIES: u32 = 16;
+pub const DEFAULT_MAX_RETRIES: u32 = 20;
 
 /// Longest wait between two retries.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -460,8 +460,10 @@ mod tests {
         );
         let mut now = t0;
         let mut batch = scheduler.next_due(now).expect("first run");
-        // 20 ms ten times, then doubling, capped at MAX_RETRY_DELAY.
-        let delays = [20; 10].into_iter().chain([40, 80, 160, 320, 640, 1000]);
+        // 5 ms ten times, then doubling, capped at MAX_RETRY_DELAY.
+        let delays = [5; 10]
+            .into_iter()
+            .chain([10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
         for (attempt, delay_ms) in delays.enumerate() {
             assert_eq!(batch.attempt, attempt as u32);
             scheduler.retry(batch, now).expect("retry allowed");

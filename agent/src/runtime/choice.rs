@@ -11,10 +11,10 @@ use std::{
 };
 
 use crate::{
-    pleg::record::{PodRecord, PodUid},
+    pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord},
     runtime::{
-        DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion, Scope,
-        containerd::{CRI_NAMESPACE, ConnectError, ContainerdRuntime},
+        CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion, Scope,
+        containerd::{ConnectError, ContainerdRuntime},
         cri::CriRuntime,
     },
 };
@@ -186,6 +186,16 @@ impl Runtime for AnyRuntime {
         match self {
             Self::Cri(runtime) => runtime.inspect_pod(pod).await,
             Self::Containerd(runtime) => runtime.inspect_pod(pod).await,
+        }
+    }
+
+    async fn task_record(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.task_record(container).await,
+            Self::Containerd(runtime) => runtime.task_record(container).await,
         }
     }
 }

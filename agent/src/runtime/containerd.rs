@@ -15,24 +15,22 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
-    str::FromStr,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
 use containerd_client::{
     services::v1::{
-        Container, GetRequest, ListContainersRequest, ListTasksRequest,
-        containers_client::ContainersClient, tasks_client::TasksClient,
-        version_client::VersionClient,
+        Container, ListContainersRequest, ListTasksRequest, containers_client::ContainersClient,
+        tasks_client::TasksClient, version_client::VersionClient,
     },
     types::v1::{Process, Status},
 };
 use futures::future::{try_join, try_join_all};
-use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
+use tonic::transport::Channel;
 
 use crate::{
-    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    pleg::record::{ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid},
     runtime::{
         Runtime, RuntimeError, RuntimeVersion, Scope,
         cri::{CriRuntime, apply_status, container_state},
@@ -41,29 +39,10 @@ use crate::{
             POD_NAMESPACE_LABEL, POD_UID_LABEL, SANDBOX_NAME_ANNOTATION,
             SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION,
         },
-        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
+        tasks::{InvalidNamespace, Namespace, get_process, time_from_timestamp},
+        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name},
     },
 };
-
-/// The namespace containerd's CRI plugin keeps Kubernetes containers in.
-pub const CRI_NAMESPACE: &str = "k8s.io";
-/// containerd's identifier limit (namespaces, container ids).
-const MAX_NAMESPACE_LEN: usize = 76;
-
-/// A containerd namespace name, checked once (containerd's identifier rules) so every request
-/// can carry it as the `containerd-namespace` header.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Namespace {
-    name: String,
-    header: AsciiMetadataValue,
-}
-
-/// A namespace containerd would reject.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "invalid containerd namespace {0:?}: expected letters and digits separated by single '.', '_' or '-', at most 76 characters"
-)]
-pub struct InvalidNamespace(String);
 
 /// Why a backend could not be set up. Defined with the containerd backend, the only one that
 /// can fail before dialling (on a namespace name).
@@ -73,47 +52,6 @@ pub enum ConnectError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Namespace(#[from] InvalidNamespace),
-}
-
-impl Namespace {
-    /// `k8s.io`, where containerd's CRI plugin keeps Kubernetes containers.
-    pub(crate) fn cri() -> Self {
-        Self {
-            name: CRI_NAMESPACE.to_owned(),
-            header: AsciiMetadataValue::from_static(CRI_NAMESPACE),
-        }
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        &self.name
-    }
-
-    fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request
-            .metadata_mut()
-            .insert("containerd-namespace", self.header.clone());
-        request
-    }
-}
-
-impl FromStr for Namespace {
-    type Err = InvalidNamespace;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let separator = |c: char| matches!(c, '.' | '_' | '-');
-        let valid = !s.is_empty()
-            && s.len() <= MAX_NAMESPACE_LEN
-            && s.split(separator)
-                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()));
-        let header = s.parse().ok().filter(|_| valid);
-        header
-            .map(|header| Self {
-                name: s.to_owned(),
-                header,
-            })
-            .ok_or_else(|| InvalidNamespace(s.to_owned()))
-    }
 }
 
 /// containerd's own API over a unix socket, for a set of namespaces.
@@ -237,13 +175,14 @@ impl ContainerdRuntime {
 
     /// Tasks.Get; `None` when the container has no task.
     async fn task(&self, namespace: &Namespace, id: &str) -> Result<Option<Process>, RuntimeError> {
-        let mut client = TasksClient::new(self.channel.clone());
-        let request = client.get(namespace.request(GetRequest {
-            container_id: id.to_owned(),
-            exec_id: String::new(),
-        }));
-        let response = found(call(&self.endpoint, "Tasks.Get", self.call_timeout, request).await)?;
-        Ok(response.and_then(|r| r.process))
+        get_process(
+            &self.endpoint,
+            &self.channel,
+            namespace,
+            self.call_timeout,
+            id,
+        )
+        .await
     }
 
     /// Every container of one namespace, with its task.
@@ -548,14 +487,6 @@ fn exit_reason(exit_code: i32) -> &'static str {
     if exit_code == 0 { "Completed" } else { "Error" }
 }
 
-/// A protobuf timestamp; containerd sends Go's zero time for "never", which lies before the
-/// epoch.
-fn time_from_timestamp(timestamp: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
-    SystemTime::try_from(*timestamp?)
-        .ok()
-        .filter(|&t| t > SystemTime::UNIX_EPOCH)
-}
-
 fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entry {
     let identity = identity(namespace, container);
     let state = task_state(task);
@@ -578,6 +509,8 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entr
         finished_at: exited.and_then(|t| time_from_timestamp(t.exited_at.as_ref())),
         exit_code,
         reason: exit_code.map(exit_reason).unwrap_or_default().to_owned(),
+        // Read from the task service itself (CRI's store only where the task is gone).
+        confirmed_by: Layer::Task,
     };
     Entry {
         namespace: namespace.to_owned(),
@@ -867,17 +800,6 @@ mod tests {
         let pods = assemble(entries);
         assert_eq!(pods.len(), 2);
         assert_eq!(pods[0].containers.len(), 2);
-    }
-
-    #[test]
-    fn namespaces_follow_containerd_identifier_rules() {
-        for good in ["k8s.io", "plegd-native", "a", "moby_1"] {
-            assert_eq!(good.parse::<Namespace>().unwrap().as_str(), good);
-        }
-        for bad in ["", "-a", "a..b", "a/b", "é", "a b", &"x".repeat(77)] {
-            assert!(bad.parse::<Namespace>().is_err(), "{bad:?}");
-        }
-        assert_eq!(Namespace::cri().as_str(), "k8s.io");
     }
 
     #[test]

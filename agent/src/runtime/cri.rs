@@ -20,10 +20,13 @@ use k8s_cri::v1::{
 use tonic::transport::Channel;
 
 use crate::{
-    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    pleg::record::{
+        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+    },
     runtime::{
         Runtime, RuntimeError, RuntimeVersion, Scope,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
+        tasks::{Namespace, TaskService},
         transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
     },
 };
@@ -34,6 +37,9 @@ pub struct CriRuntime {
     endpoint: String,
     client: RuntimeServiceClient<Channel>,
     call_timeout: Duration,
+    /// containerd's task service on the same socket, in the CRI plugin's namespace (absent on
+    /// other runtimes: it says so once and is not asked again).
+    tasks: TaskService,
 }
 
 impl CriRuntime {
@@ -50,6 +56,12 @@ impl CriRuntime {
     /// A client on an existing channel (the containerd backend shares its own).
     pub(crate) fn from_channel(endpoint: String, channel: Channel, call_timeout: Duration) -> Self {
         Self {
+            tasks: TaskService::new(
+                endpoint.clone(),
+                channel.clone(),
+                Namespace::cri(),
+                call_timeout,
+            ),
             endpoint,
             client: RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE),
             call_timeout,
@@ -231,6 +243,13 @@ impl Runtime for CriRuntime {
         }
     }
 
+    async fn task_record(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        self.tasks.record(container).await
+    }
+
     async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
         let Some(mut pod) = self
             .list_pod(uid)
@@ -305,6 +324,7 @@ pub(crate) fn apply_status(record: &mut ContainerRecord, status: &cri::Container
     // CRI reports 0 for containers that have not exited: only an exited one has an exit code.
     record.exit_code = (record.state == ContainerState::Exited).then_some(status.exit_code);
     record.reason.clone_from(&status.reason);
+    record.confirmed_by = Layer::Cri;
     if let Some(image) = status.image.as_ref().filter(|i| !i.image.is_empty()) {
         record.image.clone_from(&image.image);
     }
@@ -364,6 +384,7 @@ fn sandbox_record(sandbox: &cri::PodSandbox) -> ContainerRecord {
         finished_at: None,
         exit_code: None,
         reason: String::new(),
+        confirmed_by: Layer::Cri,
     }
 }
 
@@ -385,6 +406,7 @@ fn container_record(container: &cri::Container) -> ContainerRecord {
         finished_at: None,
         exit_code: None,
         reason: String::new(),
+        confirmed_by: Layer::Cri,
     }
 }
 

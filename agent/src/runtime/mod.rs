@@ -5,7 +5,8 @@
 //! the call.
 //!
 //! Files import one way, lowest first: this file (the trait, its errors and types) and
-//! `labels`; `transport` (gRPC over a unix socket, deadlines); the backends `cri` and
+//! `labels`; `transport` (gRPC over a unix socket, deadlines); `tasks` (containerd's task
+//! service and namespaces); the backends `cri` and
 //! `containerd` (which asks CRI on the same socket for what containerd forgets); `choice`
 //! (which backend, at which endpoint). `testing` holds the fake.
 
@@ -13,14 +14,16 @@ pub mod choice;
 pub mod containerd;
 pub mod cri;
 pub mod labels;
+pub(crate) mod tasks;
 pub mod testing;
 pub(crate) mod transport;
 
 use std::{fmt, future::Future, time::Duration};
 
 pub use choice::{AnyRuntime, EndpointError, RuntimeKind, RuntimeOptions, UnknownRuntimeKind};
-pub use containerd::{ConnectError, ContainerdRuntime, InvalidNamespace};
+pub use containerd::{ConnectError, ContainerdRuntime};
 pub use cri::CriRuntime;
+pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
 
 /// The paths of the former `endpoint` file (discovery and transport helpers mixed), kept for
 /// callers outside `runtime` (`cli`, `check`, `daemon`); new code names `choice` or `transport`.
@@ -31,7 +34,7 @@ pub mod endpoint {
 
 // Scope is the relist's notion; re-exported because every backend answers in its terms.
 pub use crate::pleg::event::Scope;
-use crate::pleg::record::{PodRecord, PodUid};
+use crate::pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord};
 
 /// Default deadline of one runtime call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,4 +95,15 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         pod: &PodUid,
     ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
+
+    /// What the runtime's task service (containerd's) recorded of `container`'s init, ahead of
+    /// its CRI store. `None` where the runtime keeps no such record apart (CRI-O), or where
+    /// the backend's own records already are the task service's.
+    fn task_record(
+        &self,
+        container: &ContainerId,
+    ) -> impl Future<Output = Result<Option<TaskRecord>, RuntimeError>> + Send {
+        let _ = container;
+        async { Ok(None) }
+    }
 }

@@ -8,7 +8,9 @@ use std::{
 };
 
 use crate::{
-    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+    pleg::record::{
+        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+    },
     runtime::{Runtime, RuntimeError, Scope},
 };
 
@@ -35,6 +37,9 @@ struct State {
     failing_lists: bool,
     delay: Option<Duration>,
     hang: bool,
+    /// The task service's records, ahead of the pods' (CRI) records.
+    tasks: BTreeMap<ContainerId, TaskRecord>,
+    task_calls: Vec<ContainerId>,
 }
 
 /// A container record with the given state; exited containers get exit code 0.
@@ -51,6 +56,7 @@ pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord
         finished_at: None,
         exit_code: (state == ContainerState::Exited).then_some(0),
         reason: String::new(),
+        confirmed_by: Layer::Cri,
     }
 }
 
@@ -109,6 +115,21 @@ impl FakeRuntime {
         } else {
             state.failing_inspections.remove(&uid);
         }
+    }
+
+    /// What the task service says of a container from now on (`None`: it has no record).
+    pub fn set_task(&self, id: &str, record: Option<TaskRecord>) {
+        let id = ContainerId(id.to_owned());
+        let mut state = self.lock();
+        match record {
+            Some(record) => state.tasks.insert(id, record),
+            None => state.tasks.remove(&id),
+        };
+    }
+
+    /// Containers of every `task_record` call so far.
+    pub fn task_calls(&self) -> Vec<ContainerId> {
+        self.lock().task_calls.clone()
     }
 
     /// Makes `list_pods` fail (or succeed again).
@@ -221,5 +242,14 @@ impl Runtime for FakeRuntime {
             return Ok(Some(stale));
         }
         Ok(state.pods.get(uid).cloned())
+    }
+
+    async fn task_record(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        self.lock().task_calls.push(container.clone());
+        self.wait().await;
+        Ok(self.lock().tasks.get(container).copied())
     }
 }

@@ -140,7 +140,10 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
             if let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok()) {
                 observed_at = at;
             }
-            observations.push(ObservationKind::ExitCode(exit.exit_status as i32));
+            observations.push(ObservationKind::TaskExited {
+                code: exit.exit_status as i32,
+                at: observed_at,
+            });
             exit.container_id
         }
         "/tasks/oom" => {
@@ -160,6 +163,8 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
                 .container_id
         }
         "/tasks/start" => {
+            // Only a container's init is started as a task; execs publish /tasks/exec-started.
+            observations.push(ObservationKind::TaskStarted { at: observed_at });
             TaskStart::decode(payload)
                 .map_err(decode_error)?
                 .container_id
@@ -254,7 +259,32 @@ mod tests {
             trigger.observations,
             [Observation {
                 source: TriggerSource::Containerd,
-                kind: ObservationKind::ExitCode(137)
+                kind: ObservationKind::TaskExited {
+                    code: 137,
+                    at: at(999)
+                }
+            }]
+        );
+    }
+
+    #[test]
+    fn a_start_is_the_task_services_record_of_it() {
+        let start = TaskStart {
+            container_id: "c1".into(),
+            pid: 42,
+        };
+        let mut envelope = envelope("/tasks/start", "containerd.events.TaskStart", &start);
+        envelope.timestamp = Some(Timestamp {
+            seconds: 5,
+            nanos: 0,
+        });
+        let trigger = trigger_of(&envelope, at(2_000)).unwrap().unwrap();
+        assert_eq!(trigger.observed_at, at(5));
+        assert_eq!(
+            trigger.observations,
+            [Observation {
+                source: TriggerSource::Containerd,
+                kind: ObservationKind::TaskStarted { at: at(5) }
             }]
         );
     }
@@ -295,14 +325,6 @@ mod tests {
                 TaskCreate {
                     container_id: "c".into(),
                     ..TaskCreate::default()
-                }
-                .encode_to_vec(),
-            ),
-            (
-                "/tasks/start",
-                TaskStart {
-                    container_id: "c".into(),
-                    pid: 1,
                 }
                 .encode_to_vec(),
             ),

@@ -1,0 +1,238 @@
+//! containerd's task service: the shim's record of each container's init process, which knows
+//! of a start or an exit some 30 ms before containerd's CRI store does. The containerd backend
+//! reads its containers' state here; the CRI backend asks it about one container when a kernel
+//! hint is ahead of the CRI store (see `crate::pleg::confirm`). Also containerd's namespaces,
+//! which every call to it names.
+
+use std::{
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use containerd_client::{
+    services::v1::{GetRequest, tasks_client::TasksClient},
+    types::v1::{Process, Status},
+};
+use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
+use tracing::info;
+
+use crate::{
+    pleg::record::{ContainerId, TaskRecord},
+    runtime::{
+        RuntimeError,
+        transport::{call, found},
+    },
+};
+
+/// The namespace containerd's CRI plugin keeps Kubernetes containers in.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+/// containerd's identifier limit (namespaces, container ids).
+const MAX_NAMESPACE_LEN: usize = 76;
+
+/// A containerd namespace name, checked once (containerd's identifier rules) so every request
+/// can carry it as the `containerd-namespace` header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Namespace {
+    name: String,
+    header: AsciiMetadataValue,
+}
+
+/// A namespace containerd would reject.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid containerd namespace {0:?}: expected letters and digits separated by single '.', '_' or '-', at most 76 characters"
+)]
+pub struct InvalidNamespace(String);
+
+impl Namespace {
+    /// `k8s.io`, where containerd's CRI plugin keeps Kubernetes containers.
+    pub(crate) fn cri() -> Self {
+        Self {
+            name: CRI_NAMESPACE.to_owned(),
+            header: AsciiMetadataValue::from_static(CRI_NAMESPACE),
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert("containerd-namespace", self.header.clone());
+        request
+    }
+}
+
+impl FromStr for Namespace {
+    type Err = InvalidNamespace;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let separator = |c: char| matches!(c, '.' | '_' | '-');
+        let valid = !s.is_empty()
+            && s.len() <= MAX_NAMESPACE_LEN
+            && s.split(separator)
+                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()));
+        let header = s.parse().ok().filter(|_| valid);
+        header
+            .map(|header| Self {
+                name: s.to_owned(),
+                header,
+            })
+            .ok_or_else(|| InvalidNamespace(s.to_owned()))
+    }
+}
+
+/// containerd's task service on an existing channel, in one namespace.
+#[derive(Clone, Debug)]
+pub(crate) struct TaskService {
+    endpoint: String,
+    channel: Channel,
+    namespace: Namespace,
+    call_timeout: Duration,
+    /// Set once the socket says it has no task service (a runtime other than containerd).
+    absent: Arc<AtomicBool>,
+}
+
+impl TaskService {
+    pub(crate) fn new(
+        endpoint: String,
+        channel: Channel,
+        namespace: Namespace,
+        call_timeout: Duration,
+    ) -> Self {
+        Self {
+            endpoint,
+            channel,
+            namespace,
+            call_timeout,
+            absent: Arc::default(),
+        }
+    }
+
+    /// What the task service recorded of `container`'s init: started (running, paused) or
+    /// exited with its status and time. `None` when it has no task, or when the socket has no
+    /// task service at all (then it is not asked again).
+    pub(crate) async fn record(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        if self.absent.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let process = get_process(
+            &self.endpoint,
+            &self.channel,
+            &self.namespace,
+            self.call_timeout,
+            &container.0,
+        );
+        match process.await {
+            Ok(process) => Ok(process.as_ref().and_then(task_record)),
+            Err(RuntimeError::Call { status, .. })
+                if status.code() == tonic::Code::Unimplemented =>
+            {
+                info!(
+                    endpoint = %self.endpoint,
+                    "the runtime has no task service: starts and exits are confirmed by CRI"
+                );
+                self.absent.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Tasks.Get of a container's init in `namespace`; `None` when it has no task.
+pub(crate) async fn get_process(
+    endpoint: &str,
+    channel: &Channel,
+    namespace: &Namespace,
+    call_timeout: Duration,
+    id: &str,
+) -> Result<Option<Process>, RuntimeError> {
+    let mut client = TasksClient::new(channel.clone());
+    let request = client.get(namespace.request(GetRequest {
+        container_id: id.to_owned(),
+        exec_id: String::new(),
+    }));
+    let response = found(call(endpoint, "Tasks.Get", call_timeout, request).await)?;
+    Ok(response.and_then(|r| r.process))
+}
+
+/// A task's process as a task record; `None` while it is created, or in an unknown state.
+pub(crate) fn task_record(process: &Process) -> Option<TaskRecord> {
+    match Status::try_from(process.status) {
+        Ok(Status::Running | Status::Paused | Status::Pausing) => {
+            Some(TaskRecord::Started { at: None })
+        }
+        Ok(Status::Stopped) => Some(TaskRecord::Exited {
+            code: i32::try_from(process.exit_status).unwrap_or(i32::MAX),
+            at: time_from_timestamp(process.exited_at.as_ref()).unwrap_or_else(SystemTime::now),
+        }),
+        Ok(Status::Created | Status::Unknown) | Err(_) => None,
+    }
+}
+
+/// A protobuf timestamp; containerd sends Go's zero time for "never", which lies before the
+/// epoch.
+pub(crate) fn time_from_timestamp(
+    timestamp: Option<&prost_types::Timestamp>,
+) -> Option<SystemTime> {
+    SystemTime::try_from(*timestamp?)
+        .ok()
+        .filter(|&t| t > SystemTime::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_follow_containerd_identifier_rules() {
+        for good in ["k8s.io", "plegd-native", "a", "moby_1"] {
+            assert_eq!(good.parse::<Namespace>().unwrap().as_str(), good);
+        }
+        for bad in ["", "-a", "a..b", "a/b", "é", "a b", &"x".repeat(77)] {
+            assert!(bad.parse::<Namespace>().is_err(), "{bad:?}");
+        }
+        assert_eq!(Namespace::cri().as_str(), "k8s.io");
+    }
+
+    #[test]
+    fn a_tasks_process_is_a_start_or_an_exit_record() {
+        let exited_at = prost_types::Timestamp {
+            seconds: 7,
+            nanos: 0,
+        };
+        let process = |status: Status, exit_status: u32| Process {
+            status: status as i32,
+            exit_status,
+            exited_at: Some(exited_at),
+            ..Process::default()
+        };
+        assert_eq!(
+            task_record(&process(Status::Stopped, 137)),
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: SystemTime::UNIX_EPOCH + Duration::from_secs(7)
+            })
+        );
+        assert_eq!(
+            task_record(&process(Status::Running, 0)),
+            Some(TaskRecord::Started { at: None })
+        );
+        assert_eq!(
+            task_record(&process(Status::Paused, 0)),
+            Some(TaskRecord::Started { at: None })
+        );
+        assert_eq!(task_record(&process(Status::Created, 0)), None);
+    }
+}
