@@ -20,11 +20,11 @@ use k8s_cri::v1::{
     runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
 use plegd::{
-    config::SourceName,
+    config::{Confirm, SourceName},
     pleg::{
         event::{Trigger, TriggerSource},
         generator::{TriggerReceiver, trigger_channel},
-        record::ContainerId,
+        record::{ContainerId, Layer, PodUid},
     },
     runtime::Scope,
     sources::{
@@ -57,22 +57,19 @@ async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
     plegd
 }
 
-/// The events a container whose init died around a containerd restart must have had, from
-/// what containerd recorded once it no longer shows it running: exited is a death; unknown
-/// (its exit lost in the restart, seen here about one run in five) is, in kubelet's PLEG as in
-/// plegd's, a `ContainerChanged`, which neither sends by default.
-async fn recorded_after_restart(cri: &Cri, id: &str) -> &'static [&'static str] {
+/// Whether containerd's CRI store recorded the exit of a container whose init died around
+/// its restart, once it no longer shows it running. If not (unknown: its exit lost in the
+/// restart, seen here about one run in five), kubelet's PLEG, as plegd's at the CRI layer,
+/// turns it into a `ContainerChanged`, which neither sends by default; plegd may still have
+/// confirmed the death at the task record before the restart.
+async fn exit_recorded_after_restart(cri: &Cri, id: &str) -> bool {
     let state = wait::until("the runtime to record the exit", DEADLINE, || async {
         let state = cri.container_status(id).await?.state;
         anyhow::Ok((state != ContainerState::ContainerRunning as i32).then_some(state))
     })
     .await
     .unwrap();
-    if state == ContainerState::ContainerExited as i32 {
-        &["ContainerStarted", "ContainerDied"]
-    } else {
-        &["ContainerStarted"]
-    }
+    state == ContainerState::ContainerExited as i32
 }
 
 /// A container that runs until the test creates /tmp/go inside it, then exits with `code`.
@@ -81,6 +78,16 @@ fn exits_on_signal(name: &str, code: u8) -> ContainerSpec {
         name,
         &format!("while [ ! -e /tmp/go ]; do sleep 0.05; done; exit {code}"),
     )
+}
+
+/// The `ContainerDied` of `container`, if any.
+fn died_event<'a>(
+    events: &'a [serde_json::Value],
+    container: &str,
+) -> Option<&'a serde_json::Value> {
+    events
+        .iter()
+        .find(|e| e["container_id"] == container && e["type"] == "ContainerDied")
 }
 
 fn signal_exit(pid: i32) {
@@ -149,6 +156,93 @@ async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
     plegd.stop().await;
 }
 
+/// Kills `count` sleepers of a fresh pod one after the other; returns, per kill, the Died
+/// event as it arrived and what CRI said of the container right after it arrived.
+async fn kill_and_read(
+    plegd: &mut RunningPlegd,
+    node: (&Cri, &Native),
+    pod: &str,
+    count: usize,
+) -> Vec<(String, serde_json::Value, i32)> {
+    let (cri, tasks) = node;
+    let pod = cri.run_pod(pod).await.unwrap();
+    let mut seen = Vec::new();
+    for i in 0..count {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("k{i}")))
+            .await
+            .unwrap();
+        plegd
+            .wait_container(&id, &["ContainerStarted"], DEADLINE)
+            .await;
+        tasks.kill_init(&id).await.unwrap();
+        plegd
+            .wait_container(&id, &["ContainerStarted", "ContainerDied"], DEADLINE)
+            .await;
+        let cri_state = cri.container_status(&id).await.unwrap().state;
+        seen.push((id.clone(), plegd.last_of(&id).clone(), cri_state));
+    }
+    seen
+}
+
+/// By default a death is confirmed at containerd's task record, ahead of its CRI store: the
+/// event carries the task's exit code, and once the store catches up its reason reaches the
+/// cache with no second event. With `--confirm cri` an event never announces what CRI does
+/// not show yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deaths_are_confirmed_at_the_task_record_or_at_cri_as_configured() {
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let mut plegd = events_only(&containerd).await;
+    let seen = kill_and_read(&mut plegd, (&cri, &tasks), "by-task", 4).await;
+    for (id, died, _) in &seen {
+        assert_eq!(died["exit_code"], 137, "{died}");
+        // Once the store caught up, the pod is read again for the cache: CRI's reason.
+        wait::until("CRI's status in the cache", DEADLINE, || async {
+            let container = plegd
+                .shared
+                .cache
+                .get(&PodUid(died["pod_uid"].as_str().unwrap().to_owned()))
+                .record
+                .and_then(|pod| pod.containers.get(&ContainerId(id.clone())).cloned());
+            Ok::<_, String>(container.filter(|c| {
+                c.confirmed_by == Layer::Cri && c.reason == "Error" && c.exit_code == Some(137)
+            }))
+        })
+        .await
+        .unwrap();
+    }
+    // CRI's store lags the task service by tens of ms: a confirmation that never beats it
+    // is no task-level confirmation at all.
+    let by_task = seen
+        .iter()
+        .filter(|(_, died, _)| died["confirmed_by"] == "task")
+        .count();
+    assert!(by_task > 0, "{seen:#?}");
+    plegd.drain(Duration::from_millis(300)).await;
+    for (id, _, _) in &seen {
+        assert_eq!(
+            types_of(&plegd.events, id),
+            ["ContainerStarted", "ContainerDied"]
+        );
+    }
+    plegd.stop().await;
+
+    let mut config = stream_only(&containerd.socket(), SourceName::Containerd);
+    config.confirm = Confirm::Cri;
+    let mut plegd = RunningPlegd::start(config).await;
+    plegd.wait_sources_connected(1, DEADLINE).await;
+    for (_, died, cri_state) in kill_and_read(&mut plegd, (&cri, &tasks), "by-cri", 2).await {
+        assert_eq!(died["confirmed_by"], "cri", "{died}");
+        assert_eq!(died["reason"], "Error", "{died}");
+        assert_eq!(cri_state, ContainerState::ContainerExited as i32, "{died}");
+    }
+    plegd.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
     let Node {
@@ -212,26 +306,18 @@ async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
         .wait_container(&c7, &["ContainerStarted"], DEADLINE)
         .await;
     signal_exit(tasks.init_pid(&c7).await.unwrap());
-    // Exits around the restart: the runtime's own record is the truth.
-    let mut around_restart = Vec::new();
-    for id in &ids[..3] {
-        around_restart.push(recorded_after_restart(&cri, id).await);
+    // Exits around the restart, with the code each was given: the runtime's own records say
+    // whether each must have a death (below).
+    let around_restart = [(&ids[0], 137), (&ids[1], 137), (&ids[2], 12)];
+    let mut recorded = Vec::new();
+    for (id, _) in around_restart {
+        recorded.push(exit_recorded_after_restart(&cri, id).await);
     }
     cri.remove_container(&ids[0]).await.unwrap();
-    let removed: Vec<&str> = around_restart[0]
-        .iter()
-        .copied()
-        .chain(["ContainerRemoved"])
-        .collect();
 
     let died = ["ContainerStarted", "ContainerDied"];
-    // Exit codes the stream saw while containerd was up; for exits around the restart the
-    // runtime's own record is the truth (containerd may have missed them: 255, "Unknown").
     let expected: Vec<(&str, &[&str], Option<i64>)> = vec![
         (&pod.id, &["ContainerStarted"], None),
-        (&ids[0], &removed, None),
-        (&ids[1], around_restart[1], None),
-        (&ids[2], around_restart[2], None),
         (&ids[3], &died, Some(137)),
         (&ids[4], &["ContainerStarted"], None),
         (&ids[5], &["ContainerStarted"], None),
@@ -242,25 +328,62 @@ async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
     for (id, types, _) in &expected {
         plegd.wait_container(id, types, DEADLINE).await;
     }
+    let removed = &ids[0];
+    plegd
+        .read_until(removed, DEADLINE, |events| {
+            types_of(events, removed)
+                .iter()
+                .any(|t| t == "ContainerRemoved")
+        })
+        .await;
+    for ((id, _), recorded) in around_restart.iter().zip(&recorded) {
+        if *recorded {
+            plegd
+                .read_until(id, DEADLINE, |events| {
+                    types_of(events, id).iter().any(|t| t == "ContainerDied")
+                })
+                .await;
+        }
+    }
     plegd.drain(Duration::from_secs(1)).await;
     let by_container = types_by_container(&plegd.events);
-    assert_eq!(by_container.len(), expected.len(), "{by_container:#?}");
+    assert_eq!(by_container.len(), 9, "{by_container:#?}");
     for (id, types, exit_code) in &expected {
         assert_eq!(types_of(&plegd.events, id), *types, "{id}");
-        let Some(died) = plegd
-            .events
-            .iter()
-            .find(|e| e["container_id"] == *id && e["type"] == "ContainerDied")
-        else {
-            continue;
-        };
-        if let Some(code) = exit_code {
+        if let (Some(code), Some(died)) = (exit_code, died_event(&plegd.events, id)) {
             assert_eq!(died["exit_code"], *code, "{died}");
         }
-        if *id != ids[0] {
-            let truth = cri.container_status(id).await.unwrap().exit_code;
-            assert_eq!(died["exit_code"], truth, "{died}");
+    }
+    for ((id, code), recorded) in around_restart.into_iter().zip(recorded) {
+        let died = died_event(&plegd.events, id);
+        let mut want = vec!["ContainerStarted"];
+        match died {
+            // Confirmed at the task record: the code the container exited with.
+            Some(died) if died["confirmed_by"] == "task" => {
+                assert_eq!(died["exit_code"], code, "{died}");
+                want.push("ContainerDied");
+            }
+            // A container removed while CRI showed it unknown dies with its removal, as in
+            // kubelet's PLEG: no status left to confirm it by.
+            Some(died) if !recorded && id == &ids[0] => {
+                assert_eq!(died["confirmed_by"], serde_json::Value::Null, "{died}");
+                want.push("ContainerDied");
+            }
+            // Confirmed by the CRI store: what it recorded (255 where it lost the exit).
+            Some(died) => {
+                assert!(recorded, "a death CRI never recorded: {died}");
+                if id != &ids[0] {
+                    let truth = cri.container_status(id).await.unwrap().exit_code;
+                    assert_eq!(died["exit_code"], truth, "{died}");
+                }
+                want.push("ContainerDied");
+            }
+            None => assert!(!recorded, "{id}: the death CRI recorded is missing"),
         }
+        if id == &ids[0] {
+            want.push("ContainerRemoved");
+        }
+        assert_eq!(types_of(&plegd.events, id), want, "{id}");
     }
     plegd.stop().await;
 }
