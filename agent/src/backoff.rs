@@ -75,11 +75,6 @@ impl Backoff {
         self
     }
 
-    /// Failures counted since the start or the last [`reset`](Self::reset).
-    pub fn failures(&self) -> u32 {
-        self.failures
-    }
-
     /// Starts over: the next failure is the first of a new incident.
     pub fn reset(&mut self) {
         self.failures = 0;

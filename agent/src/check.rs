@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::{
-    runtime::endpoint,
+    runtime::choice::{WELL_KNOWN_SOCKETS, detect},
     sources::ebpf::{Probes, TRACEFS, features::KernelFeatures, index::CgroupMode},
 };
 
@@ -54,7 +54,7 @@ pub fn report() -> (String, bool) {
             Line::new("cgroups", true, format!("cgroup2 at {}", cgroup2.display()))
         }
     });
-    lines.push(match endpoint::detect(&endpoint::WELL_KNOWN_SOCKETS) {
+    lines.push(match detect(&WELL_KNOWN_SOCKETS) {
         Ok(socket) => Line::new("runtime socket", true, socket.display().to_string()),
         Err(e) => Line::new("runtime socket", false, e.to_string()),
     });

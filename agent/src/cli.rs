@@ -148,7 +148,7 @@ fn parse() -> Cli {
 /// An error and its causes on one line, none repeated (anyhow's `{:#}` would print a cause
 /// twice when an error's message already ends with it).
 fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    crate::runtime::endpoint::with_causes(error.to_string(), error)
+    crate::runtime::transport::with_causes(error.to_string(), error)
 }
 
 fn init_logging(format: LogFormat) {

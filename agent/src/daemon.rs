@@ -24,7 +24,9 @@ use crate::{
     },
     runtime::{
         AnyRuntime, CRI_NAMESPACE, ConnectError, EndpointError, Runtime, RuntimeKind,
-        RuntimeOptions, endpoint,
+        RuntimeOptions,
+        choice::{WELL_KNOWN_SOCKETS, detect, parse_endpoint},
+        transport::{endpoint_name, with_causes},
     },
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
@@ -116,7 +118,7 @@ enum Unreachable {
     #[error(transparent)]
     NoSocket(EndpointError),
     /// Shown with every cause: tonic's own text is often just "transport error".
-    #[error("{}", endpoint::with_causes(.0.to_string(), .0))]
+    #[error("{}", with_causes(.0.to_string(), .0))]
     Runtime(crate::runtime::RuntimeError),
 }
 
@@ -125,9 +127,8 @@ async fn try_connect(
     options: &RuntimeOptions,
 ) -> Result<(AnyRuntime, PathBuf), Retry> {
     let socket = match &config.runtime_endpoint {
-        Some(given) => endpoint::parse_endpoint(given).map_err(|e| Retry::Never(e.into()))?,
-        None => endpoint::detect(&endpoint::WELL_KNOWN_SOCKETS)
-            .map_err(|e| Retry::After(Unreachable::NoSocket(e)))?,
+        Some(given) => parse_endpoint(given).map_err(|e| Retry::Never(e.into()))?,
+        None => detect(&WELL_KNOWN_SOCKETS).map_err(|e| Retry::After(Unreachable::NoSocket(e)))?,
     };
     match AnyRuntime::connect(config.runtime, &socket, options.clone()).await {
         Ok(runtime) => Ok((runtime, socket)),
@@ -375,7 +376,7 @@ impl Drop for CloseOnDrop {
 
 /// What the saved records were read from: a state saved for anything else is not used.
 fn runtime_identity(config: &Config, socket: Option<&std::path::Path>) -> String {
-    let endpoint = socket.map_or_else(|| "-".to_owned(), endpoint::endpoint_name);
+    let endpoint = socket.map_or_else(|| "-".to_owned(), endpoint_name);
     match config.runtime {
         RuntimeKind::Cri => format!("cri {endpoint}"),
         RuntimeKind::Containerd => {

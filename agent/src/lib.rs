@@ -21,8 +21,9 @@
 //!    `backoff`: the one exponential backoff (optional jitter) every retry uses.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
-//!    scheduler, provenance, sink}`: what changed, what the triggers said (and whether a
-//!    reading reflects it), when to relist, who saw a change first, where events go.
+//!    confirm, scheduler, provenance, sink}`: what changed, what the triggers said (and
+//!    whether a reading reflects it), the runtime's task records laid over its CRI store,
+//!    when to relist, who saw a change first, where events go.
 //! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends; inside it, imports
 //!    point one way: `transport` (gRPC over a unix socket) <- `cri`, `containerd` <- `choice`
 //!    (which backend, at which endpoint).
@@ -35,18 +36,22 @@
 //! 7. `api`: the plegd.v1 gRPC API, grpc.health.v1, `/metrics`, and the CLI's client side.
 //! 8. `daemon` (everything wired for `plegd run`) and `check` (`plegd check`).
 //! 9. `cli`: the `plegd` command line.
+//!
+//! Modules are public only where the binary, the end-to-end tests or the benchmarks reach
+//! in (the daemon's wiring, the config, the runtime's fake, the core types); the rest is
+//! `pub(crate)`.
 
 pub mod api;
-pub mod backoff;
-pub mod bus;
+pub(crate) mod backoff;
+pub(crate) mod bus;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
-pub mod output;
+pub(crate) mod output;
 pub mod pleg;
 pub mod runtime;
 pub mod sources;
-pub mod state;
-pub mod sync_loop;
+pub(crate) mod state;
+pub(crate) mod sync_loop;

@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
         "pleg::cache",
         "pleg::health",
         "pleg::hints",
+        "pleg::confirm",
         "pleg::scheduler",
         "pleg::provenance",
         "pleg::sink",
@@ -198,11 +199,12 @@ fn no_module_imports_a_module_above_it() {
 
 /// Inside `runtime`, its files by layer, lowest first: the trait and its types (`mod.rs`, which
 /// also declares and re-exports the rest, so its own imports are not checked) with the label
-/// names; the gRPC transport; the CRI backend and the fake; the containerd backend (which asks
+/// names; the gRPC transport; containerd's task service; the CRI backend and the fake; the containerd backend (which asks
 /// CRI on the same socket); the choice of backend.
 const RUNTIME_LAYERS: &[&[&str]] = &[
     &["mod", "labels"],
     &["transport"],
+    &["tasks"],
     &["cri", "testing"],
     &["containerd"],
     &["choice"],

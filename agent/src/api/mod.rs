@@ -8,10 +8,10 @@
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
 pub mod client;
-pub mod convert;
+pub(crate) mod convert;
 mod cut;
 pub mod listen;
-pub mod server;
+pub(crate) mod server;
 
 use std::sync::Arc;
 

@@ -37,12 +37,6 @@ impl From<ContainerState> for PlegState {
     }
 }
 
-/// Diffs every pod of either snapshot (a full relist).
-pub fn diff(old: &PodRecords, new: &PodRecords) -> Vec<ContainerEvent> {
-    let pods: BTreeSet<&PodUid> = old.keys().chain(new.keys()).collect();
-    diff_pods(old, new, pods)
-}
-
 /// Diffs only `pods` (a targeted relist). A pod in `pods` but missing from `new` has vanished; a
 /// pod outside `pods` is not looked at, so a targeted relist never takes the pods it did not
 /// list for removed.
@@ -111,6 +105,12 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// Diffs every pod of either snapshot (a full relist).
+    fn diff(old: &PodRecords, new: &PodRecords) -> Vec<ContainerEvent> {
+        let pods: BTreeSet<&PodUid> = old.keys().chain(new.keys()).collect();
+        diff_pods(old, new, pods)
+    }
     use crate::pleg::record::ContainerRecord;
 
     fn container(id: &str, state: ContainerState) -> ContainerRecord {

@@ -1,14 +1,14 @@
 //! The PLEG core: pure logic, no I/O.
 
 pub mod cache;
-pub mod confirm;
-pub mod diff;
+pub(crate) mod confirm;
+pub(crate) mod diff;
 pub mod event;
 pub mod generator;
 pub mod health;
 pub mod hints;
-pub mod provenance;
+pub(crate) mod provenance;
 pub mod record;
 pub mod relist;
-pub mod scheduler;
-pub mod sink;
+pub(crate) mod scheduler;
+pub(crate) mod sink;

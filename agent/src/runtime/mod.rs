@@ -10,10 +10,10 @@
 //! `containerd` (which asks CRI on the same socket for what containerd forgets); `choice`
 //! (which backend, at which endpoint). `testing` holds the fake.
 
-pub mod choice;
-pub mod containerd;
-pub mod cri;
-pub mod labels;
+pub(crate) mod choice;
+pub(crate) mod containerd;
+pub(crate) mod cri;
+pub(crate) mod labels;
 pub(crate) mod tasks;
 pub mod testing;
 pub(crate) mod transport;
@@ -24,13 +24,6 @@ pub use choice::{AnyRuntime, EndpointError, RuntimeKind, RuntimeOptions, Unknown
 pub use containerd::{ConnectError, ContainerdRuntime};
 pub use cri::CriRuntime;
 pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
-
-/// The paths of the former `endpoint` file (discovery and transport helpers mixed), kept for
-/// callers outside `runtime` (`cli`, `check`, `daemon`); new code names `choice` or `transport`.
-pub mod endpoint {
-    pub use super::choice::{WELL_KNOWN_SOCKETS, detect, parse_endpoint};
-    pub(crate) use super::transport::{endpoint_name, with_causes};
-}
 
 // Scope is the relist's notion; re-exported because every backend answers in its terms.
 pub use crate::pleg::event::Scope;

@@ -2,8 +2,8 @@
 //! source hands triggers to the generator through a [`crate::pleg::generator::TriggerSender`]
 //! and reports its state in the [`status::SourceRegistry`].
 
-pub mod containerd_events;
+pub(crate) mod containerd_events;
 pub mod cri_events;
 pub mod ebpf;
-pub mod reconnect;
+pub(crate) mod reconnect;
 pub mod status;

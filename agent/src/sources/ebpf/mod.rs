@@ -16,11 +16,11 @@
 //! The runtime stays the source of truth: an event only says which container to relist now.
 
 pub mod btf;
-pub mod cgroup_path;
-pub mod decode;
+pub(crate) mod cgroup_path;
+pub(crate) mod decode;
 pub mod features;
-pub mod index;
-pub mod inits;
+pub(crate) mod index;
+pub(crate) mod inits;
 
 use std::{collections::HashSet, os::fd::AsFd as _, path::PathBuf, sync::Arc, time::Duration};
 
