@@ -86,6 +86,10 @@ struct WatchArgs {
     /// Only these event types (repeat or comma separate).
     #[arg(long = "type", value_enum, value_delimiter = ',', value_name = "TYPE")]
     types: Vec<EventTypeArg>,
+    /// Also show what the kernel saw (exec, exit, OOM kill) as it happens, ahead of the event
+    /// that confirms it (type KernelObservation; ObservationUnconfirmed when none does).
+    #[arg(long)]
+    kernel_observations: bool,
 }
 
 /// Event types as `plegd watch --type` names them.
@@ -255,6 +259,7 @@ async fn watch(args: WatchArgs) -> anyhow::Result<()> {
         pod_name: args.pod_name.unwrap_or_default(),
         pod_uid: args.pod_uid.unwrap_or_default(),
         types: args.types.into_iter().map(Into::into).collect(),
+        kernel_observations: args.kernel_observations,
     };
     let (mut out, mut notes) = (std::io::stdout().lock(), std::io::stderr());
     tokio::select! {

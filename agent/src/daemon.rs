@@ -9,7 +9,7 @@ use tracing::{error, info, warn};
 
 pub use crate::api::Shared;
 use crate::{
-    api::{self, ApiBus, BusSink},
+    api::{self, ApiBus, BusSink, ObservationBus},
     backoff::{Backoff, Exponential},
     config::{Config, Mode, SourceName},
     metrics::Metrics,
@@ -241,7 +241,9 @@ where
         },
         tokio::time::Instant::now(),
     );
-    let (triggers, trigger_rx) = generator::trigger_channel();
+    let observations = ObservationBus::new(Arc::clone(&cache), bus.run_id());
+    let (triggers, trigger_rx) =
+        generator::observed_trigger_channel(Some(Arc::new(observations.clone())));
     let sources = SourceRegistry::with_metrics(metrics.clone());
     let (period_tx, period_rx) = watch::channel(config.relist_period);
     let adaptive_period = tokio::spawn(sources.clone().drive_relist_period(
@@ -294,6 +296,7 @@ where
             triggers,
             sources: sources.clone(),
             bus: bus.clone(),
+            observations,
             metrics: metrics.clone(),
         });
     }

@@ -169,6 +169,8 @@ pub(crate) fn event_type_name(t: pb::EventType) -> &'static str {
         pb::EventType::ContainerRemoved => "ContainerRemoved",
         pb::EventType::ContainerChanged => "ContainerChanged",
         pb::EventType::PodSync => "PodSync",
+        pb::EventType::KernelObservation => "KernelObservation",
+        pb::EventType::ObservationUnconfirmed => "ObservationUnconfirmed",
         pb::EventType::Unspecified => "Unspecified",
     }
 }

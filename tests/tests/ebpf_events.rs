@@ -14,6 +14,7 @@ use plegd::{
     pleg::event::TriggerSource,
     sources::status::SourceState,
 };
+use plegd_proto::v1 as pb;
 use plegd_tests::{
     Node, PrivateContainerd,
     cri::{ContainerSpec, Cri, PidMode, Pod},
@@ -268,4 +269,85 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
         );
         plegd.stop().await;
     }
+}
+
+/// A watcher that asks for kernel observations gets the kernel's view of a kill -9 as its own
+/// type, unnumbered, before the `ContainerDied` that confirms it and carries the same fact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_them() {
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let (mut plegd, api) =
+        RunningPlegd::start_serving_api(ebpf_config(&containerd, Mode::Ebpf, SLOW)).await;
+    plegd.wait_sources_connected(1, DEADLINE).await;
+    let pod = cri.run_pod("previewed").await.unwrap();
+    let [id] = cri.run_sleepers(&pod, ["k"]).await.unwrap();
+    plegd
+        .wait_container(&id, &["ContainerStarted"], DEADLINE)
+        .await;
+    let mut client = api.client().await;
+    let mut stream = client
+        .watch(pb::WatchRequest {
+            pod_uid: pod.uid.clone(),
+            include_observations: true,
+            include_kernel_observations: true,
+            ..pb::WatchRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Read while the kill call is still returning (containerd answers once runc has killed).
+    let kill = {
+        let id = id.clone();
+        tokio::spawn(async move { tasks.kill_init(&id).await })
+    };
+    let mut seen = Vec::new();
+    let died = loop {
+        let event = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .expect("events within the deadline")
+            .unwrap()
+            .expect("stream open");
+        if event.container_id != id {
+            continue;
+        }
+        if event.r#type() == pb::EventType::ContainerDied {
+            let emitted = std::time::SystemTime::try_from(event.emitted_at.unwrap()).unwrap();
+            eprintln!(
+                "ContainerDied emission to the watcher: {:?}",
+                std::time::SystemTime::now()
+                    .duration_since(emitted)
+                    .unwrap_or_default()
+            );
+            break event;
+        }
+        seen.push((std::time::SystemTime::now(), event));
+    };
+    let signal_9 = |e: &pb::Event| {
+        e.observations.iter().any(|o| {
+            o.source() == pb::TriggerSource::Ebpf
+                && o.kind == Some(pb::observation::Kind::Signal(9))
+        })
+    };
+    let (arrived, observed) = seen
+        .iter()
+        .find(|(_, e)| e.r#type() == pb::EventType::KernelObservation && signal_9(e))
+        .unwrap_or_else(|| panic!("no kernel observation of the kill before the event: {seen:#?}"));
+    let seen_at = std::time::SystemTime::try_from(observed.observed_at.unwrap()).unwrap();
+    let emitted = std::time::SystemTime::try_from(observed.emitted_at.unwrap()).unwrap();
+    eprintln!(
+        "kernel exit to the watcher: {:?} (to plegd's emission {:?})",
+        arrived.duration_since(seen_at).unwrap_or_default(),
+        emitted.duration_since(seen_at).unwrap_or_default()
+    );
+    assert_eq!(observed.sequence, 0);
+    assert_eq!(observed.pod_uid, pod.uid);
+    assert!(signal_9(&died), "{died:?}");
+    assert!(died.sequence > 0);
+    kill.await.unwrap().unwrap();
+    plegd.stop().await;
+    api.stopped().await;
 }

@@ -90,6 +90,8 @@ pub struct WatchOptions {
     pub pod_name: String,
     pub pod_uid: String,
     pub types: Vec<pb::EventType>,
+    /// Also stream the kernel's observations ahead of confirmation.
+    pub kernel_observations: bool,
 }
 
 /// Where the watch stands: the run and the next sequence wanted.
@@ -172,6 +174,7 @@ async fn watch_once<W: Write, N: Write>(
         types: options.types.iter().map(|t| *t as i32).collect(),
         include_observations: true,
         run_id: at.run_id,
+        include_kernel_observations: options.kernel_observations,
     };
     let mut stream = client.watch(request).await?.into_inner();
     if !*header && options.output == OutputFormat::Text {
@@ -180,10 +183,13 @@ async fn watch_once<W: Write, N: Write>(
     }
     *header = true;
     while let Some(event) = stream.message().await? {
-        *position = Some(Position {
-            run_id: event.run_id,
-            next: event.sequence + 1,
-        });
+        // Kernel observations are not numbered: they do not move the resume point.
+        if event.sequence != 0 {
+            *position = Some(Position {
+                run_id: event.run_id,
+                next: event.sequence + 1,
+            });
+        }
         let line = WatchLine::new(&event);
         match options.output {
             OutputFormat::Text => writeln!(out, "{}", line.row())?,

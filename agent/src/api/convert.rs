@@ -72,7 +72,7 @@ pub fn source(s: TriggerSource) -> pb::TriggerSource {
     }
 }
 
-fn observation(o: &Observation) -> pb::Observation {
+pub fn observation(o: &Observation) -> pb::Observation {
     use pb::observation::Kind;
     let kind = match &o.kind {
         ObservationKind::ExitCode(code) => Kind::ExitCode(*code),

@@ -5,17 +5,20 @@
 //! - `server`: the tonic service (thin handlers over plain functions).
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
 //! - `cut`: connections cut at shutdown when their watcher stopped reading.
+//! - `observations`: kernel observations streamed ahead of confirmation, on request.
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
 pub mod client;
 pub(crate) mod convert;
 mod cut;
 pub mod listen;
+pub mod observations;
 pub(crate) mod server;
 
 use std::sync::Arc;
 
 pub use listen::{DEFAULT_SOCKET, Listeners};
+pub use observations::ObservationBus;
 
 pub use crate::bus::{ApiBus, EventBus};
 use crate::{
@@ -55,6 +58,8 @@ pub struct Shared {
     pub sources: SourceRegistry,
     /// Every published event: the one fan-out to watchers, the sync loop and stdout.
     pub bus: ApiBus,
+    /// Kernel observations ahead of confirmation, for the watchers that ask.
+    pub observations: ObservationBus,
     pub metrics: Metrics,
 }
 

@@ -3,8 +3,10 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use plegd_proto::v1::{self as pb, pleg_server::Pleg};
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 
 use crate::{
@@ -155,8 +157,41 @@ fn ended_status(ended: &Ended, resume: u64) -> Status {
     }
 }
 
-/// The events of a subscription as a response stream, ending with a status.
+/// The events of a subscription as a response stream, ending with a status; with
+/// `observations`, the kernel's observations too, as they come, until the events end.
 fn event_stream(
+    subscription: Subscription<pb::Event>,
+    filter: Filter,
+    resume: u64,
+    observations: Option<broadcast::Receiver<Arc<pb::Event>>>,
+) -> Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>> {
+    let events = pleg_events(subscription, filter.clone(), resume);
+    let Some(observations) = observations else {
+        return Box::pin(events);
+    };
+    // A watcher that fell behind skips the observations it missed: a preview only, unlike
+    // the events that confirm them.
+    let observed = BroadcastStream::new(observations).filter_map(move |observed| {
+        std::future::ready(
+            observed
+                .ok()
+                .and_then(|event| filter.apply(&event))
+                .map(|event| Some(Ok(event))),
+        )
+    });
+    // `None` marks the end of the events, which ends the whole stream.
+    let events = events
+        .map(Some)
+        .chain(futures::stream::once(async { None }));
+    Box::pin(
+        futures::stream::select(observed, events)
+            .take_while(|item| std::future::ready(item.is_some()))
+            .filter_map(std::future::ready),
+    )
+}
+
+/// The PLEG events of a subscription, ending with a status.
+fn pleg_events(
     subscription: Subscription<pb::Event>,
     filter: Filter,
     resume: u64,
@@ -205,11 +240,15 @@ impl Pleg for PlegService {
         let (subscription, filter) = watch(&self.shared, &request).map_err(watch_status)?;
         // Taken with the subscription, under the bus's lock: no event can slip in between.
         let resume = subscription.start();
-        Ok(Response::new(Box::pin(event_stream(
+        let observations = request
+            .include_kernel_observations
+            .then(|| self.shared.observations.subscribe());
+        Ok(Response::new(event_stream(
             subscription,
             filter,
             resume,
-        ))))
+            observations,
+        )))
     }
 
     async fn list_pods(
@@ -333,7 +372,7 @@ mod tests {
             ..pb::WatchRequest::default()
         })
         .unwrap();
-        let mut stream = Box::pin(event_stream(subscription, filter, 1));
+        let mut stream = event_stream(subscription, filter, 1, None);
         bus.publish(Arc::new(event(1, "a", pb::EventType::ContainerStarted)));
         bus.publish(Arc::new(event(2, "b", pb::EventType::ContainerStarted)));
         assert_eq!(stream.next().await.unwrap().unwrap().sequence, 1);
@@ -346,5 +385,39 @@ mod tests {
             status.message()
         );
         assert!(stream.next().await.is_none());
+    }
+
+    /// Kernel observations come as they are seen, filtered like events, and never move the
+    /// resume point.
+    #[tokio::test]
+    async fn kernel_observations_join_the_stream_without_moving_the_resume_point() {
+        use futures::StreamExt as _;
+        let bus = EventBus::new(1, 100, 8);
+        let (observed, observations) = broadcast::channel(8);
+        let filter = Filter::from_request(&pb::WatchRequest {
+            pod_namespace: "a".into(),
+            ..pb::WatchRequest::default()
+        })
+        .unwrap();
+        let subscription = bus.subscribe(1).unwrap();
+        let mut stream = event_stream(subscription, filter, 1, Some(observations));
+        for namespace in ["b", "a"] {
+            let kernel = event(0, namespace, pb::EventType::KernelObservation);
+            observed.send(Arc::new(kernel)).unwrap();
+        }
+        let first = stream.next().await.unwrap().unwrap();
+        assert_eq!(
+            (first.r#type, first.sequence),
+            (pb::EventType::KernelObservation as i32, 0)
+        );
+        bus.publish(Arc::new(event(1, "a", pb::EventType::ContainerDied)));
+        assert_eq!(stream.next().await.unwrap().unwrap().sequence, 1);
+        bus.close();
+        let status = stream.next().await.unwrap().unwrap_err();
+        assert!(
+            status.message().ends_with("from_sequence=2"),
+            "{}",
+            status.message()
+        );
     }
 }

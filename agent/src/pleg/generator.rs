@@ -14,9 +14,11 @@ use tracing::{debug, info, warn};
 use crate::{
     metrics::Metrics,
     pleg::{
-        event::{Scope, Trigger},
+        event::{Observation, Scope, Trigger, TriggerSource},
+        record::ContainerId,
         relist::{RelistError, Relister},
         scheduler::{Batch, RelistScheduler, RetryError},
+        sink::ObservationSink,
     },
     runtime::Runtime,
 };
@@ -28,15 +30,29 @@ pub const TRIGGER_CHANNEL_CAPACITY: usize = 4096;
 /// How sources hand triggers to the generator. Never blocks a source: when the channel is
 /// full, the trigger is dropped and a full relist is requested instead, so the change is still
 /// found.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TriggerSender {
     triggers: mpsc::Sender<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
+    observations: Option<Arc<dyn ObservationSink>>,
+}
+
+impl std::fmt::Debug for TriggerSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TriggerSender").finish_non_exhaustive()
+    }
 }
 
 impl TriggerSender {
-    /// Hands a trigger to the generator.
+    /// Hands a trigger to the generator; a kernel trigger's observations go to the
+    /// observation sink first, ahead of any relist.
     pub fn send(&self, trigger: Trigger) {
+        if let Some(sink) = &self.observations
+            && trigger.source == TriggerSource::Ebpf
+            && !trigger.observations.is_empty()
+        {
+            sink.ahead(&trigger);
+        }
         if self.triggers.try_send(trigger).is_err() {
             debug!("trigger channel full or closed: asking for a full relist instead");
             self.full_relist.notify_one();
@@ -51,10 +67,16 @@ impl TriggerSender {
 }
 
 /// The receiving half, owned by [`run`].
-#[derive(Debug)]
 pub struct TriggerReceiver {
     triggers: mpsc::Receiver<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
+    observations: Option<Arc<dyn ObservationSink>>,
+}
+
+impl std::fmt::Debug for TriggerReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TriggerReceiver").finish_non_exhaustive()
+    }
 }
 
 impl TriggerReceiver {
@@ -72,16 +94,26 @@ impl TriggerReceiver {
 
 /// A trigger channel for the sources and the generator.
 pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
+    observed_trigger_channel(None)
+}
+
+/// [`trigger_channel`] whose kernel observations also go to `observations` (ahead of their
+/// relist), and whose unconfirmed ones are said there when the runtime never confirms them.
+pub fn observed_trigger_channel(
+    observations: Option<Arc<dyn ObservationSink>>,
+) -> (TriggerSender, TriggerReceiver) {
     let (tx, rx) = mpsc::channel(TRIGGER_CHANNEL_CAPACITY);
     let full_relist = Arc::new(tokio::sync::Notify::new());
     (
         TriggerSender {
             triggers: tx,
             full_relist: Arc::clone(&full_relist),
+            observations: observations.clone(),
         },
         TriggerReceiver {
             triggers: rx,
             full_relist,
+            observations,
         },
     )
 }
@@ -116,7 +148,8 @@ pub async fn run<R: Runtime>(
             }
             () = tokio::time::sleep_until(deadline) => {
                 while let Some(batch) = scheduler.next_due(Instant::now()) {
-                    run_batch(&mut relister, &mut scheduler, &metrics, batch).await;
+                    let observations = triggers.observations.as_deref();
+                    run_batch(&mut relister, &mut scheduler, &metrics, observations, batch).await;
                 }
             }
         }
@@ -130,6 +163,7 @@ async fn run_batch<R: Runtime>(
     relister: &mut Relister<R>,
     scheduler: &mut RelistScheduler,
     metrics: &Metrics,
+    observations: Option<&dyn ObservationSink>,
     batch: Batch,
 ) {
     let started = Instant::now();
@@ -155,6 +189,12 @@ async fn run_batch<R: Runtime>(
     };
     if retry {
         let (scope, sources) = (batch.scope.clone(), batch.hints.sources());
+        let kernel: Vec<(ContainerId, Observation)> = batch
+            .hints
+            .observations()
+            .filter(|(_, o)| o.source == TriggerSource::Ebpf)
+            .cloned()
+            .collect();
         match scheduler.retry(batch, Instant::now()) {
             Ok(()) => {}
             Err(RetryError::FullRelist) => {}
@@ -170,6 +210,11 @@ async fn run_batch<R: Runtime>(
                 warn!(?scope, ?sources, %e, "hint not confirmed by the runtime");
                 for source in sources {
                     metrics.unconfirmed_hint(source);
+                }
+                if let Some(sink) = observations {
+                    for (container, observation) in &kernel {
+                        sink.unconfirmed(container, std::slice::from_ref(observation));
+                    }
                 }
             }
         }

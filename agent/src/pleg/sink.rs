@@ -6,7 +6,10 @@
 
 use tokio::sync::mpsc;
 
-use crate::pleg::event::PodLifecycleEvent;
+use crate::pleg::{
+    event::{Observation, PodLifecycleEvent, Trigger},
+    record::ContainerId,
+};
 
 /// Takes each event the relist generates. Must not block.
 pub trait EventSink: Send + Sync + 'static {
@@ -18,4 +21,14 @@ impl EventSink for mpsc::UnboundedSender<PodLifecycleEvent> {
     fn publish(&self, event: PodLifecycleEvent) {
         let _ = self.send(event);
     }
+}
+
+/// Where the kernel's observations go ahead of their confirmation (the API's opt-in stream):
+/// never PLEG events, each later matched by the event that carries it or said unconfirmed.
+/// Must not block.
+pub trait ObservationSink: Send + Sync + 'static {
+    /// A kernel trigger with observations, as its source hands it over.
+    fn ahead(&self, trigger: &Trigger);
+    /// The runtime never confirmed what the kernel observed of `container`.
+    fn unconfirmed(&self, container: &ContainerId, observations: &[Observation]);
 }
