@@ -252,6 +252,10 @@ mod tests {
     }
 
     fn start(period: Duration) -> Harness {
+        start_observed(period, None)
+    }
+
+    fn start_observed(period: Duration, sink: Option<Arc<dyn ObservationSink>>) -> Harness {
         let runtime = FakeRuntime::new();
         let health = Arc::new(Health::new(Duration::from_secs(180)));
         let (tx, events) = mpsc::unbounded_channel();
@@ -270,7 +274,7 @@ mod tests {
             },
             Instant::now(),
         );
-        let (triggers, receiver) = trigger_channel();
+        let (triggers, receiver) = observed_trigger_channel(sink);
         let (period_tx, period_rx) = watch::channel(period);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(
@@ -382,6 +386,58 @@ mod tests {
             h.metrics.encode().contains(counted),
             "{}",
             h.metrics.encode()
+        );
+        assert!(h.events.try_recv().is_err(), "no event: nothing changed");
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    /// What an observation sink was told, in order.
+    #[derive(Default)]
+    struct RecordingSink(std::sync::Mutex<Vec<String>>);
+
+    impl ObservationSink for RecordingSink {
+        fn ahead(&self, trigger: &Trigger) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("ahead {:?}", trigger.scope));
+        }
+
+        fn unconfirmed(&self, container: &ContainerId, observations: &[Observation]) {
+            let kinds: Vec<_> = observations.iter().map(|o| &o.kind).collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("unconfirmed {container} {kinds:?}"));
+        }
+    }
+
+    /// A kernel observation goes to the sink as the source hands it over, and is said
+    /// unconfirmed once the relists that looked for it give up.
+    #[tokio::test(start_paused = true)]
+    async fn kernel_observations_are_previewed_then_said_unconfirmed() {
+        let sink = Arc::new(RecordingSink::default());
+        let mut h = start_observed(Duration::from_secs(3600), Some(sink.clone()));
+        add_running(&h.runtime, "p", "c");
+        h.events.recv().await.unwrap();
+        // Not a kernel trigger: no preview.
+        h.triggers.send(trigger("c"));
+        h.triggers.send(Trigger {
+            source: TriggerSource::Ebpf,
+            observations: vec![Observation {
+                source: TriggerSource::Ebpf,
+                kind: ObservationKind::Signal(9),
+            }],
+            ..trigger("c")
+        });
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            [
+                "ahead Container(ContainerId(\"c\"))",
+                "unconfirmed c [Signal(9)]"
+            ]
         );
         assert!(h.events.try_recv().is_err(), "no event: nothing changed");
         h.shutdown.cancel();
