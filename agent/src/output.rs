@@ -251,7 +251,7 @@ mod tests {
                 Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
                 TriggerSource,
             },
-            record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
+            record::{ContainerId, PodRecord, PodUid},
         },
     };
 
@@ -277,20 +277,7 @@ mod tests {
 
     fn cache_with_exit() -> PodCache {
         let cache = PodCache::new();
-        let container = ContainerRecord {
-            id: ContainerId("0123456789abcdef".into()),
-            name: "app".into(),
-            attempt: 0,
-            image: "busybox".into(),
-            state: ContainerState::Exited,
-            sandbox: false,
-            created_at: None,
-            started_at: None,
-            finished_at: None,
-            exit_code: Some(137),
-            reason: "Error".into(),
-            confirmed_by: crate::pleg::record::Layer::Cri,
-        };
+        let container = crate::runtime::testing::exited("0123456789abcdef", "app", 137, "Error");
         let pod = PodRecord {
             uid: PodUid("uid-1".into()),
             namespace: "default".into(),

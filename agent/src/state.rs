@@ -225,22 +225,14 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid};
+    use crate::pleg::record::{ContainerRecord, PodRecord, PodUid};
 
     fn run(sequence: u64) -> SavedRun {
         let container = ContainerRecord {
-            id: ContainerId("c1".into()),
-            name: "app".into(),
             attempt: 2,
-            image: "busybox".into(),
-            state: ContainerState::Exited,
-            sandbox: false,
             created_at: Some(std::time::UNIX_EPOCH),
-            started_at: None,
             finished_at: Some(std::time::SystemTime::now()),
-            exit_code: Some(137),
-            reason: "Error".into(),
-            confirmed_by: crate::pleg::record::Layer::Cri,
+            ..crate::runtime::testing::exited("c1", "app", 137, "Error")
         };
         let pod = PodRecord {
             uid: PodUid("u1".into()),

@@ -213,20 +213,7 @@ mod tests {
             name: "p".into(),
             containers: [(
                 id.clone(),
-                ContainerRecord {
-                    id: id.clone(),
-                    name: "app".into(),
-                    attempt: 0,
-                    image: "busybox".into(),
-                    state: ContainerState::Exited,
-                    sandbox: false,
-                    created_at: None,
-                    started_at: None,
-                    finished_at: None,
-                    exit_code: Some(137),
-                    reason: "Error".into(),
-                    confirmed_by: Layer::Cri,
-                },
+                crate::runtime::testing::exited(&id.0, "app", 137, "Error"),
             )]
             .into(),
         };

@@ -138,11 +138,11 @@ mod tests {
     use super::*;
     use crate::{
         pleg::{
-            event::{Observation, ObservationKind, TriggerSource},
-            hints::{Hint, Target},
+            event::{ObservationKind, TriggerSource},
+            hints::pod_hints,
             record::PodUid,
         },
-        runtime::testing::container,
+        runtime::testing::{self, container},
     };
 
     fn at(ms: u64) -> SystemTime {
@@ -154,41 +154,16 @@ mod tests {
     }
 
     fn pod(containers: &[(&str, ContainerState, Layer)]) -> PodRecord {
-        PodRecord {
-            uid: PodUid("p".into()),
-            namespace: "ns".into(),
-            name: "web".into(),
-            containers: containers
-                .iter()
-                .map(|(id, state, layer)| {
-                    let mut c = container(id, "", *state);
-                    c.confirmed_by = *layer;
-                    (cid(id), c)
-                })
-                .collect(),
-        }
+        let containers = containers.iter().map(|(id, state, layer)| {
+            let mut c = container(id, "", *state);
+            c.confirmed_by = *layer;
+            c
+        });
+        testing::pod("p", "web", containers)
     }
 
     fn hints(observations: &[(&str, TriggerSource, ObservationKind)]) -> Hints {
-        let mut hints = Hints::default();
-        hints.insert(
-            Target::Pod(PodUid("p".into())),
-            Hint {
-                sources: observations.iter().map(|(_, s, _)| *s).collect(),
-                observed_at: at(0),
-                observations: observations
-                    .iter()
-                    .map(|(id, source, kind)| {
-                        let observation = Observation {
-                            source: *source,
-                            kind: kind.clone(),
-                        };
-                        (cid(id), observation)
-                    })
-                    .collect(),
-            },
-        );
-        hints
+        pod_hints("p", observations)
     }
 
     const EXIT: ObservationKind = ObservationKind::TaskExited {

@@ -114,20 +114,7 @@ mod tests {
     use crate::pleg::record::ContainerRecord;
 
     fn container(id: &str, state: ContainerState) -> ContainerRecord {
-        ContainerRecord {
-            id: ContainerId(id.to_owned()),
-            name: id.to_owned(),
-            attempt: 0,
-            image: String::new(),
-            state,
-            sandbox: false,
-            created_at: None,
-            started_at: None,
-            finished_at: None,
-            exit_code: None,
-            reason: String::new(),
-            confirmed_by: crate::pleg::record::Layer::Cri,
-        }
+        crate::runtime::testing::container(id, id, state)
     }
 
     /// Builds records from `(pod, container, state)` triples.

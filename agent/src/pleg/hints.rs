@@ -141,6 +141,33 @@ impl IntoIterator for Hints {
     }
 }
 
+/// For tests: the hints of one pod-wide trigger, each observation about its container.
+#[cfg(test)]
+pub(crate) fn pod_hints(
+    pod: &str,
+    observations: &[(&str, TriggerSource, crate::pleg::event::ObservationKind)],
+) -> Hints {
+    let mut hints = Hints::default();
+    hints.insert(
+        Target::Pod(PodUid(pod.to_owned())),
+        Hint {
+            sources: observations.iter().map(|(_, source, _)| *source).collect(),
+            observed_at: SystemTime::UNIX_EPOCH,
+            observations: observations
+                .iter()
+                .map(|(id, source, kind)| {
+                    let observation = Observation {
+                        source: *source,
+                        kind: kind.clone(),
+                    };
+                    (ContainerId((*id).to_owned()), observation)
+                })
+                .collect(),
+        },
+    );
+    hints
+}
+
 #[cfg(test)]
 mod tests {
     use ContainerState::{Exited, Running};
@@ -148,43 +175,24 @@ mod tests {
 
     use super::*;
     use crate::{
-        pleg::{event::ObservationKind, record::PodRecord},
-        runtime::testing::container,
+        pleg::event::ObservationKind,
+        runtime::testing::{container, pod},
     };
 
     fn listed(containers: &[(&str, ContainerState)]) -> PodRecords {
-        let pod = PodRecord {
-            uid: PodUid("p".into()),
-            namespace: "ns".into(),
-            name: "web".into(),
-            containers: containers
-                .iter()
-                .map(|(id, state)| (ContainerId((*id).into()), container(id, "", *state)))
-                .collect(),
-        };
+        let containers = containers
+            .iter()
+            .map(|(id, state)| container(id, "", *state));
+        let pod = pod("p", "web", containers);
         PodRecords::from([(pod.uid.clone(), pod)])
     }
 
     fn hints(observations: &[(&str, ObservationKind)]) -> Hints {
-        let mut hints = Hints::default();
-        hints.insert(
-            Target::Pod(PodUid("p".into())),
-            Hint {
-                sources: BTreeSet::from([TriggerSource::Ebpf]),
-                observed_at: SystemTime::UNIX_EPOCH,
-                observations: observations
-                    .iter()
-                    .map(|(id, kind)| {
-                        let observation = Observation {
-                            source: TriggerSource::Ebpf,
-                            kind: kind.clone(),
-                        };
-                        (ContainerId((*id).into()), observation)
-                    })
-                    .collect(),
-            },
-        );
-        hints
+        let observations: Vec<_> = observations
+            .iter()
+            .map(|(id, kind)| (*id, TriggerSource::Ebpf, kind.clone()))
+            .collect();
+        pod_hints("p", &observations)
     }
 
     #[test]

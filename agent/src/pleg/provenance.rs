@@ -79,7 +79,7 @@ mod tests {
             hints::{Hint, Target},
             record::{ContainerId, ContainerState},
         },
-        runtime::testing::container,
+        runtime::testing::{self, container},
     };
 
     fn at(ms: u64) -> SystemTime {
@@ -87,20 +87,10 @@ mod tests {
     }
 
     fn pod(containers: &[(&str, &str)]) -> PodRecord {
-        PodRecord {
-            uid: PodUid("p".into()),
-            namespace: "ns".into(),
-            name: "web".into(),
-            containers: containers
-                .iter()
-                .map(|(id, name)| {
-                    (
-                        ContainerId((*id).into()),
-                        container(id, name, ContainerState::Running),
-                    )
-                })
-                .collect(),
-        }
+        let containers = containers
+            .iter()
+            .map(|(id, name)| container(id, name, ContainerState::Running));
+        testing::pod("p", "web", containers)
     }
 
     fn change(id: &str, event_type: PodLifecycleEventType) -> ContainerEvent {

@@ -434,7 +434,7 @@ mod tests {
                 DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, Trigger, TriggerSource,
             },
             health::HealthError,
-            hints::{Hint, Target},
+            hints::pod_hints,
             record::{ContainerRecord, TaskRecord},
             scheduler::{RelistScheduler, SchedulerConfig},
         },
@@ -974,29 +974,6 @@ mod tests {
             "relist of {PODS} pods: first {first:?} (all new), {} died {second:?}, idle {idle:?}",
             PODS / 10
         );
-    }
-
-    /// Hints of one pod-wide trigger, each observation about its container.
-    fn pod_hints(pod: &str, observations: &[(&str, TriggerSource, ObservationKind)]) -> Hints {
-        let mut hints = Hints::default();
-        hints.insert(
-            Target::Pod(uid(pod)),
-            Hint {
-                sources: observations.iter().map(|(_, s, _)| *s).collect(),
-                observed_at: SystemTime::UNIX_EPOCH,
-                observations: observations
-                    .iter()
-                    .map(|(id, source, kind)| {
-                        let observation = Observation {
-                            source: *source,
-                            kind: kind.clone(),
-                        };
-                        (cid(id), observation)
-                    })
-                    .collect(),
-            },
-        );
-        hints
     }
 
     fn cached(h: &Harness, pod: &str, id: &str) -> ContainerRecord {

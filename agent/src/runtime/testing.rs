@@ -42,6 +42,30 @@ struct State {
     task_calls: Vec<ContainerId>,
 }
 
+/// An exited container, as CRI shows it after its status call: its exit code and reason.
+pub fn exited(id: &str, name: &str, exit_code: i32, reason: &str) -> ContainerRecord {
+    ContainerRecord {
+        exit_code: Some(exit_code),
+        reason: reason.to_owned(),
+        image: "busybox".to_owned(),
+        ..container(id, name, ContainerState::Exited)
+    }
+}
+
+/// A pod `uid` of namespace `ns` named `name`, holding `containers`.
+pub fn pod(
+    uid: &str,
+    name: &str,
+    containers: impl IntoIterator<Item = ContainerRecord>,
+) -> PodRecord {
+    PodRecord {
+        uid: PodUid(uid.to_owned()),
+        namespace: "ns".to_owned(),
+        name: name.to_owned(),
+        containers: containers.into_iter().map(|c| (c.id.clone(), c)).collect(),
+    }
+}
+
 /// A container record with the given state; exited containers get exit code 0.
 pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord {
     ContainerRecord {

@@ -178,27 +178,28 @@ pub fn proc_cgroup2_path(pid: u32) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A kernel event as the probes write it, for tests: pid 42, no status.
+#[cfg(test)]
+pub(super) fn test_event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
+    let mut bytes = [0u8; plegd_common::EVENT_PATH_BYTES];
+    bytes[..path.len()].copy_from_slice(path.as_bytes());
+    KernelEvent {
+        kind: kind as u32,
+        pid: 42,
+        cgroup_id,
+        ktime_ns: 0,
+        exit_status: 0,
+        flags: 0,
+        path: bytes,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use plegd_common::EVENT_PATH_BYTES;
 
     use super::*;
 
     const ID: &str = "0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77";
-
-    fn event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
-        let mut bytes = [0u8; EVENT_PATH_BYTES];
-        bytes[..path.len()].copy_from_slice(path.as_bytes());
-        KernelEvent {
-            kind: kind as u32,
-            pid: 42,
-            cgroup_id,
-            ktime_ns: 0,
-            exit_status: 0,
-            flags: 0,
-            path: bytes,
-        }
-    }
 
     fn decoder() -> Decoder {
         Decoder::new(CgroupIndex::default(), vec!["k8s.io".into()])
@@ -213,7 +214,7 @@ mod tests {
         let mut d = decoder();
         let path = format!("/kubepods/besteffort/pod12345678-aaaa/{ID}");
         let decoded = d.decode(
-            &event(KernelEventKind::CgroupMkdir, 7, &path),
+            &test_event(KernelEventKind::CgroupMkdir, 7, &path),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
@@ -224,7 +225,7 @@ mod tests {
 
         // A non-container cgroup: no trigger, and the probes stop tracking it.
         let other = d.decode(
-            &event(KernelEventKind::CgroupMkdir, 8, "/system.slice/x.service"),
+            &test_event(KernelEventKind::CgroupMkdir, 8, "/system.slice/x.service"),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
@@ -238,7 +239,7 @@ mod tests {
 
         // rmdir forgets, and says the cgroup went (the container cannot still run).
         let gone = d.decode(
-            &event(KernelEventKind::CgroupRmdir, 7, ""),
+            &test_event(KernelEventKind::CgroupRmdir, 7, ""),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
@@ -250,7 +251,7 @@ mod tests {
         // An rmdir of anything else: nothing.
         assert_eq!(
             d.decode(
-                &event(KernelEventKind::CgroupRmdir, 8, ""),
+                &test_event(KernelEventKind::CgroupRmdir, 8, ""),
                 SystemTime::UNIX_EPOCH,
                 no_proc
             ),
@@ -262,7 +263,7 @@ mod tests {
     fn exits_carry_the_signal_or_the_code() {
         let mut d = decoder();
         d.decode(
-            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
@@ -271,7 +272,7 @@ mod tests {
             (3 << 8, ObservationKind::ExitCode(3)),
             (0, ObservationKind::ExitCode(0)),
         ] {
-            let mut exit = event(KernelEventKind::Exit, 7, "");
+            let mut exit = test_event(KernelEventKind::Exit, 7, "");
             exit.exit_status = status;
             exit.flags = EVENT_HAS_EXIT_STATUS;
             let trigger = d
@@ -284,7 +285,7 @@ mod tests {
         // no longer shows the container running.
         let trigger = d
             .decode(
-                &event(KernelEventKind::Exit, 7, ""),
+                &test_event(KernelEventKind::Exit, 7, ""),
                 SystemTime::UNIX_EPOCH,
                 no_proc,
             )
@@ -294,7 +295,7 @@ mod tests {
         // An unknown cgroup: nothing.
         assert_eq!(
             d.decode(
-                &event(KernelEventKind::Exit, 99, ""),
+                &test_event(KernelEventKind::Exit, 99, ""),
                 SystemTime::UNIX_EPOCH,
                 no_proc
             ),
@@ -308,24 +309,24 @@ mod tests {
     fn a_runtime_bootstrap_exec_and_its_exit_are_no_hints() {
         let mut d = decoder();
         d.decode(
-            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
-        let mut bootstrap = event(KernelEventKind::Exec, 7, "/dev/fd/6");
+        let mut bootstrap = test_event(KernelEventKind::Exec, 7, "/dev/fd/6");
         bootstrap.pid = 100;
         assert_eq!(
             d.decode(&bootstrap, SystemTime::UNIX_EPOCH, no_proc),
             Decoded::default()
         );
-        let mut exit = event(KernelEventKind::Exit, 7, "");
+        let mut exit = test_event(KernelEventKind::Exit, 7, "");
         exit.pid = 100;
         assert_eq!(
             d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc),
             Decoded::default()
         );
         // The container's command, and its exit, are.
-        let mut command = event(KernelEventKind::Exec, 7, "/bin/sh");
+        let mut command = test_event(KernelEventKind::Exec, 7, "/bin/sh");
         command.pid = 101;
         let trigger = d
             .decode(&command, SystemTime::UNIX_EPOCH, no_proc)
@@ -347,7 +348,7 @@ mod tests {
     fn oom_victims_are_found_through_proc_then_the_index() {
         let mut d = decoder();
         let via_proc = d.decode(
-            &event(KernelEventKind::Oom, 1, ""),
+            &test_event(KernelEventKind::Oom, 1, ""),
             SystemTime::UNIX_EPOCH,
             |_| Some(format!("/k8s.io/{ID}")),
         );
@@ -356,12 +357,12 @@ mod tests {
             ObservationKind::OomKilled
         );
         d.decode(
-            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
         let via_index = d.decode(
-            &event(KernelEventKind::Oom, 7, ""),
+            &test_event(KernelEventKind::Oom, 7, ""),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
@@ -372,13 +373,13 @@ mod tests {
     fn exec_names_the_binary_and_unknown_kinds_are_ignored() {
         let mut d = decoder();
         d.decode(
-            &event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
         let trigger = d
             .decode(
-                &event(KernelEventKind::Exec, 7, "/bin/sleep"),
+                &test_event(KernelEventKind::Exec, 7, "/bin/sleep"),
                 SystemTime::UNIX_EPOCH,
                 no_proc,
             )
@@ -388,7 +389,7 @@ mod tests {
             trigger.observations[0].kind,
             ObservationKind::Exec("/bin/sleep".into())
         );
-        let mut unknown = event(KernelEventKind::Exec, 7, "");
+        let mut unknown = test_event(KernelEventKind::Exec, 7, "");
         unknown.kind = 99;
         assert_eq!(
             d.decode(&unknown, SystemTime::UNIX_EPOCH, no_proc),

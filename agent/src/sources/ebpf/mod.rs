@@ -566,10 +566,9 @@ fn bump_memlock_rlimit() {
 mod tests {
     use std::sync::{Mutex, mpsc as std_mpsc};
 
-    use plegd_common::EVENT_PATH_BYTES;
     use tokio::sync::mpsc;
 
-    use super::*;
+    use super::{decode::test_event, *};
     use crate::pleg::{
         event::{Scope, Trigger},
         generator::{TriggerReceiver, trigger_channel},
@@ -637,20 +636,6 @@ mod tests {
         }
     }
 
-    fn event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> KernelEvent {
-        let mut bytes = [0u8; EVENT_PATH_BYTES];
-        bytes[..path.len()].copy_from_slice(path.as_bytes());
-        KernelEvent {
-            kind: kind as u32,
-            pid: 42,
-            cgroup_id,
-            ktime_ns: 0,
-            exit_status: 0,
-            flags: 0,
-            path: bytes,
-        }
-    }
-
     async fn next_container(triggers: &mut TriggerReceiver) -> String {
         let trigger: Trigger = tokio::time::timeout(WAIT, triggers.recv())
             .await
@@ -697,7 +682,7 @@ mod tests {
         // The scan is blocked: a cgroup made now is still decoded.
         let new = format!("{NAMESPACE}/new");
         events_tx
-            .send(event(KernelEventKind::CgroupMkdir, 2, &new))
+            .send(test_event(KernelEventKind::CgroupMkdir, 2, &new))
             .unwrap();
         assert_eq!(next_container(&mut triggers).await, "new");
 
@@ -720,7 +705,7 @@ mod tests {
         .expect("the scan's inits are seeded");
         for cgroup in [3, 2] {
             events_tx
-                .send(event(KernelEventKind::Exec, cgroup, "/bin/sh"))
+                .send(test_event(KernelEventKind::Exec, cgroup, "/bin/sh"))
                 .unwrap();
         }
         assert_eq!(next_container(&mut triggers).await, "old");
