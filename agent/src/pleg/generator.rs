@@ -30,17 +30,11 @@ pub const TRIGGER_CHANNEL_CAPACITY: usize = 4096;
 /// How sources hand triggers to the generator. Never blocks a source: when the channel is
 /// full, the trigger is dropped and a full relist is requested instead, so the change is still
 /// found.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct TriggerSender {
     triggers: mpsc::Sender<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
     observations: Option<Arc<dyn ObservationSink>>,
-}
-
-impl std::fmt::Debug for TriggerSender {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TriggerSender").finish_non_exhaustive()
-    }
 }
 
 impl TriggerSender {
@@ -67,16 +61,11 @@ impl TriggerSender {
 }
 
 /// The receiving half, owned by [`run`].
+#[derive(Debug)]
 pub struct TriggerReceiver {
     triggers: mpsc::Receiver<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
     observations: Option<Arc<dyn ObservationSink>>,
-}
-
-impl std::fmt::Debug for TriggerReceiver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TriggerReceiver").finish_non_exhaustive()
-    }
 }
 
 impl TriggerReceiver {
@@ -393,7 +382,7 @@ mod tests {
     }
 
     /// What an observation sink was told, in order.
-    #[derive(Default)]
+    #[derive(Debug, Default)]
     struct RecordingSink(std::sync::Mutex<Vec<String>>);
 
     impl ObservationSink for RecordingSink {

@@ -26,7 +26,7 @@ impl EventSink for mpsc::UnboundedSender<PodLifecycleEvent> {
 /// Where the kernel's observations go ahead of their confirmation (the API's opt-in stream):
 /// never PLEG events, each later matched by the event that carries it or said unconfirmed.
 /// Must not block.
-pub trait ObservationSink: Send + Sync + 'static {
+pub trait ObservationSink: std::fmt::Debug + Send + Sync + 'static {
     /// A kernel trigger with observations, as its source hands it over.
     fn ahead(&self, trigger: &Trigger);
     /// The runtime never confirmed what the kernel observed of `container`.
