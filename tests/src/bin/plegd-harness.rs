@@ -87,23 +87,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo { plegd, pause } => plegd_tests::demo::run(&plegd, pause).await?,
         Command::Image { plegd, out, name } => {
             let built = plegd_tests::image::build_plegd_image(&plegd, &name, &out)?;
-            let libraries: Vec<_> = built.libraries.iter().map(|l| l.display()).collect();
+            let libraries: Vec<String> = built
+                .libraries
+                .iter()
+                .map(|l| l.display().to_string())
+                .collect();
+            let libraries = if libraries.is_empty() {
+                "no shared libraries (static)".to_owned()
+            } else {
+                libraries.join(", ")
+            };
             eprintln!(
-                "image {name}: {} ({:.1} MiB; plegd and {})",
+                "image {name}: {} ({:.1} MiB; plegd and {libraries})",
                 built.tarball.display(),
                 built.size as f64 / f64::from(1 << 20),
-                if libraries.is_empty() {
-                    "no shared libraries (static)".to_owned()
-                } else {
-                    format!(
-                        "{}",
-                        libraries
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
             );
             println!("{}", built.tarball.display());
         }
