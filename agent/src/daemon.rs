@@ -1,6 +1,8 @@
 //! `plegd run`: the PLEG core wired to a runtime, a trigger channel, the sync loop and the
 //! event output, until shutdown.
 
+mod notify;
+
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::{io::AsyncWrite, sync::watch};
@@ -307,6 +309,9 @@ where
         sources = ?config.sources,
         "plegd running"
     );
+    // systemd (`Type=notify`) starts the units ordered after plegd once the cache holds the
+    // node's pods; a no-op without $NOTIFY_SOCKET.
+    let ready = tokio::spawn(notify::ready_after_first_relist(Arc::clone(&health)));
 
     // Runs until shutdown, or until stdout cannot be written.
     let stdout_failed = tokio::select! {
@@ -316,6 +321,8 @@ where
     if stdout_failed.is_some() {
         shutdown.cancel();
     }
+    ready.abort();
+    notify::send(notify::STOPPING);
     // Every event the generator made is on the bus once it stops; then the bus closes and
     // each consumer ends after what it has queued.
     let generated = generator.await;

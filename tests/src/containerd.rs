@@ -331,7 +331,9 @@ impl PrivateContainerd {
         Ok(())
     }
 
-    fn import_image(&self, namespace: &str, tarball: &Path) -> Result<(), HarnessError> {
+    /// Imports an OCI image tarball (e.g. plegd's, from [`image::build_plegd_image`]) into
+    /// `namespace` (CRI's is `k8s.io`) with `ctr images import`.
+    pub fn import_image(&self, namespace: &str, tarball: &Path) -> Result<(), HarnessError> {
         run_command(
             Command::new(self.release.program("ctr"))
                 .arg("--address")

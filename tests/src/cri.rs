@@ -133,6 +133,17 @@ impl Cri {
 
     /// [`Cri::run_pod`] with the containers' pid namespace chosen.
     pub async fn run_pod_in(&self, name: &str, pid_mode: PidMode) -> anyhow::Result<Pod> {
+        self.run_pod_with(name, pid_mode, |_| {}).await
+    }
+
+    /// [`Cri::run_pod_in`] with the sandbox config changed by `customize` before it runs (a
+    /// pod spec's security context, log directory, labels; the network stays the host's).
+    pub async fn run_pod_with(
+        &self,
+        name: &str,
+        pid_mode: PidMode,
+        customize: impl FnOnce(&mut PodSandboxConfig),
+    ) -> anyhow::Result<Pod> {
         let uid = pod_uid();
         let namespace = "plegd-test".to_owned();
         let cgroup_parent = format!("/kubepods/besteffort/pod{uid}");
@@ -159,6 +170,8 @@ impl Cri {
             }),
             ..Default::default()
         };
+        let mut config = config;
+        customize(&mut config);
         let id = self
             .runtime
             .clone()
@@ -185,6 +198,17 @@ impl Cri {
         &self,
         pod: &Pod,
         spec: &ContainerSpec,
+    ) -> anyhow::Result<String> {
+        self.create_container_with(pod, spec, |_| {}).await
+    }
+
+    /// [`Cri::create_container`] with the config changed by `customize` before it is created
+    /// (another image, arguments, mounts, a security context).
+    pub async fn create_container_with(
+        &self,
+        pod: &Pod,
+        spec: &ContainerSpec,
+        customize: impl FnOnce(&mut ContainerConfig),
     ) -> anyhow::Result<String> {
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
@@ -214,6 +238,8 @@ impl Cri {
             }),
             ..Default::default()
         };
+        let mut config = config;
+        customize(&mut config);
         Ok(self
             .runtime
             .clone()

@@ -1,6 +1,8 @@
-//! OCI image tarballs built from the host's busybox-static, for a node with no registry.
+//! OCI image tarballs built locally, for a node with no registry: busybox images for the tests'
+//! containers, and an image of one dynamically linked program with the shared libraries it
+//! needs ([`build_program_image`]: plegd's, for `cargo xtask image` and the DaemonSet test).
 //!
-//! The layer holds `/bin/busybox`, one symlink per applet, `/etc/passwd` and `/etc/group`. Every
+//! The busybox layer holds `/bin/busybox`, one symlink per applet, `/etc/passwd` and `/etc/group`. Every
 //! timestamp is fixed, so the same busybox gives the same digests on every run. Two images share
 //! the layer: `localhost/busybox:latest` (for test containers) and `localhost/pause:latest` (the
 //! CRI sandbox image, `sleep` forever).
@@ -22,6 +24,13 @@ pub const BUSYBOX_IMAGE: &str = "localhost/busybox:latest";
 /// The CRI sandbox image.
 pub const PAUSE_IMAGE: &str = "localhost/pause:latest";
 
+/// The name `cargo xtask image` gives plegd's image: the DaemonSet's `image`
+/// (deploy/kubernetes/daemonset.yaml; tests/tests/deploy.rs checks they agree).
+pub const PLEGD_IMAGE: &str = concat!("localhost/plegd:", env!("CARGO_PKG_VERSION"));
+
+/// Where plegd's image installs it (its entrypoint).
+pub const PLEGD_IN_IMAGE: &str = "/usr/local/bin/plegd";
+
 /// Why an image could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -31,6 +40,14 @@ pub enum ImageError {
     Busybox(#[source] std::io::Error),
     #[error("{BUSYBOX_PATH} --list failed: {0}")]
     BusyboxList(String),
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ldd {program}: {detail}")]
+    Ldd { program: PathBuf, detail: String },
     #[error("writing image {path}: {source}")]
     Write {
         path: PathBuf,
@@ -80,20 +97,203 @@ pub fn build_images(dir: &Path) -> Result<ImageTarballs, ImageError> {
         (&pause, PAUSE_IMAGE, json!(["sleep", "2147483647"])),
     ];
     for (path, name, cmd) in images {
-        let tarball = image_tarball(&layer, name, cmd).map_err(write_err(path))?;
-        // Written to a name unique to this write and renamed, so concurrent tests (threads or
-        // processes) never read a half-written tarball.
-        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-        fs::write(&tmp, tarball).map_err(write_err(&tmp))?;
-        fs::rename(&tmp, path).map_err(write_err(path))?;
+        let config = json!({ "Env": ["PATH=/bin"], "Cmd": cmd, "WorkingDir": "/" });
+        let tarball = image_tarball(&layer, name, config).map_err(write_err(path))?;
+        write_atomically(path, &tarball)?;
     }
     Ok(ImageTarballs {
         busybox,
         pause,
         layer_diff_id: layer.digest,
     })
+}
+
+/// Writes to a name unique to this write and renames, so concurrent tests (threads or
+/// processes) never read a half-written tarball.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let write_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ImageError::Write { path, source }
+    };
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    fs::write(&tmp, bytes).map_err(write_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(write_err(path))
+}
+
+/// An image of one program: what [`build_program_image`] puts in it.
+#[derive(Clone, Debug)]
+pub struct ProgramImage<'a> {
+    /// The program on this machine.
+    pub program: &'a Path,
+    /// Where it goes in the image (absolute), the image's entrypoint.
+    pub install_as: &'a str,
+    /// The image's name, e.g. `localhost/plegd:0.1.0`.
+    pub name: &'a str,
+    /// The image's default arguments.
+    pub cmd: &'a [&'a str],
+    /// Empty directories the program expects (absolute), e.g. mount points.
+    pub dirs: &'a [&'a str],
+}
+
+/// A built program image: the tarball and what is in it.
+#[derive(Clone, Debug)]
+pub struct BuiltImage {
+    pub tarball: PathBuf,
+    /// Its size in bytes (uncompressed: the layer is a plain tar).
+    pub size: u64,
+    /// The shared libraries copied in, as `ldd` named them.
+    pub libraries: Vec<PathBuf>,
+}
+
+/// Builds `image` into the OCI tarball `out`: one layer with the program, the shared
+/// libraries `ldd` says it loads (at the paths it names, so the dynamic loader finds them with
+/// no cache), `/tmp`, `image.dirs` and a minimal `/etc/passwd`. Nothing else: no shell.
+pub fn build_program_image(image: &ProgramImage<'_>, out: &Path) -> Result<BuiltImage, ImageError> {
+    let read = |path: &Path| {
+        fs::read(path).map_err(|source| ImageError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let libraries = shared_libraries(image.program)?;
+    let mut files = vec![(image.install_as.to_owned(), read(image.program)?, 0o755)];
+    for library in &libraries {
+        files.push((library.display().to_string(), read(library)?, 0o755));
+    }
+    files.push((
+        "/etc/passwd".into(),
+        b"root:x:0:0:root:/:/sbin/nologin\n".to_vec(),
+        0o644,
+    ));
+    files.push(("/etc/group".into(), b"root:x:0:\n".to_vec(), 0o644));
+    let io = |source| ImageError::Write {
+        path: out.to_owned(),
+        source,
+    };
+    let layer = Blob::new(files_layer(&files, image.dirs).map_err(io)?);
+    let config = json!({
+        "Entrypoint": [image.install_as],
+        "Cmd": image.cmd,
+        "WorkingDir": "/",
+    });
+    let tarball = image_tarball(&layer, image.name, config).map_err(io)?;
+    if let Some(dir) = out.parent() {
+        fs::create_dir_all(dir).map_err(io)?;
+    }
+    write_atomically(out, &tarball)?;
+    Ok(BuiltImage {
+        tarball: out.to_owned(),
+        size: tarball.len() as u64,
+        libraries,
+    })
+}
+
+/// Builds plegd's image from `binary` into `out`, named `name`: [`PLEGD_IN_IMAGE`] as the
+/// entrypoint, `run` as the default arguments, the mount points of the DaemonSet made.
+pub fn build_plegd_image(binary: &Path, name: &str, out: &Path) -> Result<BuiltImage, ImageError> {
+    build_program_image(
+        &ProgramImage {
+            program: binary,
+            install_as: PLEGD_IN_IMAGE,
+            name,
+            cmd: &["run"],
+            dirs: &[
+                "/proc",
+                "/sys",
+                "/dev",
+                "/run/plegd",
+                "/run/containerd",
+                "/var/lib/plegd",
+            ],
+        },
+        out,
+    )
+}
+
+/// The shared libraries `program` loads, as `ldd` lists them (the vDSO excluded).
+fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let ldd_err = |detail: String| ImageError::Ldd {
+        program: program.to_owned(),
+        detail,
+    };
+    let output = Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(|e| ldd_err(e.to_string()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let said = format!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    // A static program: ldd says so (on stdout or stderr) and may fail.
+    if said.contains("statically linked") || said.contains("not a dynamic executable") {
+        return Ok(Vec::new());
+    }
+    if !output.status.success() {
+        return Err(ldd_err(
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ));
+    }
+    parse_ldd(&text).map_err(ldd_err)
+}
+
+/// The library paths of `ldd`'s output; a library it could not find is an error.
+fn parse_ldd(text: &str) -> Result<Vec<PathBuf>, String> {
+    let mut libraries = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = match line.split_once("=>") {
+            Some((name, target)) => {
+                let target = target.trim();
+                if target.starts_with("not found") {
+                    return Err(format!("{} not found", name.trim()));
+                }
+                target.split(" (").next().unwrap_or_default().trim()
+            }
+            None => line.split(" (").next().unwrap_or_default().trim(),
+        };
+        if path.starts_with('/') {
+            libraries.push(PathBuf::from(path));
+        }
+    }
+    Ok(libraries)
+}
+
+/// A layer of `(absolute path, content, mode)` files and empty `dirs`, every parent directory
+/// made first.
+fn files_layer(files: &[(String, Vec<u8>, u32)], dirs: &[&str]) -> std::io::Result<Vec<u8>> {
+    let mut all_dirs = std::collections::BTreeSet::new();
+    let mut add_parents = |path: &str| {
+        let mut at = Path::new(path.trim_start_matches('/'));
+        while let Some(parent) = at.parent().filter(|p| !p.as_os_str().is_empty()) {
+            all_dirs.insert(parent.to_owned());
+            at = parent;
+        }
+    };
+    for (path, _, _) in files {
+        add_parents(path);
+    }
+    for dir in dirs.iter().chain(&["/tmp"]) {
+        add_parents(&format!("{dir}/x"));
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    // Sorted: parents come before their children.
+    for dir in &all_dirs {
+        let mode = if dir == Path::new("tmp") {
+            0o1777
+        } else {
+            0o755
+        };
+        let mut header = tar_header(tar::EntryType::Directory, mode, 0);
+        tar.append_data(&mut header, dir, std::io::empty())?;
+    }
+    for (path, content, mode) in files {
+        let mut header = tar_header(tar::EntryType::Regular, *mode, content.len() as u64);
+        tar.append_data(
+            &mut header,
+            path.trim_start_matches('/'),
+            content.as_slice(),
+        )?;
+    }
+    tar.into_inner()
 }
 
 /// The uncompressed layer tar: busybox, its applet symlinks and a minimal /etc.
@@ -163,15 +363,12 @@ fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 
 /// One OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/*`) as a tarball that
 /// `ctr images import` accepts; `name` goes into the `io.containerd.image.name` annotation.
-fn image_tarball(layer: &Blob, name: &str, cmd: serde_json::Value) -> std::io::Result<Vec<u8>> {
+/// `config` is the image config's `config` (Entrypoint, Cmd, Env, ...).
+fn image_tarball(layer: &Blob, name: &str, config: serde_json::Value) -> std::io::Result<Vec<u8>> {
     let config = Blob::new(serde_json::to_vec(&json!({
         "architecture": host_architecture(),
         "os": "linux",
-        "config": {
-            "Env": ["PATH=/bin"],
-            "Cmd": cmd,
-            "WorkingDir": "/",
-        },
+        "config": config,
         "rootfs": { "type": "layers", "diff_ids": [layer.digest] },
     }))?);
     let manifest = Blob::new(serde_json::to_vec(&json!({
@@ -232,9 +429,76 @@ mod tests {
     }
 
     #[test]
+    fn ldd_output_gives_every_library_path() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f0a)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0b)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f0c)\n";
+        assert_eq!(
+            parse_ldd(text).unwrap(),
+            [
+                "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+        assert!(parse_ldd("\tlibfoo.so.1 => not found\n").is_err());
+    }
+
+    #[test]
+    fn a_program_image_holds_the_program_its_libraries_and_parents() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = Path::new(BUSYBOX_PATH);
+        let image = ProgramImage {
+            program,
+            install_as: "/usr/local/bin/tool",
+            name: "localhost/tool:1",
+            cmd: &["--help"],
+            dirs: &["/run/tool"],
+        };
+        let built = build_program_image(&image, &dir.path().join("tool.tar")).unwrap();
+        let mut outer = tar::Archive::new(fs::File::open(&built.tarball).unwrap());
+        let mut layer_paths = Vec::new();
+        for entry in outer.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+            // The layer is the blob that is itself a tar holding the program.
+            if let Ok(entries) = tar::Archive::new(bytes.as_slice()).entries() {
+                let paths: Vec<String> = entries
+                    .filter_map(|e| Some(e.ok()?.path().ok()?.display().to_string()))
+                    .collect();
+                if paths.iter().any(|p| p == "usr/local/bin/tool") {
+                    layer_paths = paths;
+                }
+            }
+        }
+        for want in [
+            "usr/",
+            "usr/local/",
+            "usr/local/bin/",
+            "run/tool/",
+            "tmp/",
+            "etc/passwd",
+        ] {
+            assert!(
+                layer_paths
+                    .iter()
+                    .any(|p| p.trim_end_matches('/') == want.trim_end_matches('/')),
+                "{want} missing from {layer_paths:?}"
+            );
+        }
+        for library in &built.libraries {
+            let inside = library.display().to_string();
+            assert!(
+                layer_paths.contains(&inside.trim_start_matches('/').to_owned()),
+                "{inside} missing"
+            );
+        }
+    }
+
+    #[test]
     fn image_tarball_is_a_valid_oci_layout() {
         let layer = Blob::new(b"layer".to_vec());
-        let bytes = image_tarball(&layer, "localhost/x:v1", json!(["sh"])).unwrap();
+        let bytes = image_tarball(&layer, "localhost/x:v1", json!({ "Cmd": ["sh"] })).unwrap();
         let mut archive = tar::Archive::new(bytes.as_slice());
         let mut names = Vec::new();
         let mut index = None;

@@ -34,7 +34,7 @@ pub fn run(opts: &Options) -> Result<()> {
 }
 
 /// Cargo's target directory for this workspace.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(
         || {
             // xtask's manifest dir is <workspace>/xtask.

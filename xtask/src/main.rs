@@ -11,6 +11,7 @@ mod demo;
 mod fresh;
 mod fuzz;
 mod harness;
+mod image;
 mod kernels;
 mod setup;
 mod test;
@@ -44,6 +45,9 @@ enum Command {
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root), then
     /// the quick eBPF check on Linux 6.1 in a VM.
     Test(test::Options),
+    /// Build plegd's OCI image tarball (release binary and the shared libraries it loads) into
+    /// the target directory and print its path; no registry or container engine needed.
+    Image(image::Options),
     /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
     /// and the eBPF end-to-end tests inside each.
     Kernels(kernels::Options),
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
+        Command::Image(opts) => image::run(&opts),
         Command::Kernels(opts) => kernels::run(&opts),
         Command::Fresh(opts) => fresh::run(&opts),
     };

@@ -38,7 +38,9 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd::{capture, failure, output, stream};
 
 /// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the test
-/// harness (a private containerd, runc, a busybox image) need.
+/// harness (a private containerd, runc, a busybox image) need; `systemd` for
+/// `systemd-analyze verify` of deploy/systemd/plegd.service (tests/tests/deploy.rs; the package
+/// installs without being PID 1), `binutils` for `strip` (the DaemonSet test's image).
 pub const APT_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
@@ -48,6 +50,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "libpolly-22-dev",
     "libzstd-dev",
     "zlib1g-dev",
+    "systemd",
+    "binutils",
 ];
 
 /// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
@@ -63,7 +67,15 @@ const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
 /// Programs that must be runnable once the apt packages are in.
-const REQUIRED_PROGRAMS: &[&str] = &["containerd", "ctr", "runc", "protoc", "busybox"];
+const REQUIRED_PROGRAMS: &[&str] = &[
+    "containerd",
+    "ctr",
+    "runc",
+    "protoc",
+    "busybox",
+    "systemd-analyze",
+    "strip",
+];
 
 /// Where Debian's llvm-22 lives; bpf-linker must be built against it (without `LLVM_PREFIX`
 /// its build finds LLVM 14's llvm-config and fails with "unable to find library -lLLVM").

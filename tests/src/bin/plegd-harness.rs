@@ -32,6 +32,18 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = parse_seconds)]
         pause: std::time::Duration,
     },
+    /// Build plegd's OCI image tarball (for `ctr images import`) from a plegd binary.
+    Image {
+        /// The plegd binary to put in it.
+        #[arg(long)]
+        plegd: std::path::PathBuf,
+        /// The tarball to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The image's name.
+        #[arg(long, default_value = plegd_tests::image::PLEGD_IMAGE)]
+        name: String,
+    },
 }
 
 fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
@@ -73,6 +85,25 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo { plegd, pause } => plegd_tests::demo::run(&plegd, pause).await?,
+        Command::Image { plegd, out, name } => {
+            let built = plegd_tests::image::build_plegd_image(&plegd, &name, &out)?;
+            let libraries: Vec<String> = built
+                .libraries
+                .iter()
+                .map(|l| l.display().to_string())
+                .collect();
+            let libraries = if libraries.is_empty() {
+                "no shared libraries (static)".to_owned()
+            } else {
+                libraries.join(", ")
+            };
+            eprintln!(
+                "image {name}: {} ({:.1} MiB; plegd and {libraries})",
+                built.tarball.display(),
+                built.size as f64 / f64::from(1 << 20),
+            );
+            println!("{}", built.tarball.display());
+        }
         Command::Containerd { action, name } => {
             let options = ContainerdOptions::named(&name);
             match action {
