@@ -42,6 +42,23 @@ enum Command {
     /// Print a running plegd's health and event sources. Exit code 0: healthy, 1: unhealthy,
     /// 2: unreachable.
     Health(ReportArgs),
+    /// Print a shell completion script for plegd on stdout, e.g.
+    /// `plegd completions bash > /etc/bash_completion.d/plegd`.
+    Completions(CompletionsArgs),
+}
+
+/// Flags of `plegd completions`.
+#[derive(Debug, Args)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+/// The `plegd` command line as clap describes it: what `--help`, the man page
+/// (docs/man/plegd.1) and the shell completions are made from.
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// Where the daemon is.
@@ -124,6 +141,10 @@ pub fn main() -> ExitCode {
         Command::Watch(args) => client(watch(args)),
         Command::Pods(args) => client(pods(args)),
         Command::Health(args) => return health(&args),
+        Command::Completions(args) => {
+            clap_complete::generate(args.shell, &mut command(), "plegd", &mut std::io::stdout());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -151,9 +172,16 @@ fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     crate::runtime::transport::with_causes(error.to_string(), error)
 }
 
+/// The log filter without `RUST_LOG`: info, and the requests h2 refuses (at h2's debug level,
+/// the only events of `h2::server` there), so a client whose request is malformed, such as a
+/// gRPC client that sends the socket's path as `:authority`, shows up in the log with the
+/// reason instead of as a bare `RST_STREAM` on its side (see README, "Clients in other
+/// languages").
+const DEFAULT_LOG_FILTER: &str = "info,h2::server=debug";
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // Colours only for a terminal: logs piped to a file or journald stay plain text.
@@ -294,5 +322,25 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completions_are_printed_for_bash_zsh_and_fish() {
+        for shell in ["bash", "zsh", "fish"] {
+            let cli = Cli::try_parse_from(["plegd", "completions", shell]).unwrap();
+            let Command::Completions(args) = cli.command else {
+                panic!("not completions: {cli:?}");
+            };
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut command(), "plegd", &mut script);
+            let script = String::from_utf8(script).unwrap();
+            assert!(script.contains("relist-period"), "{shell}: {script}");
+        }
+        assert!(Cli::try_parse_from(["plegd", "completions", "tcsh"]).is_err());
+    }
+
+    #[test]
+    fn the_default_log_filter_parses() {
+        tracing_subscriber::EnvFilter::try_new(DEFAULT_LOG_FILTER).unwrap();
     }
 }
