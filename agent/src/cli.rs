@@ -141,10 +141,7 @@ pub fn main() -> ExitCode {
         Command::Watch(args) => client(watch(args)),
         Command::Pods(args) => client(pods(args)),
         Command::Health(args) => return health(&args),
-        Command::Completions(args) => {
-            clap_complete::generate(args.shell, &mut command(), "plegd", &mut std::io::stdout());
-            Ok(())
-        }
+        Command::Completions(args) => completions(args.shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -265,6 +262,27 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
+/// The completion script of `plegd` for `shell`.
+fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command(), "plegd", &mut script);
+    script
+}
+
+/// Prints the completion script; a reader that stops early (`| head`) is no error.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout()
+        .lock()
+        .write_all(&completion_script(shell))
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing the completion script"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Runs a client command on a small runtime.
 fn client<T>(command: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
@@ -331,9 +349,7 @@ mod tests {
             let Command::Completions(args) = cli.command else {
                 panic!("not completions: {cli:?}");
             };
-            let mut script = Vec::new();
-            clap_complete::generate(args.shell, &mut command(), "plegd", &mut script);
-            let script = String::from_utf8(script).unwrap();
+            let script = String::from_utf8(completion_script(args.shell)).unwrap();
             assert!(script.contains("relist-period"), "{shell}: {script}");
         }
         assert!(Cli::try_parse_from(["plegd", "completions", "tcsh"]).is_err());
