@@ -37,8 +37,11 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{capture, failure, output, stream};
 
-/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the test
-/// harness (a private containerd, runc, a busybox image) need.
+/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the tests
+/// need: the harness (a private containerd, runc, a busybox image) and the Python client test
+/// (grpcio; grpc_python_plugin for its stubs; grpc-tools for the well-known .protos).
+/// `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and enable a
+/// Prometheus server; the metrics format test runs promtool only where it is installed.
 pub const APT_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
@@ -48,6 +51,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "libpolly-22-dev",
     "libzstd-dev",
     "zlib1g-dev",
+    "python3-grpcio",
+    "python3-grpc-tools",
+    "protobuf-compiler-grpc",
 ];
 
 /// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
@@ -63,7 +69,14 @@ const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
 /// Programs that must be runnable once the apt packages are in.
-const REQUIRED_PROGRAMS: &[&str] = &["containerd", "ctr", "runc", "protoc", "busybox"];
+const REQUIRED_PROGRAMS: &[&str] = &[
+    "containerd",
+    "ctr",
+    "runc",
+    "protoc",
+    "busybox",
+    "grpc_python_plugin",
+];
 
 /// Where Debian's llvm-22 lives; bpf-linker must be built against it (without `LLVM_PREFIX`
 /// its build finds LLVM 14's llvm-config and fails with "unable to find library -lLLVM").
