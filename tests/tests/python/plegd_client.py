@@ -6,6 +6,7 @@ Usage: plegd_client.py SOCKET STUBS_DIR CONTAINER_ID
 """
 
 import sys
+import time
 
 import grpc
 
@@ -45,7 +46,12 @@ else:
 
 # grpc.health.v1 without its generated stubs: HealthCheckRequest{service: ""} is empty, and
 # HealthCheckResponse is field 1, a varint status (1: SERVING, 2: NOT_SERVING).
+# plegd updates it every second: a daemon that just started may not be SERVING yet.
 check = channel.unary_unary("/grpc.health.v1.Health/Check")
-response = check(b"", timeout=30)
-status = {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}.get(response, repr(response))
+for _ in range(100):
+    response = check(b"", timeout=30)
+    status = {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}.get(response, repr(response))
+    if status == "SERVING":
+        break
+    time.sleep(0.1)
 say("health", status)
