@@ -42,6 +42,23 @@ enum Command {
     /// Print a running plegd's health and event sources. Exit code 0: healthy, 1: unhealthy,
     /// 2: unreachable.
     Health(ReportArgs),
+    /// Print a shell completion script for plegd on stdout, e.g.
+    /// `plegd completions bash > /etc/bash_completion.d/plegd`.
+    Completions(CompletionsArgs),
+}
+
+/// Flags of `plegd completions`.
+#[derive(Debug, Args)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+/// The `plegd` command line as clap describes it: what `--help`, the man page
+/// (docs/man/plegd.1) and the shell completions are made from.
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// Where the daemon is.
@@ -128,6 +145,7 @@ pub fn main() -> ExitCode {
         Command::Watch(args) => client(watch(args)),
         Command::Pods(args) => client(pods(args)),
         Command::Health(args) => return health(&args),
+        Command::Completions(args) => completions(args.shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -155,9 +173,16 @@ fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     crate::runtime::transport::with_causes(error.to_string(), error)
 }
 
+/// The log filter without `RUST_LOG`: info, and the requests h2 refuses (at h2's debug level,
+/// the only events of `h2::server` there), so a client whose request is malformed, such as a
+/// gRPC client that sends the socket's path as `:authority`, shows up in the log with the
+/// reason instead of as a bare `RST_STREAM` on its side (see README, "Clients in other
+/// languages").
+const DEFAULT_LOG_FILTER: &str = "info,h2::server=debug";
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // Colours only for a terminal: logs piped to a file or journald stay plain text.
@@ -241,6 +266,27 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
+/// The completion script of `plegd` for `shell`.
+fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command(), "plegd", &mut script);
+    script
+}
+
+/// Prints the completion script; a reader that stops early (`| head`) is no error.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout()
+        .lock()
+        .write_all(&completion_script(shell))
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing the completion script"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Runs a client command on a small runtime.
 fn client<T>(command: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
@@ -299,5 +345,23 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completions_are_printed_for_bash_zsh_and_fish() {
+        for shell in ["bash", "zsh", "fish"] {
+            let cli = Cli::try_parse_from(["plegd", "completions", shell]).unwrap();
+            let Command::Completions(args) = cli.command else {
+                panic!("not completions: {cli:?}");
+            };
+            let script = String::from_utf8(completion_script(args.shell)).unwrap();
+            assert!(script.contains("relist-period"), "{shell}: {script}");
+        }
+        assert!(Cli::try_parse_from(["plegd", "completions", "tcsh"]).is_err());
+    }
+
+    #[test]
+    fn the_default_log_filter_parses() {
+        tracing_subscriber::EnvFilter::try_new(DEFAULT_LOG_FILTER).unwrap();
     }
 }

@@ -1,6 +1,8 @@
 //! Prometheus metrics: kubelet's PLEG metrics under kubelet's names and buckets, plus plegd's
 //! own. A leaf module: [`Metrics`] is a cheap `Clone` handle given to the generator, the sync
-//! loop and the sources; [`Metrics::encode`] renders the OpenMetrics text for `/metrics`.
+//! loop and the sources; [`Metrics::encode`] renders the text for `/metrics` in the
+//! [`Format`] a scraper asks for: OpenMetrics (Prometheus 2.x, the default) or the classic
+//! Prometheus text format (`promtool`, Prometheus 1.x, most other scrapers).
 //!
 //! kubelet's names and semantics: `kubelet_pleg_relist_duration_seconds` and
 //! `kubelet_pleg_relist_interval_seconds` (histograms, Prometheus' default buckets as kubelet
@@ -8,7 +10,9 @@
 //! `kubelet_pleg_discard_events` counts events the sync loop skipped because it fell behind
 //! (kubelet drops them on a full channel; plegd's relist never drops). It is exposed
 //! without the `_total` suffix OpenMetrics gives counters, so kubelet dashboards find it, and
-//! therefore with type `unknown`.
+//! therefore with type `unknown` in OpenMetrics and `untyped` in the classic text (kubelet
+//! types it `counter` there, which `promtool check metrics` rejects for the missing suffix;
+//! PromQL's `rate()` does not look at the type).
 
 use std::{
     collections::BTreeMap,
@@ -121,94 +125,95 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// A fresh set of metrics, all registered.
+    /// A fresh set of metrics, all registered. (prometheus-client ends each help text with a
+    /// period: the texts here have none.)
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let relist_duration = Histogram::new(KUBELET_BUCKETS);
         registry.register(
             "kubelet_pleg_relist_duration_seconds",
-            "Duration in seconds for relisting pods in PLEG (full relists).",
+            "Duration in seconds for relisting pods in PLEG (full relists)",
             relist_duration.clone(),
         );
         let relist_interval = Histogram::new(KUBELET_BUCKETS);
         registry.register(
             "kubelet_pleg_relist_interval_seconds",
-            "Interval in seconds between relisting in PLEG (between successful full relists).",
+            "Interval in seconds between relisting in PLEG (between successful full relists)",
             relist_interval.clone(),
         );
         let discard_events = BareCounter::default();
         registry.register(
             "kubelet_pleg_discard_events",
-            "The number of discard events in PLEG (a counter).",
+            "The number of discard events in PLEG (a counter)",
             discard_events.clone(),
         );
         let last_seen = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "kubelet_pleg_last_seen_seconds",
-            "Timestamp in seconds when PLEG was last seen active (start of the last successful full relist).",
+            "Timestamp in seconds when PLEG was last seen active (start of the last successful full relist)",
             last_seen.clone(),
         );
         let triggers = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_triggers",
-            "Triggers received by the relist scheduler, by source.",
+            "Triggers received by the relist scheduler, by source",
             triggers.clone(),
         );
         let relists = Family::<ScopeLabel, Counter>::default();
         registry.register(
             "plegd_relists",
-            "Relists run, by scope (full or targeted).",
+            "Relists run, by scope (full or targeted)",
             relists.clone(),
         );
         // 100µs .. ~10s, doubling.
         let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
         registry.register(
             "plegd_trigger_to_event_seconds",
-            "Time from a push source's observation to the event's emission (events some source pointed at).",
+            "Time from a push source's observation to the event's emission (events some source pointed at)",
             trigger_to_event.clone(),
         );
         let ringbuf_drops = Counter::default();
         registry.register(
             "plegd_ringbuf_drops",
-            "Kernel events lost because the eBPF ring buffer was full.",
+            "Kernel events lost because the eBPF ring buffer was full",
             ringbuf_drops.clone(),
         );
         let untracked_cgroups = Counter::default();
         registry.register(
             "plegd_untracked_cgroups",
-            "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes).",
+            "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes)",
             untracked_cgroups.clone(),
         );
         let init_map_errors = Family::<OpLabel, Counter>::default();
         registry.register(
             "plegd_init_map_errors",
-            "Failed updates of the eBPF init map from userspace, by operation: seed (a running container's init not given to the probes: no process hints for it) or untrack (a non-container cgroup left in the map, holding a slot until evicted).",
+            "Failed updates of the eBPF init map from userspace, by operation: seed (a running container's init not given to the probes: no process hints for it) or untrack (a non-container cgroup left in the map, holding a slot until evicted)",
             init_map_errors.clone(),
         );
         let stream_reconnects = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_stream_reconnects",
-            "Reconnections of runtime event streams, by source.",
+            "Reconnections of runtime event streams, by source",
             stream_reconnects.clone(),
         );
         let unconfirmed_hints = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_unconfirmed_hints",
-            "Targeted relists whose runtime reading still did not show what their hint implied after every retry, by source (the next full relist is the safety net).",
+            "Targeted relists whose runtime reading still did not show what their hint implied after every retry, by source (the next full relist is the safety net)",
             unconfirmed_hints.clone(),
         );
         let watch_subscribers = Gauge::default();
         registry.register(
             "plegd_watch_subscribers",
-            "Watch streams currently open.",
+            "Watch streams currently open",
             watch_subscribers.clone(),
         );
         let pods = Gauge::default();
-        registry.register("plegd_pods", "Pods in the cache.", pods.clone());
+        registry.register("plegd_pods", "Pods in the cache", pods.clone());
         let containers = Family::<StateLabel, Gauge>::default();
         registry.register(
             "plegd_containers",
-            "Containers (sandboxes included) in the cache, by state.",
+            "Containers (sandboxes included) in the cache, by state",
             containers.clone(),
         );
         Self {
@@ -354,6 +359,105 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.inner.registry);
         text
     }
+
+    /// Every metric in `format`.
+    pub fn encode_as(&self, format: Format) -> String {
+        match format {
+            Format::OpenMetrics => self.encode(),
+            Format::Text => to_classic_text(&self.encode()),
+        }
+    }
+}
+
+/// An exposition format of `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0.0, what Prometheus 2.x asks for first.
+    OpenMetrics,
+    /// The classic Prometheus text format 0.0.4, what `promtool check metrics`, Prometheus 1.x
+    /// and most other scrapers read.
+    Text,
+}
+
+impl Format {
+    /// The `Content-Type` of a response in this format.
+    pub const fn content_type(self) -> &'static str {
+        match self {
+            Self::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Self::Text => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+
+    /// The format an HTTP `Accept` header prefers: the media type with the higher `q` of
+    /// `application/openmetrics-text` and `text/plain`; OpenMetrics on a tie, without the
+    /// header, or when it names neither (`*/*`), as before content negotiation existed.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let Some(accept) = accept else {
+            return Self::OpenMetrics;
+        };
+        let (mut openmetrics, mut text) = (None::<f32>, None::<f32>);
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .and_then(|(_, v)| v.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            let slot = match media.as_str() {
+                "application/openmetrics-text" => &mut openmetrics,
+                "text/plain" => &mut text,
+                _ => continue,
+            };
+            *slot = Some(slot.map_or(q, |old| old.max(q)));
+        }
+        match (openmetrics.filter(|q| *q > 0.0), text.filter(|q| *q > 0.0)) {
+            (Some(o), Some(t)) if t > o => Self::Text,
+            (None, Some(_)) => Self::Text,
+            _ => Self::OpenMetrics,
+        }
+    }
+}
+
+/// The classic Prometheus text of the OpenMetrics text `openmetrics`: counter families named
+/// with their `_total` samples' name, `unknown` typed `untyped`, no `# UNIT`, `_created`
+/// samples, exemplars or `# EOF`.
+fn to_classic_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // A family's HELP comes before its TYPE, which decides its classic name.
+    let mut help: Option<(&str, String)> = None;
+    let mut counter: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            // OpenMetrics escapes `"` in HELP; the classic text does not.
+            help = Some((name, text.replace("\\\"", "\"")));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let (family, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "gauge" | "histogram" | "summary" => (name.to_owned(), kind),
+                _ => (name.to_owned(), "untyped"),
+            };
+            counter = (kind == "counter").then_some(name);
+            if let Some((_, text)) = help.take().filter(|(n, _)| *n == name) {
+                out.push_str(&format!("# HELP {family} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {family} {kind}\n"));
+        } else if line.starts_with('#') {
+            // `# UNIT`, `# EOF`: no classic equivalent.
+        } else if !line.is_empty() {
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            if counter.is_some_and(|c| line[..name_end] == format!("{c}_created")) {
+                continue;
+            }
+            // Exemplars (`value # {labels} value`) are OpenMetrics only.
+            let sample = line.split_once(" # ").map_or(line, |(sample, _)| sample);
+            out.push_str(sample);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -434,5 +538,70 @@ mod tests {
         assert_eq!(value(&text, "plegd_containers{state=\"running\"}"), 3.0);
         assert_eq!(value(&text, "plegd_containers{state=\"exited\"}"), 0.0);
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_classic_text_has_classic_types_and_counter_names() {
+        let metrics = Metrics::new();
+        metrics.discarded_events(2);
+        metrics.trigger(TriggerSource::Containerd);
+        metrics.ringbuf_drops(3);
+        let text = metrics.encode_as(Format::Text);
+        assert!(
+            !text.contains("# EOF") && !text.contains("unknown"),
+            "{text}"
+        );
+        for expected in [
+            "# TYPE kubelet_pleg_discard_events untyped\nkubelet_pleg_discard_events 2.0\n",
+            "# HELP plegd_ringbuf_drops_total Kernel events lost",
+            "# TYPE plegd_ringbuf_drops_total counter\nplegd_ringbuf_drops_total 3\n",
+            "# TYPE plegd_triggers_total counter\nplegd_triggers_total{source=\"containerd\"} 1\n",
+            "# TYPE kubelet_pleg_relist_duration_seconds histogram\n",
+            "# TYPE plegd_pods gauge\nplegd_pods 0\n",
+        ] {
+            assert!(text.contains(expected), "{expected:?} not in\n{text}");
+        }
+        // Every sample follows the TYPE line of its family.
+        let mut family = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_owned();
+            } else if !line.starts_with('#') {
+                assert!(line.starts_with(&family), "{line:?} outside {family}");
+            }
+        }
+    }
+
+    #[test]
+    fn to_classic_drops_what_openmetrics_alone_has() {
+        let openmetrics = "# HELP c A \\\"quoted\\\" help.\n# TYPE c counter\n# UNIT c seconds\n\
+                           c_total 1 # {trace_id=\"x\"} 1\nc_created 17\n# TYPE u unknown\nu 2\n# EOF\n";
+        assert_eq!(
+            to_classic_text(openmetrics),
+            "# HELP c_total A \"quoted\" help.\n# TYPE c_total counter\nc_total 1\n\
+             # TYPE u untyped\nu 2\n"
+        );
+    }
+
+    #[test]
+    fn the_format_follows_the_accept_header() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                          version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let cases = [
+            (None, Format::OpenMetrics),
+            (Some("*/*"), Format::OpenMetrics),
+            (Some(prometheus), Format::OpenMetrics),
+            (Some("text/plain; version=0.0.4"), Format::Text),
+            (Some("text/plain;version=0.0.4;q=1,*/*;q=0.1"), Format::Text),
+            (
+                Some("application/openmetrics-text;q=0.3, text/plain"),
+                Format::Text,
+            ),
+            (Some("text/plain;q=0, */*"), Format::OpenMetrics),
+            (Some("application/json"), Format::OpenMetrics),
+        ];
+        for (accept, expected) in cases {
+            assert_eq!(Format::negotiate(accept), expected, "{accept:?}");
+        }
     }
 }

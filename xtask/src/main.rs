@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod containerd;
 mod demo;
+mod docs;
 mod fresh;
 mod fuzz;
 mod harness;
@@ -42,6 +43,9 @@ enum Command {
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),
+    /// Regenerate the reference pages under docs/ (configuration, man pages, API, metrics)
+    /// from the code; `cargo test` fails while they are out of date.
+    Docs(docs::Options),
     /// Set up, check format and lints, and run every test, unit and end-to-end (as root), then
     /// the quick eBPF check on Linux 6.1 in a VM.
     Test(test::Options),
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         Command::Bench(opts) => bench::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Docs(opts) => docs::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Image(opts) => image::run(&opts),
         Command::Kernels(opts) => kernels::run(&opts),

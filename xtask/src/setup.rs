@@ -37,10 +37,13 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{capture, failure, output, stream};
 
-/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the test
-/// harness (a private containerd, runc, a busybox image) need; `systemd` for
-/// `systemd-analyze verify` of deploy/systemd/plegd.service (tests/tests/deploy.rs; the package
-/// installs without being PID 1), `binutils` for `strip` (the DaemonSet test's image).
+/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the tests
+/// need: the harness (a private containerd, runc, a busybox image); the Python client test
+/// (grpcio; grpc_python_plugin for its stubs; grpc-tools for the well-known .protos);
+/// `systemd` for `systemd-analyze verify` of deploy/systemd/plegd.service (tests/tests/deploy.rs;
+/// the package installs without being PID 1); `binutils` for `strip` (the DaemonSet test's
+/// image). `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and
+/// enable a Prometheus server; the metrics format test runs promtool only where it is installed.
 pub const APT_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
@@ -52,6 +55,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "systemd",
     "binutils",
+    "python3-grpcio",
+    "python3-grpc-tools",
+    "protobuf-compiler-grpc",
 ];
 
 /// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
@@ -75,6 +81,7 @@ const REQUIRED_PROGRAMS: &[&str] = &[
     "busybox",
     "systemd-analyze",
     "strip",
+    "grpc_python_plugin",
 ];
 
 /// Where Debian's llvm-22 lives; bpf-linker must be built against it (without `LLVM_PREFIX`

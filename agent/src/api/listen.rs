@@ -351,7 +351,13 @@ async fn serve_metrics(listener: TcpListener, shared: Shared, shutdown: Cancella
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
-                let response = http_response(&shared, request.method(), request.uri().path());
+                let accept = request
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let format = crate::metrics::Format::negotiate(accept);
+                let response =
+                    http_response(&shared, request.method(), request.uri().path(), format);
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
@@ -365,8 +371,13 @@ async fn serve_metrics(listener: TcpListener, shared: Shared, shutdown: Cancella
     connections.join_all().await;
 }
 
-/// The answer to one HTTP request.
-pub fn http_response(shared: &Shared, method: &Method, path: &str) -> hyper::Response<Full<Bytes>> {
+/// The answer to one HTTP request; `/metrics` in `format` (negotiated from its `Accept`).
+pub fn http_response(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    format: crate::metrics::Format,
+) -> hyper::Response<Full<Bytes>> {
     let reply = |status: StatusCode, content_type: &'static str, body: String| {
         let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = status;
@@ -385,8 +396,8 @@ pub fn http_response(shared: &Shared, method: &Method, path: &str) -> hyper::Res
             refresh_snapshot(shared);
             reply(
                 StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                shared.metrics.encode(),
+                format.content_type(),
+                shared.metrics.encode_as(format),
             )
         }
         // Live: the process answers. Ready: the PLEG is healthy (kubelet's PLEG check).

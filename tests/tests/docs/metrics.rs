@@ -1,0 +1,134 @@
+//! docs/metrics.md: every metric of the registry, with its types in both exposition formats.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use plegd::{
+    metrics::{Format, Metrics},
+    pleg::event::TriggerSource,
+};
+
+/// One metric family as an exposition text declares it.
+struct Family {
+    name: String,
+    kind: String,
+    help: String,
+    /// Label names of its samples (`le` of histogram buckets aside).
+    labels: BTreeSet<String>,
+}
+
+/// The families of an exposition text, in order.
+fn families(text: &str) -> Vec<Family> {
+    let mut families: Vec<Family> = Vec::new();
+    let mut help = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = rest.split_once(' ').map_or("", |(_, h)| h).to_owned();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            families.push(Family {
+                name: name.to_owned(),
+                kind: kind.to_owned(),
+                help: std::mem::take(&mut help),
+                labels: BTreeSet::new(),
+            });
+        } else if let (Some(family), Some((_, labels))) =
+            (families.last_mut(), line.split_once('{'))
+        {
+            let labels = labels.split('}').next().unwrap_or_default();
+            family.labels.extend(
+                labels
+                    .split(',')
+                    .filter_map(|l| l.split_once('=').map(|(name, _)| name.to_owned()))
+                    .filter(|name| name != "le"),
+            );
+        }
+    }
+    families
+}
+
+/// Metrics with a series in every family: prometheus-client leaves out of the text a labelled
+/// family that has none yet.
+fn every_family() -> Metrics {
+    let metrics = Metrics::new();
+    metrics.trigger(TriggerSource::Ebpf);
+    metrics.relisted(false, Instant::now(), Duration::ZERO, true);
+    metrics.init_map_errors("seed", 1);
+    metrics.stream_reconnect(TriggerSource::Containerd);
+    metrics.unconfirmed_hint(TriggerSource::Ebpf);
+    metrics.set_snapshot(0, 0, &BTreeMap::new());
+    metrics
+}
+
+/// The sample names a family exposes, given its type and name in the classic text.
+fn samples(family: &Family) -> String {
+    match family.kind.as_str() {
+        "histogram" => ["_bucket{le}", "_sum", "_count"]
+            .map(|s| format!("`{}{s}`", family.name))
+            .join(", "),
+        _ => format!("`{}`", family.name),
+    }
+}
+
+pub fn reference() -> String {
+    let metrics = every_family();
+    let openmetrics = families(&metrics.encode_as(Format::OpenMetrics));
+    let classic = families(&metrics.encode_as(Format::Text));
+    assert_eq!(
+        openmetrics.len(),
+        classic.len(),
+        "one classic family per OpenMetrics family"
+    );
+    let registered = include_str!("../../../agent/src/metrics.rs")
+        .matches("registry.register(")
+        .count();
+    assert_eq!(
+        classic.len(),
+        registered,
+        "a metric family has no series: give it one in every_family() (tests/tests/docs/metrics.rs)"
+    );
+    let mut out = super::banner("the registry in agent/src/metrics.rs (`Metrics::new()`)");
+    out.push_str(&format!(
+        "\n# Metrics\n\n\
+         `plegd run --metrics-address ADDR:PORT` serves them at `/metrics`. The format follows \
+         the request's `Accept` header: OpenMetrics 1.0.0 (`{}`) when it prefers \
+         `application/openmetrics-text`, names neither, or is absent (Prometheus 2.x asks for \
+         it first); the classic Prometheus text format (`{}`) when it prefers `text/plain`, \
+         as `promtool`, Prometheus 1.x and most other scrapers do:\n\n\
+         ```sh\ncurl -s -H 'Accept: text/plain; version=0.0.4' http://127.0.0.1:9809/metrics \
+         | promtool check metrics\n```\n\n\
+         The two differ in counter names: OpenMetrics names a counter family without `_total` \
+         and its sample with it; the classic text names both with it. \
+         `kubelet_pleg_discard_events` keeps kubelet's name without `_total`, so it is \
+         `unknown` in OpenMetrics and `untyped` in the classic text (kubelet types it \
+         `counter`, which `promtool check metrics` rejects for the missing suffix; PromQL's \
+         `rate()` works on it all the same). \
+         The `kubelet_pleg_*` metrics have kubelet's names, buckets and meaning; full relists \
+         are kubelet's relists.\n\n\
+         | Metric (classic text) | Type (classic / OpenMetrics) | Labels | Samples | Help |\n\
+         |---|---|---|---|---|\n",
+        Format::OpenMetrics.content_type(),
+        Format::Text.content_type(),
+    ));
+    for (classic, open) in classic.iter().zip(&openmetrics) {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} / {} | {} | {} | {} |",
+            classic.name,
+            classic.kind,
+            open.kind,
+            classic
+                .labels
+                .iter()
+                .map(|l| format!("`{l}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            samples(classic),
+            super::cell(&classic.help),
+        );
+    }
+    out
+}
