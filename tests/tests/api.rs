@@ -11,7 +11,6 @@ use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
 use plegd_tests::{ContainerdOptions, Node, PrivateContainerd, cri::ContainerSpec};
 use serde_json::Value;
 use support::{RunningPlegd, ServedApi, config};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::{Code, Streaming, transport::Channel};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -550,29 +549,6 @@ async fn grpc_health_flips_when_the_runtime_is_unavailable() {
     api.stopped().await;
 }
 
-/// GET over plain HTTP/1.1; returns (status code, body).
-async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: plegd\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
-        .await
-        .expect("HTTP answer in time")
-        .unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status code");
-    (code, body.to_owned())
-}
-
 /// Parses OpenMetrics text into `series -> value`, failing on any malformed line.
 fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     let mut values = BTreeMap::new();
@@ -596,7 +572,8 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 }
 
 async fn scrape(api: &ServedApi) -> BTreeMap<String, f64> {
-    let (code, body) = http_get(api.metrics, "/metrics").await;
+    let support::HttpResponse { code, body, .. } =
+        support::http_get(api.metrics, "/metrics", None).await;
     assert_eq!(code, 200, "{body}");
     parse_metrics(&body)
 }
@@ -645,9 +622,18 @@ async fn metrics_are_scraped_and_move() {
     assert!(later["kubelet_pleg_last_seen_seconds"] > 1.7e9);
     assert!(later["kubelet_pleg_relist_interval_seconds_count"] >= 1.0);
 
-    assert_eq!(http_get(api.metrics, "/healthz").await.0, 200);
-    assert_eq!(http_get(api.metrics, "/readyz").await.0, 200);
-    assert_eq!(http_get(api.metrics, "/nope").await.0, 404);
+    assert_eq!(
+        support::http_get(api.metrics, "/healthz", None).await.code,
+        200
+    );
+    assert_eq!(
+        support::http_get(api.metrics, "/readyz", None).await.code,
+        200
+    );
+    assert_eq!(
+        support::http_get(api.metrics, "/nope", None).await.code,
+        404
+    );
     plegd.stop().await;
     api.stopped().await;
 }

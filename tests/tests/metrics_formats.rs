@@ -10,41 +10,17 @@ use std::{process::Stdio, time::Duration};
 use plegd::runtime::RuntimeKind;
 use plegd_tests::{ContainerdOptions, PrivateContainerd};
 use support::{RunningPlegd, config};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 
-const DEADLINE: Duration = Duration::from_secs(30);
 /// What Prometheus 2.x sends.
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// GET /metrics over HTTP/1.1 with `accept`; returns (status, content type, body).
+/// GET /metrics with `accept`; returns (status, content type, body).
 async fn get_metrics(address: std::net::SocketAddr, accept: Option<&str>) -> (u16, String, String) {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
-    stream
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: plegd\r\n{accept}Connection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
-        .await
-        .expect("HTTP answer in time")
-        .unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_owned())
-        })
-        .expect("a Content-Type");
-    (code, content_type, body.to_owned())
+    let response = support::http_get(address, "/metrics", accept).await;
+    (response.code, response.content_type, response.body)
 }
 
 /// Checks the classic text's structure: valid TYPE lines, each sample after its family's.

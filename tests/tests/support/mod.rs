@@ -429,3 +429,48 @@ impl RunningPlegd {
         (plegd, api)
     }
 }
+
+/// A plain HTTP/1.1 response: status code, `Content-Type` (empty without one), body.
+pub struct HttpResponse {
+    pub code: u16,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// GET `path` over plain HTTP/1.1, with `accept` as the Accept header if given.
+pub async fn http_get(
+    address: std::net::SocketAddr,
+    path: &str,
+    accept: Option<&str>,
+) -> HttpResponse {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: plegd\r\n{accept}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(STATE_DEADLINE, stream.read_to_string(&mut response))
+        .await
+        .expect("HTTP answer in time")
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    HttpResponse {
+        code,
+        content_type,
+        body: body.to_owned(),
+    }
+}
