@@ -56,6 +56,9 @@ struct Args {
     /// Container start+kill rates per second of the churn section.
     #[arg(long, value_delimiter = ',', default_values_t = [10, 50])]
     rates: Vec<u32>,
+    /// The modes of the churn section (default: every available mode).
+    #[arg(long, value_delimiter = ',')]
+    churn_modes: Vec<String>,
     /// Seconds of each churn run.
     #[arg(long, default_value_t = 20)]
     churn: u64,
@@ -80,7 +83,12 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
     let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let slow = |a: &[&str]| {
         let mut v = args(a);
-        v.extend(args(&["--relist-period", SLOW, "--slow-relist-period", SLOW]));
+        v.extend(args(&[
+            "--relist-period",
+            SLOW,
+            "--slow-relist-period",
+            SLOW,
+        ]));
         v
     };
     let version = node.containerd.version();
@@ -312,7 +320,8 @@ impl Bench {
                 watch.arrivals.clone(),
             );
             let name = format!("churn{n}");
-            tasks.spawn(async move {
+            // Bounded: a run under a load the node cannot take still ends.
+            tasks.spawn(tokio::time::timeout(Duration::from_secs(60), async move {
                 let id = cri
                     .run_container(&pod, &ContainerSpec::sleeper(&name))
                     .await
@@ -328,7 +337,7 @@ impl Bench {
                 let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
                 let _ = cri.remove_container(&id).await;
                 Some(died.map(|t| ms_between(killed, t)))
-            });
+            }));
             n += 1;
             let next = began + Duration::from_secs_f64(f64::from(n) / f64::from(rate));
             tokio::time::sleep_until(next.into()).await;
@@ -339,7 +348,7 @@ impl Bench {
         let mut died = Vec::new();
         let mut lost = 0;
         while let Some(result) = tasks.join_next().await {
-            match result.ok().flatten() {
+            match result.ok().and_then(Result::ok).flatten() {
                 Some(Some(ms)) => died.push(ms),
                 _ => lost += 1,
             }
@@ -368,9 +377,8 @@ impl Bench {
         let began = Instant::now();
         let mut ids = Vec::new();
         for i in 0..4 {
-            let script = format!(
-                "i=0; while [ $i -lt {per} ]; do /bin/busybox true; i=$((i+1)); done"
-            );
+            let script =
+                format!("i=0; while [ $i -lt {per} ]; do /bin/busybox true; i=$((i+1)); done");
             let id = self
                 .node
                 .cri
@@ -481,17 +489,7 @@ async fn main() -> Result<()> {
         }
         latency.push(row);
     }
-    let idle = b.idle(&available).await?;
-    let mut churn = Vec::new();
-    for mode in &available {
-        for &rate in &b.args.rates.clone() {
-            eprintln!("bench: churn, {} at {rate}/s", mode.label);
-            churn.push(b.churn_run(mode, rate).await?);
-        }
-    }
-    eprintln!("bench: exec storm");
-    let kernel = b.kernel(available[0]).await?;
-    let results = json!({
+    let mut results = json!({
         "kernel_release": uname_r(),
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "containerd": b.node.containerd.version().to_string(),
@@ -499,10 +497,29 @@ async fn main() -> Result<()> {
         "idle_window_s": b.args.window,
         "churn_s": b.args.churn,
         "latency": latency,
-        "idle": idle,
-        "churn": churn,
-        "kernel": kernel,
     });
+    // Written after each section: a run cut short still shows what it measured.
+    let out = b.args.out.clone();
+    let save = |results: &Value| std::fs::write(&out, results.to_string());
+    save(&results)?;
+    let idle = b.idle(&available).await?;
+    results["idle"] = idle;
+    save(&results)?;
+    let mut churn = Vec::new();
+    let churn_modes = available
+        .iter()
+        .filter(|m| b.args.churn_modes.is_empty() || b.args.churn_modes.iter().any(|k| k == m.key));
+    for mode in churn_modes {
+        for &rate in &b.args.rates.clone() {
+            eprintln!("bench: churn, {} at {rate}/s", mode.label);
+            churn.push(b.churn_run(mode, rate).await?);
+        }
+    }
+    results["churn"] = Value::Array(churn);
+    save(&results)?;
+    eprintln!("bench: exec storm");
+    let kernel = b.kernel(available[0]).await?;
+    results["kernel"] = kernel;
     std::fs::write(&b.args.out, serde_json::to_string_pretty(&results)?)?;
     Ok(())
 }

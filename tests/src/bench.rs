@@ -231,14 +231,18 @@ impl Watch {
 /// processes only).
 pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result<Arc<Arrivals>> {
     let channel = unix_channel(&containerd.socket()).await?;
-    let mut stream = EventsClient::new(channel)
-        .subscribe(SubscribeRequest::default())
-        .await
-        .context("containerd Events.Subscribe")?
-        .into_inner();
     let arrivals = Arc::new(Arrivals::default());
     let record = arrivals.clone();
+    // containerd sends the response's headers with the first event: the call would not return
+    // before something happens, so it is awaited in the task that reads the stream.
     tokio::spawn(async move {
+        let Ok(response) = EventsClient::new(channel)
+            .subscribe(SubscribeRequest::default())
+            .await
+        else {
+            return;
+        };
+        let mut stream = response.into_inner();
         while let Ok(Some(envelope)) = stream.message().await {
             let payload = envelope
                 .event
@@ -266,6 +270,8 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
             }
         }
     });
+    // Time for the request to reach containerd and subscribe.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     Ok(arrivals)
 }
 

@@ -27,16 +27,20 @@ use crate::{
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
-    /// A smoke run in under 3 minutes: few kills, 10 idle containers, short windows, criterion
-    /// with tiny samples.
+    /// A smoke run: few kills, 10 idle containers, short windows, churn in the default mode
+    /// only, criterion with tiny samples.
     #[arg(long)]
     pub quick: bool,
-    /// kill -9s per mode (default 200; 12 with --quick).
+    /// kill -9s per mode (default 200; 8 with --quick).
     #[arg(long, value_name = "N")]
     pub kills: Option<usize>,
     /// Seconds of each idle CPU window (default 60; 4 with --quick).
     #[arg(long, value_name = "SECS")]
     pub window: Option<u64>,
+    /// Measure nothing: write the report again from the results.json of an earlier run's
+    /// folder (e.g. target/bench/latest).
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<PathBuf>,
 }
 
 /// What the `node` bench is asked to do.
@@ -46,6 +50,8 @@ struct Plan {
     idle: &'static str,
     rates: &'static str,
     churn: u64,
+    /// Modes of the churn section; empty for all.
+    churn_modes: &'static str,
     execs: usize,
 }
 
@@ -53,11 +59,12 @@ impl Plan {
     fn of(opts: &Options) -> Self {
         let mut plan = if opts.quick {
             Self {
-                kills: 12,
+                kills: 8,
                 window: 4,
                 idle: "10",
                 rates: "10,50",
-                churn: 3,
+                churn: 2,
+                churn_modes: "default",
                 execs: 2_000,
             }
         } else {
@@ -67,6 +74,7 @@ impl Plan {
                 idle: "10,100,300",
                 rates: "10,50",
                 churn: 20,
+                churn_modes: "",
                 execs: 10_000,
             }
         };
@@ -94,11 +102,23 @@ pub fn run(opts: &Options) -> Result<()> {
         .chain(std::env::args().skip_while(|a| a != "bench").skip(1))
         .collect::<Vec<_>>()
         .join(" ");
-    setup::run(&setup::Options::default())?;
     let root = workspace_root();
-    let stamp = capture(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]))?;
     let bench_dir = target_dir().join("bench");
-    let out = bench_dir.join(stamp.trim());
+    if let Some(from) = &opts.from {
+        let from = from.canonicalize()?;
+        let stamp = from.file_name().map(|n| n.to_string_lossy().into_owned());
+        return write_report(
+            opts,
+            &root,
+            &from,
+            &stamp.unwrap_or_default(),
+            &command_line,
+        );
+    }
+    setup::run(&setup::Options::default())?;
+    let stamp = capture(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]))?;
+    let stamp = stamp.trim();
+    let out = bench_dir.join(stamp);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
 
     stream(Command::new(env!("CARGO")).current_dir(&root).args([
@@ -108,12 +128,23 @@ pub fn run(opts: &Options) -> Result<()> {
         "plegd",
         "--bin",
         "plegd",
+        // Built with the benches: one feature set, so `cargo bench` rebuilds nothing.
+        "--package",
+        "plegd-tests",
+        "--benches",
     ]))?;
     let criterion_home = out.join("criterion");
     let mut relist = Command::new(env!("CARGO"));
     relist
         .current_dir(&root)
-        .args(["bench", "--package", "plegd-tests", "--bench", "relist", "--"])
+        .args([
+            "bench",
+            "--package",
+            "plegd-tests",
+            "--bench",
+            "relist",
+            "--",
+        ])
         .env("CRITERION_HOME", &criterion_home)
         .env("PLEGD_BENCH_FAKE_ONLY", "1");
     if opts.quick {
@@ -142,16 +173,41 @@ pub fn run(opts: &Options) -> Result<()> {
             .args(["--window", &plan.window.to_string()])
             .args(["--idle", plan.idle, "--rates", plan.rates])
             .args(["--churn", &plan.churn.to_string()])
+            .args(
+                (!plan.churn_modes.is_empty())
+                    .then_some(["--churn-modes", plan.churn_modes])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--execs", &plan.execs.to_string()]),
     )?;
 
+    write_report(opts, &root, &out, stamp, &command_line)?;
+    let latest = bench_dir.join("latest");
+    let _ = std::fs::remove_file(&latest);
+    std::os::unix::fs::symlink(stamp, &latest)?;
+    println!("bench: {} points at it", latest.display());
+    Ok(())
+}
+
+/// `report.md` and the plots in `out` from its results.json and criterion's estimates; the
+/// summary into README.md.
+fn write_report(
+    opts: &Options,
+    root: &Path,
+    out: &Path,
+    stamp: &str,
+    command_line: &str,
+) -> Result<()> {
+    let results = out.join("results.json");
+    let criterion_home = out.join("criterion");
     let measured: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&results)
             .with_context(|| format!("reading {}", results.display()))?,
     )?;
     let revision = capture(
         Command::new("git")
-            .current_dir(&root)
+            .current_dir(root)
             .args(["describe", "--always", "--dirty"]),
     )
     .unwrap_or_default();
@@ -159,24 +215,20 @@ pub fn run(opts: &Options) -> Result<()> {
         measured: &measured,
         criterion: &criterion_home,
         revision: revision.trim(),
-        command_line: &command_line,
+        command_line,
         quick: opts.quick,
-        date: stamp.trim(),
+        date: stamp,
     };
     plot::latency_cdf(&measured, &out.join("latency_cdf.png"))?;
     plot::idle_cpu(&measured, &out.join("idle_cpu.png"))?;
     let (full, summary) = report::write(&run)?;
     std::fs::write(out.join("report.md"), full)?;
-    let latest = bench_dir.join("latest");
-    let _ = std::fs::remove_file(&latest);
-    std::os::unix::fs::symlink(stamp.trim(), &latest)?;
     let readme = root.join("README.md");
     let text = std::fs::read_to_string(&readme)?;
     std::fs::write(&readme, report::splice_summary(&text, &summary)?)?;
     println!(
-        "bench: report in {} (and {}); README.md's summary table updated",
-        out.join("report.md").display(),
-        latest.display()
+        "bench: report in {}; README.md's summary table updated",
+        out.join("report.md").display()
     );
     Ok(())
 }

@@ -65,7 +65,10 @@ pub fn latency_cdf(measured: &Value, path: &Path) -> Result<()> {
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("kill -9 → ContainerDied at a watch client (CDF)", ("sans-serif", 24))
+        .caption(
+            "kill -9 -> ContainerDied at a watch client (CDF)",
+            ("sans-serif", 24),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -128,14 +131,28 @@ pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
             r["plegd_cpu"].as_f64()? + r["containerd_added_cpu"].as_f64()?,
         ))
     };
-    let x_hi = rows.iter().filter_map(|r| point(r)).fold(1.0f64, |a, p| a.max(p.0)) * 1.1;
-    let y_lo = rows.iter().filter_map(|r| point(r)).fold(0.0f64, |a, p| a.min(p.1));
-    let y_hi = rows.iter().filter_map(|r| point(r)).fold(0.1f64, |a, p| a.max(p.1)) * 1.2;
+    let x_hi = rows
+        .iter()
+        .filter_map(|r| point(r))
+        .fold(1.0f64, |a, p| a.max(p.0))
+        * 1.1;
+    let y_lo = rows
+        .iter()
+        .filter_map(|r| point(r))
+        .fold(0.0f64, |a, p| a.min(p.1));
+    let y_hi = rows
+        .iter()
+        .filter_map(|r| point(r))
+        .fold(0.1f64, |a, p| a.max(p.1))
+        * 1.2;
 
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("idle CPU plegd adds (plegd + containerd's extra)", ("sans-serif", 24))
+        .caption(
+            "idle CPU plegd adds (plegd + containerd's extra)",
+            ("sans-serif", 24),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -164,9 +181,15 @@ pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(plot_error)?
             .label(mode)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
             .map_err(plot_error)?;
     }
     chart

@@ -131,9 +131,9 @@ fn goals(run: &Run) -> Vec<Goal> {
         .into_iter()
         .flatten()
         .filter(|p| {
-            p["program"]
-                .as_str()
-                .is_some_and(|n| n.contains("sched_process_exec") || n.contains("sched_process_exit"))
+            p["program"].as_str().is_some_and(|n| {
+                n.contains("sched_process_exec") || n.contains("sched_process_exit")
+            })
         })
         .filter_map(|p| Some((p["program"].as_str()?.to_owned(), p["ns_per_run"].as_f64()?)))
         .collect();
@@ -161,9 +161,7 @@ fn goals(run: &Run) -> Vec<Goal> {
                 idle_polling.map_or("n/a".into(), |v| format!("{v:.2}")),
                 biggest.unwrap_or(0)
             ),
-            met: idle_default
-                .zip(idle_polling)
-                .map(|(d, p)| d <= p / 10.0),
+            met: idle_default.zip(idle_polling).map(|(d, p)| d <= p / 10.0),
         },
         Goal {
             text: "default: RSS < 50 MiB at 300 containers",
@@ -172,7 +170,11 @@ fn goals(run: &Run) -> Vec<Goal> {
                 rss.map_or("n/a".into(), |v| format!("{v:.1}")),
                 biggest.unwrap_or(0)
             ),
-            met: if biggest == Some(300) { rss.map(|v| v < 50.0) } else { None },
+            met: if biggest == Some(300) {
+                rss.map(|v| v < 50.0)
+            } else {
+                None
+            },
         },
         Goal {
             text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
@@ -181,7 +183,10 @@ fn goals(run: &Run) -> Vec<Goal> {
                 flat_steady.map_or("n/a".into(), |v| format!("{v:.2}")),
                 flat_changed.map_or("n/a".into(), |v| format!("{v:.2}"))
             ),
-            met: both(flat_steady.map(|v| v <= 1.5), flat_changed.map(|v| v <= 1.5)),
+            met: both(
+                flat_steady.map(|v| v <= 1.5),
+                flat_changed.map(|v| v <= 1.5),
+            ),
         },
         Goal {
             text: "< 1 µs in-kernel per run on sched_process_exec/exit",
@@ -234,7 +239,11 @@ fn latency_table(m: &Value) -> String {
             t,
             "| {label} | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |",
             died.len(),
-            if missing > 0 { format!(" ({missing} missed)") } else { String::new() },
+            if missing > 0 {
+                format!(" ({missing} missed)")
+            } else {
+                String::new()
+            },
             p(&died, 50.0),
             p(&died, 90.0),
             p(&died, 99.0),
@@ -306,7 +315,11 @@ fn idle_table(m: &Value) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {} | {} |",
-            if row["mode"] == "none" { "baseline: no plegd" } else { row["mode"].as_str().unwrap_or("?") },
+            if row["mode"] == "none" {
+                "baseline: no plegd"
+            } else {
+                row["mode"].as_str().unwrap_or("?")
+            },
             row["containers"],
             f("plegd_cpu"),
             f("containerd_cpu"),
@@ -353,7 +366,10 @@ fn core_table(criterion: &Path) -> String {
     for pods in CORE_PODS {
         let cell = |kind| {
             core_ns_per_pod(criterion, kind, pods).map_or(("n/a".into(), "n/a".into()), |ns| {
-                (format!("{ns:.0} ns"), format!("{:.2} ms", ns * pods as f64 / 1e6))
+                (
+                    format!("{ns:.0} ns"),
+                    format!("{:.2} ms", ns * pods as f64 / 1e6),
+                )
             })
         };
         let (steady, changed) = (cell("steady"), cell("changed"));
@@ -381,7 +397,9 @@ fn kernel_table(m: &Value) -> String {
             "| {} | {} | {} |",
             p["program"].as_str().unwrap_or("?"),
             p["runs"],
-            p["ns_per_run"].as_f64().map_or("n/a".into(), |v| format!("{v:.0}"))
+            p["ns_per_run"]
+                .as_f64()
+                .map_or("n/a".into(), |v| format!("{v:.0}"))
         );
     }
     t
@@ -398,7 +416,11 @@ fn goals_table(run: &Run) -> String {
 /// The whole report and the README summary.
 pub fn write(run: &Run) -> Result<(String, String)> {
     let m = run.measured;
-    let kind = if run.quick { "`--quick` (smoke run)" } else { "full" };
+    let kind = if run.quick {
+        "`--quick` (smoke run)"
+    } else {
+        "full"
+    };
     let mut r = format!(
         "# plegd benchmark report\n\n\
          - date: {}\n- command: `{}` ({kind})\n- git revision: {}\n- kernel: {}\n- cores: {}\n\
@@ -480,7 +502,11 @@ pub fn splice_summary(readme: &str, summary: &str) -> Result<String> {
         bail!("README.md's bench summary markers are out of order");
     }
     let head = &readme[..start + SUMMARY_START.len()];
-    Ok(format!("{head}\n{}\n{}", summary.trim_end(), &readme[end..]))
+    Ok(format!(
+        "{head}\n{}\n{}",
+        summary.trim_end(),
+        &readme[end..]
+    ))
 }
 
 #[cfg(test)]
