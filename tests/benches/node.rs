@@ -353,7 +353,11 @@ impl Bench {
                 _ => lost += 1,
             }
         }
-        self.node.cri.remove_pod(&pod).await?;
+        // Bounded too: after a load the node could not take, removing the pod may not end.
+        let removed = tokio::time::timeout(DEADLINE * 2, self.node.cri.remove_pod(&pod)).await;
+        if removed.is_err() {
+            eprintln!("bench: churn at {rate}/s: removing its pod did not end in time");
+        }
         watch.stop();
         plegd.stop();
         Ok(json!({
