@@ -3,15 +3,19 @@
 //! - On the real runtime: 100 pods (sandbox + one container each) made through CRI on a private
 //!   containerd, relisted through both backends side by side: a steady-state relist (list, no
 //!   change) and one where every pod changed (list + inspect of all 100 pods).
-//! - On the fake in-memory runtime (pure core only): the same at 10,000 pods.
+//! - On the fake in-memory runtime (pure core only), with criterion: the same at 100, 1,000 and
+//!   10,000 pods, reported per pod (criterion's throughput); `cargo xtask bench` reads
+//!   criterion's estimates.json for its report (and sets `PLEGD_BENCH_FAKE_ONLY`).
 //!
-//! Each figure is the median (with min and max) of several runs in the same process.
+//! The real runtime's figures are the median (with min and max) of several runs in the same
+//! process.
 
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use criterion::{BenchmarkId, Criterion, Throughput};
 use plegd::{
     pleg::{
         cache::PodCache,
@@ -33,7 +37,7 @@ use plegd_tests::{
 use tokio::sync::mpsc;
 
 const REAL_PODS: usize = 100;
-const FAKE_PODS: usize = 10_000;
+const FAKE_PODS: [usize; 3] = [100, 1_000, 10_000];
 const RUNS: usize = 7;
 
 struct Stats(Vec<Duration>);
@@ -90,9 +94,10 @@ async fn measure<R: Runtime>(runtime: R, change: impl AsyncFn(bool)) -> (Stats, 
     (Stats(steady), Stats(changed))
 }
 
-async fn fake() {
+/// A fake runtime of `pods` pods, each a sandbox and one app container.
+fn fake_node(pods: usize) -> FakeRuntime {
     let runtime = FakeRuntime::new();
-    for i in 0..FAKE_PODS {
+    for i in 0..pods {
         let pod = format!("pod-{i:05}");
         runtime.add_pod(&pod, "bench", &pod);
         let mut sandbox = container(&format!("sb-{i:05}"), "", ContainerState::Running);
@@ -103,24 +108,51 @@ async fn fake() {
             container(&format!("ctr-{i:05}"), "app", ContainerState::Running),
         );
     }
-    let flip = runtime.clone();
-    let (steady, changed) = measure(runtime, async |exit: bool| {
-        let (state, code) = if exit {
-            (ContainerState::Exited, Some(1))
-        } else {
-            (ContainerState::Running, None)
-        };
-        for i in 0..FAKE_PODS {
-            flip.set_state(&format!("pod-{i:05}"), &format!("ctr-{i:05}"), state, code);
-        }
-    })
-    .await;
-    println!(
-        "fake runtime, {FAKE_PODS} pods ({} containers):",
-        2 * FAKE_PODS
-    );
-    println!("  full relist, nothing changed   {steady}");
-    println!("  full relist, every pod changed {changed}");
+    runtime
+}
+
+/// Flips every pod's app container between running and exited.
+fn flip(runtime: &FakeRuntime, pods: usize, exit: bool) {
+    let (state, code) = if exit {
+        (ContainerState::Exited, Some(1))
+    } else {
+        (ContainerState::Running, None)
+    };
+    for i in 0..pods {
+        runtime.set_state(&format!("pod-{i:05}"), &format!("ctr-{i:05}"), state, code);
+    }
+}
+
+/// The pure core at node scale, with criterion: a full relist (list, diff, cache) of the fake
+/// runtime at each of `FAKE_PODS`, nothing changed and every pod changed, per pod.
+fn fake(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("relist_core");
+    for pods in FAKE_PODS {
+        group.throughput(Throughput::Elements(pods as u64));
+        let runtime = fake_node(pods);
+        let mut relister = rt.block_on(async { relister(runtime.clone()) });
+        rt.block_on(time_relist(&mut relister));
+        group.bench_function(BenchmarkId::new("steady", pods), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| rt.block_on(time_relist(&mut relister)))
+                    .sum()
+            })
+        });
+        let mut exit = true;
+        group.bench_function(BenchmarkId::new("changed", pods), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        flip(&runtime, pods, exit);
+                        exit = !exit;
+                        rt.block_on(time_relist(&mut relister))
+                    })
+                    .sum()
+            })
+        });
+    }
+    group.finish();
 }
 
 async fn real() -> anyhow::Result<()> {
@@ -174,9 +206,15 @@ async fn real() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    // `cargo bench` passes `--bench`; there is nothing to filter.
-    fake().await;
-    real().await
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    // criterion reads its own flags (`--bench`, `--sample-size`, filters) from the command line.
+    let mut criterion = Criterion::default().configure_from_args();
+    fake(&mut criterion, &rt);
+    criterion.final_summary();
+    // `cargo xtask bench` measures the real runtime elsewhere (`node`) and sets this.
+    if std::env::var_os("PLEGD_BENCH_FAKE_ONLY").is_none() {
+        rt.block_on(real())?;
+    }
+    Ok(())
 }

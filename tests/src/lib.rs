@@ -1,6 +1,8 @@
 //! The real-runtime harness for plegd's tests, demo and benchmarks.
 //!
 //! # Layout
+//! - `bench`: what `cargo xtask bench` measures with: the release `plegd` and a `plegd watch`
+//!   as processes, containerd's events and a CRI poller as anchors, CPU and memory from /proc.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
 //! - `image`: OCI image tarballs built from busybox-static (no registry needed).
 //! - `demo`: what `cargo xtask demo` shows.
@@ -12,6 +14,7 @@
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
+pub mod bench;
 pub mod containerd;
 pub mod cri;
 pub mod demo;

@@ -1,29 +1,234 @@
-//! `cargo xtask bench`: benchmarks, measured side by side in one run (release build): full
-//! relist time on the real runtime (both backends) and on a fake runtime at node scale, and
-//! kill-to-event latency by event source with the eBPF programs' in-kernel cost, and what
-//! watchers that stop reading cost the others.
+//! `cargo xtask bench`: plegd measured side by side in one run, written up as a report.
+//!
+//! Two child `cargo bench` runs do the measuring (they need the harness and the daemon's
+//! crates, which xtask keeps out of its own build): `relist` (criterion, the pure core at 100,
+//! 1,000 and 10,000 pods on the fake runtime) and `node` (the release `plegd` binary as a
+//! process against the harness's private containerd: kill and start latency per mode with
+//! containerd's and CRI's anchors, idle and churn cost, in-kernel cost during an exec storm).
+//! This module then writes `report.md` and PNG plots into `target/bench/<timestamp>/` (and
+//! `target/bench/latest`), and the summary table into README.md between its markers.
+//! Numbers are reported, with the goals they are read against; nothing is asserted.
 
-use std::process::Command;
+mod plot;
+mod report;
 
-use anyhow::Result;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::{cmd::stream, setup};
+use crate::{
+    cmd::{capture, stream},
+    setup,
+};
 
 #[derive(Debug, Clone, Args)]
-pub struct Options {}
+pub struct Options {
+    /// A smoke run: few kills, 10 idle containers, short windows, churn in the default mode
+    /// only, criterion with tiny samples.
+    #[arg(long)]
+    pub quick: bool,
+    /// kill -9s per mode (default 200; 8 with --quick).
+    #[arg(long, value_name = "N")]
+    pub kills: Option<usize>,
+    /// Seconds of each idle CPU window (default 60; 4 with --quick).
+    #[arg(long, value_name = "SECS")]
+    pub window: Option<u64>,
+    /// Measure nothing: write the report again from the results.json of an earlier run's
+    /// folder (e.g. target/bench/latest).
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<PathBuf>,
+}
 
-pub fn run(_opts: &Options) -> Result<()> {
+/// What the `node` bench is asked to do.
+struct Plan {
+    kills: usize,
+    window: u64,
+    idle: &'static str,
+    rates: &'static str,
+    churn: u64,
+    /// Modes of the churn section; empty for all.
+    churn_modes: &'static str,
+    execs: usize,
+}
+
+impl Plan {
+    fn of(opts: &Options) -> Self {
+        let mut plan = if opts.quick {
+            Self {
+                kills: 8,
+                window: 4,
+                idle: "10",
+                rates: "10,50",
+                churn: 2,
+                churn_modes: "default",
+                execs: 2_000,
+            }
+        } else {
+            Self {
+                kills: 200,
+                window: 60,
+                idle: "10,100,300",
+                rates: "10,50",
+                churn: 20,
+                churn_modes: "",
+                execs: 10_000,
+            }
+        };
+        plan.kills = opts.kills.unwrap_or(plan.kills);
+        plan.window = opts.window.unwrap_or(plan.window);
+        plan
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_owned()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    let command_line = std::iter::once("cargo xtask bench".to_owned())
+        .chain(std::env::args().skip_while(|a| a != "bench").skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let root = workspace_root();
+    let bench_dir = target_dir().join("bench");
+    if let Some(from) = &opts.from {
+        let from = from.canonicalize()?;
+        let stamp = from.file_name().map(|n| n.to_string_lossy().into_owned());
+        return write_report(
+            opts,
+            &root,
+            &from,
+            &stamp.unwrap_or_default(),
+            &command_line,
+        );
+    }
     setup::run(&setup::Options::default())?;
-    stream(Command::new(env!("CARGO")).args([
-        "bench",
+    let stamp = capture(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]))?;
+    let stamp = stamp.trim();
+    let out = bench_dir.join(stamp);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+
+    stream(Command::new(env!("CARGO")).current_dir(&root).args([
+        "build",
+        "--release",
+        "--package",
+        "plegd",
+        "--bin",
+        "plegd",
+        // Built with the benches: one feature set, so `cargo bench` rebuilds nothing.
         "--package",
         "plegd-tests",
-        "--bench",
-        "relist",
-        "--bench",
-        "kill_latency",
-        "--bench",
-        "watchers",
-    ]))
+        "--benches",
+    ]))?;
+    let criterion_home = out.join("criterion");
+    let mut relist = Command::new(env!("CARGO"));
+    relist
+        .current_dir(&root)
+        .args([
+            "bench",
+            "--package",
+            "plegd-tests",
+            "--bench",
+            "relist",
+            "--",
+        ])
+        .env("CRITERION_HOME", &criterion_home)
+        .env("PLEGD_BENCH_FAKE_ONLY", "1");
+    if opts.quick {
+        relist.args([
+            "--sample-size",
+            "10",
+            "--warm-up-time",
+            "0.3",
+            "--measurement-time",
+            "0.5",
+        ]);
+    }
+    stream(&mut relist)?;
+
+    let plan = Plan::of(opts);
+    let results = out.join("results.json");
+    stream(
+        Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args(["bench", "--package", "plegd-tests", "--bench", "node", "--"])
+            .arg("--bin")
+            .arg(target_dir().join("release/plegd"))
+            .arg("--out")
+            .arg(&results)
+            .args(["--kills", &plan.kills.to_string()])
+            .args(["--window", &plan.window.to_string()])
+            .args(["--idle", plan.idle, "--rates", plan.rates])
+            .args(["--churn", &plan.churn.to_string()])
+            .args(
+                (!plan.churn_modes.is_empty())
+                    .then_some(["--churn-modes", plan.churn_modes])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(["--execs", &plan.execs.to_string()]),
+    )?;
+
+    write_report(opts, &root, &out, stamp, &command_line)?;
+    let latest = bench_dir.join("latest");
+    let _ = std::fs::remove_file(&latest);
+    std::os::unix::fs::symlink(stamp, &latest)?;
+    println!("bench: {} points at it", latest.display());
+    Ok(())
+}
+
+/// `report.md` and the plots in `out` from its results.json and criterion's estimates; the
+/// summary into README.md.
+fn write_report(
+    opts: &Options,
+    root: &Path,
+    out: &Path,
+    stamp: &str,
+    command_line: &str,
+) -> Result<()> {
+    let results = out.join("results.json");
+    let criterion_home = out.join("criterion");
+    let measured: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&results)
+            .with_context(|| format!("reading {}", results.display()))?,
+    )?;
+    let revision = capture(
+        Command::new("git")
+            .current_dir(root)
+            .args(["describe", "--always", "--dirty"]),
+    )
+    .unwrap_or_default();
+    let run = report::Run {
+        measured: &measured,
+        criterion: &criterion_home,
+        revision: revision.trim(),
+        command_line,
+        quick: opts.quick,
+        date: stamp,
+    };
+    plot::latency_cdf(&measured, &out.join("latency_cdf.png"))?;
+    plot::idle_cpu(&measured, &out.join("idle_cpu.png"))?;
+    let (full, summary) = report::write(&run)?;
+    std::fs::write(out.join("report.md"), full)?;
+    let readme = root.join("README.md");
+    let text = std::fs::read_to_string(&readme)?;
+    std::fs::write(&readme, report::splice_summary(&text, &summary)?)?;
+    println!(
+        "bench: report in {}; README.md's summary table updated",
+        out.join("report.md").display()
+    );
+    Ok(())
 }

@@ -37,7 +37,8 @@ enum Command {
     /// Start, stop or query a private containerd (never the node's own), for trying plegd by
     /// hand: `cargo xtask containerd start`.
     Containerd(containerd::Options),
-    /// Benchmarks (release build, real runtime and fake): full relist time by backend and scale.
+    /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
+    /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into README.md.
     Bench(bench::Options),
     /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),

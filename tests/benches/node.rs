@@ -1,0 +1,529 @@
+//! `cargo xtask bench`: plegd on a real node, measured from outside, side by side in one run.
+//!
+//! The release `plegd` binary (`--bin`) runs as a process of its own against the harness's
+//! private containerd, once per mode and section; events are timed as they arrive at a
+//! `plegd watch --output json` process. Sections (the numbers go to `--out` as JSON, which
+//! `cargo xtask bench` turns into the report):
+//! - latency: kill -9 of a container's init to `ContainerDied`, with containerd's `/tasks/exit`
+//!   (its `exited_at`) and the first CRI `ContainerStatus` showing EXITED as anchors measured
+//!   for the same kill; `StartContainer` returned and `/tasks/start` to `ContainerStarted`.
+//! - idle: plegd's and containerd's CPU over a window with N idle containers, containerd's
+//!   without plegd as the baseline, plegd's RSS.
+//! - churn: containers started and killed at a rate; plegd's CPU and the kill latency then.
+//! - kernel: run time per run of each eBPF program (kernel bpf_stats) during an exec storm in
+//!   containers, and the ring buffer's lost events (`plegd_ringbuf_drops`).
+//!
+//! Nothing here asserts a timing: it measures and reports.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use plegd_tests::{
+    ContainerdOptions, Node,
+    bench::{self, Arrivals, Jitter, Plegd, ms_between},
+    cri::{ContainerSpec, Pod},
+};
+use serde_json::{Value, json};
+
+/// Containers started at once per batch of kills.
+const BATCH: usize = 25;
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The relist period of the push-source modes: long, so only the source can be fast.
+const SLOW: &str = "300s";
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// The release `plegd` binary.
+    #[arg(long)]
+    bin: PathBuf,
+    /// Where the results go (JSON).
+    #[arg(long)]
+    out: PathBuf,
+    /// kill -9s per mode.
+    #[arg(long, default_value_t = 200)]
+    kills: usize,
+    /// Idle containers per idle measurement.
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 300])]
+    idle: Vec<usize>,
+    /// Seconds of each idle CPU window.
+    #[arg(long, default_value_t = 60)]
+    window: u64,
+    /// Container start+kill rates per second of the churn section.
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 50])]
+    rates: Vec<u32>,
+    /// The modes of the churn section (default: every available mode).
+    #[arg(long, value_delimiter = ',')]
+    churn_modes: Vec<String>,
+    /// Seconds of each churn run.
+    #[arg(long, default_value_t = 20)]
+    churn: u64,
+    /// Short processes of the exec storm.
+    #[arg(long, default_value_t = 10_000)]
+    execs: usize,
+    /// `cargo bench` passes it; nothing to filter.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// One way to run plegd.
+struct Mode {
+    key: &'static str,
+    label: &'static str,
+    args: Vec<String>,
+    /// Why this mode cannot run here.
+    unavailable: Option<String>,
+}
+
+fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
+    let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let slow = |a: &[&str]| {
+        let mut v = args(a);
+        v.extend(args(&[
+            "--relist-period",
+            SLOW,
+            "--slow-relist-period",
+            SLOW,
+        ]));
+        v
+    };
+    let version = node.containerd.version();
+    let mut modes = vec![
+        Mode {
+            key: "ebpf",
+            label: "eBPF only (relist 300 s)",
+            args: slow(&["--mode", "ebpf", "--sources", "ebpf"]),
+            unavailable: None,
+        },
+        Mode {
+            key: "containerd",
+            label: "containerd events only (relist 300 s)",
+            args: slow(&["--sources", "containerd"]),
+            unavailable: None,
+        },
+        Mode {
+            key: "cri-events",
+            label: "CRI events only (relist 300 s)",
+            args: slow(&["--sources", "cri-events"]),
+            unavailable: (!version.has_cri_container_events()).then(|| {
+                format!("containerd {version} does not implement CRI GetContainerEvents (1.7+)")
+            }),
+        },
+        Mode {
+            key: "default",
+            label: "default (auto)",
+            args: Vec::new(),
+            unavailable: None,
+        },
+    ];
+    let help = std::process::Command::new(binary)
+        .args(["run", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if help.contains("--confirm") {
+        modes.push(Mode {
+            key: "confirm-cri",
+            label: "default, --confirm cri",
+            args: args(&["--confirm", "cri"]),
+            unavailable: None,
+        });
+    }
+    modes.push(Mode {
+        key: "polling-1s",
+        label: "polling 1 s",
+        args: args(&["--mode", "polling", "--relist-period", "1s"]),
+        unavailable: None,
+    });
+    modes.push(Mode {
+        key: "polling-100ms",
+        label: "polling 100 ms",
+        args: args(&["--mode", "polling", "--relist-period", "100ms"]),
+        unavailable: None,
+    });
+    modes
+}
+
+struct Bench {
+    args: Args,
+    node: Node,
+    events: Arc<Arrivals>,
+    dir: tempfile::TempDir,
+    jitter: Jitter,
+}
+
+impl Bench {
+    fn plegd(&self, mode: &Mode) -> Result<Plegd> {
+        Plegd::start(
+            &self.args.bin,
+            &self.node.containerd,
+            &self.dir.path().join(mode.key),
+            &mode.args,
+        )
+    }
+
+    /// Starts `count` sleepers in `pod` (attempt `attempt`); each with when `StartContainer`
+    /// returned.
+    async fn start_batch(
+        &self,
+        pod: &Pod,
+        count: usize,
+        attempt: u32,
+    ) -> Result<Vec<(String, SystemTime)>> {
+        let mut started = Vec::new();
+        for i in 0..count {
+            let mut spec = ContainerSpec::sleeper(&format!("c{i}"));
+            spec.attempt = attempt;
+            let id = self.node.cri.create_container(pod, &spec).await?;
+            self.node.cri.start_container(&id).await?;
+            started.push((id, SystemTime::now()));
+        }
+        Ok(started)
+    }
+
+    /// kill -9 of the container's init; when it was sent.
+    async fn kill(&self, id: &str) -> Result<SystemTime> {
+        let pid = self.node.tasks.init_pid(id).await?;
+        let at = SystemTime::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        Ok(at)
+    }
+
+    async fn latency(&mut self, mode: &Mode) -> Result<Value> {
+        let plegd = self.plegd(mode)?;
+        let watch = plegd.watch()?;
+        let pod = self.node.cri.run_pod(&format!("lat-{}", mode.key)).await?;
+        let (mut kills, mut starts) = (Vec::new(), Vec::new());
+        let mut attempt = 0;
+        while kills.len() < self.args.kills {
+            let count = BATCH.min(self.args.kills - kills.len());
+            let batch = self.start_batch(&pod, count, attempt).await?;
+            attempt += 1;
+            for (id, returned) in &batch {
+                let arrived = watch
+                    .arrivals
+                    .wait(id, "ContainerStarted", DEADLINE)
+                    .await
+                    .with_context(|| format!("{}: no ContainerStarted for {id}", mode.key))?;
+                let task_start = self.events.get(id, "start");
+                starts.push(json!({
+                    "from_call_ms": ms_between(*returned, arrived),
+                    "from_task_start_ms": task_start.map(|t| ms_between(t, arrived)),
+                }));
+            }
+            for (id, _) in &batch {
+                // Kills land anywhere in a relist period (both pollings' periods fit in 1 s).
+                tokio::time::sleep(self.jitter.below(Duration::from_secs(1))).await;
+                let killed = self.kill(id).await?;
+                let cri = bench::cri_exited(&self.node.cri, id, DEADLINE);
+                let died = watch.arrivals.wait(id, "ContainerDied", DEADLINE);
+                let (cri, died) = tokio::join!(cri, died);
+                let exit = self.events.wait(id, "exit", Duration::from_secs(5)).await;
+                kills.push(json!({
+                    "died_ms": died.map(|t| ms_between(killed, t)),
+                    "exit_ms": exit.map(|t| ms_between(killed, t)),
+                    "cri_ms": cri.map(|t| ms_between(killed, t)),
+                }));
+            }
+            for (id, _) in &batch {
+                self.node.cri.remove_container(id).await?;
+            }
+        }
+        self.node.cri.remove_pod(&pod).await?;
+        watch.stop();
+        plegd.stop();
+        Ok(json!({ "kills": kills, "starts": starts }))
+    }
+
+    /// Pods of up to 10 idle sleepers, `count` containers in all.
+    async fn idle_pods(&self, count: usize) -> Result<Vec<Pod>> {
+        let mut pods = Vec::new();
+        let mut left = count;
+        while left > 0 {
+            let pod = self
+                .node
+                .cri
+                .run_pod(&format!("idle-{}", pods.len()))
+                .await?;
+            self.start_batch(&pod, left.min(10), 0).await?;
+            left -= left.min(10);
+            pods.push(pod);
+        }
+        Ok(pods)
+    }
+
+    async fn remove_pods(&self, pods: &[Pod]) -> Result<()> {
+        for pod in pods {
+            self.node.cri.remove_pod(pod).await?;
+        }
+        Ok(())
+    }
+
+    async fn idle(&mut self, modes: &[&Mode]) -> Result<Value> {
+        let window = Duration::from_secs(self.args.window);
+        let containerd = self.node.containerd.pid().context("containerd pid")?;
+        let mut rows = Vec::new();
+        for &count in &self.args.idle.clone() {
+            eprintln!("bench: idle, {count} containers");
+            let pods = self.idle_pods(count).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let baseline = bench::cpu_percent(&[containerd], window).await[0];
+            rows.push(json!({
+                "mode": "none", "containers": count, "containerd_cpu": baseline,
+            }));
+            for mode in modes {
+                let plegd = self.plegd(mode)?;
+                // Past the first full relist and inspection of every pod.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let cpu = bench::cpu_percent(&[plegd.pid(), containerd], window).await;
+                rows.push(json!({
+                    "mode": mode.key,
+                    "containers": count,
+                    "plegd_cpu": cpu[0],
+                    "containerd_cpu": cpu[1],
+                    "containerd_added_cpu": cpu[1] - baseline,
+                    "rss_bytes": bench::rss_bytes(plegd.pid()),
+                }));
+                plegd.stop();
+            }
+            self.remove_pods(&pods).await?;
+        }
+        Ok(Value::Array(rows))
+    }
+
+    /// Containers started at `rate` a second, each killed a second after its start.
+    async fn churn_run(&self, mode: &Mode, rate: u32) -> Result<Value> {
+        let plegd = self.plegd(mode)?;
+        let watch = plegd.watch()?;
+        let pod = self
+            .node
+            .cri
+            .run_pod(&format!("churn-{}-{rate}", mode.key))
+            .await?;
+        let length = Duration::from_secs(self.args.churn);
+        let cpu_before = bench::cpu_time(plegd.pid());
+        let began = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut n = 0u32;
+        while began.elapsed() < length {
+            let (cri, tasks_api, pod, arrivals) = (
+                self.node.cri.clone(),
+                self.node.tasks.clone(),
+                pod.clone(),
+                watch.arrivals.clone(),
+            );
+            let name = format!("churn{n}");
+            // Bounded: a run under a load the node cannot take still ends.
+            tasks.spawn(tokio::time::timeout(Duration::from_secs(60), async move {
+                let id = cri
+                    .run_container(&pod, &ContainerSpec::sleeper(&name))
+                    .await
+                    .ok()?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let pid = tasks_api.init_pid(&id).await.ok()?;
+                let killed = SystemTime::now();
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .ok()?;
+                let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
+                let _ = cri.remove_container(&id).await;
+                Some(died.map(|t| ms_between(killed, t)))
+            }));
+            n += 1;
+            let next = began + Duration::from_secs_f64(f64::from(n) / f64::from(rate));
+            tokio::time::sleep_until(next.into()).await;
+        }
+        let started_for = began.elapsed();
+        let cpu = bench::cpu_time(plegd.pid()).saturating_sub(cpu_before);
+        let elapsed = began.elapsed();
+        let mut died = Vec::new();
+        let mut lost = 0;
+        while let Some(result) = tasks.join_next().await {
+            match result.ok().and_then(Result::ok).flatten() {
+                Some(Some(ms)) => died.push(ms),
+                _ => lost += 1,
+            }
+        }
+        // Bounded too: after a load the node could not take, removing the pod may not end.
+        let removed = tokio::time::timeout(DEADLINE * 2, self.node.cri.remove_pod(&pod)).await;
+        if removed.is_err() {
+            eprintln!("bench: churn at {rate}/s: removing its pod did not end in time");
+        }
+        watch.stop();
+        plegd.stop();
+        Ok(json!({
+            "mode": mode.key,
+            "rate": rate,
+            "achieved": f64::from(n) / started_for.as_secs_f64(),
+            "plegd_cpu": 100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64(),
+            "died_ms": died,
+            "missing": lost,
+        }))
+    }
+
+    /// Per eBPF program, runs and run time during an exec storm of `--execs` processes.
+    async fn kernel(&self, mode: &Mode) -> Result<Value> {
+        let plegd = self.plegd(mode)?;
+        let watch = plegd.watch()?;
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
+        let before = bpf_costs();
+        let pod = self.node.cri.run_pod("storm").await?;
+        let per = self.args.execs.div_ceil(4);
+        let began = Instant::now();
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let script =
+                format!("i=0; while [ $i -lt {per} ]; do /bin/busybox true; i=$((i+1)); done");
+            let id = self
+                .node
+                .cri
+                .run_container(&pod, &ContainerSpec::shell(&format!("storm{i}"), &script))
+                .await?;
+            ids.push(id);
+        }
+        for id in &ids {
+            watch
+                .arrivals
+                .wait(id, "ContainerDied", Duration::from_secs(300))
+                .await
+                .context("exec storm container did not end")?;
+        }
+        let storm = began.elapsed();
+        let after = bpf_costs();
+        drop(stats);
+        let drops = plegd.metric("plegd_ringbuf_drops_total")?;
+        self.node.cri.remove_pod(&pod).await?;
+        watch.stop();
+        plegd.stop();
+        let programs: Vec<Value> = after
+            .iter()
+            .map(|(name, runs, time)| {
+                let (runs0, time0) = before
+                    .iter()
+                    .find(|(n, ..)| n == name)
+                    .map_or((0, Duration::ZERO), |(_, r, t)| (*r, *t));
+                let runs = runs - runs0;
+                let ns = time.saturating_sub(time0).as_nanos() as f64;
+                json!({
+                    "program": name,
+                    "runs": runs,
+                    "ns_per_run": if runs == 0 { Value::Null } else { json!(ns / runs as f64) },
+                })
+            })
+            .collect();
+        Ok(json!({
+            "execs": self.args.execs,
+            "storm_seconds": storm.as_secs_f64(),
+            "programs": programs,
+            "ringbuf_drops": drops,
+        }))
+    }
+}
+
+/// Per plegd program: runs and total in-kernel run time so far, from the kernel's bpf_stats.
+/// The kernel keeps 15 characters of a name (`sched_process_e` is exec and exit): programs of
+/// one name are told apart by load order, which is `PROGRAMS` order.
+fn bpf_costs() -> Vec<(&'static str, u64, Duration)> {
+    let mut infos: Vec<_> = aya::programs::loaded_programs().flatten().collect();
+    infos.sort_by_key(|info| std::cmp::Reverse(info.id()));
+    let mut costs = Vec::new();
+    for program in plegd::sources::ebpf::features::PROGRAMS
+        .iter()
+        .rev()
+        .map(|spec| spec.name)
+    {
+        // The newest loaded program whose kernel name is a prefix of ours, not yet taken.
+        let Some(at) = infos.iter().position(|info| {
+            info.name_as_str()
+                .is_some_and(|n| !n.is_empty() && program.starts_with(n))
+        }) else {
+            continue;
+        };
+        let info = infos.remove(at);
+        costs.push((program, info.run_count(), info.run_time()));
+    }
+    costs.reverse();
+    costs
+}
+
+fn uname_r() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let node = Node::start_with(&ContainerdOptions::named("bench-node")).await?;
+    let events = bench::containerd_events(&node.containerd).await?;
+    let modes = modes(&node, &args.bin);
+    let seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    let mut b = Bench {
+        args,
+        node,
+        events,
+        dir: tempfile::tempdir()?,
+        jitter: Jitter::new(seed),
+    };
+    let available: Vec<&Mode> = modes.iter().filter(|m| m.unavailable.is_none()).collect();
+
+    let mut latency = Vec::new();
+    for mode in &modes {
+        eprintln!("bench: latency, {}", mode.label);
+        let mut row = json!({
+            "mode": mode.key, "label": mode.label, "args": mode.args.join(" "),
+            "unavailable": mode.unavailable,
+        });
+        if mode.unavailable.is_none() {
+            let measured = b.latency(mode).await?;
+            row["kills"] = measured["kills"].clone();
+            row["starts"] = measured["starts"].clone();
+        }
+        latency.push(row);
+    }
+    let mut results = json!({
+        "kernel_release": uname_r(),
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "containerd": b.node.containerd.version().to_string(),
+        "kills_per_mode": b.args.kills,
+        "idle_window_s": b.args.window,
+        "churn_s": b.args.churn,
+        "latency": latency,
+    });
+    // Written after each section: a run cut short still shows what it measured.
+    let out = b.args.out.clone();
+    let save = |results: &Value| std::fs::write(&out, results.to_string());
+    save(&results)?;
+    let idle = b.idle(&available).await?;
+    results["idle"] = idle;
+    save(&results)?;
+    let mut churn = Vec::new();
+    let churn_modes = available
+        .iter()
+        .filter(|m| b.args.churn_modes.is_empty() || b.args.churn_modes.iter().any(|k| k == m.key));
+    for mode in churn_modes {
+        for &rate in &b.args.rates.clone() {
+            eprintln!("bench: churn, {} at {rate}/s", mode.label);
+            churn.push(b.churn_run(mode, rate).await?);
+        }
+    }
+    results["churn"] = Value::Array(churn);
+    save(&results)?;
+    eprintln!("bench: exec storm");
+    let kernel = b.kernel(available[0]).await?;
+    results["kernel"] = kernel;
+    std::fs::write(&b.args.out, serde_json::to_string_pretty(&results)?)?;
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! What `cargo xtask bench` measures plegd with, from outside the daemon: the release `plegd`
+//! binary run as a process of its own, a `plegd watch --output json` process whose lines are
+//! timed as they arrive, containerd's own event stream and a CRI `ContainerStatus` poller as the
+//! two anchors, and the CPU time and memory of a process from /proc.
+//!
+//! Every instant is wall-clock (`SystemTime`): containerd's `TaskExit.exited_at` is one, and the
+//! kill, the arrivals and the anchors are compared on the same clock.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, bail};
+use containerd_client::{
+    events::{TaskExit, TaskStart},
+    services::v1::{SubscribeRequest, events_client::EventsClient},
+};
+use k8s_cri::v1::ContainerState;
+use prost::Message as _;
+use tokio::sync::Notify;
+
+use crate::{PrivateContainerd, cri::Cri, process::Terminating, unix_channel};
+
+/// First instants of `(container id, what)`, awaited by id: event arrivals at the watch client,
+/// containerd's timestamps.
+#[derive(Default)]
+pub struct Arrivals {
+    seen: Mutex<HashMap<(String, String), SystemTime>>,
+    changed: Notify,
+}
+
+impl Arrivals {
+    /// Keeps the first instant of each `(id, what)`.
+    pub fn record(&self, id: &str, what: &str, at: SystemTime) {
+        self.seen
+            .lock()
+            .expect("arrivals lock")
+            .entry((id.to_owned(), what.to_owned()))
+            .or_insert(at);
+        self.changed.notify_waiters();
+    }
+
+    pub fn get(&self, id: &str, what: &str) -> Option<SystemTime> {
+        self.seen
+            .lock()
+            .expect("arrivals lock")
+            .get(&(id.to_owned(), what.to_owned()))
+            .copied()
+    }
+
+    /// The instant of `(id, what)`, waiting up to `timeout` for it.
+    pub async fn wait(&self, id: &str, what: &str, timeout: Duration) -> Option<SystemTime> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(at) = self.get(id, what) {
+                return Some(at);
+            }
+            tokio::time::timeout_at(deadline, changed).await.ok()?;
+        }
+    }
+}
+
+/// A `plegd run` process with its API on a socket of its own.
+pub struct Plegd {
+    process: Terminating,
+    pub socket: PathBuf,
+    pub metrics: SocketAddr,
+    binary: PathBuf,
+}
+
+impl Plegd {
+    /// Starts `binary run` against `containerd`'s CRI with `args` added, and waits until its
+    /// API answers `plegd health`.
+    pub fn start(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let socket = dir.join("plegd.sock");
+        let _ = std::fs::remove_file(&socket);
+        let metrics = free_port()?;
+        let log = std::fs::File::create(dir.join("plegd.log"))?;
+        let mut command = Command::new(binary);
+        command
+            .arg("run")
+            .args(["--runtime", "cri", "--runtime-endpoint"])
+            .arg(containerd.socket())
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--state-dir", "none", "--output", "json"])
+            .arg("--metrics-address")
+            .arg(metrics.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let process = Terminating(
+            command
+                .spawn()
+                .with_context(|| format!("starting {}", binary.display()))?,
+        );
+        let plegd = Self {
+            process,
+            socket,
+            metrics,
+            binary: binary.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !plegd.healthy() {
+            if Instant::now() > deadline || !crate::process::is_alive(plegd.pid()) {
+                bail!(
+                    "plegd {args:?} did not become healthy; its log is {}",
+                    dir.join("plegd.log").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(plegd)
+    }
+
+    fn healthy(&self) -> bool {
+        Command::new(&self.binary)
+            .arg("health")
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.process.pid()
+    }
+
+    /// A `plegd watch --output json` process on this daemon, each line timed as it arrives.
+    pub fn watch(&self) -> anyhow::Result<Watch> {
+        Watch::start(&self.binary, &self.socket)
+    }
+
+    /// A counter or gauge of its /metrics (the sum of its series).
+    pub fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let mut stream = TcpStream::connect(self.metrics)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.metrics
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with([' ', '{']))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    pub fn stop(self) {
+        let _ = self.process.stop(Duration::from_secs(10));
+    }
+}
+
+/// A local TCP port free a moment ago.
+fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// A `plegd watch --output json` process; its events' arrivals by `(container id, type)`.
+pub struct Watch {
+    process: Terminating,
+    pub arrivals: Arc<Arrivals>,
+}
+
+impl Watch {
+    fn start(binary: &Path, socket: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(binary)
+            .arg("watch")
+            .arg("--socket")
+            .arg(socket)
+            .args(["--output", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting plegd watch")?;
+        let stdout = child.stdout.take().context("watch stdout")?;
+        let arrivals = Arc::new(Arrivals::default());
+        let record = arrivals.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let at = SystemTime::now();
+                let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if let (Some(id), Some(kind)) =
+                    (event["container_id"].as_str(), event["type"].as_str())
+                {
+                    record.record(id, kind, at);
+                }
+            }
+        });
+        Ok(Self {
+            process: Terminating(child),
+            arrivals,
+        })
+    }
+
+    pub fn stop(self) {
+        let _ = self.process.stop(Duration::from_secs(5));
+    }
+}
+
+/// containerd's own event stream, as `ctr events` reads it: `/tasks/exit` recorded as `"exit"`
+/// at the payload's `exited_at`, `/tasks/start` as `"start"` at the envelope's timestamp (init
+/// processes only).
+pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result<Arc<Arrivals>> {
+    let channel = unix_channel(&containerd.socket()).await?;
+    let arrivals = Arc::new(Arrivals::default());
+    let record = arrivals.clone();
+    // containerd sends the response's headers with the first event: the call would not return
+    // before something happens, so it is awaited in the task that reads the stream.
+    tokio::spawn(async move {
+        let Ok(response) = EventsClient::new(channel)
+            .subscribe(SubscribeRequest::default())
+            .await
+        else {
+            return;
+        };
+        let mut stream = response.into_inner();
+        while let Ok(Some(envelope)) = stream.message().await {
+            let payload = envelope
+                .event
+                .as_ref()
+                .map_or(&[][..], |any| any.value.as_slice());
+            match envelope.topic.as_str() {
+                "/tasks/exit" => {
+                    if let Ok(exit) = TaskExit::decode(payload)
+                        && exit.id == exit.container_id
+                        && let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok())
+                    {
+                        record.record(&exit.container_id, "exit", at);
+                    }
+                }
+                "/tasks/start" => {
+                    if let Ok(start) = TaskStart::decode(payload)
+                        && let Some(at) = envelope
+                            .timestamp
+                            .and_then(|t| SystemTime::try_from(t).ok())
+                    {
+                        record.record(&start.container_id, "start", at);
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    // Time for the request to reach containerd and subscribe.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(arrivals)
+}
+
+/// The first moment CRI `ContainerStatus` shows the container EXITED, asking as fast as it
+/// answers; `None` past `timeout`.
+pub async fn cri_exited(cri: &Cri, id: &str, timeout: Duration) -> Option<SystemTime> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(status) = cri.container_status(id).await
+            && status.state == ContainerState::ContainerExited as i32
+        {
+            return Some(SystemTime::now());
+        }
+    }
+    None
+}
+
+/// A process's CPU time so far (user + system, from /proc/<pid>/stat).
+pub fn cpu_time(pid: i32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64)
+}
+
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// A process's resident memory in bytes (VmRSS).
+pub fn rss_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// The CPU time `pids` use over `window`, as a percentage of one core each.
+pub async fn cpu_percent(pids: &[i32], window: Duration) -> Vec<f64> {
+    let before: Vec<Duration> = pids.iter().map(|&p| cpu_time(p)).collect();
+    tokio::time::sleep(window).await;
+    pids.iter()
+        .zip(before)
+        .map(|(&p, b)| 100.0 * cpu_time(p).saturating_sub(b).as_secs_f64() / window.as_secs_f64())
+        .collect()
+}
+
+/// Milliseconds from `from` to `to` (negative when `to` came first).
+pub fn ms_between(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// A small deterministic generator for the delays between kills (xorshift64*).
+pub struct Jitter(u64);
+
+impl Jitter {
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// Uniform in `[0, max)`.
+    pub fn below(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        max.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_below_its_bound_and_spreads() {
+        let mut jitter = Jitter::new(7);
+        let max = Duration::from_millis(1000);
+        let draws: Vec<_> = (0..1000).map(|_| jitter.below(max)).collect();
+        assert!(draws.iter().all(|d| *d < max));
+        assert!(draws.iter().any(|d| *d < max / 10));
+        assert!(draws.iter().any(|d| *d > max * 9 / 10));
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let pid = std::process::id() as i32;
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(50) {}
+        assert!(cpu_time(pid) > Duration::ZERO);
+        assert!(rss_bytes(pid) > 0);
+    }
+
+    #[tokio::test]
+    async fn arrivals_wake_a_waiter_and_keep_the_first_instant() {
+        let arrivals = Arc::new(Arrivals::default());
+        let early = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+        let writer = arrivals.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            writer.record("c", "ContainerDied", early);
+            writer.record("c", "ContainerDied", SystemTime::now());
+        });
+        let at = arrivals
+            .wait("c", "ContainerDied", Duration::from_secs(5))
+            .await;
+        assert_eq!(at, Some(early));
+        assert_eq!(
+            arrivals.wait("c", "other", Duration::from_millis(10)).await,
+            None
+        );
+    }
+}

@@ -1,0 +1,537 @@
+//! The report: `results.json` of the `node` bench and criterion's estimates turned into
+//! Markdown, with the goals each number is read against (met / not met: reported, never
+//! asserted), and the summary that goes into README.md between its markers.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+
+pub const SUMMARY_START: &str = "<!-- bench:summary:start -->";
+pub const SUMMARY_END: &str = "<!-- bench:summary:end -->";
+
+/// The criterion pod counts of the `relist` bench's `relist_core` group.
+const CORE_PODS: [u64; 3] = [100, 1_000, 10_000];
+
+pub struct Run<'a> {
+    pub measured: &'a Value,
+    pub criterion: &'a Path,
+    pub revision: &'a str,
+    pub command_line: &'a str,
+    pub quick: bool,
+    pub date: &'a str,
+}
+
+/// The `q`-th percentile (nearest rank) of `values`; `None` when empty.
+pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+/// The numbers of `field` in each object of `rows`.
+pub fn numbers(rows: &Value, field: &str) -> Vec<f64> {
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row[field].as_f64())
+        .collect()
+}
+
+/// Per row, `a - b` where both were measured.
+fn differences(rows: &Value, a: &str, b: &str) -> Vec<f64> {
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| Some(row[a].as_f64()? - row[b].as_f64()?))
+        .collect()
+}
+
+fn ms(value: Option<f64>) -> String {
+    match value {
+        Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+        None => "n/a".into(),
+    }
+}
+
+fn mode<'a>(measured: &'a Value, key: &str) -> Option<&'a Value> {
+    measured["latency"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mode"] == key && m["unavailable"].is_null())
+}
+
+fn p50_died(measured: &Value, key: &str) -> Option<f64> {
+    percentile(&numbers(&mode(measured, key)?["kills"], "died_ms"), 50.0)
+}
+
+/// Per-pod time (ns) of a criterion benchmark `relist_core/<kind>/<pods>`.
+fn core_ns_per_pod(criterion: &Path, kind: &str, pods: u64) -> Option<f64> {
+    let path = criterion.join(format!("relist_core/{kind}/{pods}/new/estimates.json"));
+    let estimates: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    Some(estimates["median"]["point_estimate"].as_f64()? / pods as f64)
+}
+
+/// An idle row of `mode` at `containers`.
+fn idle_row<'a>(measured: &'a Value, mode: &str, containers: u64) -> Option<&'a Value> {
+    measured["idle"]
+        .as_array()?
+        .iter()
+        .find(|r| r["mode"] == mode && r["containers"].as_u64() == Some(containers))
+}
+
+/// CPU plegd adds to the node: its own and what it makes containerd spend, % of a core.
+fn added_cpu(row: &Value) -> Option<f64> {
+    Some(row["plegd_cpu"].as_f64()? + row["containerd_added_cpu"].as_f64()?)
+}
+
+fn largest_idle(measured: &Value) -> Option<u64> {
+    measured["idle"]
+        .as_array()?
+        .iter()
+        .filter_map(|r| r["containers"].as_u64())
+        .max()
+}
+
+struct Goal {
+    text: &'static str,
+    measured: String,
+    met: Option<bool>,
+}
+
+fn goals(run: &Run) -> Vec<Goal> {
+    let m = run.measured;
+    let default_kills = mode(m, "default").map(|d| &d["kills"]);
+    let over_exit = default_kills.map_or_else(Vec::new, |k| differences(k, "died_ms", "exit_ms"));
+    let (over50, over99) = (percentile(&over_exit, 50.0), percentile(&over_exit, 99.0));
+    let default50 = p50_died(m, "default");
+    let ratio = |key| Some(p50_died(m, key)? / default50?);
+    let (r1, r100) = (ratio("polling-1s"), ratio("polling-100ms"));
+    let biggest = largest_idle(m);
+    let idle = |key| idle_row(m, key, biggest?).and_then(added_cpu);
+    let (idle_default, idle_polling) = (idle("default"), idle("polling-1s"));
+    let rss = biggest
+        .and_then(|n| idle_row(m, "default", n))
+        .and_then(|r| r["rss_bytes"].as_f64())
+        .map(|b| b / (1 << 20) as f64);
+    let flat = |kind| {
+        Some(
+            core_ns_per_pod(run.criterion, kind, 10_000)?
+                / core_ns_per_pod(run.criterion, kind, 100)?,
+        )
+    };
+    let (flat_steady, flat_changed) = (flat("steady"), flat("changed"));
+    let kernel: Vec<(String, f64)> = m["kernel"]["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["program"].as_str().is_some_and(|n| {
+                n.contains("sched_process_exec") || n.contains("sched_process_exit")
+            })
+        })
+        .filter_map(|p| Some((p["program"].as_str()?.to_owned(), p["ns_per_run"].as_f64()?)))
+        .collect();
+    let both = |a: Option<bool>, b: Option<bool>| Some(a? && b?);
+    vec![
+        Goal {
+            text: "default: ContainerDied p50 within 2 ms of containerd's /tasks/exit, p99 ≤ 20 ms over it",
+            measured: format!("p50 +{} ms, p99 +{} ms", ms(over50), ms(over99)),
+            met: both(over50.map(|v| v <= 2.0), over99.map(|v| v <= 20.0)),
+        },
+        Goal {
+            text: "default p50 ≥ 50x faster than polling 1 s, ≥ 5x faster than polling 100 ms",
+            measured: format!(
+                "{}x, {}x",
+                r1.map_or("n/a".into(), |r| format!("{r:.1}")),
+                r100.map_or("n/a".into(), |r| format!("{r:.1}"))
+            ),
+            met: both(r1.map(|r| r >= 50.0), r100.map(|r| r >= 5.0)),
+        },
+        Goal {
+            text: "idle CPU added (plegd + containerd's extra) ≤ 1/10 of polling 1 s's",
+            measured: format!(
+                "{} % vs {} % of a core at {} containers",
+                idle_default.map_or("n/a".into(), |v| format!("{v:.2}")),
+                idle_polling.map_or("n/a".into(), |v| format!("{v:.2}")),
+                biggest.unwrap_or(0)
+            ),
+            met: idle_default
+                .zip(idle_polling)
+                // Both below the window's tick resolution: nothing to compare.
+                .filter(|&(d, p)| d > 0.0 || p > 0.0)
+                .map(|(d, p)| d <= p / 10.0),
+        },
+        Goal {
+            text: "default: RSS < 50 MiB at 300 containers",
+            measured: format!(
+                "{} MiB at {} containers",
+                rss.map_or("n/a".into(), |v| format!("{v:.1}")),
+                biggest.unwrap_or(0)
+            ),
+            met: if biggest == Some(300) {
+                rss.map(|v| v < 50.0)
+            } else {
+                None
+            },
+        },
+        Goal {
+            text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
+            measured: format!(
+                "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x",
+                flat_steady.map_or("n/a".into(), |v| format!("{v:.2}")),
+                flat_changed.map_or("n/a".into(), |v| format!("{v:.2}"))
+            ),
+            met: both(
+                flat_steady.map(|v| v <= 1.5),
+                flat_changed.map(|v| v <= 1.5),
+            ),
+        },
+        Goal {
+            text: "< 1 µs in-kernel per run on sched_process_exec/exit",
+            measured: if kernel.is_empty() {
+                "n/a".into()
+            } else {
+                kernel
+                    .iter()
+                    .map(|(n, ns)| format!("{n} {ns:.0} ns"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            met: (!kernel.is_empty()).then(|| kernel.iter().all(|(_, ns)| *ns < 1_000.0)),
+        },
+    ]
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "not met",
+        None => "not measured",
+    }
+}
+
+/// Per mode: ContainerDied p50/p90/p99/max, distance to both anchors, ratios to the pollings.
+fn latency_table(m: &Value) -> String {
+    let mut t = String::from(
+        "| mode | kills | p50 | p90 | p99 | max | − /tasks/exit p50 / p99 | − CRI EXITED p50 / p99 | p50 vs polling 1 s | p50 vs polling 100 ms |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let p1 = p50_died(m, "polling-1s");
+    let p100 = p50_died(m, "polling-100ms");
+    for row in m["latency"].as_array().into_iter().flatten() {
+        let label = row["label"].as_str().unwrap_or("?");
+        if let Some(why) = row["unavailable"].as_str() {
+            let _ = writeln!(t, "| {label} | n/a: {why} | | | | | | | | |");
+            continue;
+        }
+        let kills = &row["kills"];
+        let died = numbers(kills, "died_ms");
+        let missing = kills.as_array().map_or(0, Vec::len) - died.len();
+        let exit = differences(kills, "died_ms", "exit_ms");
+        let cri = differences(kills, "died_ms", "cri_ms");
+        let p = |v: &[f64], q| ms(percentile(v, q));
+        let x = |poll: Option<f64>| match (poll, percentile(&died, 50.0)) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+            _ => "n/a".into(),
+        };
+        let _ = writeln!(
+            t,
+            "| {label} | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |",
+            died.len(),
+            if missing > 0 {
+                format!(" ({missing} missed)")
+            } else {
+                String::new()
+            },
+            p(&died, 50.0),
+            p(&died, 90.0),
+            p(&died, 99.0),
+            p(&died, 100.0),
+            p(&exit, 50.0),
+            p(&exit, 99.0),
+            p(&cri, 50.0),
+            p(&cri, 99.0),
+            x(p1),
+            x(p100),
+        );
+    }
+    // The anchors themselves, over every kill of the run.
+    let all: Vec<Value> = m["latency"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["kills"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let all = Value::Array(all);
+    for (label, field) in [
+        ("anchor: containerd /tasks/exit (exited_at)", "exit_ms"),
+        ("anchor: CRI ContainerStatus EXITED", "cri_ms"),
+    ] {
+        let v = numbers(&all, field);
+        let _ = writeln!(
+            t,
+            "| {label} | {} | {} | {} | {} | {} | | | | |",
+            v.len(),
+            ms(percentile(&v, 50.0)),
+            ms(percentile(&v, 90.0)),
+            ms(percentile(&v, 99.0)),
+            ms(percentile(&v, 100.0)),
+        );
+    }
+    t
+}
+
+fn start_table(m: &Value) -> String {
+    let mut t = String::from(
+        "| mode | starts | StartContainer returned → ContainerStarted p50 / p99 | /tasks/start → ContainerStarted p50 / p99 |\n|---|---|---|---|\n",
+    );
+    for row in m["latency"].as_array().into_iter().flatten() {
+        if !row["unavailable"].is_null() {
+            continue;
+        }
+        let call = numbers(&row["starts"], "from_call_ms");
+        let task = numbers(&row["starts"], "from_task_start_ms");
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} / {} | {} / {} |",
+            row["label"].as_str().unwrap_or("?"),
+            call.len(),
+            ms(percentile(&call, 50.0)),
+            ms(percentile(&call, 99.0)),
+            ms(percentile(&task, 50.0)),
+            ms(percentile(&task, 99.0)),
+        );
+    }
+    t
+}
+
+fn idle_table(m: &Value) -> String {
+    let mut t = String::from(
+        "| mode | containers | plegd CPU % | containerd CPU % | containerd added % (− baseline) | plegd RSS MiB |\n|---|---|---|---|---|---|\n",
+    );
+    for row in m["idle"].as_array().into_iter().flatten() {
+        let f = |k: &str| row[k].as_f64().map_or("".into(), |v| format!("{v:.2}"));
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} |",
+            if row["mode"] == "none" {
+                "baseline: no plegd"
+            } else {
+                row["mode"].as_str().unwrap_or("?")
+            },
+            row["containers"],
+            f("plegd_cpu"),
+            f("containerd_cpu"),
+            f("containerd_added_cpu"),
+            row["rss_bytes"]
+                .as_f64()
+                .map_or("".into(), |b| format!("{:.1}", b / (1 << 20) as f64)),
+        );
+    }
+    t
+}
+
+fn churn_table(m: &Value) -> String {
+    let mut t = String::from(
+        "| mode | asked /s | achieved /s | plegd CPU % | kills timed | missed | ContainerDied p50 | p99 |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in m["churn"].as_array().into_iter().flatten() {
+        let died: Vec<f64> = row["died_ms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .collect();
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            row["mode"].as_str().unwrap_or("?"),
+            row["rate"],
+            row["achieved"].as_f64().unwrap_or(0.0),
+            row["plegd_cpu"].as_f64().unwrap_or(0.0),
+            died.len(),
+            row["missing"],
+            ms(percentile(&died, 50.0)),
+            ms(percentile(&died, 99.0)),
+        );
+    }
+    t
+}
+
+fn core_table(criterion: &Path) -> String {
+    let mut t = String::from(
+        "| pods | full relist, nothing changed: per pod | total | every pod changed: per pod | total |\n|---|---|---|---|---|\n",
+    );
+    for pods in CORE_PODS {
+        let cell = |kind| {
+            core_ns_per_pod(criterion, kind, pods).map_or(("n/a".into(), "n/a".into()), |ns| {
+                (
+                    format!("{ns:.0} ns"),
+                    format!("{:.2} ms", ns * pods as f64 / 1e6),
+                )
+            })
+        };
+        let (steady, changed) = (cell("steady"), cell("changed"));
+        let _ = writeln!(
+            t,
+            "| {pods} | {} | {} | {} | {} |",
+            steady.0, steady.1, changed.0, changed.1
+        );
+    }
+    t
+}
+
+fn kernel_table(m: &Value) -> String {
+    let k = &m["kernel"];
+    let mut t = format!(
+        "Exec storm: {} short processes in 4 containers, {:.1} s; ring buffer lost events \
+         (`plegd_ringbuf_drops`): {}.\n\n| program | runs | in-kernel ns per run |\n|---|---|---|\n",
+        k["execs"],
+        k["storm_seconds"].as_f64().unwrap_or(0.0),
+        k["ringbuf_drops"]
+    );
+    for p in k["programs"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} |",
+            p["program"].as_str().unwrap_or("?"),
+            p["runs"],
+            p["ns_per_run"]
+                .as_f64()
+                .map_or("n/a".into(), |v| format!("{v:.0}"))
+        );
+    }
+    t
+}
+
+fn goals_table(run: &Run) -> String {
+    let mut t = String::from("| goal | measured | |\n|---|---|---|\n");
+    for g in goals(run) {
+        let _ = writeln!(t, "| {} | {} | {} |", g.text, g.measured, verdict(g.met));
+    }
+    t
+}
+
+/// The whole report and the README summary.
+pub fn write(run: &Run) -> Result<(String, String)> {
+    let m = run.measured;
+    let kind = if run.quick {
+        "`--quick` (smoke run)"
+    } else {
+        "full"
+    };
+    let mut r = format!(
+        "# plegd benchmark report\n\n\
+         - date: {}\n- command: `{}` ({kind})\n- git revision: {}\n- kernel: {}\n- cores: {}\n\
+         - containerd: {}\n\n\
+         Measured side by side in this one run against a private containerd started by the \
+         harness; plegd is the release binary run as its own process, events are timed at \
+         arrival at a `plegd watch --output json` process. Goals are read against the numbers, \
+         not asserted.\n\n## Goals\n\n{}\n",
+        run.date,
+        run.command_line,
+        run.revision,
+        m["kernel_release"].as_str().unwrap_or("?"),
+        m["cores"],
+        m["containerd"].as_str().unwrap_or("?"),
+        goals_table(run),
+    );
+    let _ = write!(
+        r,
+        "## 1. Latency per mode\n\n{} kill -9s per mode, a random 0-1 s delay before each (kills \
+         land anywhere in both pollings' relist periods). ContainerDied latency in ms from the \
+         kill; the − columns are ContainerDied minus the anchor measured for the same kill: \
+         containerd's `/tasks/exit` (its `exited_at`, from our own Events subscription) and the \
+         first CRI `ContainerStatus` showing EXITED (a poller asking as fast as it answers).\n\n\
+         {}\n![ContainerDied latency CDF](latency_cdf.png)\n\n### Start latency (ms)\n\n{}\n",
+        m["kills_per_mode"],
+        latency_table(m),
+        start_table(m),
+    );
+    let _ = write!(
+        r,
+        "## 2. Idle cost\n\nCPU over a {} s window (utime+stime from /proc/<pid>/stat, % of one \
+         core) with idle sleepers (pods of up to 10); the baseline is containerd without plegd \
+         over the same length of time.\n\n{}\n![Idle CPU](idle_cpu.png)\n\n",
+        m["idle_window_s"],
+        idle_table(m)
+    );
+    let _ = write!(
+        r,
+        "## 3. Churn cost\n\nFor {} s per run, containers are created and started at the asked \
+         rate (one pod), each killed with kill -9 a second after its start and removed once \
+         plegd reported it dead; plegd's CPU over the run and the kill → ContainerDied latency \
+         under that load. 'Achieved' is how many the harness could start per second.\n\n{}\n",
+        m["churn_s"],
+        churn_table(m)
+    );
+    let _ = write!(
+        r,
+        "## 4. Scale of the pure core\n\nA full relist (list, diff, cache) over the in-memory \
+         fake runtime, each pod a sandbox and one container; criterion's median \
+         (`tests/benches/relist.rs`, group `relist_core`).\n\n{}\n",
+        core_table(run.criterion)
+    );
+    let _ = write!(
+        r,
+        "## 5. In-kernel cost\n\nRun time per run of each eBPF program of plegd in eBPF-only \
+         mode (kernel bpf_stats enabled only during the storm; deltas over it).\n\n{}",
+        kernel_table(m)
+    );
+    let summary = format!(
+        "Last run: {} ({kind}), kernel {}, {} cores, containerd {}, revision {}. Written by \
+         `cargo xtask bench`; do not edit by hand.\n\n{}\n{}",
+        run.date,
+        m["kernel_release"].as_str().unwrap_or("?"),
+        m["cores"],
+        m["containerd"].as_str().unwrap_or("?"),
+        run.revision,
+        latency_table(m),
+        goals_table(run),
+    );
+    Ok((r, summary))
+}
+
+/// `readme` with what lies between the summary markers replaced by `summary`.
+pub fn splice_summary(readme: &str, summary: &str) -> Result<String> {
+    let (Some(start), Some(end)) = (readme.find(SUMMARY_START), readme.find(SUMMARY_END)) else {
+        bail!("README.md lacks the markers {SUMMARY_START} and {SUMMARY_END}");
+    };
+    if end < start {
+        bail!("README.md's bench summary markers are out of order");
+    }
+    let head = &readme[..start + SUMMARY_START.len()];
+    Ok(format!(
+        "{head}\n{}\n{}",
+        summary.trim_end(),
+        &readme[end..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&v, 100.0), Some(100.0));
+        assert_eq!(percentile(&[3.0], 90.0), Some(3.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn the_summary_replaces_what_is_between_the_markers() {
+        let readme = format!("a\n{SUMMARY_START}\nold\n{SUMMARY_END}\nb\n");
+        let out = splice_summary(&readme, "new\n").unwrap();
+        assert_eq!(out, format!("a\n{SUMMARY_START}\nnew\n{SUMMARY_END}\nb\n"));
+        assert!(splice_summary("no markers", "x").is_err());
+    }
+}
