@@ -184,7 +184,12 @@ async fn run_batch<R: Runtime>(
             .filter(|(_, o)| o.source == TriggerSource::Ebpf)
             .cloned()
             .collect();
-        match scheduler.retry(batch, Instant::now()) {
+        let requeued = if unconfirmed {
+            scheduler.retry(batch, Instant::now())
+        } else {
+            scheduler.recheck(batch, Instant::now())
+        };
+        match requeued {
             Ok(()) => {}
             Err(RetryError::FullRelist) => {}
             Err(RetryError::Exhausted { .. }) if !unconfirmed => {

@@ -245,6 +245,15 @@ impl RelistScheduler {
         Ok(())
     }
 
+    /// Requeues a targeted batch whose change is confirmed but whose pod another layer of the
+    /// runtime still shows behind (the CRI store after the task service): on the doubling part
+    /// of the schedule only, since that layer takes tens of milliseconds, and every recheck is
+    /// a relist (under churn, the steady retries of many pods at once would crowd the loop).
+    pub fn recheck(&mut self, mut batch: Batch, now: Instant) -> Result<(), RetryError> {
+        batch.attempt = batch.attempt.max(STEADY_RETRIES);
+        self.retry(batch, now)
+    }
+
     fn enqueue(&mut self, target: Target, hint: Hint, due: Instant, attempt: u32) {
         match self.pending.get_mut(&target) {
             Some(pending) => {
@@ -561,5 +570,23 @@ mod tests {
             scheduler.next_deadline(),
             t0 + 5 * MS + DEFAULT_RELIST_PERIOD
         );
+    }
+
+    #[test]
+    fn a_recheck_skips_the_steady_retries() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(3600));
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("first run");
+        scheduler.recheck(batch, t0).expect("recheck allowed");
+        // The first doubled delay, not the 5 ms steady one.
+        assert_eq!(scheduler.next_deadline(), t0 + 10 * MS);
+        let batch = scheduler.next_due(t0 + 10 * MS).expect("recheck due");
+        assert_eq!(batch.attempt, STEADY_RETRIES + 1);
     }
 }
