@@ -386,7 +386,12 @@ async fn plegd_runs_as_the_daemonsets_pod_and_reports_a_kill_its_probes_saw() {
 
         // The pod stops as kubelet stops it (SIGTERM, SIGKILL after the grace period): plegd
         // saves its run in /var/lib/plegd.
-        node.cri.remove_pod(&workload).await?;
+        // Only tidying up the workload: containerd 1.6 once failed to stop the killed
+        // container here ("failed to kill container: ttrpc: closed", its shim gone); the
+        // harness's teardown removes it anyway, and it says nothing about plegd.
+        if let Err(e) = node.cri.remove_pod(&workload).await {
+            eprintln!("workload pod not removed: {e:#}");
+        }
         let grace = pod_spec.termination_grace_period_seconds.unwrap_or(30);
         let stopping = Instant::now();
         node.cri
