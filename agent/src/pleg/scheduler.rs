@@ -321,6 +321,15 @@ mod tests {
         scheduler
     }
 
+    /// A scheduler past its first full relist, the next an hour away, with one trigger from
+    /// `source` for pod `p` pushed at `t0`.
+    fn one_pod_trigger(t0: Instant, source: TriggerSource) -> RelistScheduler {
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(3600));
+        scheduler.push(trigger(Scope::Pod(uid("p")), source, 1), t0, no_index);
+        scheduler
+    }
+
     #[test]
     fn full_relist_is_due_at_once_then_every_period() {
         let t0 = Instant::now();
@@ -460,13 +469,7 @@ mod tests {
     #[test]
     fn retry_backs_off_exponentially_then_gives_up() {
         let t0 = Instant::now();
-        let mut scheduler = after_first_full(t0);
-        scheduler.set_full_relist_period(Duration::from_secs(3600));
-        scheduler.push(
-            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
-            t0,
-            no_index,
-        );
+        let mut scheduler = one_pod_trigger(t0, TriggerSource::Containerd);
         let mut now = t0;
         let mut batch = scheduler.next_due(now).expect("first run");
         // 5 ms ten times, then doubling, capped at MAX_RETRY_DELAY.
@@ -494,13 +497,7 @@ mod tests {
     #[test]
     fn a_new_trigger_gets_a_full_retry_budget_even_merged_into_an_old_one() {
         let t0 = Instant::now();
-        let mut scheduler = after_first_full(t0);
-        scheduler.set_full_relist_period(Duration::from_secs(3600));
-        scheduler.push(
-            trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1),
-            t0,
-            no_index,
-        );
+        let mut scheduler = one_pod_trigger(t0, TriggerSource::Ebpf);
         let mut batch = scheduler.next_due(t0).expect("first run");
         let mut now = t0;
         for _ in 0..DEFAULT_MAX_RETRIES - 1 {
@@ -575,13 +572,7 @@ mod tests {
     #[test]
     fn a_recheck_skips_the_steady_retries() {
         let t0 = Instant::now();
-        let mut scheduler = after_first_full(t0);
-        scheduler.set_full_relist_period(Duration::from_secs(3600));
-        scheduler.push(
-            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
-            t0,
-            no_index,
-        );
+        let mut scheduler = one_pod_trigger(t0, TriggerSource::Containerd);
         let batch = scheduler.next_due(t0).expect("first run");
         scheduler.recheck(batch, t0).expect("recheck allowed");
         // The first doubled delay, not the 5 ms steady one.
