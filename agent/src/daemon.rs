@@ -13,7 +13,7 @@ pub use crate::api::Shared;
 use crate::{
     api::{self, ApiBus, BusSink, ObservationBus},
     backoff::{Backoff, Exponential},
-    config::{Config, Mode, SourceName},
+    config::{Config, Confirm, Mode, SourceName},
     metrics::Metrics,
     output,
     pleg::{
@@ -22,7 +22,7 @@ use crate::{
         generator::{self, TriggerSender},
         health::Health,
         relist::{RelistConfig, Relister},
-        scheduler::{RelistScheduler, SchedulerConfig},
+        scheduler::{DEFAULT_KERNEL_GRACE, RelistScheduler, SchedulerConfig},
     },
     runtime::{
         AnyRuntime, CRI_NAMESPACE, ConnectError, EndpointError, Runtime, RuntimeKind,
@@ -254,6 +254,16 @@ where
         config.slow_relist_period,
     ));
 
+    // Kernel triggers wait for containerd's own task events only where those confirm.
+    let (grace_tx, grace_rx) = watch::channel(Duration::ZERO);
+    let kernel_grace = (config.confirm == Confirm::Task).then(|| {
+        tokio::spawn(sources.clone().drive_kernel_grace(
+            grace_tx,
+            TriggerSource::Containerd,
+            DEFAULT_KERNEL_GRACE,
+        ))
+    });
+
     let stream_sources =
         start_stream_sources(config, push, &triggers, &sources, &metrics, &shutdown);
 
@@ -285,6 +295,7 @@ where
             scheduler,
             trigger_rx,
             period_rx,
+            grace_rx,
             metrics.clone(),
             shutdown.clone(),
         );
@@ -350,6 +361,9 @@ where
         Err(e) => Err(std::io::Error::other(e)),
     };
     adaptive_period.abort();
+    if let Some(task) = kernel_grace {
+        task.abort();
+    }
     for source in &stream_sources {
         source.abort();
     }

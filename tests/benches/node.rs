@@ -65,6 +65,12 @@ struct Args {
     /// Short processes of the exec storm.
     #[arg(long, default_value_t = 10_000)]
     execs: usize,
+    /// Sections to run (default: all): latency, idle, churn, kernel.
+    #[arg(long, value_delimiter = ',')]
+    sections: Vec<String>,
+    /// Modes of the latency and idle sections (default: every mode).
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
     /// `cargo bench` passes it; nothing to filter.
     #[arg(long, hide = true)]
     bench: bool,
@@ -321,23 +327,29 @@ impl Bench {
             );
             let name = format!("churn{n}");
             // Bounded: a run under a load the node cannot take still ends.
-            tasks.spawn(tokio::time::timeout(Duration::from_secs(60), async move {
-                let id = cri
-                    .run_container(&pod, &ContainerSpec::sleeper(&name))
-                    .await
-                    .ok()?;
+            tasks.spawn(async move {
+                // Bounded: a run under a load the node cannot take still ends.
+                let bound = Duration::from_secs(60);
+                let id = tokio::time::timeout(
+                    bound,
+                    cri.run_container(&pod, &ContainerSpec::sleeper(&name)),
+                )
+                .await
+                .map_err(|_| "start timed out")?
+                .map_err(|_| "start failed")?;
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                let pid = tasks_api.init_pid(&id).await.ok()?;
+                let pid = tasks_api.init_pid(&id).await.map_err(|_| "no init pid")?;
                 let killed = SystemTime::now();
                 nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
                 )
-                .ok()?;
+                .map_err(|_| "kill failed")?;
                 let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
                 let _ = cri.remove_container(&id).await;
-                Some(died.map(|t| ms_between(killed, t)))
-            }));
+                died.map(|t| ms_between(killed, t))
+                    .ok_or("no ContainerDied")
+            });
             n += 1;
             let next = began + Duration::from_secs_f64(f64::from(n) / f64::from(rate));
             tokio::time::sleep_until(next.into()).await;
@@ -347,11 +359,18 @@ impl Bench {
         let elapsed = began.elapsed();
         let mut died = Vec::new();
         let mut lost = 0;
+        let mut why: std::collections::BTreeMap<&str, u32> = Default::default();
         while let Some(result) = tasks.join_next().await {
-            match result.ok().and_then(Result::ok).flatten() {
-                Some(Some(ms)) => died.push(ms),
-                _ => lost += 1,
+            match result.unwrap_or(Err("task panicked")) {
+                Ok(ms) => died.push(ms),
+                Err(reason) => {
+                    lost += 1;
+                    *why.entry(reason).or_default() += 1;
+                }
             }
+        }
+        if lost > 0 {
+            eprintln!("bench: churn at {rate}/s: {lost} kills untimed: {why:?}");
         }
         // Bounded too: after a load the node could not take, removing the pod may not end.
         let removed = tokio::time::timeout(DEADLINE * 2, self.node.cri.remove_pod(&pod)).await;
@@ -367,6 +386,7 @@ impl Bench {
             "plegd_cpu": 100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64(),
             "died_ms": died,
             "missing": lost,
+            "missing_why": why,
         }))
     }
 
@@ -479,8 +499,14 @@ async fn main() -> Result<()> {
     };
     let available: Vec<&Mode> = modes.iter().filter(|m| m.unavailable.is_none()).collect();
 
+    let (sections, chosen_modes) = (b.args.sections.clone(), b.args.modes.clone());
+    let wants = |section: &str| sections.is_empty() || sections.iter().any(|s| s == section);
+    let chosen =
+        |mode: &Mode| chosen_modes.is_empty() || chosen_modes.iter().any(|k| k == mode.key);
+    let modes: Vec<&Mode> = modes.iter().filter(|m| chosen(m)).collect();
+    let available: Vec<&Mode> = available.into_iter().filter(|m| chosen(m)).collect();
     let mut latency = Vec::new();
-    for mode in &modes {
+    for mode in modes.iter().filter(|_| wants("latency")) {
         eprintln!("bench: latency, {}", mode.label);
         let mut row = json!({
             "mode": mode.key, "label": mode.label, "args": mode.args.join(" "),
@@ -506,12 +532,14 @@ async fn main() -> Result<()> {
     let out = b.args.out.clone();
     let save = |results: &Value| std::fs::write(&out, results.to_string());
     save(&results)?;
-    let idle = b.idle(&available).await?;
-    results["idle"] = idle;
-    save(&results)?;
+    if wants("idle") {
+        results["idle"] = b.idle(&available).await?;
+        save(&results)?;
+    }
     let mut churn = Vec::new();
     let churn_modes = available
         .iter()
+        .filter(|_| wants("churn"))
         .filter(|m| b.args.churn_modes.is_empty() || b.args.churn_modes.iter().any(|k| k == m.key));
     for mode in churn_modes {
         for &rate in &b.args.rates.clone() {
@@ -521,9 +549,10 @@ async fn main() -> Result<()> {
     }
     results["churn"] = Value::Array(churn);
     save(&results)?;
-    eprintln!("bench: exec storm");
-    let kernel = b.kernel(available[0]).await?;
-    results["kernel"] = kernel;
+    if wants("kernel") {
+        eprintln!("bench: exec storm");
+        results["kernel"] = b.kernel(available[0]).await?;
+    }
     std::fs::write(&b.args.out, serde_json::to_string_pretty(&results)?)?;
     Ok(())
 }

@@ -11,8 +11,9 @@
 use std::collections::BTreeMap;
 
 use crate::pleg::{
+    event::Scope,
     hints::Hints,
-    record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, TaskRecord},
+    record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecord},
 };
 
 /// Task records by container, for one relist.
@@ -31,6 +32,42 @@ pub fn from_hints(hints: &Hints) -> TaskRecords {
         }
     }
     records
+}
+
+/// The pod of a targeted relist that the runtime's own task events answer in full, so that it
+/// need not wait on the CRI store at all: every trigger behind it carried observations, each
+/// about a container of the pod as last committed whose task record moves it on (an exit of a
+/// created or running container, a start of a created one). A container or pod no relist has
+/// committed yet, or a trigger without observations (a container created, removed), needs a
+/// listing. The CRI store is read on the recheck that follows, for its status and reason.
+pub fn answered(
+    scope: &Scope,
+    hints: &Hints,
+    tasks: &TaskRecords,
+    committed: &PodRecords,
+) -> Option<PodUid> {
+    let Scope::Pod(uid) = scope else {
+        return None;
+    };
+    let pod = committed.get(uid)?;
+    let moves_on = |id: &ContainerId| {
+        let state = pod.containers.get(id).map(|c| c.state);
+        matches!(
+            (tasks.get(id), state),
+            (
+                Some(TaskRecord::Exited { .. }),
+                Some(ContainerState::Created | ContainerState::Running)
+            ) | (
+                Some(TaskRecord::Started { .. }),
+                Some(ContainerState::Created)
+            )
+        )
+    };
+    let mut observations = hints.observations().peekable();
+    let answered = !hints.listing_needed()
+        && observations.peek().is_some()
+        && observations.all(|(id, _)| moves_on(id));
+    answered.then(|| uid.clone())
 }
 
 /// The containers whose task record is worth reading: a kernel hint says their init died or
@@ -327,5 +364,94 @@ mod tests {
             "nothing was task-confirmed"
         );
         assert!(!caught_up(Some(&committed), None), "gone");
+    }
+
+    #[test]
+    fn task_events_answer_a_relist_only_when_they_move_on_every_container_hinted() {
+        let committed = PodRecords::from([(
+            PodUid("p".into()),
+            pod(&[
+                ("running", Running, Layer::Cri),
+                ("created", Created, Layer::Cri),
+                ("exited", Exited, Layer::Cri),
+            ]),
+        )]);
+        let start = ObservationKind::TaskStarted { at: at(1) };
+        let kill = ObservationKind::Signal(9);
+        let p = Scope::Pod(PodUid("p".into()));
+        let cases = [
+            (
+                "an exit of a running container",
+                p.clone(),
+                vec![("running", TriggerSource::Containerd, EXIT)],
+                true,
+            ),
+            (
+                "with the kernel's hint beside it",
+                p.clone(),
+                vec![
+                    ("running", TriggerSource::Ebpf, kill.clone()),
+                    ("running", TriggerSource::Containerd, EXIT),
+                ],
+                true,
+            ),
+            (
+                "a start of a created container",
+                p.clone(),
+                vec![("created", TriggerSource::Containerd, start.clone())],
+                true,
+            ),
+            (
+                "a kernel hint alone",
+                p.clone(),
+                vec![("running", TriggerSource::Ebpf, kill.clone())],
+                false,
+            ),
+            (
+                "a kernel hint about another container",
+                p.clone(),
+                vec![
+                    ("running", TriggerSource::Containerd, EXIT),
+                    ("created", TriggerSource::Ebpf, kill),
+                ],
+                false,
+            ),
+            (
+                "an exit the store already shows",
+                p.clone(),
+                vec![("exited", TriggerSource::Containerd, EXIT)],
+                false,
+            ),
+            (
+                "a start of a running container",
+                p.clone(),
+                vec![("running", TriggerSource::Containerd, start)],
+                false,
+            ),
+            (
+                "a container not committed yet",
+                p.clone(),
+                vec![("new", TriggerSource::Containerd, EXIT)],
+                false,
+            ),
+            (
+                "a pod not committed yet",
+                Scope::Pod(PodUid("q".into())),
+                vec![("running", TriggerSource::Containerd, EXIT)],
+                false,
+            ),
+            (
+                "a container scope",
+                Scope::Container(cid("running")),
+                vec![("running", TriggerSource::Containerd, EXIT)],
+                false,
+            ),
+            ("no observation", p.clone(), vec![], false),
+        ];
+        for (name, scope, observations, want) in cases {
+            let h = hints(&observations);
+            let got = answered(&scope, &h, &from_hints(&h), &committed);
+            assert_eq!(got.is_some(), want, "{name}");
+        }
     }
 }

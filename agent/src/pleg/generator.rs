@@ -109,14 +109,16 @@ pub fn observed_trigger_channel(
 
 /// Runs relists until `shutdown` is cancelled, then hands the relister back (its reading is
 /// saved at shutdown). Every event is handed to the relister's sink, which never blocks: no
-/// consumer can stall the relists or make them spin. The
-/// full relist period can be changed while running through `period` (adaptive relist: long
-/// while push sources are healthy, short otherwise).
+/// consumer can stall the relists or make them spin. The full relist period can be changed
+/// while running through `period` (adaptive relist: long while push sources are healthy, short
+/// otherwise), and kernel triggers' grace through `kernel_grace` (see
+/// [`RelistScheduler::set_kernel_grace`]).
 pub async fn run<R: Runtime>(
     mut relister: Relister<R>,
     mut scheduler: RelistScheduler,
     mut triggers: TriggerReceiver,
     mut period: watch::Receiver<Duration>,
+    mut kernel_grace: watch::Receiver<Duration>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Relister<R> {
@@ -134,6 +136,11 @@ pub async fn run<R: Runtime>(
                 let new = *period.borrow_and_update();
                 info!(period = ?new, "full relist period changed");
                 scheduler.set_full_relist_period(new);
+            }
+            Ok(()) = kernel_grace.changed() => {
+                let grace = *kernel_grace.borrow_and_update();
+                debug!(?grace, "kernel triggers' grace changed");
+                scheduler.set_kernel_grace(grace);
             }
             () = tokio::time::sleep_until(deadline) => {
                 while let Some(batch) = scheduler.next_due(Instant::now()) {
@@ -270,12 +277,14 @@ mod tests {
         );
         let (triggers, receiver) = observed_trigger_channel(sink);
         let (period_tx, period_rx) = watch::channel(period);
+        let (_, grace_rx) = watch::channel(Duration::ZERO);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(
             relister,
             scheduler,
             receiver,
             period_rx,
+            grace_rx,
             metrics.clone(),
             shutdown.clone(),
         ));

@@ -37,6 +37,9 @@ pub struct Hint {
     pub observed_at: SystemTime,
     /// Observations with the container each is about, in arrival order.
     pub observations: Vec<(ContainerId, Observation)>,
+    /// A trigger behind it carried no observation (a container created or removed, a pod
+    /// changed): only a listing of the runtime answers it.
+    pub listing_needed: bool,
 }
 
 impl Hint {
@@ -44,6 +47,7 @@ impl Hint {
         self.sources.extend(other.sources);
         self.observed_at = self.observed_at.min(other.observed_at);
         self.observations.extend(other.observations);
+        self.listing_needed |= other.listing_needed;
     }
 }
 
@@ -91,6 +95,11 @@ impl Hints {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether a trigger behind them carried no observation, so only a listing answers it.
+    pub fn listing_needed(&self) -> bool {
+        self.0.values().any(|h| h.listing_needed)
     }
 
     pub(crate) fn insert(&mut self, target: Target, hint: Hint) {
@@ -163,6 +172,7 @@ pub(crate) fn pod_hints(
                     (ContainerId((*id).to_owned()), observation)
                 })
                 .collect(),
+            listing_needed: observations.is_empty(),
         },
     );
     hints

@@ -117,6 +117,7 @@ mod tests {
         Hint {
             sources: sources.iter().copied().collect::<BTreeSet<_>>(),
             observed_at: at(at_ms),
+            listing_needed: observations.is_empty(),
             observations,
         }
     }

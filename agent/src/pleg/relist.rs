@@ -98,6 +98,15 @@ pub struct Relister<R> {
     sequence: u64,
 }
 
+/// What a relist read before diffing: the listing with the task records laid over, and the
+/// inspections already at hand.
+struct Reading {
+    listed: PodRecords,
+    listed_at: SystemTime,
+    tasks: TaskRecords,
+    inspections: BTreeMap<PodUid, Inspection>,
+}
+
 /// One pod's inspection.
 enum Inspection {
     Found { record: PodRecord, read_at: Instant },
@@ -159,27 +168,25 @@ impl<R: Runtime> Relister<R> {
             self.health.relist_started(started);
         }
 
-        // 1. List.
-        let listed = match self.runtime.list_pods(scope).await {
-            Ok(pods) => pods,
-            Err(e) => {
-                if full {
-                    self.health.relist_failed();
+        // 1. Read: list, or, where the runtime's own task events answer every hint, take the
+        //    committed reading with them laid over (the CRI store is read on the recheck).
+        let Reading {
+            mut listed,
+            listed_at,
+            tasks,
+            mut inspections,
+        } = match self.answered_by_task_events(scope, hints) {
+            Some(reading) => reading,
+            None => match self.read(scope, hints).await {
+                Ok(reading) => reading,
+                Err(e) => {
+                    if full {
+                        self.health.relist_failed();
+                    }
+                    return Err(e.into());
                 }
-                return Err(e.into());
-            }
+            },
         };
-        let listed_at = SystemTime::now();
-        let mut listed: PodRecords = listed
-            .into_iter()
-            .filter(|pod| in_scope(scope, pod))
-            .map(|pod| (pod.uid.clone(), pod))
-            .collect();
-        // The runtime's task records over its CRI store's reading (no-op at the CRI layer).
-        let tasks = self.task_records(hints, &listed).await;
-        for pod in listed.values_mut() {
-            confirm::apply(pod, &tasks, self.records.get(&pod.uid));
-        }
 
         // 2. Diff, only over the pods this reading vouches for.
         let considered = considered_pods(scope, &self.records, &self.to_reinspect, &listed);
@@ -198,12 +205,14 @@ impl<R: Runtime> Relister<R> {
                 .filter(|uid| confirm::caught_up(self.records.get(*uid), listed.get(*uid)))
                 .cloned(),
         );
-        let mut inspections = self.inspect(&to_inspect, &listed).await;
-        for (uid, inspection) in &mut inspections {
+        to_inspect.retain(|uid| !inspections.contains_key(uid));
+        let mut inspected = self.inspect(&to_inspect, &listed).await;
+        for (uid, inspection) in &mut inspected {
             if let Inspection::Found { record, .. } = inspection {
                 confirm::apply(record, &tasks, self.records.get(uid));
             }
         }
+        inspections.append(&mut inspected);
 
         let mut outcome = RelistOutcome {
             not_reflected: !full && !hints.reflected_in(scope, &listed),
@@ -275,6 +284,58 @@ impl<R: Runtime> Relister<R> {
         }
         debug!(?scope, pods = considered.len(), ?outcome, "relisted");
         Ok(outcome)
+    }
+
+    /// Lists `scope`, and lays the task records behind this relist over the listing.
+    async fn read(&self, scope: &Scope, hints: &Hints) -> Result<Reading, RuntimeError> {
+        let listed = self.runtime.list_pods(scope).await?;
+        let listed_at = SystemTime::now();
+        let mut listed: PodRecords = listed
+            .into_iter()
+            .filter(|pod| in_scope(scope, pod))
+            .map(|pod| (pod.uid.clone(), pod))
+            .collect();
+        let tasks = self.task_records(hints, &listed).await;
+        for pod in listed.values_mut() {
+            confirm::apply(pod, &tasks, self.records.get(&pod.uid));
+        }
+        Ok(Reading {
+            listed,
+            listed_at,
+            tasks,
+            inspections: BTreeMap::new(),
+        })
+    }
+
+    /// The reading of a targeted relist whose every hint the runtime's own task events answer
+    /// ([`confirm::answered`]): the pod's committed listing and its cached inspection, with the
+    /// task records laid over both. No runtime call: the CRI store updates some 30 ms after the
+    /// task service, after the runtime's cleanup, and a listing now would show nothing new.
+    fn answered_by_task_events(&self, scope: &Scope, hints: &Hints) -> Option<Reading> {
+        if self.config.confirm != Layer::Task {
+            return None;
+        }
+        let tasks = confirm::from_hints(hints);
+        let uid = confirm::answered(scope, hints, &tasks, &self.records)
+            .filter(|uid| !self.to_reinspect.contains(uid))?;
+        let mut inspected = self.cache.get(&uid).record?;
+        let mut listed = self.records.get(&uid)?.clone();
+        let committed = self.records.get(&uid);
+        confirm::apply(&mut listed, &tasks, committed);
+        confirm::apply(&mut inspected, &tasks, committed);
+        let read_at = Instant::now();
+        Some(Reading {
+            listed: PodRecords::from([(uid.clone(), listed)]),
+            listed_at: SystemTime::now(),
+            tasks,
+            inspections: BTreeMap::from([(
+                uid,
+                Inspection::Found {
+                    record: inspected,
+                    read_at,
+                },
+            )]),
+        })
     }
 
     /// The task records behind this relist: those the runtime's own events carried, and,
@@ -1004,11 +1065,24 @@ mod tests {
         };
         let hints = pod_hints("p", &[("c", TriggerSource::Containerd, exit)]);
         let scope = Scope::Pod(uid("p"));
+        let reads = (
+            h.runtime.list_calls().len(),
+            h.runtime.inspect_calls().len(),
+        );
         let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
         assert!(!outcome.not_reflected);
+        assert!(outcome.awaiting_cri, "the CRI store is read again soon");
         assert_eq!(
             summary(&drain(&mut h.events)),
             [ev("p", "c", ContainerDied)]
+        );
+        assert_eq!(
+            (
+                h.runtime.list_calls().len(),
+                h.runtime.inspect_calls().len()
+            ),
+            reads,
+            "the event answered it: the CRI store, which lags, was not read"
         );
         let c = cached(&h, "p", "c");
         assert_eq!(
@@ -1038,6 +1112,37 @@ mod tests {
         assert_eq!(
             (c.reason.as_str(), c.confirmed_by),
             ("OOMKilled", Layer::Cri)
+        );
+    }
+
+    /// A task event does not stand in for a listing when another trigger behind the relist
+    /// needs one (here, a container the runtime created): the pod is listed and both changes
+    /// are found.
+    #[tokio::test]
+    async fn a_task_event_beside_a_trigger_without_observations_still_lists() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        h.runtime.set_container("p", container("d", "d", Running));
+
+        let exit = ObservationKind::TaskExited {
+            code: 1,
+            at: SystemTime::UNIX_EPOCH,
+        };
+        let mut hints = pod_hints("p", &[("c", TriggerSource::Containerd, exit)]);
+        for (target, hint) in pod_hints("p", &[]) {
+            hints.insert(target, hint);
+        }
+        let lists = h.runtime.list_calls().len();
+        h.relister
+            .relist(&Scope::Pod(uid("p")), &hints)
+            .await
+            .expect("relist");
+        assert_eq!(h.runtime.list_calls().len(), lists + 1);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied), ev("p", "d", ContainerStarted)]
         );
     }
 

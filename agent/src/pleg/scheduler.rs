@@ -8,6 +8,9 @@
 //!   burst of kernel and stream events about one pod costs one targeted relist.
 //! - A due full relist subsumes every targeted one, and carries their hints along, so the events
 //!   it finds are still credited to the sources that saw them first.
+//! - A kernel trigger waits a short grace while the runtime's own event stream is connected
+//!   (see [`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change
+//!   follows within milliseconds and answers it without a CRI read.
 //! - A trigger can beat the runtime (containerd's exit event before CRI says exited); the driver
 //!   hands such a batch back with [`RelistScheduler::retry`], which backs off exponentially a
 //!   bounded number of times. After that, the periodic full relist is the safety net.
@@ -23,7 +26,7 @@ use tracing::debug;
 use crate::{
     backoff::Exponential,
     pleg::{
-        event::{DEFAULT_RELIST_PERIOD, Scope, Trigger},
+        event::{DEFAULT_RELIST_PERIOD, Scope, Trigger, TriggerSource},
         hints::{Hint, Hints, Target},
         record::{ContainerId, PodUid},
     },
@@ -32,6 +35,13 @@ use crate::{
 /// Default delay between the first retries, while the runtime usually catches up: containerd's
 /// task service records an exit some 5 ms after the kernel saw it, its CRI store some 40 ms.
 pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
+
+/// How long a kernel trigger waits for the runtime's own event while its event stream is
+/// connected: containerd publishes `/tasks/exit` some 1 to 10 ms after the kernel saw the exit
+/// (a few tens under load). Relisting at once would read a CRI store that shows nothing yet
+/// and hold up the relist the runtime's event asks for; past the grace, the kernel's trigger
+/// runs on its own, so a runtime event that never comes costs only this much.
+pub const DEFAULT_KERNEL_GRACE: Duration = Duration::from_millis(25);
 
 /// Retries at the base delay before backing off.
 pub const STEADY_RETRIES: u32 = 10;
@@ -109,6 +119,8 @@ pub struct RelistScheduler {
     periodic_due: Instant,
     /// Earliest full relist asked for out of period (sign of loss), if any.
     full_requested: Option<Instant>,
+    /// How long a kernel trigger waits for the runtime's own event (zero: not at all).
+    kernel_grace: Duration,
 }
 
 impl RelistScheduler {
@@ -120,6 +132,7 @@ impl RelistScheduler {
             last_full: None,
             periodic_due: now,
             full_requested: None,
+            kernel_grace: Duration::ZERO,
         }
     }
 
@@ -158,12 +171,25 @@ impl RelistScheduler {
                 (target, observations)
             }
         };
+        let due = match source {
+            TriggerSource::Ebpf => now + self.kernel_grace,
+            _ => now,
+        };
         let hint = Hint {
             sources: BTreeSet::from([source]),
             observed_at,
+            listing_needed: observations.is_empty(),
             observations,
         };
-        self.enqueue(target, hint, now, 0);
+        self.enqueue(target, hint, due, 0);
+    }
+
+    /// Makes kernel triggers from now on wait `grace` for the runtime's own event before their
+    /// relist ([`DEFAULT_KERNEL_GRACE`] while the runtime's event stream is connected, zero
+    /// otherwise). A runtime event for the same pod merges with the waiting trigger and runs
+    /// at once.
+    pub fn set_kernel_grace(&mut self, grace: Duration) {
+        self.kernel_grace = grace;
     }
 
     /// Asks for a full relist at `now` (stream reconnect, ring buffer loss, dropped events).
@@ -352,6 +378,51 @@ mod tests {
         assert_eq!(scheduler.next_due(t0 + Duration::from_secs(29)), None);
         scheduler.set_full_relist_period(Duration::from_millis(500));
         assert!(scheduler.full_relist_due(t0 + Duration::from_millis(500)));
+    }
+
+    /// While the runtime's event stream is connected, a kernel trigger waits the grace for the
+    /// runtime's own event, which runs at once and carries the kernel's hint along; without
+    /// one, the kernel's trigger runs when the grace ends; with no grace, at once.
+    #[test]
+    fn kernel_triggers_wait_the_grace_for_the_runtimes_event() {
+        let t0 = Instant::now();
+        let grace = 20 * MS;
+        let kernel = || {
+            let mut t = trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1);
+            t.scope = Scope::Container(cid("c"));
+            t.observations = vec![exit_code(TriggerSource::Ebpf, 137)];
+            t
+        };
+        let pod_of = |_: &ContainerId| Some(uid("p"));
+
+        let mut scheduler = one_pod_trigger(t0, TriggerSource::Relist);
+        scheduler.next_due(t0).expect("the setup's trigger");
+        scheduler.set_kernel_grace(grace);
+        scheduler.push(kernel(), t0, pod_of);
+        assert_eq!(scheduler.next_due(t0 + grace - MS), None);
+        scheduler.push(
+            trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 2),
+            t0 + 5 * MS,
+            no_index,
+        );
+        let batch = scheduler
+            .next_due(t0 + 5 * MS)
+            .expect("the runtime's event runs at once");
+        assert_eq!(
+            batch.hints.sources(),
+            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        );
+
+        scheduler.push(kernel(), t0, pod_of);
+        assert_eq!(scheduler.next_deadline(), t0 + grace);
+        assert!(
+            scheduler.next_due(t0 + grace).is_some(),
+            "alone, after the grace"
+        );
+
+        scheduler.set_kernel_grace(Duration::ZERO);
+        scheduler.push(kernel(), t0, pod_of);
+        assert!(scheduler.next_due(t0).is_some(), "no grace: at once");
     }
 
     #[test]

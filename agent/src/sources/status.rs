@@ -170,6 +170,30 @@ impl SourceRegistry {
         }
     }
 
+    /// Keeps `grace` at `connected_grace` while `source` (the runtime's event stream whose
+    /// task events answer kernel triggers) is connected, and at zero otherwise; until the
+    /// registry is dropped.
+    pub async fn drive_kernel_grace(
+        self,
+        grace: watch::Sender<Duration>,
+        source: TriggerSource,
+        connected_grace: Duration,
+    ) {
+        let mut changes = self.changes();
+        loop {
+            changes.borrow_and_update();
+            let want = if self.connected().contains(&source) {
+                connected_grace
+            } else {
+                Duration::ZERO
+            };
+            grace.send_if_modified(|current| std::mem::replace(current, want) != want);
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     fn connected(&self) -> BTreeSet<TriggerSource> {
         self.lock()
             .iter()
