@@ -232,9 +232,13 @@ impl Bench {
                 let died = watch.arrivals.wait(id, "ContainerDied", DEADLINE);
                 let (cri, died) = tokio::join!(cri, died);
                 let exit = self.events.wait(id, "exit", Duration::from_secs(5)).await;
+                let exit_arrival = self.events.get(id, "exit_arrival");
+                let emitted = watch.arrivals.get(id, "ContainerDied emitted");
                 kills.push(json!({
                     "died_ms": died.map(|t| ms_between(killed, t)),
                     "exit_ms": exit.map(|t| ms_between(killed, t)),
+                    "exit_arrival_ms": exit_arrival.map(|t| ms_between(killed, t)),
+                    "emitted_ms": emitted.map(|t| ms_between(killed, t)),
                     "cri_ms": cri.map(|t| ms_between(killed, t)),
                 }));
             }

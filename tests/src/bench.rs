@@ -212,6 +212,14 @@ impl Watch {
                     (event["container_id"].as_str(), event["type"].as_str())
                 {
                     record.record(id, kind, at);
+                    // When plegd sent it: what it took inside plegd, and what the way to a client
+                    // added.
+                    if let Some(emitted) = event["emitted_at"]
+                        .as_str()
+                        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+                    {
+                        record.record(id, &format!("{kind} emitted"), emitted);
+                    }
                 }
             }
         });
@@ -255,6 +263,7 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
                         && let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok())
                     {
                         record.record(&exit.container_id, "exit", at);
+                        record.record(&exit.container_id, "exit_arrival", SystemTime::now());
                     }
                 }
                 "/tasks/start" => {

@@ -318,6 +318,7 @@ impl<R: Runtime> Relister<R> {
         let tasks = confirm::from_hints(hints);
         let uid = confirm::answered(scope, hints, &tasks, &self.records)
             .filter(|uid| !self.to_reinspect.contains(uid))?;
+        debug!(pod = %uid, "the runtime's task events answer the relist: no CRI read");
         let mut inspected = self.cache.get(&uid).record?;
         let mut listed = self.records.get(&uid)?.clone();
         let committed = self.records.get(&uid);
