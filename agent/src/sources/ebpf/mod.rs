@@ -153,6 +153,7 @@ impl Probes {
                 .attach(spec.category, spec.tracepoint)
                 .map_err(|source| LoadError::Program { name, source })?;
         }
+        release_freed_heap();
         Ok(Self {
             ebpf,
             cgroup2,
@@ -177,6 +178,17 @@ impl Probes {
         self.ebpf
             .take_map(name)
             .ok_or(LoadError::MissingMap { name })
+    }
+}
+
+/// Hands the heap freed by the load back to the kernel. Parsing the kernel's BTF (aya's loader
+/// and ours) allocates some 50 MiB that is freed once the programs are loaded, but glibc keeps
+/// freed heap pages mapped: measured 68 MiB resident after the load, 14 MiB after this.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions; it only returns free pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
