@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, path::Path};
 /// The layers, lowest first, as `lib.rs` lists them. `pleg` is split by file: its types sit
 /// at the bottom, its relist and generator above the runtime.
 const LAYERS: &[&[&str]] = &[
-    &["pleg::record", "pleg::event", "backoff"],
+    &["pleg::record", "pleg::event", "backoff", "capabilities"],
     &[
         "metrics",
         "bus",
