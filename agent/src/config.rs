@@ -423,6 +423,8 @@ pub enum ConfigError {
     EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
     ListenWithoutTls,
+    #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
+    NobodyAllowed,
 }
 
 impl Config {
@@ -499,6 +501,9 @@ impl Config {
         }
         if self.listen.is_some() && (self.tls_cert.is_none() || self.tls_key.is_none()) {
             return Err(ConfigError::ListenWithoutTls);
+        }
+        if self.api_allow_uids.is_empty() && self.api_allow_gids.is_empty() {
+            return Err(ConfigError::NobodyAllowed);
         }
         match zero.into_iter().find(|(_, is_zero)| *is_zero) {
             Some((key, _)) => Err(ConfigError::Zero { key }),
@@ -694,6 +699,14 @@ mod tests {
         assert!(matches!(
             Config::load(&plain_tcp),
             Err(ConfigError::ListenWithoutTls)
+        ));
+        let nobody = RunArgs {
+            api_allow_uids: Some(Vec::new()),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&nobody),
+            Err(ConfigError::NobodyAllowed)
         ));
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(

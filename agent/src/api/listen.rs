@@ -73,8 +73,6 @@ pub enum BindError {
         needed: u32,
         group_hint: String,
     },
-    #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
-    NobodyAllowed,
     #[error("{path} is in use by a running plegd (or another server)")]
     InUse { path: PathBuf },
     #[error("{path} exists and is not a socket; not removing it")]
@@ -132,9 +130,6 @@ impl Listeners {
             config.api_allow_uids.iter().copied(),
             config.api_allow_gids.iter().copied(),
         );
-        if peers.is_empty() {
-            return Err(BindError::NobodyAllowed);
-        }
         // The TLS files are checked first and the TCP ports bound before the socket: a failure
         // leaves nothing behind.
         let tcp = match config.listen {
