@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::{self, client::WatchOptions},
+    capabilities,
     config::{Config, LogFormat, OutputFormat, RunArgs},
 };
 
@@ -197,20 +198,35 @@ fn init_logging(format: LogFormat) {
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     let config = Config::load(args)?;
     init_logging(config.log_format);
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(run_daemon(config))
-}
-
-async fn run_daemon(config: Config) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
-    // Bound first: a socket in use or a bad certificate stops plegd before anything else.
-    let listeners = api::Listeners::bind(&config)
-        .await
-        .context("starting the API")?;
+    // The privileged start runs on this thread alone, before the async runtime starts its
+    // threads: capabilities belong to each thread, and those threads must begin with what is
+    // left. Bound first: a socket in use or a bad certificate stops plegd before anything else.
+    let listeners = api::Listeners::bind(&config).context("starting the API")?;
     // `--mode ebpf` fails here, before waiting for the runtime.
     let ebpf =
         crate::daemon::load_ebpf(&config).context("loading the eBPF probes (--mode ebpf)")?;
+    let loaded = matches!(ebpf, crate::daemon::EbpfStart::Loaded(_));
+    let dropped = capabilities::drop_all_but(&capabilities::needed(loaded))
+        .context("dropping capabilities")?;
+    info!(kept = ?dropped.kept, "capabilities dropped");
+    if !dropped.bounding_left.is_empty() {
+        info!(
+            bounding = ?dropped.bounding_left,
+            "bounding set kept as given (no CAP_SETPCAP to shrink it); unused, plegd executes \
+             nothing"
+        );
+    }
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(run_daemon(config, listeners, ebpf))
+}
+
+async fn run_daemon(
+    config: Config,
+    listeners: api::Listeners,
+    ebpf: crate::daemon::EbpfStart,
+) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
     let Some(connected) = crate::daemon::connect(&config, &shutdown).await? else {
         return Ok(());
     };

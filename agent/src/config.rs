@@ -256,10 +256,32 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: Option<LogFormat>,
 
-    /// Unix socket of the plegd.v1 gRPC API (and grpc.health.v1); its directory is created
-    /// 0700, the socket is 0600.
+    /// Unix socket of the plegd.v1 gRPC API (and grpc.health.v1). Its mode follows
+    /// --api-allow-uids and --api-allow-gids: 0600 in a 0700 directory for plegd's own user
+    /// only, 0660 (and 0710) owned by the group when one gid is allowed, 0666 (and 0711) when
+    /// other uids or several gids are, each connection being checked anyway.
     #[arg(long, env = "PLEGD_SOCKET", value_name = "PATH", default_value = DEFAULT_SOCKET)]
     pub socket: Option<PathBuf>,
+
+    /// Uids allowed to use the API socket (SO_PEERCRED), comma separated.
+    #[arg(
+        long,
+        env = "PLEGD_API_ALLOW_UIDS",
+        value_delimiter = ',',
+        value_name = "UID,...",
+        default_value = "0"
+    )]
+    pub api_allow_uids: Option<Vec<u32>>,
+
+    /// Gids allowed to use the API socket, comma separated: a client whose effective
+    /// (primary) gid is one of them; supplementary groups do not count. [default: none]
+    #[arg(
+        long,
+        env = "PLEGD_API_ALLOW_GIDS",
+        value_delimiter = ',',
+        value_name = "GID,..."
+    )]
+    pub api_allow_gids: Option<Vec<u32>>,
 
     /// Also serve the API on this TCP address, with TLS (needs --tls-cert and --tls-key).
     /// [default: off]
@@ -361,6 +383,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Unix socket of the API.
     pub socket: PathBuf,
+    /// Uids and gids of the clients allowed on the unix socket.
+    pub api_allow_uids: Vec<u32>,
+    pub api_allow_gids: Vec<u32>,
     /// TCP address of the TLS API listener, if any.
     pub listen: Option<SocketAddr>,
     pub tls_cert: Option<PathBuf>,
@@ -398,6 +423,8 @@ pub enum ConfigError {
     EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
     ListenWithoutTls,
+    #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
+    NobodyAllowed,
 }
 
 impl Config {
@@ -442,6 +469,8 @@ impl Config {
             output: first(a.output, f.output, d.output),
             log_format: first(a.log_format, f.log_format, d.log_format),
             socket: first(a.socket, f.socket, d.socket),
+            api_allow_uids: first(a.api_allow_uids, f.api_allow_uids, d.api_allow_uids),
+            api_allow_gids: a.api_allow_gids.or(f.api_allow_gids).unwrap_or_default(),
             listen: a.listen.or(f.listen),
             tls_cert: a.tls_cert.or(f.tls_cert),
             tls_key: a.tls_key.or(f.tls_key),
@@ -472,6 +501,9 @@ impl Config {
         }
         if self.listen.is_some() && (self.tls_cert.is_none() || self.tls_key.is_none()) {
             return Err(ConfigError::ListenWithoutTls);
+        }
+        if self.api_allow_uids.is_empty() && self.api_allow_gids.is_empty() {
+            return Err(ConfigError::NobodyAllowed);
         }
         match zero.into_iter().find(|(_, is_zero)| *is_zero) {
             Some((key, _)) => Err(ConfigError::Zero { key }),
@@ -657,6 +689,9 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/run/plegd/plegd.sock"));
         assert_eq!((config.listen, config.metrics_address), (None, None));
         assert_eq!((config.event_history, config.watch_queue), (10_000, 1024));
+        // Root only.
+        assert_eq!(config.api_allow_uids, [0]);
+        assert!(config.api_allow_gids.is_empty());
         let plain_tcp = RunArgs {
             listen: Some("127.0.0.1:9810".parse().unwrap()),
             ..RunArgs::default()
@@ -665,10 +700,19 @@ mod tests {
             Config::load(&plain_tcp),
             Err(ConfigError::ListenWithoutTls)
         ));
+        let nobody = RunArgs {
+            api_allow_uids: Some(Vec::new()),
+            ..RunArgs::default()
+        };
+        assert!(matches!(
+            Config::load(&nobody),
+            Err(ConfigError::NobodyAllowed)
+        ));
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(
             file,
-            "socket = \"/tmp/p.sock\"\nmetrics-address = \"127.0.0.1:9809\"\nevent-history = 5"
+            "socket = \"/tmp/p.sock\"\nmetrics-address = \"127.0.0.1:9809\"\nevent-history = 5\n\
+             api-allow-uids = []\napi-allow-gids = [1000, 1001]"
         )
         .unwrap();
         let config = Config::load(&RunArgs {
@@ -682,6 +726,8 @@ mod tests {
             Some("127.0.0.1:9809".parse().unwrap())
         );
         assert_eq!(config.event_history, 5);
+        assert!(config.api_allow_uids.is_empty());
+        assert_eq!(config.api_allow_gids, [1000, 1001]);
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! Modules by layer, lowest first; a module imports only its own layer and those below
 //! (`tests/layers.rs` checks it):
 //! 0. `pleg::{record, event}`: the types: runtime records, events, triggers, scopes;
-//!    `backoff`: the one exponential backoff (optional jitter) every retry uses.
+//!    `backoff`: the one exponential backoff (optional jitter) every retry uses;
+//!    `capabilities`: what `plegd run` keeps once its privileged start is over.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
 //!    confirm, scheduler, provenance, sink}`: what changed, what the triggers said (and
@@ -44,6 +45,7 @@
 pub mod api;
 pub(crate) mod backoff;
 pub(crate) mod bus;
+pub(crate) mod capabilities;
 pub mod check;
 pub mod cli;
 pub mod config;

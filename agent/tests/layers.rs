@@ -1,13 +1,16 @@
 //! The layer rule of `lib.rs`'s `# Layout`: a module imports only modules of its own layer or
 //! of layers below it. Reads the `crate::` paths of every source file (test modules excluded)
 //! and fails naming each arrow that points up.
+//!
+//! The same reading checks that the daemon runs no other program: no process is spawned by
+//! its code (tests excluded), so what it does is all in this crate.
 
 use std::{collections::BTreeSet, path::Path};
 
 /// The layers, lowest first, as `lib.rs` lists them. `pleg` is split by file: its types sit
 /// at the bottom, its relist and generator above the runtime.
 const LAYERS: &[&[&str]] = &[
-    &["pleg::record", "pleg::event", "backoff"],
+    &["pleg::record", "pleg::event", "backoff", "capabilities"],
     &[
         "metrics",
         "bus",
@@ -264,4 +267,70 @@ fn the_parser_finds_grouped_and_nested_paths() {
         found,
         ["api", "metrics", "pleg::cache", "pleg::event", "runtime"]
     );
+}
+
+/// What starting another program looks like in Rust source: std's and tokio's `Command`
+/// (named in full or imported from a `process::{...}` group), and the raw calls.
+fn spawns_processes(source: &str) -> Vec<String> {
+    let code = code_of(source);
+    let mut found: Vec<String> = [
+        "process::Command",
+        "tokio::process",
+        "fork(",
+        "execv",
+        "posix_spawn",
+        "pidfd_spawn",
+    ]
+    .into_iter()
+    .filter(|needle| code.contains(needle))
+    .map(str::to_owned)
+    .collect();
+    for (at, _) in code.match_indices("process::{") {
+        let group = &code[at + "process::{".len()..];
+        let group = &group[..group.find('}').unwrap_or(group.len())];
+        if group
+            .split(',')
+            .any(|item| item.trim().starts_with("Command"))
+        {
+            found.push(format!("process::{{{group}}}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_daemon_spawns_no_process() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() > 20, "only {} source files found", files.len());
+    let spawning: Vec<String> = files
+        .iter()
+        .flat_map(|file| {
+            let relative = file.strip_prefix(&root).unwrap().display().to_string();
+            spawns_processes(&std::fs::read_to_string(file).unwrap())
+                .into_iter()
+                .map(move |what| format!("{relative}: {what}"))
+        })
+        .collect();
+    assert!(
+        spawning.is_empty(),
+        "the daemon must not run other programs:\n{}",
+        spawning.join("\n")
+    );
+}
+
+#[test]
+fn process_spawning_is_recognised_outside_tests_only() {
+    let spawning = "use std::process::{ExitCode, Command};\nfn f() { tokio::process::Command::new(\"sh\"); }\n";
+    assert_eq!(
+        spawns_processes(spawning),
+        [
+            "process::Command",
+            "tokio::process",
+            "process::{ExitCode, Command}"
+        ]
+    );
+    let clean = "use std::process::ExitCode;\nfn f() { clap::Command::new(\"run\"); }\n// std::process::Command in a comment\n#[cfg(test)]\nmod tests { fn t() { std::process::Command::new(\"true\"); } }\n";
+    assert!(spawns_processes(clean).is_empty());
 }

@@ -85,7 +85,7 @@ async fn scenario(stalled: usize) -> Report {
             container(&format!("c{pod}"), "app", ContainerState::Running),
         );
     }
-    let listeners = Listeners::bind(&config).await.expect("API bound");
+    let listeners = Listeners::bind(&config).expect("API bound");
     let shutdown = CancellationToken::new();
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let daemon = tokio::spawn({

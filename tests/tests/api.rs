@@ -653,7 +653,7 @@ async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
     // A second daemon on the same socket is refused with a clear error.
     let mut second = config(RuntimeKind::Cri, &containerd.socket(), PERIOD);
     second.socket = api.socket.clone();
-    let err = plegd::api::Listeners::bind(&second).await.unwrap_err();
+    let err = plegd::api::Listeners::bind(&second).unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
     plegd.stop().await;
     api.stopped().await;

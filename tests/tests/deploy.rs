@@ -170,6 +170,7 @@ fn the_example_config_loads_and_shows_every_key_with_its_default() {
         loaded.runtime_endpoint.take().as_deref(),
         Some("unix:///run/containerd/containerd.sock")
     );
+    assert_eq!(std::mem::take(&mut loaded.api_allow_gids), [1000]);
     for example in [
         loaded.listen.take().map(|a| a.to_string()),
         loaded.metrics_address.take().map(|a| a.to_string()),

@@ -4,6 +4,7 @@
 //! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
 //! `demo` start with `setup::run`).
 
+mod audit;
 mod bench;
 mod cmd;
 mod containerd;
@@ -40,6 +41,9 @@ enum Command {
     /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
     /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into README.md.
     Bench(bench::Options),
+    /// Every `cargo deny` check of deny.toml, RustSec advisories included (fetches their
+    /// database from GitHub); `test` runs the offline ones (licenses, bans, sources).
+    Audit(audit::Options),
     /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Setup(opts) => setup::run(&opts),
         Command::Containerd(opts) => containerd::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
+        Command::Audit(opts) => audit::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Docs(opts) => docs::run(&opts),

@@ -5,7 +5,8 @@
 //! 1. refuse to run unless root;
 //! 2. apt packages ([`APT_PACKAGES`]), then check the programs the build and the harness run;
 //! 3. the nightly toolchain with `rust-src` (aya-build uses `-Z build-std=core`);
-//! 4. `bpf-linker` built against the system LLVM 22;
+//! 4. `bpf-linker` built against the system LLVM 22, and `cargo-deny` ([`CARGO_DENY_VERSION`],
+//!    for the dependency checks of `cargo xtask test` and `cargo xtask audit`);
 //! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
 //! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
 //!    from Debian's archive with a private apt configuration and unpacked under
@@ -83,6 +84,9 @@ const REQUIRED_PROGRAMS: &[&str] = &[
     "strip",
     "grpc_python_plugin",
 ];
+
+/// The cargo-deny release `cargo xtask setup` installs (0.20 needs Rust 1.88).
+pub const CARGO_DENY_VERSION: &str = "0.20.2";
 
 /// Where Debian's llvm-22 lives; bpf-linker must be built against it (without `LLVM_PREFIX`
 /// its build finds LLVM 14's llvm-config and fails with "unable to find library -lLLVM").
@@ -258,6 +262,7 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
     apt_packages(opts, &mut summary)?;
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
+    cargo_deny(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
     containerd_releases(opts, &mut summary)?;
     let vm = if series.is_empty() {
@@ -420,28 +425,76 @@ fn rust_src(opts: &Options, summary: &mut Summary) -> Result<()> {
 }
 
 fn bpf_linker(opts: &Options, summary: &mut Summary) -> Result<()> {
-    const STEP: &str = "bpf-linker";
+    cargo_tool(
+        opts,
+        summary,
+        &CargoTool {
+            program: "bpf-linker",
+            install: &[
+                "bpf-linker",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ],
+            env: &[
+                ("LLVM_PREFIX", LLVM_PREFIX),
+                ("LLVM_SYS_221_PREFIX", LLVM_PREFIX),
+            ],
+            path_prefix: Some(LLVM_PREFIX),
+            note: "installing with cargo install against LLVM 22 (takes a few minutes)",
+        },
+    )
+}
+
+fn cargo_deny(opts: &Options, summary: &mut Summary) -> Result<()> {
+    cargo_tool(
+        opts,
+        summary,
+        &CargoTool {
+            program: "cargo-deny",
+            install: &["cargo-deny", "--version", CARGO_DENY_VERSION],
+            env: &[],
+            path_prefix: None,
+            note: "installing with cargo install (takes a few minutes)",
+        },
+    )
+}
+
+/// A program installed with `cargo install`.
+struct CargoTool {
+    program: &'static str,
+    /// `cargo install` arguments: the crate and its options (`--locked` is added).
+    install: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+    /// An installation prefix whose `bin` goes first in `PATH` while building.
+    path_prefix: Option<&'static str>,
+    note: &'static str,
+}
+
+/// Installs `tool` unless a working one is found in `PATH` or cargo's bin directories.
+fn cargo_tool(opts: &Options, summary: &mut Summary, tool: &CargoTool) -> Result<()> {
+    let step = tool.program;
     let bin_dirs = cargo_bin_dirs();
-    let existing = find_program("bpf-linker", &bin_dirs);
+    let existing = find_program(tool.program, &bin_dirs);
     let broken = match &existing {
         Some(path) => match program_version(path) {
             Ok(version) => {
                 let detail = format!("{version} ({})", path.display());
-                say(STEP, format!("already installed: {detail}"));
+                say(step, format!("already installed: {detail}"));
                 warn_if_not_in_path(path);
-                summary.add(STEP, State::Present, detail);
+                summary.add(step, State::Present, detail);
                 return Ok(());
             }
             Err(e) => {
-                say(STEP, format!("{} does not run: {e:#}", path.display()));
+                say(step, format!("{} does not run: {e:#}", path.display()));
                 true
             }
         },
         None => false,
     };
     if opts.check {
-        say(STEP, "missing");
-        summary.add(STEP, State::Missing, "not found or does not run");
+        say(step, "missing");
+        summary.add(step, State::Missing, "not found or does not run");
         return Ok(());
     }
 
@@ -450,41 +503,34 @@ fn bpf_linker(opts: &Options, summary: &mut Summary) -> Result<()> {
         .or_else(|| find_program("cargo", &bin_dirs))
         .context("cargo not found in PATH or the cargo bin directory")?;
     let mut cmd = Command::new(cargo);
-    cmd.args([
-        "install",
-        "bpf-linker",
-        "--no-default-features",
-        "--features",
-        "llvm-22",
-        // bpf-linker ships its Cargo.lock; newer dependency releases may need a newer Rust.
-        "--locked",
-    ]);
+    cmd.arg("install").args(tool.install);
+    // The tool's own Cargo.lock: newer dependency releases may need a newer Rust.
+    cmd.arg("--locked");
     if broken {
         cmd.arg("--force");
     }
-    cmd.env("LLVM_PREFIX", LLVM_PREFIX)
-        .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
-        .env("PATH", prepend_path(&Path::new(LLVM_PREFIX).join("bin"))?)
-        // Out of the workspace, so its .cargo/config.toml does not apply.
-        .current_dir(env::temp_dir());
-    say(
-        STEP,
-        "installing with cargo install against LLVM 22 (takes a few minutes)",
-    );
-    stream(&mut cmd).context("building bpf-linker failed")?;
+    cmd.envs(tool.env.iter().copied());
+    if let Some(prefix) = tool.path_prefix {
+        cmd.env("PATH", prepend_path(&Path::new(prefix).join("bin"))?);
+    }
+    // Out of the workspace, so its .cargo/config.toml does not apply.
+    cmd.current_dir(env::temp_dir());
+    say(step, tool.note);
+    stream(&mut cmd).with_context(|| format!("building {} failed", tool.program))?;
 
-    let path = find_program("bpf-linker", &bin_dirs).with_context(|| {
+    let path = find_program(tool.program, &bin_dirs).with_context(|| {
         format!(
-            "cargo install bpf-linker succeeded but bpf-linker is not in PATH or {}",
+            "cargo install {} succeeded but it is not in PATH or {}",
+            tool.program,
             join_paths(&bin_dirs)
         )
     })?;
-    let version =
-        program_version(&path).context("the freshly installed bpf-linker does not run")?;
+    let version = program_version(&path)
+        .with_context(|| format!("the freshly installed {} does not run", tool.program))?;
     let detail = format!("{version} ({})", path.display());
-    say(STEP, format!("installed {detail}"));
+    say(step, format!("installed {detail}"));
     warn_if_not_in_path(&path);
-    summary.add(STEP, State::Installed, detail);
+    summary.add(step, State::Installed, detail);
     Ok(())
 }
 

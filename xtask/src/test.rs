@@ -9,6 +9,7 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 
 use crate::{
+    audit,
     cmd::stream,
     harness, kernels,
     setup::{self, KernelSeries},
@@ -16,7 +17,7 @@ use crate::{
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
-    /// Skip `cargo fmt --check` and `cargo clippy`.
+    /// Skip `cargo fmt --check`, `cargo clippy` and `cargo deny` (licenses, bans, sources).
     #[arg(long)]
     pub no_lint: bool,
     /// Skip the quick eBPF check on Linux 6.1 in a VM (`cargo xtask kernels --kernel 6.1
@@ -56,6 +57,10 @@ pub fn run(opts: &Options) -> Result<()> {
             "-D",
             "warnings",
         ]))?;
+        step(
+            "dependencies (cargo deny: licenses, bans, sources; `cargo xtask audit` adds advisories)",
+        );
+        audit::offline()?;
     }
     step("tests");
     let mut test = Command::new(cargo);

@@ -3,11 +3,16 @@
 //!
 //! Everything is bound by [`Listeners::bind`] before the daemon starts, so a socket in use or
 //! a bad certificate stops `plegd run` at once; [`Listeners::serve`] then serves until shutdown.
+//! Binding needs no async runtime: `plegd run` binds before it drops its capabilities and
+//! starts the runtime's threads (see `capabilities`).
+//!
+//! The unix socket is opened as wide as its allow-list needs and no wider (see
+//! [`PeerAllowList`]); each connection's credentials are checked before any gRPC.
 
 use std::{
     io::ErrorKind,
     net::SocketAddr,
-    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -24,11 +29,16 @@ use tonic::{
     transport::{Certificate, Identity, Server, ServerTlsConfig},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use crate::config::DEFAULT_SOCKET;
 use crate::{
-    api::{Shared, cut::Cuttable, server::PlegService},
+    api::{
+        Shared,
+        cut::Cuttable,
+        peers::{PeerAllowList, SocketAccess},
+        server::PlegService,
+    },
     config::Config,
 };
 
@@ -50,6 +60,18 @@ pub enum BindError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(
+        "the socket directory {path} (mode {mode:04o}, group {gid}) does not let the allowed \
+         peers reach the socket: it needs mode {needed:04o}{group_hint}, or remove it and plegd \
+         creates it so"
+    )]
+    SocketDirTooNarrow {
+        path: PathBuf,
+        mode: u32,
+        gid: u32,
+        needed: u32,
+        group_hint: String,
     },
     #[error("{path} is in use by a running plegd (or another server)")]
     InUse { path: PathBuf },
@@ -75,6 +97,12 @@ pub enum BindError {
 /// A server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error("registering the listener of {what}: {source}")]
+    Register {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("gRPC server on {what}: {source}")]
     Grpc {
         what: String,
@@ -86,32 +114,40 @@ pub enum ServeError {
 /// The API's bound listeners.
 #[derive(Debug)]
 pub struct Listeners {
-    unix: UnixListener,
+    unix: std::os::unix::net::UnixListener,
     socket: PathBuf,
-    tcp: Option<(TcpListener, ServerTlsConfig)>,
-    metrics: Option<TcpListener>,
+    peers: PeerAllowList,
+    tcp: Option<(std::net::TcpListener, ServerTlsConfig)>,
+    metrics: Option<std::net::TcpListener>,
 }
 
 impl Listeners {
-    /// Binds the unix socket (directory created 0700, socket 0600, a stale socket removed),
-    /// the TLS listener and the metrics listener that `config` asks for. Needs a tokio runtime.
-    pub async fn bind(config: &Config) -> Result<Self, BindError> {
+    /// Binds the unix socket (modes from the allow-list, see [`PeerAllowList::access`]; a
+    /// stale socket removed), the TLS listener and the metrics listener that `config` asks
+    /// for.
+    pub fn bind(config: &Config) -> Result<Self, BindError> {
+        let peers = PeerAllowList::new(
+            config.api_allow_uids.iter().copied(),
+            config.api_allow_gids.iter().copied(),
+        );
         // The TLS files are checked first and the TCP ports bound before the socket: a failure
         // leaves nothing behind.
         let tcp = match config.listen {
             Some(address) => {
                 let tls = tls_config(config)?;
-                Some((bind_tcp("the gRPC TCP address", address).await?, tls))
+                Some((bind_tcp("the gRPC TCP address", address)?, tls))
             }
             None => None,
         };
         let metrics = match config.metrics_address {
-            Some(address) => Some(bind_tcp("the metrics address", address).await?),
+            Some(address) => Some(bind_tcp("the metrics address", address)?),
             None => None,
         };
+        let access = peers.access(nix::unistd::geteuid().as_raw());
         Ok(Self {
-            unix: bind_unix(&config.socket)?,
+            unix: bind_unix(&config.socket, access)?,
             socket: config.socket.clone(),
+            peers,
             tcp,
             metrics,
         })
@@ -134,13 +170,30 @@ impl Listeners {
         shared: Shared,
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
+        // Registered with the runtime first: a failure leaves no task behind.
+        let socket_name = self.socket.display().to_string();
+        self.unix
+            .set_nonblocking(true)
+            .map_err(|source| ServeError::Register {
+                what: socket_name.clone(),
+                source,
+            })?;
+        let unix = UnixListener::from_std(self.unix).map_err(|source| ServeError::Register {
+            what: socket_name.clone(),
+            source,
+        })?;
+        let tcp = self
+            .tcp
+            .map(|(listener, tls)| Ok::<_, ServeError>((register_tcp(listener)?, tls)))
+            .transpose()?;
+        let metrics = self.metrics.map(register_tcp).transpose()?;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health_task = tokio::spawn(drive_grpc_health(
             reporter,
             shared.clone(),
             shutdown.clone(),
         ));
-        let metrics_task = self.metrics.map(|listener| {
+        let metrics_task = metrics.map(|listener| {
             tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
         });
         // Watch streams end when the bus closes: the daemon closes it once the generator has
@@ -152,16 +205,20 @@ impl Listeners {
         let stopping = futures::FutureExt::shared(Box::pin(stopping));
         let cut = CancellationToken::new();
         let service = PlegServer::new(PlegService::new(shared.clone()));
-        info!(socket = %self.socket.display(), "serving the plegd.v1 API");
+        info!(socket = %socket_name, "serving the plegd.v1 API");
+        let peers = self.peers;
         let unix = Server::builder()
             .add_service(health_service.clone())
             .add_service(service.clone())
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(self.unix).map_ok(|io| Cuttable::new(io, &cut)),
+                UnixListenerStream::new(unix)
+                    // A refused peer's connection is dropped here, closed before any gRPC.
+                    .try_filter(move |io| std::future::ready(admit(&peers, io)))
+                    .map_ok(|io| Cuttable::new(io, &cut)),
                 stopping.clone(),
             );
         let tcp = async {
-            let Some((listener, tls)) = self.tcp else {
+            let Some((listener, tls)) = tcp else {
                 return Ok(());
             };
             let address = listener
@@ -212,35 +269,110 @@ impl Listeners {
             let _ = task.await;
         }
         unix.map_err(|source| ServeError::Grpc {
-            what: self.socket.display().to_string(),
+            what: socket_name,
             source,
         })?;
         tcp
     }
 }
 
-async fn bind_tcp(what: &'static str, address: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(address)
-        .await
-        .map_err(|source| BindError::Bind {
-            what,
-            address: address.to_string(),
-            source,
-        })
+/// Whether the peer of a new connection on the unix socket is allowed; a refused one is
+/// logged with its credentials.
+fn admit(peers: &PeerAllowList, io: &tokio::net::UnixStream) -> bool {
+    match io.peer_cred() {
+        Ok(peer) if peers.allows(peer.uid(), peer.gid()) => {
+            debug!(uid = peer.uid(), gid = peer.gid(), pid = ?peer.pid(), "API client accepted");
+            true
+        }
+        Ok(peer) => {
+            warn!(
+                uid = peer.uid(),
+                gid = peer.gid(),
+                pid = ?peer.pid(),
+                "API client refused: neither its uid nor its gid is in api-allow-uids or \
+                 api-allow-gids; connection closed"
+            );
+            false
+        }
+        Err(error) => {
+            warn!(%error, "API client refused: cannot read its credentials; connection closed");
+            false
+        }
+    }
 }
 
-fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.exists()
-    {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| BindError::SocketDir {
+/// A TCP listener bound the way tokio binds (`SO_REUSEADDR`, so a restarted plegd gets its
+/// port back while old connections linger in TIME_WAIT), without needing its runtime.
+fn bind_tcp(what: &'static str, address: SocketAddr) -> Result<std::net::TcpListener, BindError> {
+    use socket2::{Domain, Socket, Type};
+    let bind = || -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&address.into())?;
+        socket.listen(1024)?;
+        Ok(socket.into())
+    };
+    bind().map_err(|source| BindError::Bind {
+        what,
+        address: address.to_string(),
+        source,
+    })
+}
+
+fn register_tcp(listener: std::net::TcpListener) -> Result<TcpListener, ServeError> {
+    let what = listener
+        .local_addr()
+        .map_or_else(|_| "tcp".to_owned(), |a| a.to_string());
+    listener
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(listener))
+        .map_err(|source| ServeError::Register { what, source })
+}
+
+/// Makes the socket's directory as `access` says if it is missing; an existing one is left
+/// as it is (it may be shared, `/run` or `/tmp`) but must let the allowed peers through.
+fn socket_dir(dir: &Path, access: SocketAccess) -> Result<(), BindError> {
+    let dir_error = |source| BindError::SocketDir {
+        path: dir.to_owned(),
+        source,
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) => {
+            let mode = meta.mode() & 0o7777;
+            if access.directory_lets_peers_through(mode, meta.gid()) {
+                return Ok(());
+            }
+            Err(BindError::SocketDirTooNarrow {
                 path: dir.to_owned(),
-                source,
-            })?;
+                mode,
+                gid: meta.gid(),
+                needed: access.dir_mode,
+                group_hint: access
+                    .group
+                    .map(|g| format!(" with group {g}"))
+                    .unwrap_or_default(),
+            })
+        }
+        Err(_) => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(dir_error)?;
+            // Set after creation: the umask may have narrowed the mode asked for.
+            std::os::unix::fs::chown(dir, None, access.group).map_err(dir_error)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(access.dir_mode))
+                .map_err(dir_error)
+        }
+    }
+}
+
+fn bind_unix(
+    path: &Path,
+    access: SocketAccess,
+) -> Result<std::os::unix::net::UnixListener, BindError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        socket_dir(dir, access)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
@@ -265,14 +397,20 @@ fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
         address: path.display().to_string(),
         source,
     };
-    // Bound under a temporary name, made 0600, then renamed: never reachable with looser
-    // permissions.
+    // Bound under a temporary name, given its group and mode, then renamed: never reachable
+    // with other permissions.
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(format!(".{}.tmp", std::process::id()));
     let temporary = PathBuf::from(temporary);
     let _ = std::fs::remove_file(&temporary);
-    let listener = UnixListener::bind(&temporary).map_err(bind_error)?;
-    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600))
+    let listener = std::os::unix::net::UnixListener::bind(&temporary).map_err(bind_error)?;
+    std::os::unix::fs::chown(&temporary, None, access.group)
+        .and_then(|()| {
+            std::fs::set_permissions(
+                &temporary,
+                std::fs::Permissions::from_mode(access.socket_mode),
+            )
+        })
         .and_then(|()| std::fs::rename(&temporary, path))
         .map_err(|e| {
             let _ = std::fs::remove_file(&temporary);
@@ -444,25 +582,65 @@ mod tests {
 
     #[tokio::test]
     async fn socket_is_0600_in_a_0700_directory_and_stale_sockets_are_replaced() {
+        let root_only = PeerAllowList::new([nix::unistd::geteuid().as_raw()], []);
+        let access = root_only.access(nix::unistd::geteuid().as_raw());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/plegd.sock");
-        let listener = bind_unix(&path).unwrap();
+        let listener = bind_unix(&path, access).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);
         // In use while the listener lives.
-        assert!(matches!(bind_unix(&path), Err(BindError::InUse { .. })));
+        assert!(matches!(
+            bind_unix(&path, access),
+            Err(BindError::InUse { .. })
+        ));
         drop(listener);
         // The file is left behind, as by a killed plegd: stale, replaced.
         assert!(path.exists());
-        let _listener = bind_unix(&path).unwrap();
+        let _listener = bind_unix(&path, access).unwrap();
 
         let file = dir.path().join("file");
         std::fs::write(&file, "").unwrap();
         assert!(matches!(
-            bind_unix(&file),
+            bind_unix(&file, access),
             Err(BindError::NotASocket { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn an_allowed_group_gets_a_group_socket_and_a_directory_it_can_search() {
+        let me = nix::unistd::geteuid().as_raw();
+        // Root can give the socket any group: one nobody is in shows the chown happened.
+        let group = if nix::unistd::geteuid().is_root() {
+            4242
+        } else {
+            nix::unistd::getegid().as_raw()
+        };
+        let access = PeerAllowList::new([me], [group]).access(me);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/plegd.sock");
+        let _listener = bind_unix(&path, access).unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        assert_eq!(
+            (meta(&path).mode() & 0o777, meta(&path).gid()),
+            (0o660, group)
+        );
+        let parent = path.parent().unwrap();
+        assert_eq!(
+            (meta(parent).mode() & 0o777, meta(parent).gid()),
+            (0o710, group)
+        );
+        // An existing directory that would stop the group is refused, not changed.
+        let narrow = dir.path().join("narrow");
+        std::fs::create_dir(&narrow).unwrap();
+        std::fs::set_permissions(&narrow, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let error = bind_unix(&narrow.join("plegd.sock"), access).unwrap_err();
+        assert!(
+            matches!(error, BindError::SocketDirTooNarrow { .. }),
+            "{error}"
+        );
+        assert_eq!(meta(&narrow).mode() & 0o777, 0o700);
     }
 
     #[tokio::test]
@@ -488,7 +666,7 @@ mod tests {
                 ..args
             };
             let config = Config::load(&run).unwrap();
-            let error = Listeners::bind(&config).await.unwrap_err();
+            let error = Listeners::bind(&config).unwrap_err();
             assert!(
                 matches!(error, BindError::Tls(_) | BindError::Bind { .. }),
                 "{error:?}"

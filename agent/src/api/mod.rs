@@ -4,6 +4,7 @@
 //! - `convert`: domain types to `plegd.v1` messages.
 //! - `server`: the tonic service (thin handlers over plain functions).
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
+//! - `peers`: who may use the unix socket (SO_PEERCRED allow-list) and its file modes.
 //! - `cut`: connections cut at shutdown when their watcher stopped reading.
 //! - `observations`: kernel observations streamed ahead of confirmation, on request.
 //! - `client`: the CLI subcommands that talk to a running daemon.
@@ -13,6 +14,7 @@ pub(crate) mod convert;
 mod cut;
 pub mod listen;
 pub mod observations;
+pub(crate) mod peers;
 pub(crate) mod server;
 
 use std::sync::Arc;

@@ -411,9 +411,7 @@ impl RunningPlegd {
         let dir = tempfile::tempdir().expect("temp dir");
         config.socket = dir.path().join("run/plegd.sock");
         config.metrics_address = Some("127.0.0.1:0".parse().expect("address"));
-        let listeners = plegd::api::Listeners::bind(&config)
-            .await
-            .expect("API listeners bound");
+        let listeners = plegd::api::Listeners::bind(&config).expect("API listeners bound");
         let metrics = listeners.metrics_address().expect("metrics bound");
         let tcp = listeners.tcp_address();
         let socket = config.socket.clone();

@@ -1,0 +1,35 @@
+//! `cargo xtask audit`: every `cargo deny` check of `deny.toml`, the RustSec advisories
+//! included (their database is fetched from GitHub, so this needs that network).
+//! `cargo xtask test` runs [`offline`]: the checks that need no network (licenses, bans,
+//! sources).
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+
+use crate::{cmd::stream, setup};
+
+#[derive(Debug, Clone, Args)]
+pub struct Options {}
+
+/// The checks that read only `Cargo.lock`, the crates' manifests and `deny.toml`.
+const OFFLINE_CHECKS: [&str; 3] = ["licenses", "bans", "sources"];
+
+pub fn run(_opts: &Options) -> Result<()> {
+    setup::run(&setup::Options::default())?;
+    stream(deny().arg("check")).context("cargo deny (advisories need the RustSec database)")
+}
+
+/// `cargo deny` on the dependency graph, without the advisories (no network needed).
+pub fn offline() -> Result<()> {
+    stream(deny().args(["--offline", "check"]).args(OFFLINE_CHECKS))
+        .context("cargo deny: licenses, bans or sources (deny.toml says what is allowed)")
+}
+
+fn deny() -> Command {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["deny", "--locked", "--manifest-path"])
+        .arg(setup::workspace_root().join("Cargo.toml"));
+    cmd
+}
