@@ -2,7 +2,8 @@
 //! real private containerd (kill -9 seen long before the slow full relist, a containerd restart
 //! while containers churn loses nothing, an exec's exit is not the container's), and the CRI
 //! events source itself against an in-process CRI server whose stream breaks mid-way (the real
-//! runtime's CRI events are in cri_events.rs).
+//! runtime's CRI events are in cri_events.rs). A containerd stream that falls silent while
+//! connected (a proxy stops forwarding containerd's bytes) is found by its heartbeat.
 
 mod support;
 
@@ -28,6 +29,7 @@ use plegd::{
     },
     runtime::Scope,
     sources::{
+        containerd_events::{self, ContainerdEventsConfig},
         cri_events::{self, CriEventsConfig},
         status::{SourceRegistry, SourceState},
     },
@@ -40,6 +42,11 @@ use plegd_tests::{
     process, unix_channel, wait,
 };
 use support::{RunningPlegd, status_of, stream_only, types_by_container, types_of, wait_state};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{UnixListener, UnixStream},
+    sync::watch,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, codegen::tokio_stream};
 
@@ -724,4 +731,186 @@ async fn cri_events_refused_for_now_are_retried_not_turned_off() {
         .expect("source stops on shutdown")
         .unwrap();
     server_shutdown.cancel();
+}
+
+/// A unix socket in front of containerd's that forwards every connection both ways, except
+/// that while muted nothing containerd writes reaches the client: calls and streams stay open
+/// and go silent, as a stuck event exchange or a half-dead connection would.
+struct MutingProxy {
+    socket: std::path::PathBuf,
+    muted: watch::Sender<bool>,
+    shutdown: CancellationToken,
+}
+
+impl MutingProxy {
+    fn start(dir: &Path, upstream: std::path::PathBuf) -> Self {
+        let socket = dir.join("proxy.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let (muted, _) = watch::channel(false);
+        let shutdown = CancellationToken::new();
+        let (accepting, stop) = (muted.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                let client = tokio::select! {
+                    () = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted.unwrap().0,
+                };
+                let upstream = upstream.clone();
+                let muted = accepting.subscribe();
+                tokio::spawn(stop.clone().run_until_cancelled_owned(async move {
+                    if let Ok(server) = UnixStream::connect(&upstream).await {
+                        Self::forward(client, server, muted).await;
+                    }
+                }));
+            }
+        });
+        Self {
+            socket,
+            muted,
+            shutdown,
+        }
+    }
+
+    async fn forward(client: UnixStream, server: UnixStream, mut muted: watch::Receiver<bool>) {
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let upstream = tokio::io::copy(&mut client_read, &mut server_write);
+        let downstream = async {
+            let mut buffer = vec![0; 64 * 1024];
+            loop {
+                let n = server_read.read(&mut buffer).await?;
+                if n == 0 {
+                    return std::io::Result::Ok(());
+                }
+                // Held, not dropped: unmuted, the connection carries on where it stopped.
+                if muted.wait_for(|muted| !muted).await.is_err() {
+                    return Ok(());
+                }
+                client_write.write_all(&buffer[..n]).await?;
+            }
+        };
+        let _ = tokio::join!(upstream, downstream);
+    }
+
+    fn mute(&self, muted: bool) {
+        self.muted.send_replace(muted);
+    }
+}
+
+impl Drop for MutingProxy {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The relist period in `period` once it is `want`, within the deadline.
+async fn period_becomes(period: &mut watch::Receiver<Duration>, want: Duration) {
+    let reached = tokio::time::timeout(DEADLINE, period.wait_for(|p| *p == want))
+        .await
+        .map(|seen| seen.map(drop));
+    assert!(
+        matches!(reached, Ok(Ok(()))),
+        "relist period not {want:?} in time: {:?}",
+        *period.borrow()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fast() {
+    const HEARTBEAT: Duration = Duration::from_millis(500);
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const FAST: Duration = Duration::from_millis(100);
+    RunningPlegd::log_to_test_output();
+    let containerd = PrivateContainerd::start(&plegd_tests::ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = MutingProxy::start(dir.path(), containerd.socket());
+    let (sender, mut triggers) = trigger_channel();
+    let registry = SourceRegistry::new();
+    let (period_tx, mut period) = watch::channel(FAST);
+    tokio::spawn(
+        registry
+            .clone()
+            .drive_relist_period(period_tx, FAST, support::SLOW),
+    );
+    let shutdown = CancellationToken::new();
+    let source = tokio::spawn(containerd_events::run(
+        ContainerdEventsConfig {
+            socket: proxy.socket.clone(),
+            namespaces: vec![CRI_NAMESPACE.into()],
+            timeout: TIMEOUT,
+            heartbeat: HEARTBEAT,
+        },
+        sender,
+        registry.clone(),
+        shutdown.clone(),
+    ));
+    wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    full_relist_requested(&triggers).await;
+    period_becomes(&mut period, support::SLOW).await;
+    // An idle stream whose heartbeats come back is not declared silent: absence over a few
+    // heartbeat periods.
+    tokio::time::sleep(HEARTBEAT * 4).await;
+    let idle = status_of(&registry, TriggerSource::Containerd).unwrap();
+    assert_eq!(
+        (idle.state, idle.reconnects),
+        (SourceState::Connected, 0),
+        "{idle:?}"
+    );
+
+    proxy.mute(true);
+    let muted_at = Instant::now();
+    let silent = wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Reconnecting
+    })
+    .await;
+    let detected_in = muted_at.elapsed();
+    eprintln!("silent stream detected in {detected_in:?} (heartbeat {HEARTBEAT:?})");
+    assert!(silent.detail.contains("declared silent"), "{silent:?}");
+    // A beat not back before the next is due, at most two periods after the silence began;
+    // the margin is for the publish call's own deadline.
+    assert!(
+        detected_in <= HEARTBEAT * 2 + TIMEOUT,
+        "detected after {detected_in:?}"
+    );
+    period_becomes(&mut period, FAST).await;
+    // Still muted: the next attempt gets no answer, and the relists stay fast.
+    let still = wait_state(&registry, TriggerSource::Containerd, |s| {
+        !s.detail.contains("declared silent")
+    })
+    .await;
+    assert_eq!(still.state, SourceState::Reconnecting, "{still:?}");
+    assert_eq!(*period.borrow(), FAST);
+
+    proxy.mute(false);
+    wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    full_relist_requested(&triggers).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("after-silence").await.unwrap();
+    let delivered = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let trigger = next_trigger(&mut triggers).await;
+            if matches!(&trigger.scope, Scope::Container(ContainerId(id)) if *id == pod.id) {
+                return trigger;
+            }
+        }
+    })
+    .await
+    .expect("the reconnected stream delivers the new pod's events");
+    assert_eq!(delivered.source, TriggerSource::Containerd);
+    period_becomes(&mut period, support::SLOW).await;
+
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, source)
+        .await
+        .expect("source stops on shutdown")
+        .unwrap();
+    cri.remove_pod(&pod).await.unwrap();
 }
