@@ -69,6 +69,24 @@ impl Arrivals {
     }
 }
 
+/// The debug plegd binary, built now if needed, in the calling test's own target dir
+/// (`cargo test` built the test there).
+pub fn debug_binary() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])
+        .status()
+        .expect("running cargo build");
+    assert!(status.success(), "cargo build -p plegd failed");
+    // The test is <target>/<profile>/deps/<name>-<hash>.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary in <target>/<profile>/deps");
+    profile_dir.join("plegd")
+}
+
 /// A `plegd run` process with its API on a socket of its own.
 pub struct Plegd {
     process: Terminating,
@@ -85,6 +103,18 @@ impl Plegd {
         containerd: &PrivateContainerd,
         dir: &Path,
         args: &[String],
+    ) -> anyhow::Result<Self> {
+        Self::start_with_stdout(binary, containerd, dir, args, Stdio::null())
+    }
+
+    /// [`Plegd::start`] with its event output on stdout going to `stdout` (a pipe nobody
+    /// reads stalls it).
+    pub fn start_with_stdout(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+        stdout: Stdio,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("plegd.sock");
@@ -103,7 +133,7 @@ impl Plegd {
             .arg(metrics.to_string())
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(log);
         let process = Terminating(
             command
