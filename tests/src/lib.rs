@@ -1,6 +1,7 @@
 //! The real-runtime harness for plegd's tests, demo and benchmarks.
 //!
 //! # Layout
+//! - `audit`: the churn audit's checker (ground truth vs what a watcher received; pure).
 //! - `bench`: what `cargo xtask bench` measures with: the release `plegd` and a `plegd watch`
 //!   as processes, containerd's events and a CRI poller as anchors, CPU and memory from /proc.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
@@ -14,6 +15,7 @@
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
+pub mod audit;
 pub mod bench;
 pub mod containerd;
 pub mod cri;
