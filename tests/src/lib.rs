@@ -12,6 +12,8 @@
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
 //! - `release`: which containerd a run uses (`PLEGD_TEST_CONTAINERD`: 1.6, 1.7, 2.1) and its
 //!   version.
+//! - `soak`: the churn audit's runner (lifecycles against a `plegd` process and a watcher,
+//!   modes, faults), behind `cargo xtask soak` and tests/soak.rs.
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
@@ -25,6 +27,7 @@ pub mod native;
 pub mod process;
 pub mod release;
 pub mod scenario;
+pub mod soak;
 pub mod wait;
 
 use std::path::{Path, PathBuf};
