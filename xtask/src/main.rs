@@ -15,6 +15,7 @@ mod harness;
 mod image;
 mod kernels;
 mod setup;
+mod soak;
 mod test;
 
 use std::process::ExitCode;
@@ -40,6 +41,10 @@ enum Command {
     /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
     /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into README.md.
     Bench(bench::Options),
+    /// The churn audit: 1,000 container lifecycles per mode (eBPF only, containerd events only,
+    /// default, polling), optionally under a fault, each transition checked against ground
+    /// truth; fails when one is lost, duplicated, reordered or wrong.
+    Soak(soak::Options),
     /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::Setup(opts) => setup::run(&opts),
         Command::Containerd(opts) => containerd::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
+        Command::Soak(opts) => soak::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Docs(opts) => docs::run(&opts),

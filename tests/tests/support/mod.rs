@@ -7,7 +7,8 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::Path,
+    path::{Path, PathBuf},
+    process::Command,
     time::Duration,
 };
 
@@ -509,4 +510,19 @@ pub async fn http_get(
         content_type,
         body: body.to_owned(),
     }
+}
+
+/// The plegd binary, built now if needed (the test's own target dir: `cargo test` built this
+/// test there).
+pub fn plegd_binary() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])
+        .status()
+        .expect("running cargo build");
+    assert!(status.success(), "cargo build -p plegd failed");
+    // A test is <target>/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    profile_dir.join("plegd")
 }
