@@ -58,7 +58,7 @@ pub fn report() -> (String, bool) {
         Ok(socket) => Line::new("runtime socket", true, socket.display().to_string()),
         Err(e) => Line::new("runtime socket", false, e.to_string()),
     });
-    let (ebpf_ok, load) = match Probes::load() {
+    let (ebpf_ok, load) = match Probes::load(crate::sources::ebpf::DEFAULT_RING_BYTES) {
         Ok(probes) => (
             true,
             format!(

@@ -334,6 +334,31 @@ pub struct RunArgs {
         default_value = crate::bus::DEFAULT_WATCH_QUEUE.to_string()
     )]
     pub watch_queue: Option<usize>,
+
+    /// Size in bytes of the eBPF ring buffer that carries kernel events to plegd: a power of
+    /// two and a multiple of the page size. Events that find it full are counted
+    /// (plegd_ringbuf_drops_total) and followed by a full relist.
+    #[arg(
+        long,
+        env = "PLEGD_EBPF_RING_BYTES",
+        value_name = "BYTES",
+        default_value = crate::sources::ebpf::DEFAULT_RING_BYTES.to_string()
+    )]
+    pub ebpf_ring_bytes: Option<u32>,
+
+    /// How often plegd publishes a heartbeat of its own on containerd's event service and
+    /// expects to read it back on its subscription: a heartbeat not back before the next one
+    /// is due declares the stream silent (it is reconnected, and full relists run at the fast
+    /// period meanwhile).
+    #[arg(
+        long,
+        env = "PLEGD_EVENT_HEARTBEAT",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(crate::sources::containerd_events::DEFAULT_HEARTBEAT)
+    )]
+    #[serde(deserialize_with = "duration")]
+    pub event_heartbeat: Option<Duration>,
 }
 
 impl RunArgs {
@@ -400,6 +425,10 @@ pub struct Config {
     pub event_history: usize,
     /// Events queued per watcher.
     pub watch_queue: usize,
+    /// Size of the eBPF ring buffer in bytes.
+    pub ebpf_ring_bytes: u32,
+    /// Period of the heartbeat on containerd's event stream.
+    pub event_heartbeat: Duration,
 }
 
 /// A configuration that cannot be used.
@@ -425,6 +454,10 @@ pub enum ConfigError {
     ListenWithoutTls,
     #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
     NobodyAllowed,
+    #[error(
+        "ebpf-ring-bytes must be a power of two and a multiple of the page size ({page} bytes): {bytes} is not"
+    )]
+    RingSize { bytes: u32, page: u64 },
 }
 
 impl Config {
@@ -480,6 +513,8 @@ impl Config {
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
             watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
+            ebpf_ring_bytes: first(a.ebpf_ring_bytes, f.ebpf_ring_bytes, d.ebpf_ring_bytes),
+            event_heartbeat: first(a.event_heartbeat, f.event_heartbeat, d.event_heartbeat),
         };
         config.validate()?;
         Ok(config)
@@ -495,7 +530,9 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
+            ("event-heartbeat", self.event_heartbeat.is_zero()),
         ];
+        check_ring_size(self.ebpf_ring_bytes, page_size())?;
         if self.mode == Mode::Ebpf && !self.source_enabled(SourceName::Ebpf) {
             return Err(ConfigError::EbpfModeWithoutEbpf);
         }
@@ -510,6 +547,24 @@ impl Config {
             None => Ok(()),
         }
     }
+}
+
+/// The kernel's ring buffers are a power-of-two number of pages.
+fn check_ring_size(bytes: u32, page: u64) -> Result<(), ConfigError> {
+    if bytes.is_power_of_two() && u64::from(bytes).is_multiple_of(page) {
+        Ok(())
+    } else {
+        Err(ConfigError::RingSize { bytes, page })
+    }
+}
+
+/// This machine's page size; 4 KiB if it cannot be read (it always can on Linux).
+fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|page| u64::try_from(page).ok())
+        .unwrap_or(4096)
 }
 
 /// A setting from the first layer that has it: flags and environment, the file, the defaults.
@@ -898,6 +953,20 @@ mod tests {
                 _ => unreachable!("{key} is not in the table"),
             };
             assert_eq!(resolved, expected, "{key}");
+        }
+    }
+
+    #[test]
+    fn the_ring_is_a_power_of_two_number_of_pages() {
+        for bytes in [4096, 8192, 1 << 20] {
+            check_ring_size(bytes, 4096).unwrap();
+        }
+        for (bytes, page) in [(0, 4096), (4095, 4096), (12288, 4096), (4096, 65536)] {
+            let err = check_ring_size(bytes, page).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("({page} bytes): {bytes} is not")),
+                "{err}"
+            );
         }
     }
 

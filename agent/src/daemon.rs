@@ -161,7 +161,7 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
     if !config.source_enabled(SourceName::Ebpf) {
         return Ok(EbpfStart::Off);
     }
-    match Probes::load() {
+    match Probes::load(config.ebpf_ring_bytes) {
         Ok(probes) => {
             // Said once: what this kernel lacks, and what that costs (`plegd check` lists all).
             for (subject, available, detail) in probes.features().describe() {
@@ -524,6 +524,7 @@ fn start_stream_sources(
                         socket,
                         namespaces,
                         timeout: config.runtime_timeout,
+                        heartbeat: config.event_heartbeat,
                     },
                     triggers,
                     registry,

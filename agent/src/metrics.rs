@@ -104,6 +104,7 @@ struct Inner {
     untracked_cgroups: Counter,
     init_map_errors: Family<OpLabel, Counter>,
     stream_reconnects: Family<SourceLabel, Counter>,
+    silent_streams: Family<SourceLabel, Counter>,
     unconfirmed_hints: Family<SourceLabel, Counter>,
     watch_subscribers: Gauge,
     pods: Gauge,
@@ -196,6 +197,12 @@ impl Metrics {
             "Reconnections of runtime event streams, by source",
             stream_reconnects.clone(),
         );
+        let silent_streams = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "plegd_silent_streams",
+            "Runtime event streams declared silent, by source: connected, but plegd's heartbeat published through the runtime did not come back on them in time (each is then reconnected)",
+            silent_streams.clone(),
+        );
         let unconfirmed_hints = Family::<SourceLabel, Counter>::default();
         registry.register(
             "plegd_unconfirmed_hints",
@@ -230,6 +237,7 @@ impl Metrics {
                 untracked_cgroups,
                 init_map_errors,
                 stream_reconnects,
+                silent_streams,
                 unconfirmed_hints,
                 watch_subscribers,
                 pods,
@@ -322,6 +330,16 @@ impl Metrics {
             .init_map_errors
             .get_or_create(&OpLabel { op })
             .inc_by(count);
+    }
+
+    /// `source`'s event stream was declared silent (its heartbeat did not come back).
+    pub fn silent_stream(&self, source: TriggerSource) {
+        self.inner
+            .silent_streams
+            .get_or_create(&SourceLabel {
+                source: source.name(),
+            })
+            .inc();
     }
 
     /// A runtime event stream of `source` reconnected.

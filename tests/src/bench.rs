@@ -25,7 +25,7 @@ use k8s_cri::v1::ContainerState;
 use prost::Message as _;
 use tokio::sync::Notify;
 
-use crate::{PrivateContainerd, cri::Cri, process::Terminating, unix_channel};
+use crate::{PrivateContainerd, audit::Record, cri::Cri, process::Terminating, unix_channel};
 
 /// First instants of `(container id, what)`, awaited by id: event arrivals at the watch client,
 /// containerd's timestamps.
@@ -93,6 +93,9 @@ pub struct Plegd {
     pub socket: PathBuf,
     pub metrics: SocketAddr,
     binary: PathBuf,
+    /// The whole `run` command line, to start it again the same way.
+    command: Vec<std::ffi::OsString>,
+    dir: PathBuf,
 }
 
 impl Plegd {
@@ -104,47 +107,117 @@ impl Plegd {
         dir: &Path,
         args: &[String],
     ) -> anyhow::Result<Self> {
+        Self::start_with_stdout(binary, containerd, dir, args, Stdio::null())
+    }
+
+    /// [`Plegd::start`] with its event output on stdout going to `stdout` (a pipe nobody
+    /// reads stalls it). A restart writes to nowhere.
+    pub fn start_with_stdout(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+        stdout: Stdio,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("plegd.sock");
         let _ = std::fs::remove_file(&socket);
         let metrics = free_port()?;
-        let log = std::fs::File::create(dir.join("plegd.log"))?;
-        let mut command = Command::new(binary);
-        command
-            .arg("run")
-            .args(["--runtime", "cri", "--runtime-endpoint"])
-            .arg(containerd.socket())
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--state-dir", "none", "--output", "json"])
-            .arg("--metrics-address")
-            .arg(metrics.to_string())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        let process = Terminating(
-            command
-                .spawn()
-                .with_context(|| format!("starting {}", binary.display()))?,
-        );
+        let mut command: Vec<std::ffi::OsString> = vec![
+            "run".into(),
+            "--runtime".into(),
+            "cri".into(),
+            "--runtime-endpoint".into(),
+            containerd.socket().into(),
+            "--socket".into(),
+            socket.clone().into(),
+            "--output".into(),
+            "json".into(),
+            "--metrics-address".into(),
+            metrics.to_string().into(),
+        ];
+        // No saved state unless asked for: each start a run of its own.
+        if !args.iter().any(|a| a == "--state-dir") {
+            command.extend(["--state-dir".into(), "none".into()]);
+        }
+        command.extend(args.iter().map(Into::into));
+        let process = Self::spawn(binary, &command, dir, stdout)?;
         let plegd = Self {
             process,
             socket,
             metrics,
             binary: binary.to_owned(),
+            command,
+            dir: dir.to_owned(),
         };
+        plegd.await_healthy()?;
+        Ok(plegd)
+    }
+
+    fn spawn(
+        binary: &Path,
+        command: &[std::ffi::OsString],
+        dir: &Path,
+        stdout: Stdio,
+    ) -> anyhow::Result<Terminating> {
+        // Appended to: a restarted daemon's log follows the one before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("plegd.log"))?;
+        let child = Command::new(binary)
+            .args(command)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        Ok(Terminating(child))
+    }
+
+    fn await_healthy(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !plegd.healthy() {
-            if Instant::now() > deadline || !crate::process::is_alive(plegd.pid()) {
+        while !self.healthy() {
+            if Instant::now() > deadline || !crate::process::is_alive(self.pid()) {
                 bail!(
-                    "plegd {args:?} did not become healthy; its log is {}",
-                    dir.join("plegd.log").display()
+                    "plegd {:?} did not become healthy; its log is {}",
+                    self.command,
+                    self.dir.join("plegd.log").display()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(plegd)
+        Ok(())
+    }
+
+    /// Ends the daemon with `signal` (SIGKILL: a crash; SIGTERM: a clean stop), waits for it to
+    /// exit, and starts it again the same way.
+    pub fn restart(&mut self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.process.0.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("plegd did not exit on {signal}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.process = Self::spawn(&self.binary, &self.command, &self.dir, Stdio::null())?;
+        self.await_healthy()
+    }
+
+    /// The last sequence number the daemon published (`plegd health`).
+    pub fn last_sequence(&self) -> anyhow::Result<u64> {
+        let output = Command::new(&self.binary)
+            .arg("health")
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["--output", "json"])
+            .stderr(Stdio::null())
+            .output()?;
+        let health: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        health["last_sequence"]
+            .as_u64()
+            .context("plegd health gave no last_sequence")
     }
 
     fn healthy(&self) -> bool {
@@ -164,7 +237,13 @@ impl Plegd {
 
     /// A `plegd watch --output json` process on this daemon, each line timed as it arrives.
     pub fn watch(&self) -> anyhow::Result<Watch> {
-        Watch::start(&self.binary, &self.socket)
+        Watch::start(&self.binary, &self.socket, 0)
+    }
+
+    /// [`Plegd::watch`] from the run's first event on: nothing published before it connects is
+    /// missed.
+    pub fn watch_from_start(&self) -> anyhow::Result<Watch> {
+        Watch::start(&self.binary, &self.socket, 1)
     }
 
     /// A counter or gauge of its /metrics (the sum of its series).
@@ -198,19 +277,21 @@ fn free_port() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// A `plegd watch --output json` process; its events' arrivals by `(container id, type)`.
+/// A `plegd watch --output json` process; its events' arrivals by `(container id, type)`, and
+/// everything it printed, in order, for the audit.
 pub struct Watch {
     process: Terminating,
     pub arrivals: Arc<Arrivals>,
+    records: Arc<Mutex<Vec<Record>>>,
 }
 
 impl Watch {
-    fn start(binary: &Path, socket: &Path) -> anyhow::Result<Self> {
+    fn start(binary: &Path, socket: &Path, from: u64) -> anyhow::Result<Self> {
         let mut child = Command::new(binary)
             .arg("watch")
             .arg("--socket")
             .arg(socket)
-            .args(["--output", "json"])
+            .args(["--output", "json", "--from", &from.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -218,38 +299,63 @@ impl Watch {
             .context("starting plegd watch")?;
         let stdout = child.stdout.take().context("watch stdout")?;
         let arrivals = Arc::new(Arrivals::default());
-        let record = arrivals.clone();
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let (arrived, recorded) = (arrivals.clone(), records.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 let at = SystemTime::now();
-                let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                let Some(record) = Record::from_watch_line(&line, at) else {
                     continue;
                 };
-                if let (Some(id), Some(kind)) =
-                    (event["container_id"].as_str(), event["type"].as_str())
-                {
-                    record.record(id, kind, at);
+                if let Record::Event(event) = &record {
+                    arrived.record(&event.container_id, &event.event_type, at);
                     // When plegd sent it: what it took inside plegd, and what the way to a client
                     // added.
-                    if let Some(emitted) = event["emitted_at"]
-                        .as_str()
-                        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
-                    {
-                        record.record(id, &format!("{kind} emitted"), emitted);
+                    if let Some(emitted) = emitted_at(&line) {
+                        let what = format!("{} emitted", event.event_type);
+                        arrived.record(&event.container_id, &what, emitted);
                     }
                 }
+                recorded.lock().expect("watch records lock").push(record);
             }
         });
         Ok(Self {
             process: Terminating(child),
             arrivals,
+            records,
         })
+    }
+
+    /// What it printed so far, in order.
+    pub fn records(&self) -> Vec<Record> {
+        self.records.lock().expect("watch records lock").clone()
+    }
+
+    /// The sequence of the last event it printed (0: none).
+    pub fn last_sequence(&self) -> u64 {
+        self.records
+            .lock()
+            .expect("watch records lock")
+            .iter()
+            .rev()
+            .find_map(|r| match r {
+                Record::Event(e) if e.sequence > 0 => Some(e.sequence),
+                Record::Resync(resync) => Some(resync.sequence),
+                Record::Event(_) => None,
+            })
+            .unwrap_or(0)
     }
 
     pub fn stop(self) {
         let _ = self.process.stop(Duration::from_secs(5));
     }
+}
+
+/// The `emitted_at` of a `plegd watch --output json` line (milliseconds).
+fn emitted_at(line: &str) -> Option<SystemTime> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    humantime::parse_rfc3339_weak(value["emitted_at"].as_str()?).ok()
 }
 
 /// containerd's own event stream, as `ctr events` reads it: `/tasks/exit` recorded as `"exit"`
@@ -383,11 +489,21 @@ impl Jitter {
 
     /// Uniform in `[0, max)`.
     pub fn below(&mut self, max: Duration) -> Duration {
+        max.mul_f64(self.unit())
+    }
+
+    /// One of `0..n` (0 when `n` is 0).
+    pub fn pick(&mut self, n: usize) -> usize {
+        ((n as f64 * self.unit()) as usize).min(n.saturating_sub(1))
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        max.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64)
+        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -403,6 +519,8 @@ mod tests {
         assert!(draws.iter().all(|d| *d < max));
         assert!(draws.iter().any(|d| *d < max / 10));
         assert!(draws.iter().any(|d| *d > max * 9 / 10));
+        let picks: Vec<_> = (0..1000).map(|_| jitter.pick(6)).collect();
+        assert!((0..6).all(|i| picks.contains(&i)) && picks.iter().all(|&i| i < 6));
     }
 
     #[test]

@@ -279,6 +279,15 @@ impl PrivateContainerd {
         self.spawn_daemon().await
     }
 
+    /// Kills the daemon (SIGKILL: a crash, nothing flushed), leaving its containers' shims
+    /// running, and starts it again on the same state.
+    pub async fn crash_and_restart(&self) -> Result<(), HarnessError> {
+        if let Some(pid) = self.paths.daemon_pid() {
+            process::kill_all(&[pid], STOP_TIMEOUT);
+        }
+        self.spawn_daemon().await
+    }
+
     async fn spawn_daemon(&self) -> Result<(), HarnessError> {
         let log = fs::File::create(self.paths.log()).map_err(io_err(&self.paths.log()))?;
         let log_err = log.try_clone().map_err(io_err(&self.paths.log()))?;

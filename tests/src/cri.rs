@@ -315,14 +315,21 @@ impl Cri {
     }
 
     /// Stops and removes the pod with all its containers.
-    pub async fn remove_pod(&self, pod: &Pod) -> anyhow::Result<()> {
-        let mut runtime = self.runtime.clone();
-        runtime
+    /// Stops the pod's sandbox and every container in it (CRI `StopPodSandbox`).
+    pub async fn stop_pod(&self, pod: &Pod) -> anyhow::Result<()> {
+        self.runtime
+            .clone()
             .stop_pod_sandbox(StopPodSandboxRequest {
                 pod_sandbox_id: pod.id.clone(),
             })
             .await
             .with_context(|| format!("StopPodSandbox {}", pod.name))?;
+        Ok(())
+    }
+
+    pub async fn remove_pod(&self, pod: &Pod) -> anyhow::Result<()> {
+        self.stop_pod(pod).await?;
+        let mut runtime = self.runtime.clone();
         runtime
             .remove_pod_sandbox(RemovePodSandboxRequest {
                 pod_sandbox_id: pod.id.clone(),

@@ -1,6 +1,7 @@
 //! The real-runtime harness for plegd's tests, demo and benchmarks.
 //!
 //! # Layout
+//! - `audit`: the churn audit's checker (ground truth vs what a watcher received; pure).
 //! - `bench`: what `cargo xtask bench` measures with: the release `plegd` and a `plegd watch`
 //!   as processes, containerd's events and a CRI poller as anchors, CPU and memory from /proc.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
@@ -11,9 +12,12 @@
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
 //! - `release`: which containerd a run uses (`PLEGD_TEST_CONTAINERD`: 1.6, 1.7, 2.1) and its
 //!   version.
+//! - `soak`: the churn audit's runner (lifecycles against a `plegd` process and a watcher,
+//!   modes, faults), behind `cargo xtask soak` and tests/soak.rs.
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
+pub mod audit;
 pub mod bench;
 pub mod containerd;
 pub mod cri;
@@ -23,6 +27,7 @@ pub mod native;
 pub mod process;
 pub mod release;
 pub mod scenario;
+pub mod soak;
 pub mod wait;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! The plegd.v1 API through its real unix socket, against the real containerd: watching real
 //! containers, resuming after a disconnect, the out-of-range error, a lagged subscriber,
-//! grpc.health.v1 following the runtime, /metrics, the socket's permissions, and mTLS on TCP.
+//! health (in-process, /readyz, grpc.health.v1, GetHealth) following a runtime that hangs mid-churn, /metrics, the socket's permissions, and mTLS on TCP.
 
 mod support;
 
@@ -470,74 +470,95 @@ async fn serving_status(
     Some(response.into_inner().status())
 }
 
+/// Whether `service`'s grpc.health.v1 status becomes `want` within the deadline.
+async fn serving_becomes(health: &HealthClient<Channel>, service: &str, want: ServingStatus) {
+    plegd_tests::wait::until(&format!("{service:?} {want:?}"), DEADLINE, || {
+        let mut health = health.clone();
+        async move {
+            anyhow::Ok((serving_status(&mut health, service).await == Some(want)).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// containerd frozen (SIGSTOP) while containers live and die: past the threshold the PLEG is
+/// unhealthy in kubelet's words (in-process, `/readyz` 503, grpc.health NOT_SERVING, GetHealth);
+/// after SIGCONT everything recovers and every transition arrives once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_health_flips_when_the_runtime_is_unavailable() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
-    let (plegd, api) = start(&containerd, |c| {
+async fn a_runtime_that_hangs_mid_churn_turns_health_off_then_recovers_losing_nothing() {
+    const CONTAINERS: usize = 6;
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let (mut plegd, api) = start(&containerd, |c| {
         c.relist_threshold = Duration::from_secs(1);
         c.runtime_timeout = Duration::from_millis(300);
     })
     .await;
     let channel = plegd_tests::unix_channel(&api.socket).await.unwrap();
-    let mut health = HealthClient::new(channel);
+    let health = HealthClient::new(channel);
     let mut pleg = api.client().await;
     for service in ["", "plegd.v1.Pleg"] {
-        plegd_tests::wait::until("serving", DEADLINE, || {
-            let mut health = health.clone();
-            async move {
-                anyhow::Ok(
-                    (serving_status(&mut health, service).await == Some(ServingStatus::Serving))
-                        .then_some(()),
-                )
-            }
-        })
-        .await
-        .unwrap();
+        serving_becomes(&health, service, ServingStatus::Serving).await;
+    }
+    let pod = cri.run_pod("hang").await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..CONTAINERS {
+        let spec = ContainerSpec::sleeper(&format!("c{i}"));
+        ids.push(cri.run_container(&pod, &spec).await.unwrap());
+    }
+    for id in &ids {
+        plegd
+            .wait_container(id, &["ContainerStarted"], DEADLINE)
+            .await;
+    }
+    let mut pids = Vec::new();
+    for id in &ids {
+        pids.push(tasks.init_pid(id).await.unwrap());
     }
 
     let pid = nix::unistd::Pid::from_raw(containerd.pid().unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let not_serving = plegd_tests::wait::until("not serving", DEADLINE, || {
-        let mut health = health.clone();
-        async move {
-            anyhow::Ok(
-                (serving_status(&mut health, "plegd.v1.Pleg").await
-                    == Some(ServingStatus::NotServing))
-                .then_some(()),
-            )
-        }
-    })
+    // Half the containers die while the runtime hangs: their shims reap them, containerd
+    // hears of it only once it runs again.
+    plegd_tests::process::kill_all(&pids[..CONTAINERS / 2], DEADLINE);
+    let frozen = async {
+        serving_becomes(&health, "plegd.v1.Pleg", ServingStatus::NotServing).await;
+        let overall = serving_status(&mut health.clone(), "").await;
+        let report = pleg
+            .get_health(pb::GetHealthRequest {})
+            .await
+            .map(tonic::Response::into_inner);
+        let in_process = plegd.shared.health.check().map_err(|e| e.to_string());
+        let ready = support::http_get(api.metrics, "/readyz", None).await;
+        (overall, report, in_process, ready)
+    }
     .await;
-    let report = pleg
-        .get_health(pb::GetHealthRequest {})
-        .await
-        .map(tonic::Response::into_inner);
-    let overall = serving_status(&mut health, "").await;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    not_serving.unwrap();
+    let (overall, report, in_process, ready) = frozen;
     assert_eq!(overall, Some(ServingStatus::NotServing));
     let report = report.unwrap();
     assert!(!report.healthy);
-    assert!(
-        report.message.starts_with("pleg was last seen active "),
-        "{}",
-        report.message
-    );
+    let kubelets = |message: &str| {
+        message.starts_with("pleg was last seen active ")
+            && message.trim_end().ends_with("ago; threshold is 1s")
+    };
+    assert!(kubelets(&report.message), "{}", report.message);
+    let message = in_process.unwrap_err();
+    assert!(kubelets(&message), "{message}");
+    assert_eq!(ready.code, 503, "{}", ready.body);
+    let body = ready
+        .body
+        .strip_prefix("PLEG is not healthy: ")
+        .unwrap_or_else(|| panic!("{}", ready.body));
+    assert!(kubelets(body), "{}", ready.body);
 
-    plegd_tests::wait::until("serving again", DEADLINE, || {
-        let mut health = health.clone();
-        async move {
-            anyhow::Ok(
-                (serving_status(&mut health, "plegd.v1.Pleg").await
-                    == Some(ServingStatus::Serving))
-                .then_some(()),
-            )
-        }
-    })
-    .await
-    .unwrap();
+    for service in ["", "plegd.v1.Pleg"] {
+        serving_becomes(&health, service, ServingStatus::Serving).await;
+    }
     assert!(
         pleg.get_health(pb::GetHealthRequest {})
             .await
@@ -545,37 +566,46 @@ async fn grpc_health_flips_when_the_runtime_is_unavailable() {
             .into_inner()
             .healthy
     );
+    assert_eq!(
+        support::http_get(api.metrics, "/readyz", None).await.code,
+        200
+    );
+    plegd.shared.health.check().unwrap();
+
+    // The rest die after the thaw; every container then goes.
+    for id in &ids[CONTAINERS / 2..] {
+        cri.stop_container(id, Duration::ZERO).await.unwrap();
+    }
+    for id in &ids {
+        cri.remove_container(id).await.unwrap();
+    }
+    for id in &ids {
+        plegd
+            .wait_container(
+                id,
+                &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+                DEADLINE,
+            )
+            .await;
+    }
+    plegd.drain(PERIOD * 5).await;
+    for id in &ids {
+        assert_eq!(
+            support::types_of(&plegd.events, id),
+            ["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+            "{id}: exactly once each"
+        );
+    }
+    cri.remove_pod(&pod).await.unwrap();
     plegd.stop().await;
     api.stopped().await;
-}
-
-/// Parses OpenMetrics text into `series -> value`, failing on any malformed line.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
-    let mut values = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("bad line {line:?}"));
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
-        values.insert(series.to_owned(), value);
-    }
-    assert!(
-        text.ends_with("# EOF\n"),
-        "OpenMetrics text ends with # EOF"
-    );
-    values
 }
 
 async fn scrape(api: &ServedApi) -> BTreeMap<String, f64> {
     let support::HttpResponse { code, body, .. } =
         support::http_get(api.metrics, "/metrics", None).await;
     assert_eq!(code, 200, "{body}");
-    parse_metrics(&body)
+    support::parse_metrics(&body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -782,4 +812,142 @@ async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca
     }
     plegd.stop().await;
     api.stopped().await;
+}
+
+/// A pipe whose reading end is kept and never read, holding one page: a process writing into
+/// it stalls after a dozen event lines.
+fn unread_pipe() -> (std::os::fd::OwnedFd, std::process::Stdio) {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    (read, std::process::Stdio::from(write))
+}
+
+/// The middle and the largest of `values`.
+fn median_and_max(values: &[f64]) -> (f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (sorted[sorted.len() / 2], sorted[sorted.len() - 1])
+}
+
+/// Under churn, a plegd process whose stdout nobody reads and one of whose watchers stops
+/// reading: its resident memory stays within a bound, a `plegd watch` that keeps reading gets
+/// each death as promptly as before the stalled watcher came, and the stalled watcher is told
+/// it lagged and resumes where it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_consumers_keep_plegd_memory_bounded_and_other_watchers_timely() {
+    use plegd_tests::bench::{self, Plegd};
+    const BEFORE: usize = 10;
+    const STALLED: usize = 30;
+    /// Above the RSS before the churn. Its queues are bounded by events (16 for the stalled
+    /// watcher, the history's 10,000 for all): a leak per event or an unbounded queue would show
+    /// over the churn's hundreds of events, plegd's own growth does not reach it.
+    const RSS_MARGIN: u64 = 24 << 20;
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_unread, stdout) = unread_pipe();
+    let args = ["--watch-queue", "16"].map(str::to_owned);
+    let plegd = Plegd::start_with_stdout(
+        &support::plegd_binary(),
+        &containerd,
+        dir.path(),
+        &args,
+        stdout,
+    )
+    .unwrap();
+    let live = plegd.watch().unwrap();
+    let exits = bench::containerd_events(&containerd).await.unwrap();
+    let pod = cri.run_pod("stalled").await.unwrap();
+    let baseline = bench::rss_bytes(plegd.pid());
+    let mut peak = baseline;
+    // kill -9 (containerd's exit time) to the live watcher's ContainerDied, in ms.
+    let mut delays = Vec::new();
+    let mut stalled = None;
+    let mut last_id = String::new();
+    for i in 0..BEFORE + STALLED {
+        if i == BEFORE {
+            let mut client = stingy_client(&plegd.socket).await;
+            let stream = watch(&mut client, 0, 0).await.unwrap();
+            stalled = Some((client, stream));
+        }
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("c{i}")))
+            .await
+            .unwrap();
+        let arrived = |what: &'static str| {
+            let (arrivals, id) = (live.arrivals.clone(), id.clone());
+            async move {
+                arrivals
+                    .wait(&id, what, DEADLINE)
+                    .await
+                    .unwrap_or_else(|| panic!("{id}: no {what}"))
+            }
+        };
+        arrived("ContainerStarted").await;
+        tasks.kill_init(&id).await.unwrap();
+        let died = arrived("ContainerDied").await;
+        let exited = exits.wait(&id, "exit", DEADLINE).await.unwrap();
+        delays.push(bench::ms_between(exited, died));
+        // CRI refuses to remove it until its store has the exit too (plegd reports the task's,
+        // ~40 ms before).
+        bench::cri_exited(&cri, &id, DEADLINE).await.unwrap();
+        cri.remove_container(&id).await.unwrap();
+        arrived("ContainerRemoved").await;
+        peak = peak.max(bench::rss_bytes(plegd.pid()));
+        last_id = id;
+    }
+    let (before, after) = delays.split_at(BEFORE);
+    let (before, after) = (median_and_max(before), median_and_max(after));
+    eprintln!(
+        "plegd RSS {:.1} MiB before the churn, peak {:.1} MiB; exit to ContainerDied at the live watcher: p50 {:.1} ms / max {:.1} ms alone, p50 {:.1} ms / max {:.1} ms beside a stalled watcher and stdout",
+        baseline as f64 / f64::from(1 << 20),
+        peak as f64 / f64::from(1 << 20),
+        before.0,
+        before.1,
+        after.0,
+        after.1,
+    );
+    assert!(
+        peak <= baseline + RSS_MARGIN,
+        "RSS grew from {baseline} to {peak} bytes"
+    );
+    // Same path, same load: the stalled consumers must not slow the live one down (a margin
+    // for a shared, busy machine).
+    assert!(
+        after.0 <= before.0 * 2.0 + 50.0,
+        "{before:?} then {after:?}"
+    );
+
+    let (mut client, mut stream) = stalled.unwrap();
+    let (got, status) = drain(&mut stream).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let resume: u64 = status
+        .message()
+        .rsplit_once("from_sequence=")
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", status.message()));
+    if let Some(last) = got.last() {
+        assert_eq!(resume, last.sequence + 1);
+    }
+    let mut resumed = watch(&mut client, resume, 0)
+        .await
+        .expect("the history still holds what it missed");
+    let caught_up = read_until(&mut resumed, "the last container's removal", |e| {
+        is(e, &last_id, pb::EventType::ContainerRemoved)
+    })
+    .await;
+    assert_eq!(caught_up.first().map(|e| e.sequence), Some(resume));
+    assert!(
+        caught_up
+            .windows(2)
+            .all(|w| w[1].sequence == w[0].sequence + 1),
+        "resumed without a gap"
+    );
+    drop(resumed);
+    live.stop();
+    plegd.stop();
+    cri.remove_pod(&pod).await.unwrap();
 }

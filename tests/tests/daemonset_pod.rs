@@ -12,6 +12,8 @@
 //! node's own plegd, if any, is left alone). Probes are kubelet's job: the test asks the same
 //! endpoints itself.
 
+mod support;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -215,7 +217,7 @@ async fn plegd_runs_as_the_daemonsets_pod_and_reports_a_kill_its_probes_saw() {
     let started = Instant::now();
     let (pod_spec, container) = daemonset_pod();
     assert_eq!(pod_spec.host_pid, Some(true), "the test maps hostPID");
-    let plegd = plegd_tests::bench::plegd_binary();
+    let plegd = support::plegd_binary();
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tarball = dir.path().join("plegd.oci.tar");

@@ -351,3 +351,96 @@ async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_th
     plegd.stop().await;
     api.stopped().await;
 }
+
+/// A container whose init execs itself `EXECS` times (each exec of a container's init is a
+/// kernel event), then sleeps.
+fn exec_storm(name: &str) -> ContainerSpec {
+    const EXECS: u32 = 3000;
+    let step =
+        r#"if [ "$1" -gt 0 ]; then exec sh -c "$0" "$0" $(($1 - 1)); fi; exec sleep 2147483647"#;
+    ContainerSpec::shell(
+        name,
+        &format!("s='{step}'; exec sh -c \"$s\" \"$s\" {EXECS}"),
+    )
+}
+
+/// A one-page ring buffer (`--ebpf-ring-bytes`) overflows under an exec storm: the losses are
+/// counted, a full relist follows them, and containers that live and die meanwhile lose no
+/// transition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_ring_overflows_under_an_exec_storm_and_loses_no_transition() {
+    const STORMS: usize = 4;
+    const LIFECYCLES: usize = 8;
+    const DROPS: &str = "plegd_ringbuf_drops_total";
+    const FULL_RELISTS: &str = "plegd_relists_total{scope=\"full\"}";
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .unwrap()
+        .unwrap();
+    let mut settings = push_config(
+        &containerd,
+        &[SourceName::Ebpf, SourceName::Containerd],
+        Mode::Ebpf,
+        SLOW,
+    );
+    settings.ebpf_ring_bytes = u32::try_from(page).unwrap();
+    let mut plegd = RunningPlegd::start(settings).await;
+    plegd.wait_sources_connected(2, DEADLINE).await;
+    let metric = |plegd: &RunningPlegd, name: &str| plegd.metrics().get(name).copied();
+    assert_eq!(metric(&plegd, DROPS), Some(0.0));
+
+    let pod = cri.run_pod("storm").await.unwrap();
+    let mut storms = Vec::new();
+    for i in 0..STORMS {
+        let spec = exec_storm(&format!("storm{i}"));
+        storms.push(cri.run_container(&pod, &spec).await.unwrap());
+    }
+    let mut churned = Vec::new();
+    for i in 0..LIFECYCLES {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("churn{i}")))
+            .await
+            .unwrap();
+        tasks.kill_init(&id).await.unwrap();
+        churned.push(id);
+    }
+    plegd_tests::wait::until("ring buffer losses counted", DEADLINE, || async {
+        anyhow::Ok(metric(&plegd, DROPS).filter(|d| *d > 0.0))
+    })
+    .await
+    .unwrap();
+    let full_at_loss = metric(&plegd, FULL_RELISTS).unwrap_or_default();
+    // The source reads its loss counter every second and asks for a full relist when it grew;
+    // the periodic one is minutes away.
+    plegd_tests::wait::until("a full relist after the losses", DEADLINE, || async {
+        anyhow::Ok(metric(&plegd, FULL_RELISTS).filter(|n| *n > full_at_loss))
+    })
+    .await
+    .unwrap();
+    for id in &churned {
+        cri.remove_container(id).await.unwrap();
+    }
+    for id in &churned {
+        plegd
+            .wait_container(
+                id,
+                &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+                DEADLINE,
+            )
+            .await;
+    }
+    for id in &storms {
+        assert_eq!(support::types_of(&plegd.events, id), ["ContainerStarted"]);
+    }
+    eprintln!(
+        "{} kernel events lost with a {page}-byte ring; {} full relists",
+        metric(&plegd, DROPS).unwrap_or_default(),
+        metric(&plegd, FULL_RELISTS).unwrap_or_default()
+    );
+    cri.remove_pod(&pod).await.unwrap();
+    plegd.stop().await;
+}

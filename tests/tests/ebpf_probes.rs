@@ -74,7 +74,8 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
         earlier.push((mode, id));
     }
 
-    let probes = Probes::load().expect("eBPF loads on this kernel (root, tracefs)");
+    let probes =
+        Probes::load(ebpf::DEFAULT_RING_BYTES).expect("eBPF loads on this kernel (root, tracefs)");
     assert!(
         probes.features().exit_code.is_ok(),
         "BTF gives task_struct.exit_code: exits carry their status"

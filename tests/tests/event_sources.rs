@@ -1,8 +1,9 @@
 //! The runtime's event streams as trigger sources: containerd's `Events.Subscribe` against the
-//! real private containerd (kill -9 seen long before the slow full relist, a containerd restart
-//! while containers churn loses nothing, an exec's exit is not the container's), and the CRI
+//! real private containerd (kill -9 seen long before the slow full relist, an exec's exit is
+//! not the container's; a containerd crash while containers churn is soak.rs's), and the CRI
 //! events source itself against an in-process CRI server whose stream breaks mid-way (the real
-//! runtime's CRI events are in cri_events.rs).
+//! runtime's CRI events are in cri_events.rs). A containerd stream that falls silent while
+//! connected (a proxy stops forwarding containerd's bytes) is found by its heartbeat.
 
 mod support;
 
@@ -28,6 +29,7 @@ use plegd::{
     },
     runtime::Scope,
     sources::{
+        containerd_events::{self, ContainerdEventsConfig},
         cri_events::{self, CriEventsConfig},
         status::{SourceRegistry, SourceState},
     },
@@ -39,7 +41,12 @@ use plegd_tests::{
     native::Native,
     process, unix_channel, wait,
 };
-use support::{RunningPlegd, status_of, stream_only, types_by_container, types_of, wait_state};
+use support::{RunningPlegd, status_of, stream_only, types_of, wait_state};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{UnixListener, UnixStream},
+    sync::watch,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, codegen::tokio_stream};
 
@@ -55,43 +62,6 @@ async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
     })
     .await;
     plegd
-}
-
-/// Whether containerd's CRI store recorded the exit of a container whose init died around
-/// its restart, once it no longer shows it running. If not (unknown: its exit lost in the
-/// restart, seen here about one run in five), kubelet's PLEG, as plegd's at the CRI layer,
-/// turns it into a `ContainerChanged`, which neither sends by default; plegd may still have
-/// confirmed the death at the task record before the restart.
-async fn exit_recorded_after_restart(cri: &Cri, id: &str) -> bool {
-    let state = wait::until("the runtime to record the exit", DEADLINE, || async {
-        let state = cri.container_status(id).await?.state;
-        anyhow::Ok((state != ContainerState::ContainerRunning as i32).then_some(state))
-    })
-    .await
-    .unwrap();
-    state == ContainerState::ContainerExited as i32
-}
-
-/// A container that runs until the test creates /tmp/go inside it, then exits with `code`.
-fn exits_on_signal(name: &str, code: u8) -> ContainerSpec {
-    ContainerSpec::shell(
-        name,
-        &format!("while [ ! -e /tmp/go ]; do sleep 0.05; done; exit {code}"),
-    )
-}
-
-/// The `ContainerDied` of `container`, if any.
-fn died_event<'a>(
-    events: &'a [serde_json::Value],
-    container: &str,
-) -> Option<&'a serde_json::Value> {
-    events
-        .iter()
-        .find(|e| e["container_id"] == container && e["type"] == "ContainerDied")
-}
-
-fn signal_exit(pid: i32) {
-    std::fs::write(format!("/proc/{pid}/root/tmp/go"), "").unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,160 +209,6 @@ async fn deaths_are_confirmed_at_the_task_record_or_at_cri_as_configured() {
         assert_eq!(died["confirmed_by"], "cri", "{died}");
         assert_eq!(died["reason"], "Error", "{died}");
         assert_eq!(cri_state, ContainerState::ContainerExited as i32, "{died}");
-    }
-    plegd.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_containerd_restart_while_containers_churn_loses_no_transition() {
-    let Node {
-        containerd,
-        cri,
-        tasks,
-    } = Node::start().await.unwrap();
-    let mut plegd = events_only(&containerd).await;
-    let pod = cri.run_pod("churn").await.unwrap();
-    let mut ids = Vec::new();
-    for i in 0..6u8 {
-        let id = cri
-            .run_container(&pod, &exits_on_signal(&format!("c{i}"), 10 + i))
-            .await
-            .unwrap();
-        ids.push(id);
-    }
-    for id in std::iter::once(&pod.id).chain(&ids) {
-        plegd
-            .wait_container(id, &["ContainerStarted"], DEADLINE)
-            .await;
-    }
-    let mut pids = Vec::new();
-    for id in &ids {
-        pids.push(tasks.init_pid(id).await.unwrap());
-    }
-
-    let reconnects = status_of(&plegd.shared.sources, TriggerSource::Containerd)
-        .unwrap()
-        .reconnects;
-    // Exits racing the daemon's shutdown, and one while it is down: whatever the stream misses
-    // the reconnect's full relist finds.
-    process::kill_all(&[pids[0], pids[1]], DEADLINE);
-    let restarting = containerd.restart();
-    let exit_while_down = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        signal_exit(pids[2]);
-    };
-    let (restarted, ()) = tokio::join!(restarting, exit_while_down);
-    restarted.unwrap();
-    wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
-        s.reconnects > reconnects && s.state == SourceState::Connected
-    })
-    .await;
-
-    // After the restart: more churn, through the stream.
-    let cri = Cri::connect(&containerd).await.unwrap();
-    let tasks = Native::connect_in(&containerd, CRI_NAMESPACE)
-        .await
-        .unwrap();
-    process::kill_all(&[pids[3]], DEADLINE);
-    let c6 = cri
-        .run_container(&pod, &exits_on_signal("c6", 16))
-        .await
-        .unwrap();
-    let c7 = cri
-        .run_container(&pod, &exits_on_signal("c7", 17))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&c7, &["ContainerStarted"], DEADLINE)
-        .await;
-    signal_exit(tasks.init_pid(&c7).await.unwrap());
-    // Exits around the restart, with the code each was given: the runtime's own records say
-    // whether each must have a death (below).
-    let around_restart = [(&ids[0], 137), (&ids[1], 137), (&ids[2], 12)];
-    let mut recorded = Vec::new();
-    for (id, _) in around_restart {
-        recorded.push(exit_recorded_after_restart(&cri, id).await);
-    }
-    cri.remove_container(&ids[0]).await.unwrap();
-
-    let died = ["ContainerStarted", "ContainerDied"];
-    let expected: Vec<(&str, &[&str], Option<i64>)> = vec![
-        (&pod.id, &["ContainerStarted"], None),
-        (&ids[3], &died, Some(137)),
-        (&ids[4], &["ContainerStarted"], None),
-        (&ids[5], &["ContainerStarted"], None),
-        (&c6, &["ContainerStarted"], None),
-        (&c7, &died, Some(17)),
-    ];
-    // Well within the minute-long relist period: streams and the reconnect relist only.
-    for (id, types, _) in &expected {
-        plegd.wait_container(id, types, DEADLINE).await;
-    }
-    let removed = &ids[0];
-    plegd
-        .read_until(removed, DEADLINE, |events| {
-            types_of(events, removed)
-                .iter()
-                .any(|t| t == "ContainerRemoved")
-        })
-        .await;
-    for ((id, _), recorded) in around_restart.iter().zip(&recorded) {
-        // CRI may record an exit it first showed unknown: then it must be reported too.
-        let exited_now = *id != &ids[0]
-            && cri.container_status(id).await.unwrap().state
-                == ContainerState::ContainerExited as i32;
-        if *recorded || exited_now {
-            plegd
-                .read_until(id, DEADLINE, |events| {
-                    types_of(events, id).iter().any(|t| t == "ContainerDied")
-                })
-                .await;
-        }
-    }
-    plegd.drain(Duration::from_secs(1)).await;
-    let by_container = types_by_container(&plegd.events);
-    assert_eq!(by_container.len(), 9, "{by_container:#?}");
-    for (id, types, exit_code) in &expected {
-        assert_eq!(types_of(&plegd.events, id), *types, "{id}");
-        if let (Some(code), Some(died)) = (exit_code, died_event(&plegd.events, id)) {
-            assert_eq!(died["exit_code"], *code, "{died}");
-        }
-    }
-    for ((id, code), recorded) in around_restart.into_iter().zip(recorded) {
-        let died = died_event(&plegd.events, id);
-        let mut want = vec!["ContainerStarted"];
-        match died {
-            // Confirmed at the task record: the code the container exited with.
-            Some(died) if died["confirmed_by"] == "task" => {
-                assert_eq!(died["exit_code"], code, "{died}");
-                want.push("ContainerDied");
-            }
-            // Confirmed by the CRI store (which may have said unknown for a while after the
-            // restart): what it recorded, 255 where it lost the exit.
-            Some(died) if died["confirmed_by"] == "cri" => {
-                if id != &ids[0] {
-                    let truth = cri.container_status(id).await.unwrap().exit_code;
-                    assert_eq!(died["exit_code"], truth, "{died}");
-                }
-                want.push("ContainerDied");
-            }
-            // A container removed while CRI showed it unknown dies with its removal, as in
-            // kubelet's PLEG: no status left to confirm it by.
-            Some(died) => {
-                assert_eq!(id, &ids[0], "{died}");
-                want.push("ContainerDied");
-            }
-            // Only where CRI never recorded the exit, and still does not.
-            None => {
-                assert!(!recorded, "{id}: the death CRI recorded is missing");
-                let state = cri.container_status(id).await.unwrap().state;
-                assert_ne!(state, ContainerState::ContainerExited as i32, "{id}");
-            }
-        }
-        if id == &ids[0] {
-            want.push("ContainerRemoved");
-        }
-        assert_eq!(types_of(&plegd.events, id), want, "{id}");
     }
     plegd.stop().await;
 }
@@ -724,4 +540,186 @@ async fn cri_events_refused_for_now_are_retried_not_turned_off() {
         .expect("source stops on shutdown")
         .unwrap();
     server_shutdown.cancel();
+}
+
+/// A unix socket in front of containerd's that forwards every connection both ways, except
+/// that while muted nothing containerd writes reaches the client: calls and streams stay open
+/// and go silent, as a stuck event exchange or a half-dead connection would.
+struct MutingProxy {
+    socket: std::path::PathBuf,
+    muted: watch::Sender<bool>,
+    shutdown: CancellationToken,
+}
+
+impl MutingProxy {
+    fn start(dir: &Path, upstream: std::path::PathBuf) -> Self {
+        let socket = dir.join("proxy.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let (muted, _) = watch::channel(false);
+        let shutdown = CancellationToken::new();
+        let (accepting, stop) = (muted.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                let client = tokio::select! {
+                    () = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted.unwrap().0,
+                };
+                let upstream = upstream.clone();
+                let muted = accepting.subscribe();
+                tokio::spawn(stop.clone().run_until_cancelled_owned(async move {
+                    if let Ok(server) = UnixStream::connect(&upstream).await {
+                        Self::forward(client, server, muted).await;
+                    }
+                }));
+            }
+        });
+        Self {
+            socket,
+            muted,
+            shutdown,
+        }
+    }
+
+    async fn forward(client: UnixStream, server: UnixStream, mut muted: watch::Receiver<bool>) {
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let upstream = tokio::io::copy(&mut client_read, &mut server_write);
+        let downstream = async {
+            let mut buffer = vec![0; 64 * 1024];
+            loop {
+                let n = server_read.read(&mut buffer).await?;
+                if n == 0 {
+                    return std::io::Result::Ok(());
+                }
+                // Held, not dropped: unmuted, the connection carries on where it stopped.
+                if muted.wait_for(|muted| !muted).await.is_err() {
+                    return Ok(());
+                }
+                client_write.write_all(&buffer[..n]).await?;
+            }
+        };
+        let _ = tokio::join!(upstream, downstream);
+    }
+
+    fn mute(&self, muted: bool) {
+        self.muted.send_replace(muted);
+    }
+}
+
+impl Drop for MutingProxy {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The relist period in `period` once it is `want`, within the deadline.
+async fn period_becomes(period: &mut watch::Receiver<Duration>, want: Duration) {
+    let reached = tokio::time::timeout(DEADLINE, period.wait_for(|p| *p == want))
+        .await
+        .map(|seen| seen.map(drop));
+    assert!(
+        matches!(reached, Ok(Ok(()))),
+        "relist period not {want:?} in time: {:?}",
+        *period.borrow()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fast() {
+    const HEARTBEAT: Duration = Duration::from_millis(500);
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const FAST: Duration = Duration::from_millis(100);
+    RunningPlegd::log_to_test_output();
+    let containerd = PrivateContainerd::start(&plegd_tests::ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = MutingProxy::start(dir.path(), containerd.socket());
+    let (sender, mut triggers) = trigger_channel();
+    let registry = SourceRegistry::new();
+    let (period_tx, mut period) = watch::channel(FAST);
+    tokio::spawn(
+        registry
+            .clone()
+            .drive_relist_period(period_tx, FAST, support::SLOW),
+    );
+    let shutdown = CancellationToken::new();
+    let source = tokio::spawn(containerd_events::run(
+        ContainerdEventsConfig {
+            socket: proxy.socket.clone(),
+            namespaces: vec![CRI_NAMESPACE.into()],
+            timeout: TIMEOUT,
+            heartbeat: HEARTBEAT,
+        },
+        sender,
+        registry.clone(),
+        shutdown.clone(),
+    ));
+    wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    full_relist_requested(&triggers).await;
+    period_becomes(&mut period, support::SLOW).await;
+    // An idle stream whose heartbeats come back is not declared silent: absence over a few
+    // heartbeat periods.
+    tokio::time::sleep(HEARTBEAT * 4).await;
+    let idle = status_of(&registry, TriggerSource::Containerd).unwrap();
+    assert_eq!(
+        (idle.state, idle.reconnects),
+        (SourceState::Connected, 0),
+        "{idle:?}"
+    );
+
+    proxy.mute(true);
+    let muted_at = Instant::now();
+    let silent = wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Reconnecting
+    })
+    .await;
+    let detected_in = muted_at.elapsed();
+    eprintln!("silent stream detected in {detected_in:?} (heartbeat {HEARTBEAT:?})");
+    assert!(silent.detail.contains("declared silent"), "{silent:?}");
+    // A beat not back before the next is due, at most two periods after the silence began;
+    // the margin is for the publish call's own deadline.
+    assert!(
+        detected_in <= HEARTBEAT * 2 + TIMEOUT,
+        "detected after {detected_in:?}"
+    );
+    period_becomes(&mut period, FAST).await;
+    // Still muted: the next attempt gets no answer, and the relists stay fast.
+    let still = wait_state(&registry, TriggerSource::Containerd, |s| {
+        !s.detail.contains("declared silent")
+    })
+    .await;
+    assert_eq!(still.state, SourceState::Reconnecting, "{still:?}");
+    assert_eq!(*period.borrow(), FAST);
+
+    proxy.mute(false);
+    wait_state(&registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+    full_relist_requested(&triggers).await;
+    let cri = Cri::connect(&containerd).await.unwrap();
+    let pod = cri.run_pod("after-silence").await.unwrap();
+    let delivered = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let trigger = next_trigger(&mut triggers).await;
+            if matches!(&trigger.scope, Scope::Container(ContainerId(id)) if *id == pod.id) {
+                return trigger;
+            }
+        }
+    })
+    .await
+    .expect("the reconnected stream delivers the new pod's events");
+    assert_eq!(delivered.source, TriggerSource::Containerd);
+    period_becomes(&mut period, support::SLOW).await;
+
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, source)
+        .await
+        .expect("source stops on shutdown")
+        .unwrap();
+    cri.remove_pod(&pod).await.unwrap();
 }

@@ -181,46 +181,6 @@ async fn containerd_backend_sees_native_containers_as_pods() {
     plegd.stop().await;
 }
 
-/// A runtime that stops answering (the daemon is frozen with SIGSTOP) makes the PLEG
-/// unhealthy past the threshold, in kubelet's words; it recovers when the runtime answers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_goes_unhealthy_while_the_runtime_hangs_and_recovers() {
-    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
-        .await
-        .unwrap();
-    let mut settings = config(RuntimeKind::Cri, &containerd.socket(), PERIOD);
-    settings.relist_threshold = Duration::from_secs(1);
-    settings.runtime_timeout = Duration::from_millis(300);
-    let plegd = RunningPlegd::start(settings).await;
-    let health = plegd.shared.health.clone();
-    plegd_tests::wait::until("healthy", DEADLINE, || async {
-        anyhow::Ok(health.check().is_ok().then_some(()))
-    })
-    .await
-    .unwrap();
-
-    let pid = nix::unistd::Pid::from_raw(containerd.pid().unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let unhealthy = plegd_tests::wait::until("unhealthy", DEADLINE, || async {
-        anyhow::Ok(health.check().err())
-    })
-    .await;
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    let message = unhealthy.unwrap().to_string();
-    assert!(
-        message.starts_with("pleg was last seen active "),
-        "{message}"
-    );
-    assert!(message.ends_with("ago; threshold is 1s"), "{message}");
-
-    plegd_tests::wait::until("healthy again", DEADLINE, || async {
-        anyhow::Ok(health.check().is_ok().then_some(()))
-    })
-    .await
-    .unwrap();
-    plegd.stop().await;
-}
-
 /// Started before the runtime, plegd keeps trying and connects once the socket answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_before_the_runtime_retries_until_it_answers() {

@@ -16,6 +16,7 @@ mod harness;
 mod image;
 mod kernels;
 mod setup;
+mod soak;
 mod test;
 
 use std::process::ExitCode;
@@ -44,6 +45,10 @@ enum Command {
     /// Every `cargo deny` check of deny.toml, RustSec advisories included (fetches their
     /// database from GitHub); `test` runs the offline ones (licenses, bans, sources).
     Audit(audit::Options),
+    /// The churn audit: 1,000 container lifecycles per mode (eBPF only, containerd events only,
+    /// default, polling), optionally under a fault, each transition checked against ground
+    /// truth; fails when one is lost, duplicated, reordered or wrong.
+    Soak(soak::Options),
     /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
         Command::Containerd(opts) => containerd::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
         Command::Audit(opts) => audit::run(&opts),
+        Command::Soak(opts) => soak::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Docs(opts) => docs::run(&opts),

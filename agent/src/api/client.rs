@@ -158,6 +158,12 @@ async fn watch_once<W: Write, N: Write>(
                     listing.run_id,
                     listing.sequence + 1
                 )?;
+                // A JSON consumer gets the listing itself: its new baseline, what the events it
+                // missed add up to.
+                if options.output == OutputFormat::Json {
+                    writeln!(out, "{}", json(&Resync::new(&listing)))?;
+                    out.flush()?;
+                }
             }
             Position {
                 run_id: listing.run_id,
@@ -473,6 +479,20 @@ impl PodsReport {
             run_id: format!("{:x}", listing.run_id),
             sequence: listing.sequence,
             pods,
+        }
+    }
+}
+
+/// The line `plegd watch --output json` prints when it had to start over from a listing.
+#[derive(Debug, Serialize)]
+struct Resync {
+    resync: PodsReport,
+}
+
+impl Resync {
+    fn new(listing: &pb::ListPodsResponse) -> Self {
+        Self {
+            resync: PodsReport::new(listing),
         }
     }
 }

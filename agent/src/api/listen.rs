@@ -538,11 +538,16 @@ pub fn http_response(
                 shared.metrics.encode_as(format),
             )
         }
-        // Live: the process answers. Ready: the PLEG is healthy (kubelet's PLEG check).
+        // Live: the process answers. Ready: the PLEG is healthy (kubelet's PLEG check, in the
+        // words of kubelet's runtime state: "PLEG is not healthy: pleg was last seen ...").
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
         "/readyz" => match shared.health.check() {
             Ok(()) => reply(StatusCode::OK, TEXT, "ok\n".into()),
-            Err(e) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{e}\n")),
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                format!("PLEG is not healthy: {e}\n"),
+            ),
         },
         _ => reply(
             StatusCode::NOT_FOUND,

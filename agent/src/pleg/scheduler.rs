@@ -228,11 +228,16 @@ impl RelistScheduler {
                 attempt: 0,
             });
         }
+        // Fresh triggers before retries, each in due order: a retry waits on a runtime that
+        // lags, a fresh trigger is news. Under churn, the due retries of many targets (every
+        // hint for a container CRI does not list yet, or any more, is retried for seconds)
+        // otherwise keep a new trigger waiting behind them for as long as a short-lived
+        // container lives, and the change it pointed at is gone before it is relisted.
         let target = self
             .pending
             .iter()
             .filter(|(_, p)| p.due <= now)
-            .min_by_key(|(_, p)| p.due)
+            .min_by_key(|(_, p)| (p.attempt > 0, p.due))
             .map(|(target, _)| target.clone())?;
         let pending = self.pending.remove(&target)?;
         let mut hints = Hints::default();
@@ -614,6 +619,30 @@ mod tests {
             hint.sources,
             BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
         );
+    }
+
+    #[test]
+    fn a_fresh_trigger_runs_before_retries_due_earlier() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.push(
+            trigger(Scope::Pod(uid("lagging")), TriggerSource::Containerd, 1),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("first run");
+        scheduler.retry(batch, t0).expect("retry allowed");
+        let later = t0 + 50 * MS;
+        scheduler.push(
+            trigger(Scope::Pod(uid("fresh")), TriggerSource::Containerd, 2),
+            later,
+            no_index,
+        );
+        let first = scheduler.next_due(later).expect("both due");
+        assert_eq!(first.scope, Scope::Pod(uid("fresh")));
+        let second = scheduler.next_due(later).expect("the retry next");
+        assert_eq!(second.scope, Scope::Pod(uid("lagging")));
+        assert_eq!(second.attempt, 1);
     }
 
     #[test]

@@ -4,22 +4,42 @@
 //! observations. The stream replays nothing across a disconnect, so every (re)connect is
 //! followed by a full relist (see [`crate::sources::reconnect`]).
 //!
+//! A connected stream can also fall silent (containerd's event exchange stuck, a half-dead
+//! connection): nothing tells an idle stream from a dead one, so plegd publishes a heartbeat of
+//! its own every [`ContainerdEventsConfig::heartbeat`] on containerd's Events service, in a
+//! namespace no container lives in, and expects it back on its subscription before the next is
+//! due. One that is not back declares the stream silent: the session ends as lost, the source
+//! reconnects (relists run at the fast period while it is not connected) and the reconnect's
+//! full relist finds what the silence hid. Detection takes at most two heartbeat periods.
+//!
 //! Exec processes share the `/tasks/exit` topic with a container's init process; an exec's
 //! exit (its `id` is the exec id, not the container id) says nothing about the container and
 //! is ignored.
 
-use std::{path::PathBuf, time::SystemTime};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
 
 use containerd_client::{
     events::{
         ContainerCreate, ContainerDelete, ContainerUpdate, TaskCreate, TaskDelete, TaskExit,
         TaskOom, TaskPaused, TaskResumed, TaskStart,
     },
-    services::v1::{SubscribeRequest, events_client::EventsClient, version_client::VersionClient},
+    services::v1::{
+        PublishRequest, SubscribeRequest, events_client::EventsClient,
+        version_client::VersionClient,
+    },
     types::Envelope,
 };
 use prost::Message;
 use tokio_util::sync::CancellationToken;
+use tonic::{Code, metadata::AsciiMetadataValue, transport::Channel};
+use tracing::{debug, info};
 
 use crate::{
     pleg::{
@@ -28,7 +48,7 @@ use crate::{
         record::ContainerId,
     },
     sources::{
-        reconnect::{Link, SessionEnd, dial, run_forever, stream_session},
+        reconnect::{Link, SessionEnd, SessionError, dial, run_forever, stream_session},
         status::SourceRegistry,
     },
 };
@@ -47,6 +67,15 @@ pub const TOPICS: [&str; 10] = [
     "/containers/delete",
 ];
 
+/// Default period of the heartbeat (`--event-heartbeat`).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// The containerd namespace of plegd's heartbeats: no container lives there.
+pub const HEARTBEAT_NAMESPACE: &str = "plegd";
+/// The topic of plegd's heartbeats.
+pub const HEARTBEAT_TOPIC: &str = "/plegd/heartbeat";
+/// The type of a heartbeat's payload: a string naming the session and the beat.
+const HEARTBEAT_TYPE: &str = "types.googleapis.com/google.protobuf.StringValue";
+
 /// Where to subscribe.
 #[derive(Clone, Debug)]
 pub struct ContainerdEventsConfig {
@@ -55,11 +84,13 @@ pub struct ContainerdEventsConfig {
     /// The namespaces whose events matter.
     pub namespaces: Vec<String>,
     /// Deadline of connecting and of the liveness probe.
-    pub timeout: std::time::Duration,
+    pub timeout: Duration,
+    /// Period of the heartbeat, and how long each has to come back.
+    pub heartbeat: Duration,
 }
 
 impl ContainerdEventsConfig {
-    /// Subscribe filters: one per (namespace, topic), ORed by containerd.
+    /// Subscribe filters: one per (namespace, topic), ORed by containerd, and the heartbeat's.
     pub fn filters(&self) -> Vec<String> {
         self.namespaces
             .iter()
@@ -68,6 +99,9 @@ impl ContainerdEventsConfig {
                     .iter()
                     .map(move |topic| format!("namespace=={ns:?},topic=={topic:?}"))
             })
+            .chain([format!(
+                "namespace=={HEARTBEAT_NAMESPACE:?},topic=={HEARTBEAT_TOPIC:?}"
+            )])
             .collect()
     }
 }
@@ -104,15 +138,134 @@ async fn session(config: &ContainerdEventsConfig, link: Link) -> SessionEnd {
         Err(end) => return end,
     };
     let mut events = EventsClient::new(channel.clone());
-    let mut version = VersionClient::new(channel);
+    let mut version = VersionClient::new(channel.clone());
     let subscribe = events.subscribe(SubscribeRequest {
         filters: config.filters(),
     });
     let probe = async { version.version(()).await.map(drop) };
-    stream_session(&link, subscribe, probe, |envelope| {
+    let beats = Heartbeats::new(getrandom::u64().unwrap_or_else(|_| crate::backoff::time_seed()));
+    let silence = beats
+        .clone()
+        .send(EventsClient::new(channel), config.heartbeat, config.timeout);
+    stream_session(&link, subscribe, probe, silence, |envelope| {
+        if beats.came_back(&envelope) {
+            return Ok(None);
+        }
         trigger_of(&envelope, SystemTime::now())
     })
     .await
+}
+
+/// The heartbeats of one session: how many were published and which came back.
+#[derive(Clone, Debug)]
+struct Heartbeats {
+    /// Tells this session's beats from another plegd's (or an earlier session's) on the same
+    /// containerd.
+    session: u64,
+    published: Arc<AtomicU64>,
+    /// The highest beat that came back.
+    back: Arc<AtomicU64>,
+}
+
+impl Heartbeats {
+    fn new(session: u64) -> Self {
+        Self {
+            session,
+            published: Arc::default(),
+            back: Arc::default(),
+        }
+    }
+
+    /// The next beat's payload.
+    fn next(&self) -> String {
+        let beat = self.published.fetch_add(1, Ordering::Relaxed) + 1;
+        format!("{:016x}/{beat}", self.session)
+    }
+
+    /// Whether every published beat came back.
+    fn all_back(&self) -> bool {
+        self.back.load(Ordering::Relaxed) >= self.published.load(Ordering::Relaxed)
+    }
+
+    /// Whether `envelope` is a heartbeat (it is no trigger then); records it if it is this
+    /// session's.
+    fn came_back(&self, envelope: &Envelope) -> bool {
+        if envelope.topic != HEARTBEAT_TOPIC {
+            return false;
+        }
+        let text = envelope
+            .event
+            .as_ref()
+            .and_then(|any| String::decode(any.value.as_slice()).ok())
+            .unwrap_or_default();
+        let beat = text
+            .split_once('/')
+            .filter(|(session, _)| *session == format!("{:016x}", self.session))
+            .and_then(|(_, beat)| beat.parse::<u64>().ok());
+        if let Some(beat) = beat {
+            self.back.fetch_max(beat, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Publishes a beat every `period` through `events`; resolves when one did not come back
+    /// before the next was due. A publish that fails for lack of an answer counts as not
+    /// back; one that containerd refuses (see [`refused`]) turns the heartbeat off for this
+    /// session.
+    async fn send(
+        self,
+        mut events: EventsClient<Channel>,
+        period: Duration,
+        timeout: Duration,
+    ) -> SessionError {
+        // The first beat a period after the stream is up: one published before containerd
+        // registered the subscription would never come back.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !self.all_back() {
+                return SessionError::Silent(period);
+            }
+            let mut request = tonic::Request::new(PublishRequest {
+                topic: HEARTBEAT_TOPIC.to_owned(),
+                event: Some(prost_types::Any {
+                    type_url: HEARTBEAT_TYPE.to_owned(),
+                    value: self.next().encode_to_vec(),
+                }),
+            });
+            request.metadata_mut().insert(
+                "containerd-namespace",
+                AsciiMetadataValue::from_static(HEARTBEAT_NAMESPACE),
+            );
+            match tokio::time::timeout(timeout, events.publish(request)).await {
+                Ok(Ok(_)) => {}
+                Err(_) => debug!(?timeout, "the heartbeat's publish did not return"),
+                Ok(Err(status)) if refused(status.code()) => {
+                    info!(
+                        code = ?status.code(),
+                        "event stream heartbeat off (the runtime refuses to publish it: {}); a silent stream is found by the full relists only",
+                        status.message()
+                    );
+                    return std::future::pending().await;
+                }
+                Ok(Err(status)) => debug!(%status, "the heartbeat's publish failed"),
+            }
+        }
+    }
+}
+
+/// Whether a publish failed because the runtime will not take it (rather than for lack of an
+/// answer): sending more would not help.
+fn refused(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unimplemented
+            | Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::FailedPrecondition
+            | Code::Unauthenticated
+    )
 }
 
 /// The trigger an event stands for; `None` for events that say nothing about a container's
@@ -417,10 +570,40 @@ mod tests {
             socket: PathBuf::new(),
             namespaces: vec!["k8s.io".into(), "other".into()],
             timeout: Duration::from_secs(1),
+            heartbeat: DEFAULT_HEARTBEAT,
         };
         let filters = config.filters();
-        assert_eq!(filters.len(), 20);
+        assert_eq!(filters.len(), 21);
         assert_eq!(filters[0], r#"namespace=="k8s.io",topic=="/tasks/create""#);
         assert!(filters.contains(&r#"namespace=="other",topic=="/containers/delete""#.to_owned()));
+        assert_eq!(
+            filters[20],
+            r#"namespace=="plegd",topic=="/plegd/heartbeat""#
+        );
+    }
+
+    fn beat(payload: &str) -> Envelope {
+        let mut beat = envelope(HEARTBEAT_TOPIC, HEARTBEAT_TYPE, &payload.to_owned());
+        beat.namespace = HEARTBEAT_NAMESPACE.into();
+        beat
+    }
+
+    #[test]
+    fn only_this_sessions_beats_count_and_none_is_a_trigger() {
+        let beats = Heartbeats::new(7);
+        assert!(beats.all_back(), "nothing published yet");
+        let first = beats.next();
+        assert!(!beats.all_back());
+        // Another session's beat, and garbage, are heartbeats but not this one's.
+        assert!(beats.came_back(&beat(&format!("{:016x}/1", 8))));
+        assert!(beats.came_back(&beat("nonsense")));
+        assert!(!beats.all_back());
+        assert!(beats.came_back(&beat(&first)));
+        assert!(beats.all_back());
+        // A late older beat does not hide a missing newer one.
+        let _second = beats.next();
+        assert!(beats.came_back(&beat(&first)));
+        assert!(!beats.all_back());
+        assert!(!beats.came_back(&envelope("/tasks/exit", "", &TaskOom::default())));
     }
 }

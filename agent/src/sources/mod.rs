@@ -2,7 +2,7 @@
 //! source hands triggers to the generator through a [`crate::pleg::generator::TriggerSender`]
 //! and reports its state in the [`status::SourceRegistry`].
 
-pub(crate) mod containerd_events;
+pub mod containerd_events;
 pub mod cri_events;
 pub mod ebpf;
 pub(crate) mod reconnect;

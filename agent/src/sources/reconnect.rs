@@ -87,6 +87,9 @@ pub(crate) enum SessionError {
     ProbeTimeout(Duration),
     #[error("the runtime ended the stream")]
     StreamEnded,
+    /// Connected, but a heartbeat published through the runtime did not come back on it.
+    #[error("no heartbeat came back on the stream within {0:?}: declared silent")]
+    Silent(Duration),
 }
 
 /// What a session reports through: the source's registry entry and the trigger channel.
@@ -143,6 +146,9 @@ where
                 error,
                 connected_at,
             } => {
+                if matches!(error, SessionError::Silent(_)) {
+                    link.registry.silent(link.source);
+                }
                 let connected_for = connected_at.map(|at| at.elapsed());
                 if connected_for.is_some() {
                     outage_reported = false;
@@ -168,19 +174,24 @@ where
 /// One connection's life: opens the stream `call` (with `probe`, a unary call on the same
 /// connection, proving the runtime answers while the stream's headers may still be pending),
 /// reports it connected, and hands each message's trigger to the generator until the stream
-/// ends. `to_trigger` returns `Err` for a message it could not read: a sign of loss.
-pub(crate) async fn stream_session<T, C, P, E>(
+/// ends, or until `silence` (polled only once connected) says it delivers no more.
+/// `to_trigger` returns `Err` for a message it could not read: a sign of loss.
+pub(crate) async fn stream_session<T, C, P, S, E>(
     link: &Link,
     call: C,
     probe: P,
+    silence: S,
     mut to_trigger: impl FnMut(T) -> Result<Option<Trigger>, E>,
 ) -> SessionEnd
 where
     C: Future<Output = Result<Response<Streaming<T>>, Status>>,
     P: Future<Output = Result<(), Status>>,
+    S: Future<Output = SessionError>,
     E: std::fmt::Display,
 {
     let mut call = pin!(call);
+    // Polled only once the stream is up: its first poll starts its clock.
+    let mut silence = pin!(silence);
     let mut connected_at = None;
     let lost = |error: SessionError, connected_at| SessionEnd::Lost {
         error,
@@ -202,7 +213,12 @@ where
             answer = &mut call => answer,
             () = tokio::time::sleep(STREAM_SETTLE) => {
                 connected_at = Some(link.connected());
-                call.await
+                // The headers come with the first message: the stream is up, and may already
+                // be silent.
+                tokio::select! {
+                    answer = &mut call => answer,
+                    error = &mut silence => return lost(error, connected_at),
+                }
             }
         },
     };
@@ -217,7 +233,11 @@ where
         connected_at = Some(link.connected());
     }
     loop {
-        match stream.message().await {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            error = &mut silence => return lost(error, connected_at),
+        };
+        match message {
             Ok(Some(message)) => match to_trigger(message) {
                 Ok(Some(trigger)) => link.deliver(trigger),
                 Ok(None) => {}

@@ -109,6 +109,14 @@ impl SourceRegistry {
         }
     }
 
+    /// Counts that `source`'s stream was declared silent while connected (the state change
+    /// that follows is reported with [`Self::set`]).
+    pub fn silent(&self, source: TriggerSource) {
+        if let Some(metrics) = &self.metrics {
+            metrics.silent_stream(source);
+        }
+    }
+
     /// Records that a source delivered a trigger at `at`.
     pub fn delivered(&self, source: TriggerSource, at: SystemTime) {
         if let Some(status) = self.lock().get_mut(&source) {

@@ -58,6 +58,7 @@ fn every_family() -> Metrics {
     metrics.relisted(false, Instant::now(), Duration::ZERO, true);
     metrics.init_map_errors("seed", 1);
     metrics.stream_reconnect(TriggerSource::Containerd);
+    metrics.silent_stream(TriggerSource::Containerd);
     metrics.unconfirmed_hint(TriggerSource::Ebpf);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
     metrics

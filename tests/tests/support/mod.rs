@@ -5,7 +5,12 @@
     reason = "each test file uses a different part of the support module"
 )]
 
-use std::{collections::HashMap, path::Path, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use plegd::{
     config::{Config, Mode, OutputFormat, RunArgs, SourceName},
@@ -181,7 +186,7 @@ impl RunningPlegd {
     }
 
     /// plegd's logs go to the test's output, filtered by `RUST_LOG` (none without it).
-    fn log_to_test_output() {
+    pub fn log_to_test_output() {
         if std::env::var_os("RUST_LOG").is_some() {
             // Another test of the binary may have set it up already.
             let _ = tracing_subscriber::fmt()
@@ -323,6 +328,16 @@ impl RunningPlegd {
         }
     }
 
+    /// Every metric's series and value, as `/metrics` would serve them now.
+    pub fn metrics(&self) -> BTreeMap<String, f64> {
+        parse_metrics(
+            &self
+                .shared
+                .metrics
+                .encode_as(plegd::metrics::Format::OpenMetrics),
+        )
+    }
+
     /// Shuts the daemon down, reading (and dropping) whatever output it still writes so one
     /// whose output a test left unread can finish.
     pub async fn stop(self) {
@@ -428,6 +443,28 @@ impl RunningPlegd {
     }
 }
 
+/// Parses OpenMetrics text into `series -> value`, failing on any malformed line.
+pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    let mut values = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        values.insert(series.to_owned(), value);
+    }
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+    values
+}
+
 /// A plain HTTP/1.1 response: status code, `Content-Type` (empty without one), body.
 pub struct HttpResponse {
     pub code: u16,
@@ -472,3 +509,5 @@ pub async fn http_get(
         body: body.to_owned(),
     }
 }
+
+pub use plegd_tests::bench::plegd_binary;

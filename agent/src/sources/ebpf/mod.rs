@@ -63,6 +63,9 @@ const BPF_NOEXIST: u64 = 1;
 /// How often the cgroup index is rebuilt from the cgroup2 tree (mkdir/rmdir events keep it
 /// current in between; the rebuild heals anything missed).
 const INDEX_REFRESH: Duration = Duration::from_secs(30);
+/// Default size of the kernel events' ring buffer, in bytes (`--ebpf-ring-bytes`).
+pub const DEFAULT_RING_BYTES: u32 = plegd_common::EVENTS_RING_BYTES;
+
 /// How often the per-CPU lost-event counters are read.
 const LOSS_CHECK: Duration = Duration::from_secs(1);
 
@@ -112,18 +115,21 @@ impl Probes {
     /// Called on a worker of a multi-threaded tokio runtime (the daemon's), the worker hands its
     /// other tasks to a new one while this runs; elsewhere (`plegd check`, a current-thread
     /// runtime, which has no other worker to hand them to) it just runs.
-    pub fn load() -> Result<Self, LoadError> {
+    ///
+    /// `ring_bytes` sizes the ring buffer of kernel events (a power of two, a multiple of the
+    /// page size: the kernel refuses other sizes).
+    pub fn load(ring_bytes: u32) -> Result<Self, LoadError> {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime)
                 if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
             {
-                tokio::task::block_in_place(Self::load_here)
+                tokio::task::block_in_place(|| Self::load_here(ring_bytes))
             }
-            _ => Self::load_here(),
+            _ => Self::load_here(ring_bytes),
         }
     }
 
-    fn load_here() -> Result<Self, LoadError> {
+    fn load_here(ring_bytes: u32) -> Result<Self, LoadError> {
         let cgroup2 = CgroupMode::detect()
             .cgroup2()
             .ok_or(LoadError::NoCgroup2)?
@@ -138,6 +144,7 @@ impl Probes {
         bump_memlock_rlimit();
         let mut ebpf = EbpfLoader::new()
             .override_global("PROBE_CONFIG", &features.probe_config(), true)
+            .map_max_entries("EVENTS", ring_bytes)
             .load(EBPF_OBJECT)?;
         for spec in features.attachable() {
             let name = spec.name;

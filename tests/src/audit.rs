@@ -1,0 +1,962 @@
+//! The churn audit's checker: what a Watch client received, held against what the harness did
+//! and what the runtime recorded. Pure: no I/O, no clock; `cargo xtask soak`, the soak tests and
+//! the fault tests feed it and print its [`Report`].
+//!
+//! # Rules
+//! For every container of the ground truth ([`Truth`]), the watcher must receive
+//! `ContainerStarted`, `ContainerDied` and (once the harness removed it) `ContainerRemoved`,
+//! each exactly once and in that order. `ContainerDied` carries the exit code CRI recorded last
+//! (137 after `kill -9`, the code of a normal exit, 137 with reason `OOMKilled` after an OOM
+//! kill). Its reason is CRI's (`Completed`, `Error`, `OOMKilled`) or empty: when containerd's
+//! task service confirms an exit before its CRI store does, plegd publishes the death with the
+//! task's exit code and no reason, and the store's reason makes no second event (the `reason`
+//! field of plegd.v1 `Event` says so). A container whose exit CRI never recorded before it was
+//! removed (containerd 1.6 shows an exit racing its restart as UNKNOWN, exit 255, for a while)
+//! still owes its death, with any exit code: kubelet's PLEG reports running or unknown ->
+//! non-existent as died, then removed.
+//!
+//! Within one daemon run, sequence numbers must follow each other without gaps: a gap is a
+//! silent loss, whatever the containers' transitions say.
+//!
+//! # Allowed foldings
+//! plegd's events come from diffing runtime records, as kubelet's PLEG's do, so a state the
+//! runtime held only between two looks is never seen. The checker counts such a transition as
+//! folded, never as lost, only where the ground truth's timing shows the state lasted less than
+//! the [`Folding::window`] of the mode (polling: the relist period plus a margin for a relist's
+//! own duration; event-driven modes: the time a hint takes to become a relist under load):
+//! - `ContainerStarted` of a container that ran for less than the window, when its
+//!   `ContainerDied` arrives (running was never observed; kubelet's generic PLEG folds it the
+//!   same way: `non-existent -> exited` is only `ContainerDied`). The death is still required.
+//! - All three transitions of a container created and removed within the window: kubelet's
+//!   relist never sees it (polling mode; the issue's own example).
+//! - The exit code and reason of a `ContainerDied` for a container removed within the window
+//!   after it exited: `running -> non-existent` has no status left to read the exit from.
+//!
+//! # Restarts of plegd
+//! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
+//! again, so `plegd watch` lists the pods and follows from that listing ([`Record::Resync`]).
+//! The listing is the watcher's new baseline: a container it shows running has started, one it
+//! shows exited has died (its exit is checked like a `ContainerDied`'s), one it does not show
+//! either has been removed (only when the harness had asked to remove it before the listing
+//! arrived) or owes every transition from then on. What the watcher received before a resync
+//! is not held against what it receives after (the old run's `ContainerStarted` may come again
+//! from the new run). A clean restart (SIGTERM, saved state) continues the run: no resync, no
+//! gap, nothing folded.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    time::{Duration, SystemTime},
+};
+
+use crate::cri::PidMode;
+
+/// What the harness did to end a container's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `kill -9` of its init process.
+    Kill,
+    /// It exited by itself with this code.
+    Exit(u8),
+    /// Its memory limit made the kernel OOM-kill it.
+    Oom,
+    /// It ran for about 0.1 s and exited 0.
+    Brief,
+    /// CRI `StopContainer`.
+    Stop,
+    /// CRI `StopPodSandbox` of its whole pod.
+    StopPod,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Kill => f.write_str("kill -9"),
+            Self::Exit(code) => write!(f, "exit {code}"),
+            Self::Oom => f.write_str("oom"),
+            Self::Brief => f.write_str("0.1 s"),
+            Self::Stop => f.write_str("cri stop"),
+            Self::StopPod => f.write_str("pod stop"),
+        }
+    }
+}
+
+/// How a container ended, as the runtime recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    /// CRI's reason ("Completed", "Error", "OOMKilled"; may be empty).
+    pub reason: String,
+}
+
+/// One container's ground truth: what the harness did and what the runtime said.
+#[derive(Clone, Debug)]
+pub struct Truth {
+    pub container_id: String,
+    /// Its pod's name.
+    pub pod: String,
+    pub pid_mode: PidMode,
+    pub action: Action,
+    /// CRI's last record of its exit before removal; `None` when CRI never showed it exited.
+    pub exit: Option<Exit>,
+    /// Whether the harness removed it.
+    pub removed: bool,
+    pub timing: Timing,
+}
+
+/// Wall-clock facts about a container the foldings depend on (`None`: not known).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// When the harness asked to create it.
+    pub created: Option<SystemTime>,
+    /// When CRI says it started.
+    pub started: Option<SystemTime>,
+    /// When CRI says it finished.
+    pub finished: Option<SystemTime>,
+    /// When the harness asked to remove it (it or its pod).
+    pub removed: Option<SystemTime>,
+}
+
+/// A lifecycle transition of a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Transition {
+    Started,
+    Died,
+    Removed,
+}
+
+impl Transition {
+    const ALL: [Transition; 3] = [Self::Started, Self::Died, Self::Removed];
+
+    /// The plegd event type naming it.
+    pub fn event_type(self) -> &'static str {
+        match self {
+            Self::Started => "ContainerStarted",
+            Self::Died => "ContainerDied",
+            Self::Removed => "ContainerRemoved",
+        }
+    }
+
+    fn from_event_type(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.event_type() == name)
+    }
+}
+
+/// One event as the watcher received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub sequence: u64,
+    /// The daemon run, as `plegd watch` prints it (hex).
+    pub run_id: String,
+    /// plegd's event type ("ContainerStarted", "PodSync", ...).
+    pub event_type: String,
+    /// Empty for pod-level events.
+    pub container_id: String,
+    pub exit_code: Option<i32>,
+    pub reason: String,
+}
+
+/// A container as a resync's listing showed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listed {
+    /// Created, not started, or state unknown: no transition yet.
+    Waiting,
+    Running,
+    Exited(Option<Exit>),
+}
+
+/// The fresh listing a watcher took after its daemon's run changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resync {
+    /// When the watcher had it.
+    pub at: Option<SystemTime>,
+    /// The run it follows from then on (hex).
+    pub run_id: String,
+    /// The last sequence the listing covers.
+    pub sequence: u64,
+    pub containers: HashMap<String, Listed>,
+}
+
+/// What the watcher recorded, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Event(Received),
+    Resync(Resync),
+}
+
+impl Record {
+    /// Reads one line of `plegd watch --output json`, received at `at`: an event, or a resync
+    /// (`{"resync": <what plegd pods --output json prints>}`). `None` for anything else.
+    pub fn from_watch_line(line: &str, at: SystemTime) -> Option<Self> {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let exit_code = |v: &serde_json::Value| v.as_i64().and_then(|c| i32::try_from(c).ok());
+        if let Some(listing) = value.get("resync") {
+            let containers = listing["pods"]
+                .as_array()?
+                .iter()
+                .flat_map(|pod| pod["containers"].as_array().into_iter().flatten())
+                .map(|c| {
+                    let listed = match c["state"].as_str() {
+                        Some("running") => Listed::Running,
+                        Some("exited") => {
+                            Listed::Exited(exit_code(&c["exit_code"]).map(|code| Exit {
+                                code,
+                                reason: text(&c["reason"]),
+                            }))
+                        }
+                        _ => Listed::Waiting,
+                    };
+                    (text(&c["id"]), listed)
+                })
+                .collect();
+            return Some(Self::Resync(Resync {
+                at: Some(at),
+                run_id: text(&listing["run_id"]),
+                sequence: listing["sequence"].as_u64()?,
+                containers,
+            }));
+        }
+        Some(Self::Event(Received {
+            sequence: value["sequence"].as_u64()?,
+            run_id: text(&value["run_id"]),
+            event_type: value["type"].as_str()?.to_owned(),
+            container_id: text(&value["container_id"]),
+            exit_code: exit_code(&value["exit_code"]),
+            reason: text(&value["reason"]),
+        }))
+    }
+}
+
+/// Which foldings a mode allows (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct Folding {
+    /// How long a state may last and still go unseen.
+    pub window: Duration,
+}
+
+/// One finding about one container (or one stretch of sequence numbers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub container_id: String,
+    pub transition: Option<Transition>,
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.transition {
+            Some(t) => write!(
+                f,
+                "{} {}: {}",
+                short(&self.container_id),
+                t.event_type(),
+                self.detail
+            ),
+            None => write!(f, "{}: {}", short(&self.container_id), self.detail),
+        }
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// The audit's outcome.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Containers in the ground truth.
+    pub lifecycles: usize,
+    /// Transitions the ground truth calls for.
+    pub expected: usize,
+    /// Events received about the ground truth's containers.
+    pub received: usize,
+    /// Transitions a resync's listing stood for.
+    pub resynced: usize,
+    /// Never received, and no folding allows it.
+    pub lost: Vec<Finding>,
+    /// Received more than once.
+    pub duplicated: Vec<Finding>,
+    /// Received after a later transition of the same container.
+    pub out_of_order: Vec<Finding>,
+    /// A `ContainerDied` (or a listed exit) with the wrong exit code or reason.
+    pub mismatched: Vec<Finding>,
+    /// Sequence numbers missing within a run.
+    pub gaps: Vec<Finding>,
+    /// Legitimately not received (see the module doc).
+    pub folded: Vec<Finding>,
+    /// Lifecycles per action and pid-namespace mode.
+    pub by_action: BTreeMap<String, usize>,
+}
+
+impl Report {
+    /// Nothing lost, duplicated, reordered, wrong or skipped.
+    pub fn is_clean(&self) -> bool {
+        self.lost.is_empty()
+            && self.duplicated.is_empty()
+            && self.out_of_order.is_empty()
+            && self.mismatched.is_empty()
+            && self.gaps.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "lifecycles {}, transitions expected {}, received {}, resynced {}, folded {}, \
+             lost {}, duplicated {}, out of order {}, wrong exit {}, sequence gaps {}",
+            self.lifecycles,
+            self.expected,
+            self.received,
+            self.resynced,
+            self.folded.len(),
+            self.lost.len(),
+            self.duplicated.len(),
+            self.out_of_order.len(),
+            self.mismatched.len(),
+            self.gaps.len(),
+        )?;
+        let actions: Vec<String> = self
+            .by_action
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
+        writeln!(f, "  lifecycles by action: {}", actions.join(", "))?;
+        for (what, findings) in [
+            ("lost", &self.lost),
+            ("duplicated", &self.duplicated),
+            ("out of order", &self.out_of_order),
+            ("wrong exit", &self.mismatched),
+            ("sequence gap", &self.gaps),
+            ("folded", &self.folded),
+        ] {
+            for finding in findings {
+                writeln!(f, "  {what}: {finding}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Audits `records` (what one watcher received, in order) against `truth`.
+pub fn check(truth: &[Truth], records: &[Record], folding: Folding) -> Report {
+    let mut report = Report {
+        lifecycles: truth.len(),
+        ..Report::default()
+    };
+    report.gaps = sequence_gaps(records);
+    let mut by_container: HashMap<&str, Vec<&Record>> = HashMap::new();
+    for record in records {
+        match record {
+            Record::Event(event) => by_container
+                .entry(event.container_id.as_str())
+                .or_default()
+                .push(record),
+            // Every container's account sees every resync, in its place.
+            Record::Resync(_) => {
+                for t in truth {
+                    by_container
+                        .entry(t.container_id.as_str())
+                        .or_default()
+                        .push(record);
+                }
+            }
+        }
+    }
+    for t in truth {
+        *report
+            .by_action
+            .entry(format!("{} ({:?} pid ns)", t.action, t.pid_mode))
+            .or_default() += 1;
+        let records = by_container
+            .get(t.container_id.as_str())
+            .map_or(&[][..], Vec::as_slice);
+        audit_container(t, records, folding, &mut report);
+    }
+    report
+}
+
+/// Where one container's account stands.
+#[derive(Default)]
+struct Account {
+    /// Received (or stood for by a listing) since the last resync.
+    got: [bool; 3],
+    /// The next transition in order.
+    next: usize,
+}
+
+fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report: &mut Report) {
+    let id = &truth.container_id;
+    let finding = |transition: Option<Transition>, detail: String| Finding {
+        container_id: id.clone(),
+        transition,
+        detail,
+    };
+    let owed = if truth.removed { 3 } else { 2 };
+    report.expected += owed;
+    let mut account = Account::default();
+    for record in records {
+        match record {
+            Record::Event(event) => {
+                let Some(transition) = Transition::from_event_type(&event.event_type) else {
+                    continue;
+                };
+                report.received += 1;
+                let k = transition as usize;
+                if account.got[k] {
+                    report.duplicated.push(finding(
+                        Some(transition),
+                        format!("again at sequence {}", event.sequence),
+                    ));
+                    continue;
+                }
+                account.got[k] = true;
+                if k < account.next {
+                    report.out_of_order.push(finding(
+                        Some(transition),
+                        format!(
+                            "at sequence {}, after {}",
+                            event.sequence,
+                            Transition::ALL[account.next - 1].event_type()
+                        ),
+                    ));
+                    continue;
+                }
+                account.next = k + 1;
+                if transition == Transition::Died {
+                    check_exit(truth, event.exit_code, &event.reason, folding, report);
+                }
+            }
+            Record::Resync(resync) => {
+                let baseline = match resync.containers.get(id.as_str()) {
+                    Some(Listed::Waiting) => 0,
+                    Some(Listed::Running) => 1,
+                    Some(Listed::Exited(exit)) => {
+                        match exit {
+                            Some(exit) => {
+                                check_exit(truth, Some(exit.code), &exit.reason, folding, report)
+                            }
+                            None => check_exit(truth, None, "", folding, report),
+                        }
+                        2
+                    }
+                    // Gone before the listing, or not there yet.
+                    None => match (truth.timing.removed, resync.at) {
+                        (Some(removed), Some(at)) if removed <= at => 3,
+                        _ => 0,
+                    },
+                };
+                report.resynced += (0..baseline).filter(|&k| !account.got[k]).count();
+                account.got = std::array::from_fn(|k| k < baseline);
+                account.next = baseline;
+            }
+        }
+    }
+    for (k, transition) in Transition::ALL.into_iter().enumerate().take(owed) {
+        if account.got[k] {
+            continue;
+        }
+        match fold(truth, transition, &account, folding) {
+            Some(why) => report.folded.push(finding(Some(transition), why)),
+            None => report.lost.push(finding(
+                Some(transition),
+                format!(
+                    "never received ({}, {:?} pid ns)",
+                    truth.action, truth.pid_mode
+                ),
+            )),
+        }
+    }
+}
+
+/// Why a transition never received may be folded (`None`: it may not).
+fn fold(
+    truth: &Truth,
+    transition: Transition,
+    account: &Account,
+    folding: Folding,
+) -> Option<String> {
+    let Timing {
+        created,
+        started,
+        finished,
+        removed,
+    } = truth.timing;
+    if let Some(lived) = elapsed(created, removed)
+        && lived < folding.window
+        && !account.got.iter().any(|&g| g)
+    {
+        return Some(format!(
+            "created and removed within {lived:?}, between two looks"
+        ));
+    }
+    if transition == Transition::Started
+        && account.got[Transition::Died as usize]
+        && let Some(ran) = elapsed(started, finished)
+        && ran < folding.window
+    {
+        return Some(format!("ran {ran:?}: died before running was seen"));
+    }
+    None
+}
+
+fn elapsed(from: Option<SystemTime>, to: Option<SystemTime>) -> Option<Duration> {
+    to?.duration_since(from?).ok()
+}
+
+/// Holds a reported exit against the runtime's.
+fn check_exit(
+    truth: &Truth,
+    code: Option<i32>,
+    reason: &str,
+    folding: Folding,
+    report: &mut Report,
+) {
+    let wrong = |detail: String| Finding {
+        container_id: truth.container_id.clone(),
+        transition: Some(Transition::Died),
+        detail,
+    };
+    // CRI never recorded the exit: any code will do.
+    let Some(exit) = &truth.exit else { return };
+    match code {
+        None => match elapsed(truth.timing.finished, truth.timing.removed) {
+            Some(gone) if gone < folding.window => report.folded.push(Finding {
+                detail: format!("no exit code: removed {gone:?} after it exited"),
+                ..wrong(String::new())
+            }),
+            _ => report.mismatched.push(wrong(format!(
+                "no exit code, the runtime recorded {} {}",
+                exit.code, exit.reason
+            ))),
+        },
+        Some(code) if code != exit.code || !(reason.is_empty() || reason == exit.reason) => {
+            report.mismatched.push(wrong(format!(
+                "exit {code} {reason:?}, the runtime recorded {} {:?} ({})",
+                exit.code, exit.reason, truth.action
+            )))
+        }
+        Some(_) => {}
+    }
+}
+
+/// Missing sequence numbers within each run (a resync starts the count again).
+fn sequence_gaps(records: &[Record]) -> Vec<Finding> {
+    let mut gaps = Vec::new();
+    let mut last: Option<(&str, u64)> = None;
+    for record in records {
+        match record {
+            Record::Resync(resync) => last = Some((resync.run_id.as_str(), resync.sequence)),
+            // Kernel observations are not numbered.
+            Record::Event(event) if event.sequence == 0 => {}
+            Record::Event(event) => {
+                let gap = match last {
+                    Some((run, previous)) if run != event.run_id => Some(format!(
+                        "run {} follows run {run} at sequence {previous} without a resync",
+                        event.run_id
+                    )),
+                    Some((run, previous)) if event.sequence != previous + 1 => Some(format!(
+                        "sequence {} follows {previous} in run {run}",
+                        event.sequence
+                    )),
+                    _ => None,
+                };
+                if let Some(detail) = gap {
+                    gaps.push(Finding {
+                        container_id: event.container_id.clone(),
+                        transition: None,
+                        detail,
+                    });
+                }
+                last = Some((event.run_id.as_str(), event.sequence));
+            }
+        }
+    }
+    gaps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Folding = Folding {
+        window: Duration::from_millis(1500),
+    };
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000) + Duration::from_millis(ms)
+    }
+
+    /// A container created at 0, started at 100 ms, finished at `finished` ms, removal asked
+    /// at `removed` ms, which exited `code` with `reason`.
+    fn truth(id: &str, code: i32, reason: &str, finished: u64, removed: u64) -> Truth {
+        Truth {
+            container_id: id.to_owned(),
+            pod: "p".to_owned(),
+            pid_mode: PidMode::Container,
+            action: Action::Kill,
+            exit: Some(Exit {
+                code,
+                reason: reason.to_owned(),
+            }),
+            removed: true,
+            timing: Timing {
+                created: Some(at(0)),
+                started: Some(at(100)),
+                finished: Some(at(finished)),
+                removed: Some(at(removed)),
+            },
+        }
+    }
+
+    /// Events of run "a" numbered from 1 in order.
+    fn events(list: &[(&str, &str, Option<i32>, &str)]) -> Vec<Record> {
+        list.iter()
+            .enumerate()
+            .map(|(i, (id, kind, code, reason))| event("a", i as u64 + 1, id, kind, *code, reason))
+            .collect()
+    }
+
+    fn event(
+        run: &str,
+        sequence: u64,
+        id: &str,
+        kind: &str,
+        code: Option<i32>,
+        reason: &str,
+    ) -> Record {
+        Record::Event(Received {
+            sequence,
+            run_id: run.to_owned(),
+            event_type: kind.to_owned(),
+            container_id: id.to_owned(),
+            exit_code: code,
+            reason: reason.to_owned(),
+        })
+    }
+
+    fn lifecycle<'a>(
+        id: &'a str,
+        code: i32,
+        reason: &'a str,
+    ) -> Vec<(&'a str, &'a str, Option<i32>, &'a str)> {
+        vec![
+            (id, "ContainerStarted", None, ""),
+            (id, "ContainerDied", Some(code), reason),
+            (id, "ContainerRemoved", Some(code), reason),
+        ]
+    }
+
+    fn transitions(findings: &[Finding]) -> Vec<(&str, Option<Transition>)> {
+        findings
+            .iter()
+            .map(|f| (f.container_id.as_str(), f.transition))
+            .collect()
+    }
+
+    #[test]
+    fn a_full_lifecycle_in_order_is_clean() {
+        let mut list = lifecycle("c1", 137, "Error");
+        list.insert(1, ("", "PodSync", None, ""));
+        let report = check(
+            &[truth("c1", 137, "Error", 3000, 5000)],
+            &events(&list),
+            WINDOW,
+        );
+        assert!(report.is_clean(), "{report}");
+        assert_eq!(
+            (report.lifecycles, report.expected, report.received),
+            (1, 3, 3)
+        );
+        assert!(report.folded.is_empty());
+    }
+
+    #[test]
+    fn a_missing_death_is_lost() {
+        let mut list = lifecycle("c1", 137, "Error");
+        list.remove(1);
+        let report = check(
+            &[truth("c1", 137, "Error", 3000, 5000)],
+            &events(&list),
+            WINDOW,
+        );
+        assert_eq!(transitions(&report.lost), [("c1", Some(Transition::Died))]);
+        assert!(!report.is_clean());
+    }
+
+    #[test]
+    fn a_second_start_is_a_duplicate() {
+        let mut list = lifecycle("c1", 0, "Completed");
+        list.insert(1, ("c1", "ContainerStarted", None, ""));
+        let report = check(
+            &[truth("c1", 0, "Completed", 3000, 5000)],
+            &events(&list),
+            WINDOW,
+        );
+        assert_eq!(
+            transitions(&report.duplicated),
+            [("c1", Some(Transition::Started))]
+        );
+        assert!(report.lost.is_empty() && report.out_of_order.is_empty());
+    }
+
+    #[test]
+    fn a_start_after_the_death_is_out_of_order() {
+        let mut list = lifecycle("c1", 0, "Completed");
+        list.swap(0, 1);
+        let report = check(
+            &[truth("c1", 0, "Completed", 3000, 5000)],
+            &events(&list),
+            WINDOW,
+        );
+        assert_eq!(
+            transitions(&report.out_of_order),
+            [("c1", Some(Transition::Started))]
+        );
+        assert!(report.lost.is_empty() && report.duplicated.is_empty());
+    }
+
+    #[test]
+    fn a_death_must_carry_the_runtime_exit_code_and_reason_or_no_reason() {
+        let truths = [
+            truth("ok", 3, "Error", 3000, 5000),
+            truth("task", 137, "OOMKilled", 3000, 5000),
+            truth("code", 137, "Error", 3000, 5000),
+            truth("reason", 137, "OOMKilled", 3000, 5000),
+        ];
+        let mut list = lifecycle("ok", 3, "Error");
+        // Confirmed by the task service: the code, no reason yet.
+        list.extend(lifecycle("task", 137, ""));
+        list.extend(lifecycle("code", 143, "Error"));
+        list.extend(lifecycle("reason", 137, "Error"));
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.mismatched),
+            [
+                ("code", Some(Transition::Died)),
+                ("reason", Some(Transition::Died))
+            ]
+        );
+        assert!(report.lost.is_empty());
+    }
+
+    #[test]
+    fn an_exit_cri_never_recorded_accepts_any_code() {
+        let mut t = truth("c1", 0, "", 3000, 5000);
+        t.exit = None;
+        let list = lifecycle("c1", 255, "Unknown");
+        let report = check(&[t], &events(&list), WINDOW);
+        assert!(report.is_clean(), "{report}");
+    }
+
+    #[test]
+    fn a_start_folds_only_into_the_death_of_a_brief_run() {
+        let truths = [
+            truth("brief", 0, "Completed", 200, 5000),
+            truth("long", 0, "Completed", 3000, 5000),
+            truth("brief-undead", 0, "Completed", 200, 5000),
+        ];
+        let mut list = lifecycle("brief", 0, "Completed");
+        list.extend(lifecycle("long", 0, "Completed"));
+        list.extend(lifecycle("brief-undead", 0, "Completed"));
+        list.retain(|(id, kind, ..)| {
+            *kind != "ContainerStarted" && !(*id == "brief-undead" && *kind == "ContainerDied")
+        });
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.folded),
+            [("brief", Some(Transition::Started))]
+        );
+        assert_eq!(
+            transitions(&report.lost),
+            [
+                ("long", Some(Transition::Started)),
+                ("brief-undead", Some(Transition::Started)),
+                ("brief-undead", Some(Transition::Died))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_container_gone_between_two_looks_folds_whole() {
+        let truths = [
+            truth("fleeting", 0, "Completed", 200, 1000),
+            truth("lasting", 0, "Completed", 200, 5000),
+        ];
+        let report = check(&truths, &[], WINDOW);
+        assert_eq!(
+            transitions(&report.folded),
+            [
+                ("fleeting", Some(Transition::Started)),
+                ("fleeting", Some(Transition::Died)),
+                ("fleeting", Some(Transition::Removed))
+            ]
+        );
+        assert_eq!(report.lost.len(), 3);
+        assert!(report.lost.iter().all(|f| f.container_id == "lasting"));
+    }
+
+    #[test]
+    fn a_death_without_exit_code_folds_only_when_removed_soon_after() {
+        let truths = [
+            truth("soon", 1, "Error", 3000, 3500),
+            truth("late", 1, "Error", 3000, 9000),
+        ];
+        let mut list = lifecycle("soon", 1, "Error");
+        list.extend(lifecycle("late", 1, "Error"));
+        for entry in &mut list {
+            if entry.1 == "ContainerDied" {
+                entry.2 = None;
+                entry.3 = "";
+            }
+        }
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.folded),
+            [("soon", Some(Transition::Died))]
+        );
+        assert_eq!(
+            transitions(&report.mismatched),
+            [("late", Some(Transition::Died))]
+        );
+    }
+
+    #[test]
+    fn a_container_left_in_place_owes_no_removal() {
+        let mut t = truth("c1", 0, "Completed", 3000, 5000);
+        t.removed = false;
+        t.timing.removed = None;
+        let mut list = lifecycle("c1", 0, "Completed");
+        list.pop();
+        let report = check(&[t], &events(&list), WINDOW);
+        assert!(report.is_clean(), "{report}");
+        assert_eq!(report.expected, 2);
+    }
+
+    #[test]
+    fn skipped_sequences_and_an_unannounced_new_run_are_gaps() {
+        let records = [
+            event("a", 7, "c1", "ContainerStarted", None, ""),
+            event("a", 9, "c1", "ContainerDied", Some(0), "Completed"),
+            event("b", 1, "c1", "ContainerRemoved", Some(0), "Completed"),
+            // Kernel observations are not numbered.
+            event("b", 0, "c1", "KernelObservation", None, ""),
+            event("b", 2, "", "PodSync", None, ""),
+        ];
+        let report = check(&[truth("c1", 0, "Completed", 3000, 5000)], &records, WINDOW);
+        let gaps: Vec<&str> = report.gaps.iter().map(|f| f.detail.as_str()).collect();
+        assert_eq!(
+            gaps,
+            [
+                "sequence 9 follows 7 in run a",
+                "run b follows run a at sequence 9 without a resync"
+            ]
+        );
+        assert!(report.lost.is_empty() && report.duplicated.is_empty());
+    }
+
+    fn resync(ms: u64, sequence: u64, containers: &[(&str, Listed)]) -> Record {
+        Record::Resync(Resync {
+            at: Some(at(ms)),
+            run_id: "b".to_owned(),
+            sequence,
+            containers: containers
+                .iter()
+                .map(|(id, l)| ((*id).to_owned(), l.clone()))
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_resync_listing_is_the_new_baseline() {
+        let truths = [
+            truth("running", 137, "Error", 3000, 5000),
+            truth("exited", 2, "Error", 1000, 5000),
+            truth("wrong", 2, "Error", 1000, 5000),
+            truth("gone", 0, "Completed", 1000, 1500),
+            truth("later", 0, "Completed", 3000, 5000),
+            truth("owed", 0, "Completed", 1000, 2500),
+        ];
+        let exited = |code| {
+            Listed::Exited(Some(Exit {
+                code,
+                reason: "Error".to_owned(),
+            }))
+        };
+        let records = vec![
+            event("a", 1, "running", "ContainerStarted", None, ""),
+            event("a", 2, "gone", "ContainerStarted", None, ""),
+            event("a", 3, "owed", "ContainerStarted", None, ""),
+            // plegd crashed; the watcher listed the new run's pods at 2 s.
+            resync(
+                2000,
+                10,
+                &[
+                    ("running", Listed::Running),
+                    ("exited", exited(2)),
+                    ("wrong", exited(3)),
+                    ("later", Listed::Waiting),
+                ],
+            ),
+            event("b", 11, "running", "ContainerDied", Some(137), "Error"),
+            event("b", 12, "running", "ContainerRemoved", Some(137), ""),
+            event("b", 13, "exited", "ContainerRemoved", Some(2), ""),
+            event("b", 14, "wrong", "ContainerRemoved", Some(2), ""),
+            // Not listed yet, then seen by the new run: not a duplicate of the old run's.
+            event("b", 15, "later", "ContainerStarted", None, ""),
+            event("b", 16, "later", "ContainerDied", Some(0), "Completed"),
+            event("b", 17, "later", "ContainerRemoved", Some(0), "Completed"),
+        ];
+        let report = check(&truths, &records, WINDOW);
+        assert!(
+            report.gaps.is_empty() && report.duplicated.is_empty(),
+            "{report}"
+        );
+        assert_eq!(
+            transitions(&report.mismatched),
+            [("wrong", Some(Transition::Died))]
+        );
+        // Removed only after the listing, yet missing from it and from what followed: lost.
+        assert_eq!(
+            transitions(&report.lost),
+            [
+                ("owed", Some(Transition::Started)),
+                ("owed", Some(Transition::Died)),
+                ("owed", Some(Transition::Removed))
+            ]
+        );
+        // exited, wrong: started, died; gone: died, removed (running's and gone's starts came
+        // before the listing).
+        assert_eq!(report.resynced, 2 + 2 + 2);
+    }
+
+    #[test]
+    fn watch_lines_parse_into_events_and_resyncs() {
+        let line = r#"{"sequence":4,"run_id":"ab","type":"ContainerDied","pod_uid":"u","container_id":"c1","exit_code":137,"reason":"Error","observations":[]}"#;
+        assert_eq!(
+            Record::from_watch_line(line, at(0)),
+            Some(event("ab", 4, "c1", "ContainerDied", Some(137), "Error"))
+        );
+        let line = r#"{"resync":{"run_id":"b","sequence":10,"pods":[{"uid":"u","containers":[{"id":"c1","state":"running","exit_code":null,"reason":""},{"id":"c2","state":"exited","exit_code":2,"reason":"Error"},{"id":"c3","state":"created","exit_code":null,"reason":""}]}]}}"#;
+        assert_eq!(
+            Record::from_watch_line(line, at(2000)),
+            Some(resync(
+                2000,
+                10,
+                &[
+                    ("c1", Listed::Running),
+                    (
+                        "c2",
+                        Listed::Exited(Some(Exit {
+                            code: 2,
+                            reason: "Error".to_owned()
+                        }))
+                    ),
+                    ("c3", Listed::Waiting)
+                ]
+            ))
+        );
+        assert_eq!(Record::from_watch_line("# resynced", at(0)), None);
+    }
+}

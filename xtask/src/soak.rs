@@ -1,0 +1,152 @@
+//! `cargo xtask soak`: the churn audit, long. A child `cargo test` runs the soak tests' ignored
+//! `soak_as_configured` (it needs the harness and the daemon's crates, which xtask keeps out of
+//! its own build) with this command's settings in `PLEGD_SOAK_*`; it prints one report per mode
+//! and fault and fails when any transition was lost, duplicated, reordered or wrong.
+
+use std::process::Command;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::{cmd::stream, harness, setup};
+
+/// How plegd runs during a soak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// eBPF hints only, full relists 300 s apart.
+    Ebpf,
+    /// containerd's event stream only, full relists 300 s apart.
+    Events,
+    /// Every source, default settings.
+    Default,
+    /// A full relist every second, nothing else.
+    Polling,
+}
+
+/// What goes wrong halfway through each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Fault {
+    /// Nothing.
+    None,
+    /// containerd SIGKILLed and started again.
+    ContainerdRestart,
+    /// plegd SIGKILLed and started again (a new run: the watcher resyncs).
+    PlegdKill,
+    /// plegd SIGTERMed and started again on its saved state (the run continues).
+    PlegdTerm,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Options {
+    /// Keep starting lifecycles for this many minutes per mode (beyond --lifecycles).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub minutes: u64,
+    /// Lifecycles per mode (at least).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub lifecycles: usize,
+    /// Modes to run, each in turn (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub mode: Vec<Mode>,
+    /// Faults to inject, each in turn with every mode (default: none).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub fault: Vec<Fault>,
+    /// The random timing's seed (default: the clock's; every report prints it).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub containerd: harness::Release,
+}
+
+/// The names the soak runner reads (clap's value names).
+fn keys<T: ValueEnum>(values: &[T], all_by_default: bool) -> String {
+    let values: Vec<&T> = if values.is_empty() && all_by_default {
+        T::value_variants().iter().collect()
+    } else {
+        values.iter().collect()
+    };
+    values
+        .iter()
+        .filter_map(|v| v.to_possible_value())
+        .map(|v| v.get_name().to_owned())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The child `cargo test` that runs the soak.
+fn command(opts: &Options) -> Command {
+    let mut cmd = Command::new(env!("CARGO"));
+    opts.containerd.apply(&mut cmd);
+    cmd.args([
+        "test",
+        "--package",
+        "plegd-tests",
+        "--test",
+        "soak",
+        "--",
+        "--ignored",
+        "--exact",
+        "soak_as_configured",
+        "--nocapture",
+    ])
+    .env("PLEGD_SOAK_MODES", keys(&opts.mode, true))
+    .env(
+        "PLEGD_SOAK_FAULTS",
+        if opts.fault.is_empty() {
+            "none".to_owned()
+        } else {
+            keys(&opts.fault, false)
+        },
+    )
+    .env("PLEGD_SOAK_LIFECYCLES", opts.lifecycles.to_string())
+    .env("PLEGD_SOAK_MINUTES", opts.minutes.to_string());
+    if let Some(seed) = opts.seed {
+        cmd.env("PLEGD_SOAK_SEED", seed.to_string());
+    }
+    cmd
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    setup::run(&setup::Options::default())?;
+    stream(&mut command(opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(cmd: &Command, key: &str) -> Option<String> {
+        cmd.get_envs()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| Some(v?.to_string_lossy().into_owned()))
+    }
+
+    #[test]
+    fn settings_reach_the_runner_by_name() {
+        let opts = Options {
+            minutes: 3,
+            lifecycles: 50,
+            mode: vec![Mode::Events, Mode::Polling],
+            fault: vec![Fault::PlegdKill, Fault::None],
+            seed: Some(7),
+            containerd: harness::Release::default(),
+        };
+        let cmd = command(&opts);
+        assert_eq!(env(&cmd, "PLEGD_SOAK_MODES").unwrap(), "events,polling");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_FAULTS").unwrap(), "plegd-kill,none");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_LIFECYCLES").unwrap(), "50");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_MINUTES").unwrap(), "3");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_SEED").unwrap(), "7");
+        let defaults = command(&Options {
+            mode: Vec::new(),
+            fault: Vec::new(),
+            seed: None,
+            ..opts
+        });
+        assert_eq!(
+            env(&defaults, "PLEGD_SOAK_MODES").unwrap(),
+            "ebpf,events,default,polling"
+        );
+        assert_eq!(env(&defaults, "PLEGD_SOAK_FAULTS").unwrap(), "none");
+        assert_eq!(env(&defaults, "PLEGD_SOAK_SEED"), None);
+    }
+}
