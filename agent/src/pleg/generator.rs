@@ -353,7 +353,15 @@ mod tests {
         let mut h = start(Duration::from_secs(3600));
         // Let the first (empty) full relist run.
         tokio::time::sleep(Duration::from_millis(1)).await;
-        h.triggers.send(trigger("late"));
+        // The task service started it: the CRI store must come to show it.
+        let mut started = trigger("late");
+        started.observations = vec![Observation {
+            source: TriggerSource::Containerd,
+            kind: ObservationKind::TaskStarted {
+                at: SystemTime::now(),
+            },
+        }];
+        h.triggers.send(started);
         // The runtime learns of the container only after the first targeted relist.
         tokio::time::sleep(Duration::from_millis(15)).await;
         add_running(&h.runtime, "p", "late");

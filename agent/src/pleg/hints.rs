@@ -120,8 +120,13 @@ impl Hints {
                 .find_map(|pod| pod.containers.get(id))
                 .map(|c| c.state)
         };
+        // A container the reading does not show is an answer when nothing was observed of it
+        // (its create event came before the runtime's store has it, or its delete event after
+        // the removal): retrying would only crowd the relists for seconds. Something observed
+        // of it (an exec, a start, an exit) says the runtime must come to show it.
         if let Scope::Container(id) = scope
             && state_of(id).is_none()
+            && self.observations().any(|(about, _)| about == id)
         {
             return false;
         }
@@ -267,10 +272,24 @@ mod tests {
                 true,
             ),
             (
-                "a container scope not listed yet",
+                "a container scope not listed, nothing observed (not created yet, or removed)",
                 container("a"),
                 vec![],
                 vec![("b", Running)],
+                true,
+            ),
+            (
+                "a container scope not listed yet, its exec observed",
+                container("a"),
+                vec![("a", Exec("/app".into()))],
+                vec![("b", Running)],
+                false,
+            ),
+            (
+                "a container scope not listed yet, its death observed",
+                container("a"),
+                vec![("a", Signal(9))],
+                vec![],
                 false,
             ),
             (

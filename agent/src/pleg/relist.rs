@@ -498,7 +498,7 @@ mod tests {
                 DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, Trigger, TriggerSource,
             },
             health::HealthError,
-            hints::pod_hints,
+            hints::{Hint, Target, pod_hints},
             record::{ContainerRecord, TaskRecord},
             scheduler::{RelistScheduler, SchedulerConfig},
         },
@@ -809,6 +809,9 @@ mod tests {
         );
     }
 
+    /// A container a source saw exec that the runtime does not list yet is read again until
+    /// it does; one nothing was observed of (a create or delete event) is not: not listed is
+    /// then an answer.
     #[tokio::test]
     async fn container_relist_retries_until_the_runtime_catches_up() {
         let mut h = default_harness();
@@ -821,17 +824,34 @@ mod tests {
             .relist(&scope, &Hints::default())
             .await
             .expect("relist");
+        assert!(
+            !outcome.not_reflected,
+            "nothing observed: not listed is an answer"
+        );
+        let mut exec = Hints::default();
+        exec.insert(
+            Target::Container(cid("new")),
+            Hint {
+                sources: [TriggerSource::Ebpf].into(),
+                observed_at: SystemTime::UNIX_EPOCH,
+                observations: vec![(
+                    cid("new"),
+                    Observation {
+                        source: TriggerSource::Ebpf,
+                        kind: ObservationKind::Exec("/app".into()),
+                    },
+                )],
+                listing_needed: false,
+            },
+        );
+        let outcome = h.relister.relist(&scope, &exec).await.expect("relist");
         assert!(outcome.not_reflected);
         // Not finding the container does not make its would-be pod look removed.
         assert!(drain(&mut h.events).is_empty());
 
         h.runtime
             .set_container("p", container("new", "new-name", Running));
-        let outcome = h
-            .relister
-            .relist(&scope, &Hints::default())
-            .await
-            .expect("relist");
+        let outcome = h.relister.relist(&scope, &exec).await.expect("relist");
         assert!(!outcome.not_reflected);
         assert_eq!(
             summary(&drain(&mut h.events)),

@@ -7,8 +7,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Path, PathBuf},
-    process::Command,
+    path::Path,
     time::Duration,
 };
 
@@ -509,5 +508,3 @@ pub async fn http_get(
         body: body.to_owned(),
     }
 }
-
-pub use plegd_tests::bench::plegd_binary;
