@@ -10,7 +10,7 @@ use std::{collections::HashMap, path::Path, time::Duration};
 use plegd::{
     config::{Config, Mode, OutputFormat, RunArgs, SourceName},
     daemon::{self, Connected, Shared},
-    pleg::event::TriggerSource,
+    pleg::event::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceState, SourceStatus},
 };
@@ -131,6 +131,8 @@ pub fn push_config(
         mode: Some(mode),
         relist_period: Some(period),
         slow_relist_period: Some(period),
+        // Tests that make the relist slow look at the push sources, not at health.
+        relist_threshold: Some(DEFAULT_RELIST_THRESHOLD.max(period.saturating_mul(2))),
         output: Some(OutputFormat::Json),
         // In-process daemons save no state between runs.
         state_dir: Some("none".into()),
