@@ -68,21 +68,6 @@ fn daemonset_pod() -> (PodSpec, Container) {
     (pod, container)
 }
 
-/// The plegd binary, built now if needed (the test's own target dir: `cargo test` built this
-/// test there).
-fn plegd_binary() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p plegd failed");
-    // This test is <target>/<profile>/deps/daemonset_pod-<hash>.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    profile_dir.join("plegd")
-}
-
 /// kubelet's conversion of a quantity: CPU in millicores, memory in bytes.
 fn milli_cpu(quantity: &Quantity) -> i64 {
     let text = quantity.0.as_str();
@@ -230,7 +215,7 @@ async fn plegd_runs_as_the_daemonsets_pod_and_reports_a_kill_its_probes_saw() {
     let started = Instant::now();
     let (pod_spec, container) = daemonset_pod();
     assert_eq!(pod_spec.host_pid, Some(true), "the test maps hostPID");
-    let plegd = plegd_binary();
+    let plegd = plegd_tests::process::plegd_binary().unwrap();
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tarball = dir.path().join("plegd.oci.tar");
