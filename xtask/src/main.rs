@@ -40,7 +40,8 @@ enum Command {
     /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
     /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into README.md.
     Bench(bench::Options),
-    /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
+    /// Fuzz the parsers (cgroup paths, config files, kernel and containerd events) with
+    /// libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),

@@ -5,7 +5,7 @@
 //! 1. refuse to run unless root;
 //! 2. apt packages ([`APT_PACKAGES`]), then check the programs the build and the harness run;
 //! 3. the nightly toolchain with `rust-src` (aya-build uses `-Z build-std=core`);
-//! 4. `bpf-linker` built against the system LLVM 22;
+//! 4. `bpf-linker` built against the system LLVM 22, and `cargo-fuzz` (the fuzz targets);
 //! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
 //! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
 //!    from Debian's archive with a private apt configuration and unpacked under
@@ -258,6 +258,7 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
     apt_packages(opts, &mut summary)?;
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
+    cargo_fuzz(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
     containerd_releases(opts, &mut summary)?;
     let vm = if series.is_empty() {
@@ -419,29 +420,76 @@ fn rust_src(opts: &Options, summary: &mut Summary) -> Result<()> {
     Ok(())
 }
 
+/// A program `cargo install` builds, present when `PROGRAM --version` runs.
+struct CargoTool {
+    /// Also the program's name.
+    step: &'static str,
+    /// `cargo install` arguments after `install`.
+    install: &'static [&'static str],
+    /// Said while it builds.
+    building: &'static str,
+}
+
 fn bpf_linker(opts: &Options, summary: &mut Summary) -> Result<()> {
-    const STEP: &str = "bpf-linker";
+    let tool = CargoTool {
+        step: "bpf-linker",
+        install: &[
+            "bpf-linker",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+            // bpf-linker ships its Cargo.lock; newer dependency releases may need a newer Rust.
+            "--locked",
+        ],
+        building: "installing with cargo install against LLVM 22 (takes a few minutes)",
+    };
+    cargo_tool(opts, summary, &tool, |cmd| {
+        cmd.env("LLVM_PREFIX", LLVM_PREFIX)
+            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+            .env("PATH", prepend_path(&Path::new(LLVM_PREFIX).join("bin"))?);
+        Ok(())
+    })
+}
+
+/// cargo-fuzz, which `cargo xtask fuzz` and `cargo xtask test` run (with nightly).
+fn cargo_fuzz(opts: &Options, summary: &mut Summary) -> Result<()> {
+    let tool = CargoTool {
+        step: "cargo-fuzz",
+        install: &["cargo-fuzz", "--locked"],
+        building: "installing with cargo install (takes a minute or two)",
+    };
+    cargo_tool(opts, summary, &tool, |_| Ok(()))
+}
+
+/// Installs `tool` unless it runs already (reinstalls it if it is there but does not run).
+fn cargo_tool(
+    opts: &Options,
+    summary: &mut Summary,
+    tool: &CargoTool,
+    environment: impl FnOnce(&mut Command) -> Result<()>,
+) -> Result<()> {
+    let step = tool.step;
     let bin_dirs = cargo_bin_dirs();
-    let existing = find_program("bpf-linker", &bin_dirs);
+    let existing = find_program(step, &bin_dirs);
     let broken = match &existing {
         Some(path) => match program_version(path) {
             Ok(version) => {
                 let detail = format!("{version} ({})", path.display());
-                say(STEP, format!("already installed: {detail}"));
+                say(step, format!("already installed: {detail}"));
                 warn_if_not_in_path(path);
-                summary.add(STEP, State::Present, detail);
+                summary.add(step, State::Present, detail);
                 return Ok(());
             }
             Err(e) => {
-                say(STEP, format!("{} does not run: {e:#}", path.display()));
+                say(step, format!("{} does not run: {e:#}", path.display()));
                 true
             }
         },
         None => false,
     };
     if opts.check {
-        say(STEP, "missing");
-        summary.add(STEP, State::Missing, "not found or does not run");
+        say(step, "missing");
+        summary.add(step, State::Missing, "not found or does not run");
         return Ok(());
     }
 
@@ -450,41 +498,28 @@ fn bpf_linker(opts: &Options, summary: &mut Summary) -> Result<()> {
         .or_else(|| find_program("cargo", &bin_dirs))
         .context("cargo not found in PATH or the cargo bin directory")?;
     let mut cmd = Command::new(cargo);
-    cmd.args([
-        "install",
-        "bpf-linker",
-        "--no-default-features",
-        "--features",
-        "llvm-22",
-        // bpf-linker ships its Cargo.lock; newer dependency releases may need a newer Rust.
-        "--locked",
-    ]);
+    cmd.arg("install").args(tool.install);
     if broken {
         cmd.arg("--force");
     }
-    cmd.env("LLVM_PREFIX", LLVM_PREFIX)
-        .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
-        .env("PATH", prepend_path(&Path::new(LLVM_PREFIX).join("bin"))?)
-        // Out of the workspace, so its .cargo/config.toml does not apply.
-        .current_dir(env::temp_dir());
-    say(
-        STEP,
-        "installing with cargo install against LLVM 22 (takes a few minutes)",
-    );
-    stream(&mut cmd).context("building bpf-linker failed")?;
+    environment(&mut cmd)?;
+    // Out of the workspace, so its .cargo/config.toml does not apply.
+    cmd.current_dir(env::temp_dir());
+    say(step, tool.building);
+    stream(&mut cmd).with_context(|| format!("building {step} failed"))?;
 
-    let path = find_program("bpf-linker", &bin_dirs).with_context(|| {
+    let path = find_program(step, &bin_dirs).with_context(|| {
         format!(
-            "cargo install bpf-linker succeeded but bpf-linker is not in PATH or {}",
+            "cargo install {step} succeeded but {step} is not in PATH or {}",
             join_paths(&bin_dirs)
         )
     })?;
-    let version =
-        program_version(&path).context("the freshly installed bpf-linker does not run")?;
+    let version = program_version(&path)
+        .with_context(|| format!("the freshly installed {step} does not run"))?;
     let detail = format!("{version} ({})", path.display());
-    say(STEP, format!("installed {detail}"));
+    say(step, format!("installed {detail}"));
     warn_if_not_in_path(&path);
-    summary.add(STEP, State::Installed, detail);
+    summary.add(step, State::Installed, detail);
     Ok(())
 }
 
@@ -1099,7 +1134,8 @@ fn warn_if_not_in_path(program: &Path) {
         && !in_path(dir)
     {
         eprintln!(
-            "setup: warning: {} is not in PATH; add it, the eBPF build runs bpf-linker from PATH",
+            "setup: warning: {} is not in PATH; add it, the build runs what cargo installs \
+             there from PATH",
             dir.display()
         );
     }
