@@ -8,7 +8,7 @@
 use std::{collections::HashMap, path::Path, time::Duration};
 
 use plegd::{
-    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
+    config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs, SourceName},
     daemon::{self, Connected, Shared},
     pleg::event::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
     runtime::{RuntimeKind, RuntimeOptions},
@@ -107,6 +107,8 @@ pub fn config_with_sources(
         sources: Some(sources.to_vec()),
         runtime_endpoint: Some(socket.display().to_string()),
         relist_period: Some(relist_period),
+        // plegd rejects a slow period shorter than the period.
+        slow_relist_period: Some(relist_period.max(DEFAULT_SLOW_RELIST_PERIOD)),
         output: Some(OutputFormat::Json),
         namespaces: Some(vec!["k8s.io".into(), "plegd-native".into()]),
         // In-process daemons save no state between runs.
