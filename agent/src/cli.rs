@@ -151,7 +151,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("plegd: {}", describe(e.as_ref()));
+            report_error(&describe(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -166,6 +166,12 @@ fn parse() -> Cli {
         **args = RunArgs::given(run).unwrap_or_else(|e| e.exit());
     }
     cli
+}
+
+/// Writes a fatal error to stderr; a stderr nobody reads any more is no reason to panic.
+fn report_error(error: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "plegd: {error}");
 }
 
 /// An error and its causes on one line, none repeated (anyhow's `{:#}` would print a cause
@@ -188,6 +194,10 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr)
         // Colours only for a terminal: logs piped to a file or journald stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A failed write of a log line would be reported with eprintln!, on the same broken
+        // stderr, which panics: plegd died when whatever read its stderr went away
+        // (`plegd run 2>&1 | head`, a log collector restarting). The line is lost either way.
+        .log_internal_errors(false)
         .with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
@@ -344,11 +354,11 @@ fn health(args: &ReportArgs) -> ExitCode {
         Ok(Ok(true)) => ExitCode::SUCCESS,
         Ok(Ok(false)) => ExitCode::from(1),
         Ok(Err(e)) => {
-            eprintln!("plegd: {}", describe(&e));
+            report_error(&describe(&e));
             ExitCode::from(if e.is_unreachable() { 2 } else { 1 })
         }
         Err(e) => {
-            eprintln!("plegd: {}", describe(e.as_ref()));
+            report_error(&describe(e.as_ref()));
             ExitCode::from(2)
         }
     }

@@ -448,6 +448,22 @@ pub enum ConfigError {
     },
     #[error("{key} must be greater than zero")]
     Zero { key: &'static str },
+    #[error("{key} must be at most {max}")]
+    TooLarge { key: &'static str, max: String },
+    #[error(
+        "relist-threshold ({threshold}) must be at least twice {period_key} ({period}): \
+         full relists that far apart would report the PLEG unhealthy while it works"
+    )]
+    ThresholdBelowPeriod {
+        threshold: String,
+        period_key: &'static str,
+        period: String,
+    },
+    #[error(
+        "slow-relist-period ({slow}) must not be shorter than relist-period ({period}): \
+         it is the period used while a push source is connected, the slower one"
+    )]
+    SlowPeriodShorter { slow: String, period: String },
     #[error("mode ebpf needs ebpf among the sources")]
     EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
@@ -468,6 +484,20 @@ impl Config {
             Some(path) => read_file(path)?,
             None => RunArgs::default(),
         };
+        Self::resolve(args, file)
+    }
+
+    /// A config file's text through the path [`Config::load`] takes (parse, resolve over
+    /// the defaults, validate): the fuzz target's entry point, not an API.
+    #[doc(hidden)]
+    pub fn fuzz_file(text: &str) -> Result<Self, ConfigError> {
+        Self::resolve(
+            &RunArgs::default(),
+            parse_file(Path::new("fuzz.toml"), text)?,
+        )
+    }
+
+    fn resolve(args: &RunArgs, file: RunArgs) -> Result<Self, ConfigError> {
         let (a, f, d) = (args.clone(), file, RunArgs::defaults());
         let mode = first(a.mode, f.mode, d.mode);
         let config = Self {
@@ -542,10 +572,68 @@ impl Config {
         if self.api_allow_uids.is_empty() && self.api_allow_gids.is_empty() {
             return Err(ConfigError::NobodyAllowed);
         }
-        match zero.into_iter().find(|(_, is_zero)| *is_zero) {
-            Some((key, _)) => Err(ConfigError::Zero { key }),
+        if let Some((key, _)) = zero.into_iter().find(|(_, is_zero)| *is_zero) {
+            return Err(ConfigError::Zero { key });
+        }
+        self.validate_bounds()?;
+        self.validate_periods()
+    }
+
+    /// Values past these bounds are typos, and some would overflow a timer or a queue's
+    /// semaphore later (a panic in tokio) instead of failing here with the setting's name.
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
+        let durations = [
+            ("relist-period", self.relist_period),
+            ("slow-relist-period", self.slow_relist_period),
+            ("relist-threshold", self.relist_threshold),
+            ("runtime-timeout", self.runtime_timeout),
+        ];
+        if let Some((key, _)) = durations.into_iter().find(|(_, d)| *d > MAX_DURATION) {
+            return Err(ConfigError::TooLarge {
+                key,
+                max: human(MAX_DURATION),
+            });
+        }
+        let counts = [
+            ("event-channel-capacity", self.event_channel_capacity),
+            ("inspect-concurrency", self.inspect_concurrency),
+            ("event-history", self.event_history),
+            ("watch-queue", self.watch_queue),
+        ];
+        match counts.into_iter().find(|(_, n)| *n > MAX_COUNT) {
+            Some((key, _)) => Err(ConfigError::TooLarge {
+                key,
+                max: MAX_COUNT.to_string(),
+            }),
             None => Ok(()),
         }
+    }
+
+    /// Health counts the time since the last successful full relist, so the threshold must
+    /// leave room for the longest period between two of them, and one more: a relist that
+    /// failed once (a runtime call timed out) is retried a period later without the PLEG being
+    /// unhealthy meanwhile. The longest period is the slow one whenever a push source is on
+    /// (connected or not: it may connect at any time).
+    fn validate_periods(&self) -> Result<(), ConfigError> {
+        // Without a push source the slow period is never used.
+        let (period_key, period) = if self.sources.is_empty() {
+            ("relist-period", self.relist_period)
+        } else if self.slow_relist_period < self.relist_period {
+            return Err(ConfigError::SlowPeriodShorter {
+                slow: human(self.slow_relist_period),
+                period: human(self.relist_period),
+            });
+        } else {
+            ("slow-relist-period", self.slow_relist_period)
+        };
+        if self.relist_threshold < period.saturating_mul(2) {
+            return Err(ConfigError::ThresholdBelowPeriod {
+                threshold: human(self.relist_threshold),
+                period_key,
+                period: human(period),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -567,6 +655,14 @@ fn page_size() -> u64 {
         .unwrap_or(4096)
 }
 
+/// The longest duration a setting takes: a year (humantime's, 365.25 days, so that the
+/// message says `1year`).
+const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
+
+/// The largest count a setting takes: far more than any node needs, far below what would
+/// overflow a tokio channel.
+const MAX_COUNT: usize = 1 << 24;
+
 /// A setting from the first layer that has it: flags and environment, the file, the defaults.
 fn first<T>(given: Option<T>, file: Option<T>, default: Option<T>) -> T {
     // Every setting that reaches here has a clap default (checked by the defaults test).
@@ -581,7 +677,11 @@ fn read_file(path: &Path) -> Result<RunArgs, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+    parse_file(path, &text)
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<RunArgs, ConfigError> {
+    toml::from_str(text).map_err(|source| ConfigError::Parse {
         path: path.to_owned(),
         source: Box::new(source),
     })
@@ -844,7 +944,7 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(
             file,
-            "relist-period = \"1h 30m\"\n\
+            "relist-period = \"1s 500ms\"\n\
              runtime = \"containerd\"\n\
              sources = [\"ebpf\"]\n\
              mode = \"ebpf\"\n\
@@ -856,7 +956,7 @@ mod tests {
         let from_flags = Config::load(&given(&[
             "run",
             "--relist-period",
-            "1h 30m",
+            "1s 500ms",
             "--runtime",
             "containerd",
             "--sources",
@@ -867,7 +967,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(from_file, from_flags);
-        assert_eq!(from_file.relist_period, Duration::from_secs(90 * 60));
+        assert_eq!(from_file.relist_period, Duration::from_millis(1500));
     }
 
     /// A setting's key, its flag, `PLEGD_*` variable and file value (each maybe absent), and
@@ -891,7 +991,7 @@ mod tests {
             "2s",
         ),
         ("slow-relist-period", None, Some("3s"), Some("\"4s\""), "3s"),
-        ("relist-threshold", None, None, Some("\"4s\""), "4s"),
+        ("relist-threshold", None, None, Some("\"9s\""), "9s"),
         ("runtime-timeout", None, None, None, "10s"),
         ("event-history", Some("7"), Some("8"), Some("9"), "7"),
         ("watch-queue", None, Some("8"), Some("9"), "8"),
@@ -999,6 +1099,76 @@ mod tests {
             assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
             let err = err.to_string();
             assert!(err.contains(at), "{text:?}: {err}");
+        }
+    }
+
+    fn load_given(flags: &[&str]) -> Result<Config, ConfigError> {
+        let argv: Vec<&str> = ["run"].iter().chain(flags).copied().collect();
+        Config::load(&given(&argv))
+    }
+
+    #[test]
+    fn contradicting_periods_are_rejected_naming_both_settings() {
+        // Seen: healthy at start, unhealthy between two slow relists while everything worked.
+        let err = load_given(&["--relist-threshold", "6s"]).unwrap_err();
+        assert!(matches!(err, ConfigError::ThresholdBelowPeriod { .. }));
+        assert_eq!(
+            err.to_string(),
+            "relist-threshold (6s) must be at least twice slow-relist-period (30s): full \
+             relists that far apart would report the PLEG unhealthy while it works"
+        );
+        // Polling only: the slow period is never used, the relist period counts.
+        load_given(&["--relist-threshold", "6s", "--mode", "polling"]).unwrap();
+        load_given(&["--relist-threshold", "6s", "--slow-relist-period", "3s"]).unwrap();
+        load_given(&["--relist-threshold", "6s", "--sources", "relist"]).unwrap();
+        let err = load_given(&[
+            "--mode",
+            "polling",
+            "--relist-period",
+            "4s",
+            "--relist-threshold",
+            "6s",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("relist-threshold (6s)") && err.contains("relist-period (4s)"),
+            "{err}"
+        );
+
+        let err = load_given(&["--relist-period", "1m"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "slow-relist-period (30s) must not be shorter than relist-period (1m): it is the \
+             period used while a push source is connected, the slower one"
+        );
+        load_given(&["--relist-period", "1m", "--mode", "polling"]).unwrap();
+    }
+
+    #[test]
+    fn zero_and_absurdly_large_values_are_rejected_naming_the_setting() {
+        for (flag, value) in [
+            ("--relist-period", "0s"),
+            ("--runtime-timeout", "0ms"),
+            ("--watch-queue", "0"),
+            ("--inspect-concurrency", "0"),
+        ] {
+            let err = load_given(&[flag, value]).unwrap_err().to_string();
+            assert_eq!(err, format!("{} must be greater than zero", &flag[2..]));
+        }
+        for (flag, value, max) in [
+            ("--runtime-timeout", "400years", "1year"),
+            ("--relist-threshold", "366days", "1year"),
+            ("--relist-period", "18446744073709551615s", "1year"),
+            // tokio's channels panic past usize::MAX >> 3: never reached.
+            ("--watch-queue", "18446744073709551615", "16777216"),
+            ("--event-channel-capacity", "16777217", "16777216"),
+            ("--event-history", "100000000", "16777216"),
+        ] {
+            let err = load_given(&[flag, value]).unwrap_err().to_string();
+            assert_eq!(err, format!("{} must be at most {max}", &flag[2..]));
         }
     }
 }

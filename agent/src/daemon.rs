@@ -91,8 +91,15 @@ pub async fn connect(
                         "connected to the runtime"
                     ),
                     // Connected but not answering (yet): relists retry, and health reports an
-                    // outage once it lasts past the threshold.
-                    Err(error) => warn!(%error, "runtime not answering yet; relists will retry"),
+                    // outage once it lasts past the threshold. A socket that is not a runtime's
+                    // (an HTTP/1 server, a proxy) fails here with an HTTP/2 error that does not
+                    // say so by itself.
+                    Err(error) => warn!(
+                        %error,
+                        "the runtime socket accepted a connection but did not answer Version; \
+                         if it is not a container runtime's (CRI or containerd) socket, fix \
+                         --runtime-endpoint; relists will retry"
+                    ),
                 }
                 return Ok(Some(Connected { runtime, socket }));
             }

@@ -94,6 +94,9 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
             SLOW,
             "--slow-relist-period",
             SLOW,
+            // Health is not measured here; plegd rejects a threshold under two periods.
+            "--relist-threshold",
+            "10m",
         ]));
         v
     };

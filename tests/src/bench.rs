@@ -69,24 +69,6 @@ impl Arrivals {
     }
 }
 
-/// The debug `plegd` binary of the calling test's build, built now if needed (`cargo test`
-/// built the test in the same target directory and profile).
-pub fn plegd_binary() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p plegd failed");
-    // The test is <target>/<profile>/deps/<name>-<hash>.
-    let exe = std::env::current_exe().expect("the test's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test runs from <target>/<profile>/deps");
-    profile_dir.join("plegd")
-}
-
 /// A `plegd run` process with its API on a socket of its own.
 pub struct Plegd {
     process: Terminating,

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod containerd;
 pub mod cri;
 pub mod demo;
+pub mod fake_cri;
 pub mod image;
 pub mod native;
 pub mod process;

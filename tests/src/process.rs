@@ -220,6 +220,25 @@ fn unescape_mount_path(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The debug plegd binary beside the running test, built now if needed (`cargo test` built the
+/// test in that target dir, not necessarily the binary).
+pub fn plegd_binary() -> anyhow::Result<PathBuf> {
+    use anyhow::Context as _;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])
+        .status()
+        .context("running cargo build")?;
+    anyhow::ensure!(status.success(), "cargo build -p plegd failed");
+    // The test is <target>/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the test binary is not in <target>/<profile>/deps")?;
+    Ok(profile_dir.join("plegd"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

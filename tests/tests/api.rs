@@ -851,7 +851,7 @@ async fn stalled_consumers_keep_plegd_memory_bounded_and_other_watchers_timely()
     let (_unread, stdout) = unread_pipe();
     let args = ["--watch-queue", "16"].map(str::to_owned);
     let plegd = Plegd::start_with_stdout(
-        &plegd_tests::bench::plegd_binary(),
+        &plegd_tests::process::plegd_binary().expect("the plegd binary"),
         &containerd,
         dir.path(),
         &args,

@@ -217,7 +217,7 @@ async fn plegd_runs_as_the_daemonsets_pod_and_reports_a_kill_its_probes_saw() {
     let started = Instant::now();
     let (pod_spec, container) = daemonset_pod();
     assert_eq!(pod_spec.host_pid, Some(true), "the test maps hostPID");
-    let plegd = plegd_tests::bench::plegd_binary();
+    let plegd = plegd_tests::process::plegd_binary().expect("the plegd binary");
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tarball = dir.path().join("plegd.oci.tar");

@@ -8,17 +8,13 @@
 mod support;
 
 use std::{
-    collections::VecDeque,
-    path::Path,
-    pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use k8s_cri::v1::{
     ContainerEventResponse, ContainerEventType, ContainerState, ExecSyncRequest,
     runtime_service_client::RuntimeServiceClient,
-    runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
 use plegd::{
     config::{Confirm, SourceName},
@@ -38,6 +34,7 @@ use plegd_tests::{
     Node, PrivateContainerd,
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri},
+    fake_cri::{self, FakeCri, Script},
     native::Native,
     process, unix_channel, wait,
 };
@@ -48,7 +45,7 @@ use tokio::{
     sync::watch,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, codegen::tokio_stream};
+use tonic::Status;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -261,145 +258,6 @@ async fn an_exec_exit_is_not_the_containers_death() {
     plegd.stop().await;
 }
 
-/// What one `GetContainerEvents` call streams.
-struct Script {
-    events: Vec<ContainerEventResponse>,
-    /// `Some`: the stream then breaks with this status; `None`: it stays open.
-    then_break: Option<Status>,
-}
-
-/// A CRI runtime that implements only `Version` and `GetContainerEvents`, the latter from
-/// scripts, one per call. Calls of either after its first wait for `gate`, so a test can see
-/// the source between two connections.
-struct ScriptedCri {
-    scripts: Mutex<VecDeque<Script>>,
-    versions: Mutex<u32>,
-    streams: Mutex<u32>,
-    gate: Arc<tokio::sync::Semaphore>,
-}
-
-type EventStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
-
-/// `impl RuntimeService for $ty` with the given items, and every other call unimplemented.
-/// (`async_trait` must see the methods expanded, so the whole impl comes out of the macro.)
-macro_rules! runtime_service {
-    ($ty:ty { $($custom:item)* } unimplemented { $($name:ident: $req:ident -> $resp:ident),* $(,)? }) => {
-        #[tonic::async_trait]
-        impl RuntimeService for $ty {
-            $($custom)*
-            $(
-                async fn $name(
-                    &self,
-                    _: Request<k8s_cri::v1::$req>,
-                ) -> Result<Response<k8s_cri::v1::$resp>, Status> {
-                    Err(Status::unimplemented(stringify!($name)))
-                }
-            )*
-        }
-    };
-}
-
-runtime_service! {
-ScriptedCri {
-    type GetContainerEventsStream = EventStream;
-
-    async fn version(
-        &self,
-        _: Request<k8s_cri::v1::VersionRequest>,
-    ) -> Result<Response<k8s_cri::v1::VersionResponse>, Status> {
-        let call = {
-            let mut versions = self.versions.lock().unwrap();
-            *versions += 1;
-            *versions
-        };
-        if call > 1 {
-            let _permit = self.gate.acquire().await;
-        }
-        Ok(Response::new(k8s_cri::v1::VersionResponse {
-            version: "0.1.0".into(),
-            runtime_name: "scripted".into(),
-            runtime_version: "1".into(),
-            runtime_api_version: "v1".into(),
-        }))
-    }
-
-    async fn get_container_events(
-        &self,
-        _: Request<k8s_cri::v1::GetEventsRequest>,
-    ) -> Result<Response<EventStream>, Status> {
-        let call = {
-            let mut streams = self.streams.lock().unwrap();
-            *streams += 1;
-            *streams
-        };
-        if call > 1 {
-            let _permit = self.gate.acquire().await;
-        }
-        let script = self
-            .scripts
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or_else(|| Status::unavailable("no more scripts"))?;
-        let items = script.events.into_iter().map(Ok);
-        let stream: EventStream = match script.then_break {
-            Some(status) => Box::pin(tokio_stream::iter(items.chain([Err(status)]))),
-            None => Box::pin(tokio_stream::StreamExt::chain(
-                tokio_stream::iter(items),
-                tokio_stream::pending(),
-            )),
-        };
-        Ok(Response::new(stream))
-    }
-
-}
-unimplemented {
-        run_pod_sandbox: RunPodSandboxRequest -> RunPodSandboxResponse,
-        stop_pod_sandbox: StopPodSandboxRequest -> StopPodSandboxResponse,
-        remove_pod_sandbox: RemovePodSandboxRequest -> RemovePodSandboxResponse,
-        pod_sandbox_status: PodSandboxStatusRequest -> PodSandboxStatusResponse,
-        list_pod_sandbox: ListPodSandboxRequest -> ListPodSandboxResponse,
-        create_container: CreateContainerRequest -> CreateContainerResponse,
-        start_container: StartContainerRequest -> StartContainerResponse,
-        stop_container: StopContainerRequest -> StopContainerResponse,
-        remove_container: RemoveContainerRequest -> RemoveContainerResponse,
-        list_containers: ListContainersRequest -> ListContainersResponse,
-        container_status: ContainerStatusRequest -> ContainerStatusResponse,
-        update_container_resources: UpdateContainerResourcesRequest -> UpdateContainerResourcesResponse,
-        reopen_container_log: ReopenContainerLogRequest -> ReopenContainerLogResponse,
-        exec_sync: ExecSyncRequest -> ExecSyncResponse,
-        exec: ExecRequest -> ExecResponse,
-        attach: AttachRequest -> AttachResponse,
-        port_forward: PortForwardRequest -> PortForwardResponse,
-        container_stats: ContainerStatsRequest -> ContainerStatsResponse,
-        list_container_stats: ListContainerStatsRequest -> ListContainerStatsResponse,
-        pod_sandbox_stats: PodSandboxStatsRequest -> PodSandboxStatsResponse,
-        list_pod_sandbox_stats: ListPodSandboxStatsRequest -> ListPodSandboxStatsResponse,
-        update_runtime_config: UpdateRuntimeConfigRequest -> UpdateRuntimeConfigResponse,
-        status: StatusRequest -> StatusResponse,
-        checkpoint_container: CheckpointContainerRequest -> CheckpointContainerResponse,
-        list_metric_descriptors: ListMetricDescriptorsRequest -> ListMetricDescriptorsResponse,
-        list_pod_sandbox_metrics: ListPodSandboxMetricsRequest -> ListPodSandboxMetricsResponse,
-        runtime_config: RuntimeConfigRequest -> RuntimeConfigResponse,
-}
-}
-
-/// Serves `service` on a unix socket under `dir` until `shutdown`.
-fn serve_cri(dir: &Path, service: ScriptedCri, shutdown: CancellationToken) -> std::path::PathBuf {
-    let socket = dir.join("cri.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RuntimeServiceServer::new(service))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                shutdown.cancelled_owned(),
-            ),
-    );
-    socket
-}
-
 fn event(id: &str, kind: ContainerEventType) -> ContainerEventResponse {
     ContainerEventResponse {
         container_id: id.into(),
@@ -432,12 +290,11 @@ fn container(trigger: &Trigger) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
     let dir = tempfile::tempdir().unwrap();
-    let server_shutdown = CancellationToken::new();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let socket = serve_cri(
+    let (socket, _server) = fake_cri::serve(
         dir.path(),
-        ScriptedCri {
-            scripts: Mutex::new(VecDeque::from([
+        Arc::new(FakeCri::new(
+            vec![
                 Script {
                     events: vec![
                         event("c1", ContainerEventType::ContainerStartedEvent),
@@ -449,13 +306,11 @@ async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
                     events: vec![event("c3", ContainerEventType::ContainerCreatedEvent)],
                     then_break: None,
                 },
-            ])),
-            versions: Mutex::new(0),
-            streams: Mutex::new(0),
-            gate: Arc::clone(&gate),
-        },
-        server_shutdown.clone(),
-    );
+            ],
+            Arc::clone(&gate),
+        )),
+    )
+    .unwrap();
     let (sender, mut triggers) = trigger_channel();
     let registry = SourceRegistry::new();
     let shutdown = CancellationToken::new();
@@ -498,25 +353,21 @@ async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
         .await
         .expect("source stops on shutdown")
         .unwrap();
-    server_shutdown.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_events_refused_for_now_are_retried_not_turned_off() {
     let dir = tempfile::tempdir().unwrap();
-    let server_shutdown = CancellationToken::new();
     // No scripts: every GetContainerEvents answers Unavailable, which is not Unimplemented
     // (cri_events.rs covers that against the real containerd 1.6).
-    let socket = serve_cri(
+    let (socket, _server) = fake_cri::serve(
         dir.path(),
-        ScriptedCri {
-            scripts: Mutex::new(VecDeque::new()),
-            versions: Mutex::new(0),
-            streams: Mutex::new(0),
-            gate: Arc::new(tokio::sync::Semaphore::new(100)),
-        },
-        server_shutdown.clone(),
-    );
+        Arc::new(FakeCri::new(
+            Vec::new(),
+            Arc::new(tokio::sync::Semaphore::new(100)),
+        )),
+    )
+    .unwrap();
     let (sender, _triggers) = trigger_channel();
     let registry = SourceRegistry::new();
     let shutdown = CancellationToken::new();
@@ -539,7 +390,6 @@ async fn cri_events_refused_for_now_are_retried_not_turned_off() {
         .await
         .expect("source stops on shutdown")
         .unwrap();
-    server_shutdown.cancel();
 }
 
 /// A unix socket in front of containerd's that forwards every connection both ways, except
@@ -552,7 +402,7 @@ struct MutingProxy {
 }
 
 impl MutingProxy {
-    fn start(dir: &Path, upstream: std::path::PathBuf) -> Self {
+    fn start(dir: &std::path::Path, upstream: std::path::PathBuf) -> Self {
         let socket = dir.join("proxy.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let (muted, _) = watch::channel(false);

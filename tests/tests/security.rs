@@ -10,11 +10,7 @@ use std::{
     time::Duration,
 };
 
-use plegd_tests::{
-    Node,
-    bench::{Plegd, plegd_binary},
-    cri::ContainerSpec,
-};
+use plegd_tests::{Node, bench::Plegd, cri::ContainerSpec, process::plegd_binary};
 
 /// CAP_BPF's bit in /proc's capability masks.
 const CAP_BPF: u64 = 1 << 39;
@@ -66,7 +62,7 @@ fn expect_only(caps: &BTreeMap<String, u64>, mask: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_cap_bpf_is_left_with_the_probes_and_nothing_without_them() {
-    let binary = plegd_binary();
+    let binary = plegd_binary().expect("the plegd binary");
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     // This test runs as root with CAP_BPF and much more: what is left is plegd's doing.
@@ -161,7 +157,7 @@ fn health_as(binary: &Path, socket: &Path, uid: u32, gid: u32, groups: &[u32]) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_socket_admits_allowed_peers_and_refuses_one_its_file_mode_lets_in() {
-    let binary = plegd_binary();
+    let binary = plegd_binary().expect("the plegd binary");
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     // The client users must reach the socket's directory (plegd checks that it lets them).

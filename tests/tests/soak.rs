@@ -37,7 +37,7 @@ async fn soak_once(mode: Mode, fault: Option<Fault>, lifecycles: usize, duration
     let dir = tempfile::tempdir().unwrap();
     let outcome = soak::run(
         &node,
-        &plegd_tests::bench::plegd_binary(),
+        &plegd_tests::process::plegd_binary().expect("the plegd binary"),
         &soak::run_dir(dir.path(), &plan),
         &plan,
     )
@@ -135,7 +135,7 @@ async fn soak_as_configured() {
     let seed = soak::seed_from_env().unwrap();
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let binary = plegd_tests::bench::plegd_binary();
+    let binary = plegd_tests::process::plegd_binary().expect("the plegd binary");
     let mut failed = Vec::new();
     for &fault in &faults {
         for &mode in &modes {

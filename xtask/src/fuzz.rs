@@ -1,15 +1,20 @@
 //! `cargo xtask fuzz`: runs the fuzz targets (libFuzzer through cargo-fuzz, nightly) for a
-//! while each, installing cargo-fuzz first if it is missing.
+//! while each; `cargo xtask test` runs them briefly through [`run_targets`].
 
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 
 use crate::{cmd::stream, setup};
 
 /// The targets under agent/fuzz/fuzz_targets.
-const TARGETS: &[&str] = &["cgroup_path"];
+const TARGETS: &[&str] = &[
+    "cgroup_path",
+    "config_file",
+    "kernel_events",
+    "containerd_event",
+];
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
@@ -20,17 +25,15 @@ pub struct Options {
 
 pub fn run(opts: &Options) -> Result<()> {
     setup::run(&setup::Options::default())?;
-    let has_cargo_fuzz = Command::new("rustup")
-        .args(["run", "nightly", "cargo", "fuzz", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_cargo_fuzz {
-        eprintln!("fuzz: installing cargo-fuzz (a few minutes, once)");
-        stream(Command::new(env!("CARGO")).args(["install", "cargo-fuzz", "--locked"]))?;
-    }
+    run_targets(opts.seconds)
+}
+
+/// Fuzzes each target for `seconds` (setup has installed cargo-fuzz). A crash stops here with
+/// the input libFuzzer saved under agent/fuzz/artifacts/.
+pub fn run_targets(seconds: u32) -> Result<()> {
     let fuzz_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../agent/fuzz");
     for target in TARGETS {
-        eprintln!("fuzz: {target} for {} s", opts.seconds);
+        eprintln!("fuzz: {target} for {seconds} s");
         stream(
             Command::new("rustup")
                 .args([
@@ -44,8 +47,9 @@ pub fn run(opts: &Options) -> Result<()> {
                     target,
                     "--",
                 ])
-                .arg(format!("-max_total_time={}", opts.seconds)),
-        )?;
+                .arg(format!("-max_total_time={seconds}")),
+        )
+        .with_context(|| format!("fuzz target {target}"))?;
     }
     Ok(())
 }

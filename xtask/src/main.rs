@@ -49,7 +49,8 @@ enum Command {
     /// default, polling), optionally under a fault, each transition checked against ground
     /// truth; fails when one is lost, duplicated, reordered or wrong.
     Soak(soak::Options),
-    /// Fuzz the parsers (cgroup paths) with libFuzzer for a while each (nightly, cargo-fuzz).
+    /// Fuzz the parsers (cgroup paths, config files, kernel and containerd events) with
+    /// libFuzzer for a while each (nightly, cargo-fuzz).
     Fuzz(fuzz::Options),
     /// Run plegd against a private containerd while real containers start, die and go.
     Demo(demo::Options),

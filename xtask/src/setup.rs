@@ -5,8 +5,9 @@
 //! 1. refuse to run unless root;
 //! 2. apt packages ([`APT_PACKAGES`]), then check the programs the build and the harness run;
 //! 3. the nightly toolchain with `rust-src` (aya-build uses `-Z build-std=core`);
-//! 4. `bpf-linker` built against the system LLVM 22, and `cargo-deny` ([`CARGO_DENY_VERSION`],
-//!    for the dependency checks of `cargo xtask test` and `cargo xtask audit`);
+//! 4. `bpf-linker` built against the system LLVM 22, `cargo-deny` ([`CARGO_DENY_VERSION`], for
+//!    the dependency checks of `cargo xtask test` and `cargo xtask audit`) and `cargo-fuzz` (the
+//!    fuzz targets);
 //! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
 //! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
 //!    from Debian's archive with a private apt configuration and unpacked under
@@ -263,6 +264,7 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
     cargo_deny(opts, &mut summary)?;
+    cargo_fuzz(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
     containerd_releases(opts, &mut summary)?;
     let vm = if series.is_empty() {
@@ -460,7 +462,22 @@ fn cargo_deny(opts: &Options, summary: &mut Summary) -> Result<()> {
     )
 }
 
-/// A program installed with `cargo install`.
+/// cargo-fuzz, which `cargo xtask fuzz` and `cargo xtask test` run (with nightly).
+fn cargo_fuzz(opts: &Options, summary: &mut Summary) -> Result<()> {
+    cargo_tool(
+        opts,
+        summary,
+        &CargoTool {
+            program: "cargo-fuzz",
+            install: &["cargo-fuzz"],
+            env: &[],
+            path_prefix: None,
+            note: "installing with cargo install (takes a minute or two)",
+        },
+    )
+}
+
+/// A program installed with `cargo install`, present when `PROGRAM --version` runs.
 struct CargoTool {
     program: &'static str,
     /// `cargo install` arguments: the crate and its options (`--locked` is added).
@@ -1145,7 +1162,8 @@ fn warn_if_not_in_path(program: &Path) {
         && !in_path(dir)
     {
         eprintln!(
-            "setup: warning: {} is not in PATH; add it, the eBPF build runs bpf-linker from PATH",
+            "setup: warning: {} is not in PATH; add it, the build runs what cargo installs \
+             there from PATH",
             dir.display()
         );
     }

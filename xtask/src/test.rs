@@ -1,7 +1,8 @@
 //! `cargo xtask test`: set the machine up, check format and lints, run every test, unit and
 //! end-to-end (the latter against a private containerd, runc and the real kernel; root), then
 //! the event-source and eBPF suites on containerd 1.7 and 2.1, then `cargo xtask kernels
-//! --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM.
+//! --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM, and each fuzz
+//! target for a few seconds.
 
 use std::process::Command;
 
@@ -11,7 +12,7 @@ use clap::Args;
 use crate::{
     audit,
     cmd::stream,
-    harness, kernels,
+    fuzz, harness, kernels,
     setup::{self, KernelSeries},
 };
 
@@ -28,6 +29,9 @@ pub struct Options {
     /// Also skipped when a filter or `--containerd` is given.
     #[arg(long)]
     pub no_matrix: bool,
+    /// Skip fuzzing each target for a few seconds. Also skipped when a filter is given.
+    #[arg(long)]
+    pub no_fuzz: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
     #[command(flatten)]
@@ -90,6 +94,17 @@ pub fn run(opts: &Options) -> Result<()> {
             failures.push(e.context(format!("containerd {release}")));
         }
     }
+    if !opts.no_fuzz && opts.filter.is_none() {
+        step(&format!("fuzz targets, {FUZZ_SECONDS} s each"));
+        let started = std::time::Instant::now();
+        if let Err(e) = fuzz::run_targets(FUZZ_SECONDS) {
+            failures.push(e);
+        }
+        step(&format!(
+            "fuzzing took {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
     if let Some(vm) = vm {
         step("eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)");
         let started = std::time::Instant::now();
@@ -117,6 +132,10 @@ pub fn run(opts: &Options) -> Result<()> {
         None => Ok(()),
     }
 }
+
+/// Seconds each fuzz target runs in a full `cargo xtask test`: enough to catch a parser that
+/// panics on common shapes; `cargo xtask fuzz` runs longer.
+const FUZZ_SECONDS: u32 = 5;
 
 /// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];

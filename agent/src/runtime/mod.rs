@@ -54,6 +54,12 @@ pub enum RuntimeError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The endpoint's path exists but no runtime can listen on it.
+    #[error("{endpoint} is {what}, not a unix socket")]
+    NotASocket {
+        endpoint: String,
+        what: &'static str,
+    },
     #[error("{endpoint}: {call} timed out after {timeout:?}")]
     Timeout {
         endpoint: String,

@@ -1,7 +1,9 @@
 //! The gRPC plumbing both backends and the event streams share: dialling a unix socket, the
 //! per-call deadline, and error text that keeps tonic's hidden causes. Knows no backend.
 
-use std::{future::Future, path::Path, time::Duration};
+use std::{
+    fs::FileType, future::Future, os::unix::fs::FileTypeExt as _, path::Path, time::Duration,
+};
 
 use tonic::transport::{Channel, Endpoint};
 
@@ -39,6 +41,7 @@ pub(crate) async fn connect_unix(
     timeout: Duration,
 ) -> Result<Channel, RuntimeError> {
     let endpoint = endpoint_name(socket);
+    let path = socket;
     let socket = socket.to_owned();
     // tonic needs a URI; the connector ignores it.
     let uri = Endpoint::from_static("http://[::]:50051");
@@ -52,12 +55,32 @@ pub(crate) async fn connect_unix(
     }));
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(source)) => Err(RuntimeError::Connect { endpoint, source }),
+        // connect(2) says only "Connection refused" for a directory or a regular file.
+        Ok(Err(source)) => match std::fs::metadata(path)
+            .ok()
+            .and_then(|m| not_a_socket(m.file_type()))
+        {
+            Some(what) => Err(RuntimeError::NotASocket { endpoint, what }),
+            None => Err(RuntimeError::Connect { endpoint, source }),
+        },
         Err(_) => Err(RuntimeError::Timeout {
             endpoint,
             call: "connect",
             timeout,
         }),
+    }
+}
+
+/// What a file that is not a socket is, for a message; `None` for a socket.
+fn not_a_socket(file_type: FileType) -> Option<&'static str> {
+    if file_type.is_socket() {
+        None
+    } else if file_type.is_dir() {
+        Some("a directory")
+    } else if file_type.is_file() {
+        Some("a regular file")
+    } else {
+        Some("a special file")
     }
 }
 
@@ -98,6 +121,20 @@ pub(crate) fn found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, Run
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_or_a_file_is_named_for_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+        let kind = |path: &Path| not_a_socket(std::fs::metadata(path).unwrap().file_type());
+        assert_eq!(kind(dir.path()), Some("a directory"));
+        assert_eq!(kind(&file), Some("a regular file"));
+        assert_eq!(kind(Path::new("/dev/null")), Some("a special file"));
+        assert_eq!(kind(&dir.path().join("sock")), None);
+        drop(listener);
+    }
 
     #[test]
     fn not_found_is_recognised_only_for_call_errors() {

@@ -12,9 +12,9 @@ use std::{
 };
 
 use plegd::{
-    config::{Config, Mode, OutputFormat, RunArgs, SourceName},
+    config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs, SourceName},
     daemon::{self, Connected, Shared},
-    pleg::event::TriggerSource,
+    pleg::event::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceState, SourceStatus},
 };
@@ -111,6 +111,8 @@ pub fn config_with_sources(
         sources: Some(sources.to_vec()),
         runtime_endpoint: Some(socket.display().to_string()),
         relist_period: Some(relist_period),
+        // plegd rejects a slow period shorter than the period.
+        slow_relist_period: Some(relist_period.max(DEFAULT_SLOW_RELIST_PERIOD)),
         output: Some(OutputFormat::Json),
         namespaces: Some(vec!["k8s.io".into(), "plegd-native".into()]),
         // In-process daemons save no state between runs.
@@ -135,6 +137,8 @@ pub fn push_config(
         mode: Some(mode),
         relist_period: Some(period),
         slow_relist_period: Some(period),
+        // Tests that make the relist slow look at the push sources, not at health.
+        relist_threshold: Some(DEFAULT_RELIST_THRESHOLD.max(period.saturating_mul(2))),
         output: Some(OutputFormat::Json),
         // In-process daemons save no state between runs.
         state_dir: Some("none".into()),

@@ -61,6 +61,11 @@ pub fn parse(path: &str, namespaces: &[String]) -> Option<CgroupOwner> {
 fn pod_uid(component: &str) -> Option<String> {
     if let Some(slice) = component.strip_suffix(".slice") {
         let (_, uid) = slice.rsplit_once("pod")?;
+        // The systemd driver writes the uid's dashes as underscores (a dash separates the
+        // slice's levels): a dash here is no uid of kubelet's (found by fuzzing).
+        if uid.contains('-') {
+            return None;
+        }
         let uid = uid.replace('_', "-");
         return is_uid(&uid).then_some(uid);
     }
@@ -158,6 +163,15 @@ mod tests {
         ] {
             assert_eq!(parse(&path, &namespaces()), None, "{path}");
         }
+    }
+
+    /// Found by fuzzing: a slice's uid with dashes and underscores became a uid spelt in
+    /// neither way in the path.
+    #[test]
+    fn a_slice_whose_uid_has_dashes_names_no_pod() {
+        let path =
+            format!("/kubepods.slice/kubepods-pod0000_1111-2222.slice/cri-containerd-{ID}.scope");
+        assert_eq!(parse(&path, &[]), owner(ID, None));
     }
 
     proptest! {

@@ -155,7 +155,7 @@ fn exit_observation(status: i32) -> ObservationKind {
 }
 
 /// A NUL-terminated kernel string.
-fn text(bytes: &[u8]) -> String {
+pub(super) fn text(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }

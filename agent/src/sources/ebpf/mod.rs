@@ -562,6 +562,30 @@ impl MapErrors {
     }
 }
 
+/// Ring buffer records, back to back, through [`read_event`] and one [`decode::Decoder`]
+/// (an OOM victim's cgroup read as its event's path, instead of from /proc): the fuzz
+/// target's entry point, not an API. Returns the triggers made.
+#[doc(hidden)]
+pub fn fuzz_decode(records: &[u8], namespaces: &[String]) -> Vec<crate::pleg::event::Trigger> {
+    let mut decoder = decode::Decoder::new(index::CgroupIndex::default(), namespaces.to_vec());
+    records
+        .chunks(std::mem::size_of::<KernelEvent>())
+        .filter_map(read_event)
+        .filter_map(|event| {
+            let path = decode::text(&event.path);
+            decoder
+                .decode(&event, std::time::SystemTime::UNIX_EPOCH, |_| Some(path))
+                .trigger
+        })
+        .collect()
+}
+
+/// [`cgroup_path::parse`] for the fuzz target, not an API.
+#[doc(hidden)]
+pub fn fuzz_cgroup_path(path: &str, namespaces: &[String]) -> Option<cgroup_path::CgroupOwner> {
+    cgroup_path::parse(path, namespaces)
+}
+
 /// Reads one ring buffer record; a record of another size (a mismatched object) is skipped.
 fn read_event(bytes: &[u8]) -> Option<KernelEvent> {
     if bytes.len() < std::mem::size_of::<KernelEvent>() {
