@@ -501,8 +501,10 @@ fn fold(
     None
 }
 
+/// From `from` to `to`; zero when `to` came first (containerd records a brief container's
+/// start after its exit: `StartContainer` returns after the process ended).
 fn elapsed(from: Option<SystemTime>, to: Option<SystemTime>) -> Option<Duration> {
-    to?.duration_since(from?).ok()
+    Some(to?.duration_since(from?).unwrap_or_default())
 }
 
 /// Holds a reported exit against the runtime's.
@@ -752,12 +754,17 @@ mod tests {
 
     #[test]
     fn a_start_folds_only_into_the_death_of_a_brief_run() {
+        // CRI says it started after it finished.
+        let mut backwards = truth("backwards", 0, "Completed", 90, 5000);
+        backwards.action = Action::Brief;
         let truths = [
+            backwards,
             truth("brief", 0, "Completed", 200, 5000),
             truth("long", 0, "Completed", 3000, 5000),
             truth("brief-undead", 0, "Completed", 200, 5000),
         ];
-        let mut list = lifecycle("brief", 0, "Completed");
+        let mut list = lifecycle("backwards", 0, "Completed");
+        list.extend(lifecycle("brief", 0, "Completed"));
         list.extend(lifecycle("long", 0, "Completed"));
         list.extend(lifecycle("brief-undead", 0, "Completed"));
         list.retain(|(id, kind, ..)| {
@@ -766,7 +773,10 @@ mod tests {
         let report = check(&truths, &events(&list), WINDOW);
         assert_eq!(
             transitions(&report.folded),
-            [("brief", Some(Transition::Started))]
+            [
+                ("backwards", Some(Transition::Started)),
+                ("brief", Some(Transition::Started))
+            ]
         );
         assert_eq!(
             transitions(&report.lost),
