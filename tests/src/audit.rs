@@ -233,6 +233,10 @@ impl Record {
 pub struct Folding {
     /// How long a state may last and still go unseen.
     pub window: Duration,
+    /// When no plegd ran (from the signal that stopped it to the restarted one's health): the
+    /// restart's first relist diffs what changed meanwhile, so a container that started and
+    /// died then is one `ContainerDied` (`non-existent -> exited`), as for kubelet restarting.
+    pub outage: Option<(SystemTime, SystemTime)>,
 }
 
 /// One finding about one container (or one stretch of sequence numbers).
@@ -498,6 +502,14 @@ fn fold(
     {
         return Some(format!("ran {ran:?}: died before running was seen"));
     }
+    if transition == Transition::Started
+        && account.got[Transition::Died as usize]
+        && let Some((down, up)) = folding.outage
+        && started.is_some_and(|t| t >= down)
+        && finished.is_some_and(|t| t <= up + folding.window)
+    {
+        return Some("started and died while no plegd ran".to_owned());
+    }
     None
 }
 
@@ -584,6 +596,7 @@ mod tests {
 
     const WINDOW: Folding = Folding {
         window: Duration::from_millis(1500),
+        outage: None,
     };
 
     fn at(ms: u64) -> SystemTime {
@@ -785,6 +798,30 @@ mod tests {
                 ("brief-undead", Some(Transition::Started)),
                 ("brief-undead", Some(Transition::Died))
             ]
+        );
+    }
+
+    /// A container that started and died while no plegd ran owes only its death; one that
+    /// started before plegd stopped still owes its start.
+    #[test]
+    fn a_start_folds_into_a_death_while_no_plegd_ran() {
+        // Started at 100, died at 3000 (longer than the window): only the outage folds it.
+        let truths = [truth("meanwhile", 1, "Error", 3000, 5000)];
+        let mut list = lifecycle("meanwhile", 1, "Error");
+        list.retain(|(_, kind, ..)| *kind != "ContainerStarted");
+        let outage = |from: u64| Folding {
+            outage: Some((at(from), at(2500))),
+            ..WINDOW
+        };
+        let report = check(&truths, &events(&list), outage(50));
+        assert_eq!(
+            transitions(&report.folded),
+            [("meanwhile", Some(Transition::Started))]
+        );
+        let report = check(&truths, &events(&list), outage(150));
+        assert_eq!(
+            transitions(&report.lost),
+            [("meanwhile", Some(Transition::Started))]
         );
     }
 

@@ -44,7 +44,8 @@ const STEP: Duration = Duration::from_secs(30);
 /// How plegd runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// eBPF hints only (no event stream; full relists every 300 s).
+    /// eBPF hints only (no event stream; full relists every 10 s: the kernel sees nothing when
+    /// the runtime removes an exited container, so only a full relist finds the removal).
     Ebpf,
     /// containerd's event stream only (full relists every 300 s).
     Events,
@@ -68,9 +69,25 @@ impl Mode {
 
     /// `plegd run` arguments.
     pub fn args(self) -> Vec<String> {
-        let slow = ["--relist-period", SLOW, "--slow-relist-period", SLOW];
+        // plegd rejects a health threshold under two full relist periods.
+        let slow = [
+            "--relist-period",
+            SLOW,
+            "--slow-relist-period",
+            SLOW,
+            "--relist-threshold",
+            "10m",
+        ];
+        let ebpf_periods = [
+            "--relist-period",
+            "10s",
+            "--slow-relist-period",
+            "10s",
+            "--relist-threshold",
+            "1m",
+        ];
         let args: Vec<&str> = match self {
-            Self::Ebpf => [&["--mode", "ebpf", "--sources", "ebpf"][..], &slow].concat(),
+            Self::Ebpf => [&["--mode", "ebpf", "--sources", "ebpf"][..], &ebpf_periods].concat(),
             Self::Events => [&["--sources", "containerd"][..], &slow].concat(),
             Self::Default => Vec::new(),
             Self::Polling => vec!["--mode", "polling", "--relist-period", "1s"],
@@ -83,6 +100,7 @@ impl Mode {
     /// bursts of churn on a small node otherwise.
     pub fn folding(self) -> Folding {
         Folding {
+            outage: None,
             window: match self {
                 Self::Polling => POLLING_PERIOD + Duration::from_millis(500),
                 Self::Ebpf | Self::Events | Self::Default => Duration::from_millis(500),
@@ -240,6 +258,7 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     let mut results = Vec::new();
     let mut n = 0;
     let mut faulted = plan.fault.is_none();
+    let mut outage = None;
     while n < plan.lifecycles || began.elapsed() < plan.duration {
         let burst = if jitter.pick(4) == 0 { BURST } else { 1 };
         while lifecycles.len() + burst > IN_FLIGHT {
@@ -259,7 +278,11 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
         }
         if !faulted && n >= plan.lifecycles / 2 {
             faulted = true;
+            let down = SystemTime::now();
             inject(plan.fault, node, &mut plegd).await?;
+            if matches!(plan.fault, Some(Fault::PlegdKill | Fault::PlegdTerm)) {
+                outage = Some((down, SystemTime::now()));
+            }
             if plan.fault == Some(Fault::ContainerdRestart) {
                 clients = (
                     Cri::connect(&node.containerd).await?,
@@ -284,7 +307,11 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
 
     await_quiet(&plegd, &watch, &truths).await;
     let records = watch.records();
-    let report = audit::check(&truths, &records, plan.mode.folding());
+    let folding = Folding {
+        outage,
+        ..plan.mode.folding()
+    };
+    let report = audit::check(&truths, &records, folding);
     // Beside plegd's log, for a report that needs explaining.
     std::fs::write(
         dir.join("audit.txt"),

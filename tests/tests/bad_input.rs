@@ -227,13 +227,23 @@ fn an_endpoint_that_is_no_runtime_is_retried_saying_why() {
     for (endpoint, wanted) in [
         (
             missing.as_path(),
-            "connecting: transport error: No such file or directory",
+            &["connecting: transport error: No such file or directory"][..],
         ),
-        (&directory, "is a directory, not a unix socket"),
-        (&file, "is a regular file, not a unix socket"),
-        // Seen: "connecting: transport error: connection error: Broken pipe".
-        (&closes, "connecting: transport error"),
-        (&http1, "accepted a connection but did not answer Version"),
+        (&directory, &["is a directory, not a unix socket"]),
+        (&file, &["is a regular file, not a unix socket"]),
+        // Closed while connecting ("connection error: Broken pipe"), or reset on the first
+        // call, depending on which side is first.
+        (
+            &closes,
+            &[
+                "connecting: transport error",
+                "accepted a connection but did not answer Version",
+            ],
+        ),
+        (
+            &http1,
+            &["accepted a connection but did not answer Version"],
+        ),
     ] {
         let line = logged(
             &[
@@ -245,7 +255,8 @@ fn an_endpoint_that_is_no_runtime_is_retried_saying_why() {
             "runtime",
         );
         assert!(
-            line.contains(&format!("unix://{}", endpoint.display())) && line.contains(wanted),
+            line.contains(&format!("unix://{}", endpoint.display()))
+                && wanted.iter().any(|w| line.contains(w)),
             "{}: {line}",
             endpoint.display()
         );
@@ -272,8 +283,15 @@ fn a_stderr_nobody_reads_any_more_does_not_stop_plegd() {
         .unwrap(),
     );
     let mut stderr = BufReader::new(child.0.stderr.take().unwrap());
+    // The first lines may say other things (the capabilities it dropped).
     let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
+    for _ in 0..10 {
+        line.clear();
+        stderr.read_line(&mut line).unwrap();
+        if line.contains("cannot reach the runtime") {
+            break;
+        }
+    }
     assert!(line.contains("cannot reach the runtime"), "{line}");
     drop(stderr);
     // The next two retries (1 s, then 2 s later) each log a line into the broken pipe.
