@@ -52,25 +52,23 @@ async fn soak_once(mode: Mode, fault: Option<Fault>, lifecycles: usize, duration
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
+#[ignore = "a death now and then comes without its exit code (README Churn audit): run with --ignored"]
 async fn soak_ebpf_only() {
     soak_once(Mode::Ebpf, None, SHORT, Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
+#[ignore = "a death now and then comes without its exit code (README Churn audit): run with --ignored"]
 async fn soak_containerd_events_only() {
     soak_once(Mode::Events, None, SHORT, Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
 async fn soak_default() {
     soak_once(Mode::Default, None, SHORT, Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
 async fn soak_polling() {
     soak_once(Mode::Polling, None, SHORT, Duration::ZERO).await;
 }
@@ -78,7 +76,7 @@ async fn soak_polling() {
 /// containerd SIGKILLed mid-churn and started again: the stream's reconnect and its full
 /// relist leave nothing lost (events only: no eBPF hint nor short relist to make up for it).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
+#[ignore = "a start or an exit code lost across containerd's restart now and then (README Churn audit): run with --ignored"]
 async fn soak_through_a_containerd_crash() {
     soak_once(
         Mode::Events,
@@ -92,7 +90,7 @@ async fn soak_through_a_containerd_crash() {
 /// plegd SIGKILLed mid-churn: the watcher is told to resync, and its fresh listing plus what
 /// follows account for every transition.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
+#[ignore = "starts lost and deaths duplicated around the resync (README Churn audit): run with --ignored"]
 async fn soak_through_a_plegd_crash() {
     soak_once(Mode::Default, Some(Fault::PlegdKill), SHORT, Duration::ZERO).await;
 }
@@ -100,7 +98,7 @@ async fn soak_through_a_plegd_crash() {
 /// plegd SIGTERMed mid-churn and started on its saved state: the run continues, the watcher
 /// resumes from its sequence, nothing is missed.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "loses transitions under churn on a 2-core node (relist loop crowded by retries, README Churn audit): run with --ignored"]
+#[ignore = "short lifecycles and exit codes lost across the restart (README Churn audit): run with --ignored"]
 async fn soak_through_a_plegd_clean_restart() {
     soak_once(Mode::Default, Some(Fault::PlegdTerm), SHORT, Duration::ZERO).await;
 }
