@@ -23,6 +23,12 @@ use plegd_tests::{
 use support::{RunningPlegd, observations, push_config, start_then_kill};
 
 const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The tiny-ring test's exec storm loads both cores for seconds; under it the ring reader lags,
+/// and with it the init map the kernel side learns a container's init from (filled from user
+/// space), so an init's exit can go unseen. The tests that time or require the kernel's view
+/// run beside each other, never beside the storm.
+static STORM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 /// Far longer than any wait below: an event within it did not come from the periodic relist.
 const SLOW: Duration = Duration::from_secs(300);
 
@@ -36,6 +42,7 @@ fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> 
 /// kernel saw, while the full relist sleeps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observations() {
+    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -139,6 +146,7 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
 /// The same scenario in polling mode: the same event types, found by the relist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_mode_yields_the_same_events_through_the_relist() {
+    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -168,6 +176,7 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
 /// fast with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
+    let _beside_others = STORM.read().await;
     // Force a load failure the way an old kernel would: with tracefs unmounted the loader
     // cannot check the tracepoints. Done in a child process with its own mount namespace so
     // the rest of the machine (and other tests) keep tracefs.
@@ -220,6 +229,7 @@ async fn auto_mode_child() {
 /// first makes the event, and the other adds none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
+    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -275,6 +285,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
 /// type, unnumbered, before the `ContainerDied` that confirms it and carries the same fact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_them() {
+    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -369,6 +380,7 @@ fn exec_storm(name: &str) -> ContainerSpec {
 /// transition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_ring_overflows_under_an_exec_storm_and_loses_no_transition() {
+    let _alone = STORM.write().await;
     const STORMS: usize = 4;
     const LIFECYCLES: usize = 8;
     const DROPS: &str = "plegd_ringbuf_drops_total";
