@@ -320,10 +320,10 @@ impl<R: Runtime> Relister<R> {
             .filter(|uid| !self.to_reinspect.contains(uid))?;
         debug!(pod = %uid, "the runtime's task events answer the relist: no CRI read");
         let mut inspected = self.cache.get(&uid).record?;
-        let mut listed = self.records.get(&uid)?.clone();
-        let committed = self.records.get(&uid);
-        confirm::apply(&mut listed, &tasks, committed);
-        confirm::apply(&mut inspected, &tasks, committed);
+        let committed = self.records.get(&uid)?;
+        let mut listed = committed.clone();
+        confirm::apply(&mut listed, &tasks, Some(committed));
+        confirm::apply(&mut inspected, &tasks, Some(committed));
         let read_at = Instant::now();
         Some(Reading {
             listed: PodRecords::from([(uid.clone(), listed)]),
