@@ -198,6 +198,7 @@ pub(crate) fn observation(o: &pb::Observation) -> String {
         Some(Kind::Exited(_)) => format!("{source}:exited"),
         Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
         Some(Kind::TaskStarted(_)) => format!("{source}:task_started"),
+        Some(Kind::Deleted(_)) => format!("{source}:deleted"),
         None => format!("{source}:?"),
     }
 }

@@ -30,6 +30,15 @@ pub fn event(event: &PodLifecycleEvent, cache: &PodCache, run_id: u64) -> pb::Ev
         .container_id
         .as_ref()
         .and_then(|id| cached.record.as_ref()?.containers.get(id));
+    let (exit_code, reason, confirmed_by) = match container {
+        Some(c) => (c.exit_code, c.reason.clone(), layer(c.confirmed_by)),
+        // Not cached: it was removed by the time the relist saw it die. The runtime's task
+        // record of its exit, when a hint carried one, still says how it ended.
+        None => match died_with_task_exit(event) {
+            Some(code) => (Some(code), String::new(), pb::Layer::Task),
+            None => (None, String::new(), pb::Layer::Unspecified),
+        },
+    };
     pb::Event {
         sequence: event.sequence,
         pod_uid: event.pod.0.clone(),
@@ -47,10 +56,22 @@ pub fn event(event: &PodLifecycleEvent, cache: &PodCache, run_id: u64) -> pb::Ev
         sources: event.sources.iter().map(|s| source(*s) as i32).collect(),
         observations: event.observations.iter().map(observation).collect(),
         run_id,
-        exit_code: container.and_then(|c| c.exit_code),
-        reason: container.map(|c| c.reason.clone()).unwrap_or_default(),
-        confirmed_by: container.map_or(pb::Layer::Unspecified, |c| layer(c.confirmed_by)) as i32,
+        exit_code,
+        reason,
+        confirmed_by: confirmed_by as i32,
     }
+}
+
+/// The exit code the runtime's task service recorded for a `ContainerDied` (never a kernel
+/// observation's: the kernel only says where to look).
+fn died_with_task_exit(event: &PodLifecycleEvent) -> Option<i32> {
+    if event.event_type != PodLifecycleEventType::ContainerDied {
+        return None;
+    }
+    event.observations.iter().find_map(|o| match o.kind {
+        ObservationKind::TaskExited { code, .. } => Some(code),
+        _ => None,
+    })
 }
 
 pub fn event_type(t: PodLifecycleEventType) -> pb::EventType {
@@ -83,6 +104,7 @@ pub fn observation(o: &Observation) -> pb::Observation {
         ObservationKind::CgroupRemoved => Kind::CgroupRemoved(true),
         ObservationKind::TaskStarted { .. } => Kind::TaskStarted(true),
         ObservationKind::TaskExited { code, .. } => Kind::ExitCode(*code),
+        ObservationKind::Deleted => Kind::Deleted(true),
     };
     pb::Observation {
         source: source(o.source) as i32,
@@ -255,5 +277,46 @@ mod tests {
         assert_eq!(listed.len(), 1);
         assert!(listed[0].containers[0].has_exit_code);
         assert!(listed[0].timestamp.is_some());
+    }
+
+    #[test]
+    fn a_death_of_a_container_already_removed_carries_the_task_records_exit() {
+        let task_exit = |code| Observation {
+            source: TriggerSource::Containerd,
+            kind: ObservationKind::TaskExited {
+                code,
+                at: SystemTime::UNIX_EPOCH,
+            },
+        };
+        let kernel_exit = Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::ExitCode(1),
+        };
+        let died = |observations| PodLifecycleEvent {
+            sequence: 1,
+            pod: PodUid("u".into()),
+            pod_namespace: "ns".into(),
+            pod_name: "p".into(),
+            container_id: Some(ContainerId("gone".into())),
+            container_name: "app".into(),
+            event_type: PodLifecycleEventType::ContainerDied,
+            observed_at: SystemTime::UNIX_EPOCH,
+            emitted_at: SystemTime::UNIX_EPOCH,
+            sources: vec![TriggerSource::Containerd],
+            observations,
+        };
+        let cache = PodCache::new();
+
+        let e = event(&died(vec![kernel_exit.clone(), task_exit(137)]), &cache, 1);
+        assert_eq!(e.exit_code, Some(137));
+        assert_eq!(e.confirmed_by(), pb::Layer::Task);
+
+        let e = event(&died(vec![kernel_exit]), &cache, 1);
+        assert_eq!(e.exit_code, None, "the kernel alone confirms nothing");
+        assert_eq!(e.confirmed_by(), pb::Layer::Unspecified);
+
+        let mut removed = died(vec![task_exit(0)]);
+        removed.event_type = PodLifecycleEventType::ContainerRemoved;
+        assert_eq!(event(&removed, &cache, 1).exit_code, None);
     }
 }

@@ -66,7 +66,7 @@ pub fn answered(
     let mut observations = hints.observations().peekable();
     let answered = !hints.listing_needed()
         && observations.peek().is_some()
-        && observations.all(|(id, _)| moves_on(id));
+        && observations.all(|(id, o)| !o.kind.is_deletion() && moves_on(id));
     answered.then(|| uid.clone())
 }
 
@@ -444,6 +444,19 @@ mod tests {
                 "a container scope",
                 Scope::Container(cid("running")),
                 vec![("running", TriggerSource::Containerd, EXIT)],
+                false,
+            ),
+            (
+                "an exit, then the container deleted",
+                p.clone(),
+                vec![
+                    ("running", TriggerSource::Containerd, EXIT),
+                    (
+                        "running",
+                        TriggerSource::Containerd,
+                        ObservationKind::Deleted,
+                    ),
+                ],
                 false,
             ),
             ("no observation", p.clone(), vec![], false),

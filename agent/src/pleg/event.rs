@@ -118,6 +118,10 @@ pub enum ObservationKind {
     TaskStarted { at: SystemTime },
     /// The runtime's task service recorded the init's exit (containerd `/tasks/exit`).
     TaskExited { code: i32, at: SystemTime },
+    /// The runtime deleted the container (containerd `/containers/delete`, CRI's
+    /// `CONTAINER_DELETED_EVENT`). containerd publishes it before its CRI store forgets the
+    /// container, so only a listing that no longer shows the container answers it.
+    Deleted,
 }
 
 impl ObservationKind {
@@ -128,6 +132,11 @@ impl ObservationKind {
             Self::TaskExited { code, at } => Some(TaskRecord::Exited { code, at }),
             _ => None,
         }
+    }
+
+    /// Whether it says the container itself is gone.
+    pub fn is_deletion(&self) -> bool {
+        matches!(self, Self::Deleted)
     }
 
     /// Whether it says the container's init is gone.

@@ -9,7 +9,7 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 use crate::{
     metrics::Metrics,
@@ -128,6 +128,7 @@ pub async fn run<R: Runtime>(
             biased;
             () = shutdown.cancelled() => break,
             Some(trigger) = triggers.triggers.recv() => {
+                trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
                 metrics.trigger(trigger.source);
                 scheduler.push(trigger, Instant::now(), |c| relister.pod_of(c));
             }
@@ -142,8 +143,12 @@ pub async fn run<R: Runtime>(
                 debug!(?grace, "kernel triggers' grace changed");
                 scheduler.set_kernel_grace(grace);
             }
+            // One relist per turn of the loop, then the triggers that came meanwhile: under churn
+            // many relists are due at once (retries of hints the runtime has not caught up
+            // with), and draining them all first kept fresh triggers waiting in the channel for
+            // up to a second, past the lives of short containers.
             () = tokio::time::sleep_until(deadline) => {
-                while let Some(batch) = scheduler.next_due(Instant::now()) {
+                if let Some(batch) = scheduler.next_due(Instant::now()) {
                     let observations = triggers.observations.as_deref();
                     run_batch(&mut relister, &mut scheduler, &metrics, observations, batch).await;
                 }

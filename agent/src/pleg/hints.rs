@@ -111,28 +111,44 @@ impl Hints {
         }
     }
 
-    /// Whether a targeted reading shows what these hints saw: the container exists, and a
-    /// container a source saw die no longer runs.
-    pub fn reflected_in(&self, scope: &Scope, listed: &PodRecords) -> bool {
-        let state_of = |id: &ContainerId| {
-            listed
+    /// Whether a targeted reading (`listed`) shows what these hints saw: the container exists,
+    /// a container a source saw die no longer runs, one the runtime deleted is no longer
+    /// listed. `committed` is the reading before it: a container it held that this one does
+    /// not was removed since, and nothing more will come of what was seen of it.
+    pub fn reflected_in(&self, scope: &Scope, listed: &PodRecords, committed: &PodRecords) -> bool {
+        let state_in = |records: &PodRecords, id: &ContainerId| {
+            records
                 .values()
                 .find_map(|pod| pod.containers.get(id))
                 .map(|c| c.state)
         };
-        // A container the reading does not show is an answer when nothing was observed of it
-        // (its create event came before the runtime's store has it, or its delete event after
-        // the removal): retrying would only crowd the relists for seconds. Something observed
-        // of it (an exec, a start, an exit) says the runtime must come to show it.
+        let deleted: BTreeSet<&ContainerId> = self
+            .observations()
+            .filter(|(_, o)| o.kind.is_deletion())
+            .map(|(id, _)| id)
+            .collect();
+        let gone = |id: &ContainerId| {
+            state_in(listed, id).is_none()
+                && (deleted.contains(id) || state_in(committed, id).is_some())
+        };
+        // A container the reading does not show, and never showed, is an answer when nothing
+        // was observed of it (its create event came before the runtime's store has it):
+        // retrying would only crowd the relists for seconds. Something observed of it (an
+        // exec, a start, an exit) says the runtime must come to show it.
         if let Scope::Container(id) = scope
-            && state_of(id).is_none()
+            && state_in(listed, id).is_none()
+            && !gone(id)
             && self.observations().any(|(about, _)| about == id)
         {
             return false;
         }
         self.observations().all(|(id, observation)| {
-            let state = state_of(id);
+            let state = state_in(listed, id);
             match observation.kind {
+                // Whatever else was seen of it: the runtime's store forgets it a moment after
+                // its delete event, and only a reading without it answers.
+                _ if deleted.contains(id) => state.is_none(),
+                _ if gone(id) => true,
                 // A source saw it die: the runtime must not still show it running.
                 ref kind if kind.is_death() => state != Some(ContainerState::Running),
                 // Its init started (the kernel saw it exec, or the task service started it):
@@ -185,8 +201,8 @@ pub(crate) fn pod_hints(
 
 #[cfg(test)]
 mod tests {
-    use ContainerState::{Exited, Running};
-    use ObservationKind::{CgroupRemoved, Exec, ExitCode, OomKilled, Signal};
+    use ContainerState::{Created, Exited, Running};
+    use ObservationKind::{CgroupRemoved, Deleted, Exec, ExitCode, OomKilled, Signal, TaskStarted};
 
     use super::*;
     use crate::{
@@ -219,6 +235,7 @@ mod tests {
                 "no observation",
                 pod.clone(),
                 vec![],
+                vec![],
                 vec![("a", Running)],
                 true,
             ),
@@ -226,6 +243,7 @@ mod tests {
                 "a death while still running",
                 pod.clone(),
                 vec![("a", Signal(9))],
+                vec![],
                 vec![("a", Running)],
                 false,
             ),
@@ -233,6 +251,7 @@ mod tests {
                 "a death once exited",
                 pod.clone(),
                 vec![("a", ExitCode(1))],
+                vec![],
                 vec![("a", Exited)],
                 true,
             ),
@@ -241,12 +260,14 @@ mod tests {
                 pod.clone(),
                 vec![("a", OomKilled)],
                 vec![],
+                vec![],
                 true,
             ),
             (
                 "a removed cgroup still running",
                 pod.clone(),
                 vec![("a", CgroupRemoved)],
+                vec![],
                 vec![("a", Running)],
                 false,
             ),
@@ -255,12 +276,14 @@ mod tests {
                 pod.clone(),
                 vec![("a", Exec("/app".into()))],
                 vec![],
+                vec![],
                 false,
             ),
             (
                 "an exec once running",
                 pod.clone(),
                 vec![("a", Exec("/app".into()))],
+                vec![],
                 vec![("a", Running)],
                 true,
             ),
@@ -268,12 +291,14 @@ mod tests {
                 "an exec already exited",
                 pod.clone(),
                 vec![("a", Exec("/app".into()))],
+                vec![],
                 vec![("a", Exited)],
                 true,
             ),
             (
                 "a container scope not listed, nothing observed (not created yet, or removed)",
                 container("a"),
+                vec![],
                 vec![],
                 vec![("b", Running)],
                 true,
@@ -282,6 +307,7 @@ mod tests {
                 "a container scope not listed yet, its exec observed",
                 container("a"),
                 vec![("a", Exec("/app".into()))],
+                vec![],
                 vec![("b", Running)],
                 false,
             ),
@@ -290,18 +316,82 @@ mod tests {
                 container("a"),
                 vec![("a", Signal(9))],
                 vec![],
+                vec![],
                 false,
             ),
             (
                 "a container scope listed",
                 container("a"),
                 vec![],
+                vec![],
                 vec![("a", Running)],
                 true,
             ),
+            (
+                "a start, then removed (known before)",
+                pod.clone(),
+                vec![(
+                    "a",
+                    TaskStarted {
+                        at: SystemTime::UNIX_EPOCH,
+                    },
+                )],
+                vec![("a", Created)],
+                vec![("b", Running)],
+                true,
+            ),
+            (
+                "a container scope not listed any more, its start observed",
+                container("a"),
+                vec![(
+                    "a",
+                    TaskStarted {
+                        at: SystemTime::UNIX_EPOCH,
+                    },
+                )],
+                vec![("a", Running)],
+                vec![],
+                true,
+            ),
+            (
+                "a deletion still listed",
+                container("a"),
+                vec![("a", Deleted)],
+                vec![("a", Exited)],
+                vec![("a", Exited)],
+                false,
+            ),
+            (
+                "a deletion no longer listed",
+                container("a"),
+                vec![("a", Deleted)],
+                vec![("a", Exited)],
+                vec![("b", Running)],
+                true,
+            ),
+            (
+                "a death, then a deletion, still listed exited",
+                pod.clone(),
+                vec![("a", Signal(9)), ("a", Deleted)],
+                vec![("a", Running)],
+                vec![("a", Exited)],
+                false,
+            ),
+            (
+                "a deletion of a container never listed",
+                container("a"),
+                vec![("a", Deleted)],
+                vec![],
+                vec![],
+                true,
+            ),
         ];
-        for (name, scope, observations, containers, want) in cases {
-            let got = hints(&observations).reflected_in(&scope, &listed(&containers));
+        for (name, scope, observations, committed, containers, want) in cases {
+            let got = hints(&observations).reflected_in(
+                &scope,
+                &listed(&containers),
+                &listed(&committed),
+            );
             assert_eq!(got, want, "{name}");
         }
     }

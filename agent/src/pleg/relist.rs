@@ -13,7 +13,7 @@ use std::{
 
 use futures::{StreamExt as _, stream};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use crate::{
     pleg::{
@@ -215,7 +215,7 @@ impl<R: Runtime> Relister<R> {
         inspections.append(&mut inspected);
 
         let mut outcome = RelistOutcome {
-            not_reflected: !full && !hints.reflected_in(scope, &listed),
+            not_reflected: !full && !hints.reflected_in(scope, &listed, &self.records),
             ..RelistOutcome::default()
         };
         for uid in &considered {
@@ -283,6 +283,7 @@ impl<R: Runtime> Relister<R> {
             self.health.relist_succeeded(started);
         }
         debug!(?scope, pods = considered.len(), ?outcome, "relisted");
+        trace!(?hints, "relisted on");
         Ok(outcome)
     }
 

@@ -334,7 +334,10 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
         }
         "/containers/create" => ContainerCreate::decode(payload).map_err(decode_error)?.id,
         "/containers/update" => ContainerUpdate::decode(payload).map_err(decode_error)?.id,
-        "/containers/delete" => ContainerDelete::decode(payload).map_err(decode_error)?.id,
+        "/containers/delete" => {
+            observations.push(ObservationKind::Deleted);
+            ContainerDelete::decode(payload).map_err(decode_error)?.id
+        }
         _ => return Ok(None),
     };
     if container_id.is_empty() {
@@ -519,10 +522,6 @@ mod tests {
                 }
                 .encode_to_vec(),
             ),
-            (
-                "/containers/delete",
-                ContainerDelete { id: "c".into() }.encode_to_vec(),
-            ),
         ];
         for (topic, value) in cases {
             let mut env = envelope(topic, "", &TaskOom::default());
@@ -536,6 +535,21 @@ mod tests {
             assert!(trigger.observations.is_empty(), "{topic}");
             assert_eq!(trigger.observed_at, at(1_000), "{topic}");
         }
+    }
+
+    #[test]
+    fn a_deletion_is_observed() {
+        let mut env = envelope("/containers/delete", "", &TaskOom::default());
+        env.event.as_mut().unwrap().value = ContainerDelete { id: "c".into() }.encode_to_vec();
+        let trigger = trigger_of(&env, at(5)).unwrap().unwrap();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId("c".into())));
+        assert_eq!(
+            trigger.observations,
+            [Observation {
+                source: TriggerSource::Containerd,
+                kind: ObservationKind::Deleted
+            }]
+        );
     }
 
     #[test]

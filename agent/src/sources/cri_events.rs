@@ -91,7 +91,8 @@ pub fn trigger_of(event: &ContainerEventResponse, now: SystemTime) -> Option<Tri
             SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)
         });
     let stopped = event.container_event_type == ContainerEventType::ContainerStoppedEvent as i32;
-    let observations = event
+    let deleted = event.container_event_type == ContainerEventType::ContainerDeletedEvent as i32;
+    let exit = event
         .containers_statuses
         .iter()
         .filter(|status| {
@@ -103,13 +104,16 @@ pub fn trigger_of(event: &ContainerEventResponse, now: SystemTime) -> Option<Tri
             source: TriggerSource::CriEvents,
             kind: ObservationKind::ExitCode(status.exit_code),
         })
-        .take(1)
-        .collect();
+        .take(1);
+    let deletion = deleted.then_some(Observation {
+        source: TriggerSource::CriEvents,
+        kind: ObservationKind::Deleted,
+    });
     Some(Trigger {
         scope: Scope::Container(ContainerId(event.container_id.clone())),
         source: TriggerSource::CriEvents,
         observed_at,
-        observations,
+        observations: exit.chain(deletion).collect(),
     })
 }
 
@@ -167,6 +171,22 @@ mod tests {
             [Observation {
                 source: TriggerSource::CriEvents,
                 kind: ObservationKind::ExitCode(137)
+            }]
+        );
+    }
+
+    #[test]
+    fn a_deletion_says_so() {
+        let trigger = trigger_of(
+            &event("c", ContainerEventType::ContainerDeletedEvent),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        assert_eq!(
+            trigger.observations,
+            [Observation {
+                source: TriggerSource::CriEvents,
+                kind: ObservationKind::Deleted
             }]
         );
     }
