@@ -60,7 +60,7 @@ async fn wait_inspected(
 ) -> ContainerRecord {
     let what = format!("{id} of {pod} to be {state:?} ({})", runtime.endpoint());
     wait::until(&what, DEADLINE, || async {
-        let inspected = runtime.inspect_pod(pod).await?;
+        let inspected = runtime.inspect_pod(pod, None).await?;
         let record = inspected.and_then(|p| p.containers.get(&ContainerId(id.to_owned())).cloned());
         Ok::<_, RuntimeError>(record.filter(|r| r.state == state))
     })
@@ -135,13 +135,24 @@ async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
             assert_eq!(found[0].uid.0, pod.uid, "{kind}");
         }
 
-        let inspected = runtime.inspect_pod(&uid(&pod.uid)).await.unwrap().unwrap();
+        let inspected = runtime
+            .inspect_pod(&uid(&pod.uid), None)
+            .await
+            .unwrap()
+            .unwrap();
         let a_inspected = record(&inspected, &a);
         assert_eq!(
             (a_inspected.state, a_inspected.exit_code),
             (ContainerState::Running, None),
             "{kind}"
         );
+        // The statuses the last inspection knows are taken as they were.
+        let again = runtime
+            .inspect_pod(&uid(&pod.uid), Some(&inspected))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, inspected, "{kind}");
 
         let nobody = uid("no-such-pod");
         assert!(
@@ -151,7 +162,7 @@ async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
                 .unwrap()
                 .is_empty()
         );
-        assert!(runtime.inspect_pod(&nobody).await.unwrap().is_none());
+        assert!(runtime.inspect_pod(&nobody, None).await.unwrap().is_none());
         let missing = Scope::Container(ContainerId("no-such-container".into()));
         assert!(runtime.list_pods(&missing).await.unwrap().is_empty());
     }
@@ -219,7 +230,7 @@ async fn kills_exit_codes_and_removals_are_reported_by_both_backends() {
                 .containers
                 .contains_key(&ContainerId(three.clone()))
         );
-        let inspected = runtime.inspect_pod(&pod_uid).await.unwrap().unwrap();
+        let inspected = runtime.inspect_pod(&pod_uid, None).await.unwrap().unwrap();
         assert!(
             !inspected
                 .containers
@@ -237,7 +248,7 @@ async fn kills_exit_codes_and_removals_are_reported_by_both_backends() {
     cri.remove_pod(&pod).await.unwrap();
     for runtime in runtimes {
         assert!(runtime.list_pods(&Scope::All).await.unwrap().is_empty());
-        assert!(runtime.inspect_pod(&pod_uid).await.unwrap().is_none());
+        assert!(runtime.inspect_pod(&pod_uid, None).await.unwrap().is_none());
     }
 }
 
@@ -285,7 +296,11 @@ async fn native_containers_are_their_own_pods_in_the_containerd_backend() {
     );
 
     let three_uid = uid(&format!("{NATIVE_NAMESPACE}/three"));
-    let three = runtime.inspect_pod(&three_uid).await.unwrap().unwrap();
+    let three = runtime
+        .inspect_pod(&three_uid, None)
+        .await
+        .unwrap()
+        .unwrap();
     let three = &three.containers[&ContainerId("three".into())];
     assert_eq!(
         (three.state, three.exit_code, three.reason.as_str()),
@@ -301,14 +316,24 @@ async fn native_containers_are_their_own_pods_in_the_containerd_backend() {
 
     native.kill("sleeper", 9).await.unwrap();
     assert_eq!(native.wait("sleeper").await.unwrap(), 137);
-    let killed = runtime.inspect_pod(&sleeper_uid).await.unwrap().unwrap();
+    let killed = runtime
+        .inspect_pod(&sleeper_uid, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         killed.containers[&ContainerId("sleeper".into())].exit_code,
         Some(137)
     );
 
     native.remove("three").await.unwrap();
-    assert!(runtime.inspect_pod(&three_uid).await.unwrap().is_none());
+    assert!(
+        runtime
+            .inspect_pod(&three_uid, None)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let pods = runtime.list_pods(&Scope::All).await.unwrap();
     assert!(pods.iter().all(|p| p.uid != three_uid), "{pods:#?}");
 

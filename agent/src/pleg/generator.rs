@@ -14,10 +14,10 @@ use tracing::{debug, info, trace, warn};
 use crate::{
     metrics::Metrics,
     pleg::{
-        event::{Observation, Scope, Trigger, TriggerSource},
-        record::ContainerId,
+        event::{Scope, Trigger, TriggerSource},
+        hints::Target,
         relist::{RelistError, Relister},
-        scheduler::{Batch, RelistScheduler, RetryError},
+        scheduler::{Batch, RelistScheduler},
         sink::ObservationSink,
     },
     runtime::Runtime,
@@ -165,7 +165,7 @@ async fn run_batch<R: Runtime>(
     scheduler: &mut RelistScheduler,
     metrics: &Metrics,
     observations: Option<&dyn ObservationSink>,
-    batch: Batch,
+    mut batch: Batch,
 ) {
     let started = Instant::now();
     let result = relister.relist(&batch.scope, &batch.hints).await;
@@ -175,53 +175,50 @@ async fn run_batch<R: Runtime>(
         started.elapsed(),
         result.is_ok(),
     );
-    // Whether to read the scope again, and whether giving up would leave a hint unconfirmed.
-    let (retry, unconfirmed) = match result {
-        Ok(outcome) => (
-            outcome.not_reflected || outcome.awaiting_cri,
-            outcome.not_reflected,
-        ),
+    // What to read again: the hints the reading did not reflect, retried (giving up leaves
+    // them unconfirmed); or, when the reading only waits on the CRI store to catch up with
+    // the task layer, the batch, rechecked.
+    let unconfirmed = match result {
+        Ok(outcome) if outcome.not_reflected() => {
+            batch.hints = outcome.unreflected;
+            true
+        }
+        Ok(outcome) if outcome.awaiting_cri => false,
+        Ok(_) => return,
         Err(RelistError::List(error)) => {
-            // A failed full relist is retried by the next period; health reports it if it
-            // lasts. A failed targeted one is retried like an unreflected trigger.
+            // The hints it carried are retried; a full relist without any waits for the next
+            // period, and health reports it if it lasts.
             warn!(scope = ?batch.scope, %error, "relist failed");
-            (batch.scope != Scope::All, true)
+            true
         }
     };
-    if retry {
-        let (scope, sources) = (batch.scope.clone(), batch.hints.sources());
-        let kernel: Vec<(ContainerId, Observation)> = batch
-            .hints
-            .observations()
-            .filter(|(_, o)| o.source == TriggerSource::Ebpf)
-            .cloned()
-            .collect();
-        let requeued = if unconfirmed {
-            scheduler.retry(batch, Instant::now())
-        } else {
-            scheduler.recheck(batch, Instant::now())
-        };
-        match requeued {
-            Ok(()) => {}
-            Err(RetryError::FullRelist) => {}
-            Err(RetryError::Exhausted { .. }) if !unconfirmed => {
-                debug!(
-                    ?scope,
-                    "the CRI store still lags the task layer; the next full relist reads it"
-                );
-            }
-            Err(e @ RetryError::Exhausted { .. }) => {
-                // Never silent: a hint the runtime never confirmed is either a source's false
-                // alarm or a runtime that lags badly, and either is worth knowing.
-                warn!(?scope, ?sources, %e, "hint not confirmed by the runtime");
-                for source in sources {
-                    metrics.unconfirmed_hint(source);
-                }
-                if let Some(sink) = observations {
-                    for (container, observation) in &kernel {
-                        sink.unconfirmed(container, std::slice::from_ref(observation));
-                    }
-                }
+    let requeued = if unconfirmed {
+        scheduler.retry(batch, Instant::now())
+    } else {
+        scheduler.recheck(batch, Instant::now())
+    };
+    let Err(exhausted) = requeued else {
+        return;
+    };
+    let targets: Vec<&Target> = exhausted.hints.targets().collect();
+    if !unconfirmed {
+        debug!(
+            ?targets,
+            "the CRI store still lags the task layer; the next full relist reads it"
+        );
+        return;
+    }
+    // Never silent: a hint the runtime never confirmed is either a source's false alarm or a
+    // runtime that lags badly, and either is worth knowing.
+    let sources = exhausted.hints.sources();
+    warn!(?targets, ?sources, %exhausted, "hint not confirmed by the runtime");
+    for source in sources {
+        metrics.unconfirmed_hint(source);
+    }
+    if let Some(sink) = observations {
+        for (container, observation) in exhausted.hints.observations() {
+            if observation.source == TriggerSource::Ebpf {
+                sink.unconfirmed(container, std::slice::from_ref(observation));
             }
         }
     }

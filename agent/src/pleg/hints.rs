@@ -111,11 +111,13 @@ impl Hints {
         }
     }
 
-    /// Whether a targeted reading (`listed`) shows what these hints saw: the container exists,
-    /// a container a source saw die no longer runs, one the runtime deleted is no longer
-    /// listed. `committed` is the reading before it: a container it held that this one does
-    /// not was removed since, and nothing more will come of what was seen of it.
-    pub fn reflected_in(&self, scope: &Scope, listed: &PodRecords, committed: &PodRecords) -> bool {
+    /// The targets whose hints a reading (`listed`, of the targets or of the whole node) does
+    /// not reflect yet, with their hints: a container a source saw start is not listed
+    /// running or exited, one a source saw die is still listed running, one the runtime
+    /// deleted is still listed. `committed` is the reading before it: a container it held
+    /// that this one does not was removed since, and nothing more will come of what was seen
+    /// of it.
+    pub fn unreflected(&self, listed: &PodRecords, committed: &PodRecords) -> Hints {
         let state_in = |records: &PodRecords, id: &ContainerId| {
             records
                 .values()
@@ -131,34 +133,48 @@ impl Hints {
             state_in(listed, id).is_none()
                 && (deleted.contains(id) || state_in(committed, id).is_some())
         };
-        // A container the reading does not show, and never showed, is an answer when nothing
-        // was observed of it (its create event came before the runtime's store has it):
-        // retrying would only crowd the relists for seconds. Something observed of it (an
-        // exec, a start, an exit) says the runtime must come to show it.
-        if let Scope::Container(id) = scope
-            && state_in(listed, id).is_none()
-            && !gone(id)
-            && self.observations().any(|(about, _)| about == id)
-        {
-            return false;
-        }
-        self.observations().all(|(id, observation)| {
-            let state = state_in(listed, id);
-            match observation.kind {
-                // Whatever else was seen of it: the runtime's store forgets it a moment after
-                // its delete event, and only a reading without it answers.
-                _ if deleted.contains(id) => state.is_none(),
-                _ if gone(id) => true,
-                // A source saw it die: the runtime must not still show it running.
-                ref kind if kind.is_death() => state != Some(ContainerState::Running),
-                // Its init started (the kernel saw it exec, or the task service started it):
-                // the CRI store marks it running only once the start call returns.
-                _ => matches!(
-                    state,
-                    Some(ContainerState::Running | ContainerState::Exited)
-                ),
+        let reflects = |target: &Target, hint: &Hint| {
+            // A container the reading does not show, and never showed, is an answer when
+            // nothing was observed of it (its create event came before the runtime's store
+            // has it): retrying would only crowd the relists for seconds. Something observed
+            // of it (an exec, a start, an exit) says the runtime must come to show it.
+            if let Target::Container(id) = target
+                && state_in(listed, id).is_none()
+                && !gone(id)
+                && hint.observations.iter().any(|(about, _)| about == id)
+            {
+                return false;
             }
-        })
+            hint.observations.iter().all(|(id, observation)| {
+                let state = state_in(listed, id);
+                match observation.kind {
+                    // Whatever else was seen of it: the runtime's store forgets it a moment
+                    // after its delete event, and only a reading without it answers.
+                    _ if deleted.contains(id) => state.is_none(),
+                    _ if gone(id) => true,
+                    // A source saw it die: the runtime must not still show it running.
+                    ref kind if kind.is_death() => state != Some(ContainerState::Running),
+                    // Its init started (the kernel saw it exec, or the task service started
+                    // it): the CRI store marks it running only once the start call returns.
+                    _ => matches!(
+                        state,
+                        Some(ContainerState::Running | ContainerState::Exited)
+                    ),
+                }
+            })
+        };
+        Hints(
+            self.0
+                .iter()
+                .filter(|(target, hint)| !reflects(target, hint))
+                .map(|(target, hint)| (target.clone(), hint.clone()))
+                .collect(),
+        )
+    }
+
+    /// The targets, in order.
+    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+        self.0.keys()
     }
 }
 
@@ -218,18 +234,34 @@ mod tests {
         PodRecords::from([(pod.uid.clone(), pod)])
     }
 
-    fn hints(observations: &[(&str, ObservationKind)]) -> Hints {
-        let observations: Vec<_> = observations
-            .iter()
-            .map(|(id, kind)| (*id, TriggerSource::Ebpf, kind.clone()))
-            .collect();
-        pod_hints("p", &observations)
+    /// The hints of one trigger on `target`, each observation about its container.
+    fn hints(target: &Target, observations: &[(&str, ObservationKind)]) -> Hints {
+        let mut hints = Hints::default();
+        hints.insert(
+            target.clone(),
+            Hint {
+                sources: BTreeSet::from([TriggerSource::Ebpf]),
+                observed_at: SystemTime::UNIX_EPOCH,
+                observations: observations
+                    .iter()
+                    .map(|(id, kind)| {
+                        let observation = Observation {
+                            source: TriggerSource::Ebpf,
+                            kind: kind.clone(),
+                        };
+                        (ContainerId((*id).to_owned()), observation)
+                    })
+                    .collect(),
+                listing_needed: observations.is_empty(),
+            },
+        );
+        hints
     }
 
     #[test]
     fn a_reading_reflects_hints_once_the_runtime_shows_what_they_saw() {
-        let pod = Scope::Pod(PodUid("p".into()));
-        let container = |id: &str| Scope::Container(ContainerId(id.into()));
+        let pod = Target::Pod(PodUid("p".into()));
+        let container = |id: &str| Target::Container(ContainerId(id.into()));
         let cases = [
             (
                 "no observation",
@@ -386,13 +418,30 @@ mod tests {
                 true,
             ),
         ];
-        for (name, scope, observations, committed, containers, want) in cases {
-            let got = hints(&observations).reflected_in(
-                &scope,
-                &listed(&containers),
-                &listed(&committed),
-            );
+        for (name, target, observations, committed, containers, want) in cases {
+            let got = hints(&target, &observations)
+                .unreflected(&listed(&containers), &listed(&committed))
+                .is_empty();
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn only_the_targets_a_reading_does_not_reflect_are_left() {
+        let mut both = hints(&Target::Pod(PodUid("p".into())), &[("a", Signal(9))]);
+        for (target, hint) in hints(
+            &Target::Container(ContainerId("b".into())),
+            &[("b", Exec("/app".into()))],
+        ) {
+            both.insert(target, hint);
+        }
+        let left = both.unreflected(
+            &listed(&[("a", Exited), ("b", Created)]),
+            &PodRecords::new(),
+        );
+        assert_eq!(
+            left.targets().collect::<Vec<_>>(),
+            [&Target::Container(ContainerId("b".into()))]
+        );
     }
 }

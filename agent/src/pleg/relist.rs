@@ -74,12 +74,20 @@ pub struct RelistOutcome {
     pub events_sent: usize,
     /// Pods whose inspection failed; they are inspected again by the next relist of their pod.
     pub failed_inspections: usize,
-    /// A targeted relist did not find what its trigger saw (the container does not exist yet,
-    /// or still runs though a source saw it die): retry with backoff.
-    pub not_reflected: bool,
+    /// The hints this reading does not reflect (a container a source saw does not exist yet,
+    /// or still runs though a source saw it die), or every hint when a pod must be read again:
+    /// retry them with backoff.
+    pub unreflected: Hints,
     /// A targeted relist left a state only the task layer confirmed: read the pod again soon
     /// (no event), so the cache takes the CRI store's status and reason once it catches up.
     pub awaiting_cri: bool,
+}
+
+impl RelistOutcome {
+    /// Whether a hint behind the relist is to be retried.
+    pub fn not_reflected(&self) -> bool {
+        !self.unreflected.is_empty()
+    }
 }
 
 /// Owns the last reading of the runtime and turns each new reading into events.
@@ -215,7 +223,7 @@ impl<R: Runtime> Relister<R> {
         inspections.append(&mut inspected);
 
         let mut outcome = RelistOutcome {
-            not_reflected: !full && !hints.reflected_in(scope, &listed, &self.records),
+            unreflected: hints.unreflected(&listed, &self.records),
             ..RelistOutcome::default()
         };
         for uid in &considered {
@@ -239,7 +247,7 @@ impl<R: Runtime> Relister<R> {
                 {
                     debug!(pod = %uid, "inspection older than the listing; reinspecting");
                     outcome.failed_inspections += 1;
-                    outcome.not_reflected = true;
+                    outcome.unreflected = hints.clone();
                     self.to_reinspect.insert(uid.clone());
                     continue;
                 }
@@ -282,7 +290,16 @@ impl<R: Runtime> Relister<R> {
             self.cache.update_time(started);
             self.health.relist_succeeded(started);
         }
-        debug!(?scope, pods = considered.len(), ?outcome, "relisted");
+        debug!(
+            ?scope,
+            pods = considered.len(),
+            events = outcome.events_sent,
+            failed_inspections = outcome.failed_inspections,
+            unreflected = outcome.unreflected.targets().count(),
+            awaiting_cri = outcome.awaiting_cri,
+            elapsed = ?started.elapsed(),
+            "relisted"
+        );
         trace!(?hints, "relisted on");
         Ok(outcome)
     }
@@ -348,8 +365,18 @@ impl<R: Runtime> Relister<R> {
             return TaskRecords::new();
         }
         let mut tasks = confirm::from_hints(hints);
-        for id in confirm::to_read(listed, hints, &tasks) {
-            match tokio::time::timeout(TASK_STATUS_DEADLINE, self.runtime.task_record(&id)).await {
+        // All at once: under churn a full relist carries kernel hints of many containers, and
+        // one busy shim after another would each cost the whole deadline.
+        let runtime = &self.runtime;
+        let read = confirm::to_read(listed, hints, &tasks)
+            .into_iter()
+            .map(|id| async move {
+                let record =
+                    tokio::time::timeout(TASK_STATUS_DEADLINE, runtime.task_record(&id)).await;
+                (id, record)
+            });
+        for (id, record) in futures::future::join_all(read).await {
+            match record {
                 Ok(Ok(Some(record))) => {
                     tasks.insert(id, record);
                 }
@@ -381,7 +408,8 @@ impl<R: Runtime> Relister<R> {
             .map(|uid| async move {
                 // Taken before the call: the record is at least this fresh.
                 let read_at = Instant::now();
-                let inspection = match runtime.inspect_pod(&uid).await {
+                let known = self.cache.get(&uid).record;
+                let inspection = match runtime.inspect_pod(&uid, known.as_ref()).await {
                     Ok(Some(record)) => Inspection::Found { record, read_at },
                     // Removed between the list and the inspection: the next relist sees it gone.
                     Ok(None) => Inspection::Gone,
@@ -794,7 +822,7 @@ mod tests {
             .relist(&Scope::Pod(uid("a")), &Hints::default())
             .await
             .expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         assert_eq!(
             summary(&drain(&mut h.events)),
             [ev("a", "ca", ContainerDied)]
@@ -826,7 +854,7 @@ mod tests {
             .await
             .expect("relist");
         assert!(
-            !outcome.not_reflected,
+            !outcome.not_reflected(),
             "nothing observed: not listed is an answer"
         );
         let mut exec = Hints::default();
@@ -846,14 +874,14 @@ mod tests {
             },
         );
         let outcome = h.relister.relist(&scope, &exec).await.expect("relist");
-        assert!(outcome.not_reflected);
+        assert!(outcome.not_reflected());
         // Not finding the container does not make its would-be pod look removed.
         assert!(drain(&mut h.events).is_empty());
 
         h.runtime
             .set_container("p", container("new", "new-name", Running));
         let outcome = h.relister.relist(&scope, &exec).await.expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         assert_eq!(
             summary(&drain(&mut h.events)),
             [ev("p", "new", ContainerStarted)]
@@ -889,7 +917,7 @@ mod tests {
             .relist(&batch.scope, &batch.hints)
             .await
             .expect("relist");
-        assert!(outcome.not_reflected, "c is still created in the runtime");
+        assert!(outcome.not_reflected(), "c is still created in the runtime");
 
         h.runtime.set_state("p", "c", Running, None);
         let outcome = h
@@ -897,7 +925,7 @@ mod tests {
             .relist(&batch.scope, &batch.hints)
             .await
             .expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         let events = drain(&mut h.events);
         assert_eq!(summary(&events), [ev("p", "c", ContainerStarted)]);
         assert_eq!(events[0].observations, vec![exec]);
@@ -934,7 +962,7 @@ mod tests {
             .relist(&batch.scope, &batch.hints)
             .await
             .expect("relist");
-        assert!(outcome.not_reflected, "c still runs in the runtime");
+        assert!(outcome.not_reflected(), "c still runs in the runtime");
         assert!(drain(&mut h.events).is_empty());
         scheduler.retry(batch, t0).expect("retry");
 
@@ -946,7 +974,7 @@ mod tests {
             .relist(&batch.scope, &batch.hints)
             .await
             .expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         let events = drain(&mut h.events);
         assert_eq!(summary(&events), [ev("p", "c", ContainerDied)]);
         assert_eq!(events[0].sources, [TriggerSource::Containerd]);
@@ -1092,7 +1120,7 @@ mod tests {
             h.runtime.inspect_calls().len(),
         );
         let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         assert!(outcome.awaiting_cri, "the CRI store is read again soon");
         assert_eq!(
             summary(&drain(&mut h.events)),
@@ -1185,7 +1213,7 @@ mod tests {
         h.runtime
             .set_task("c", Some(TaskRecord::Started { at: None }));
         let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
-        assert!(outcome.not_reflected, "the task still runs");
+        assert!(outcome.not_reflected(), "the task still runs");
         assert!(drain(&mut h.events).is_empty());
 
         let exited_at = SystemTime::UNIX_EPOCH + Duration::from_secs(9);
@@ -1197,7 +1225,7 @@ mod tests {
             }),
         );
         let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
-        assert!(!outcome.not_reflected);
+        assert!(!outcome.not_reflected());
         assert_eq!(
             summary(&drain(&mut h.events)),
             [ev("p", "c", ContainerDied)]
@@ -1240,7 +1268,7 @@ mod tests {
             .relist(&Scope::Pod(uid("p")), &hints)
             .await
             .expect("relist");
-        assert!(outcome.not_reflected);
+        assert!(outcome.not_reflected());
         assert!(drain(&mut h.events).is_empty());
         assert!(h.runtime.task_calls().is_empty());
     }

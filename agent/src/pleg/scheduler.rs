@@ -7,13 +7,16 @@
 //! - Triggers coalesce per pod (a container trigger whose pod is known counts for its pod), so a
 //!   burst of kernel and stream events about one pod costs one targeted relist.
 //! - A due full relist subsumes every targeted one, and carries their hints along, so the events
-//!   it finds are still credited to the sources that saw them first.
+//!   it finds are still credited to the sources that saw them first. When [`BATCH_TARGETS`] or
+//!   more targets are due at once (churn), one full relist serves them all.
+//! - Fresh triggers run before due retries, but a due retry is passed over once at most.
 //! - A kernel trigger waits a short grace while the runtime's own event stream is connected
 //!   (see [`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change
 //!   follows within milliseconds and answers it without a CRI read.
 //! - A trigger can beat the runtime (containerd's exit event before CRI says exited); the driver
-//!   hands such a batch back with [`RelistScheduler::retry`], which backs off exponentially a
-//!   bounded number of times. After that, the periodic full relist is the safety net.
+//!   hands the hints the reading did not reflect back with [`RelistScheduler::retry`], which
+//!   backs off exponentially a bounded number of times per target, whether the relist was
+//!   targeted or full. After that, the periodic full relist is the safety net.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -83,22 +86,33 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Targeted relists due at once from which on one full listing serves them all: a listing
+/// filtered by pod costs the runtime a scan of every container anyway (containerd's CRI store
+/// filters in memory), and under churn one relist at a time per target fell seconds behind.
+pub const BATCH_TARGETS: usize = 3;
+
 /// One relist to run now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub scope: Scope,
     pub hints: Hints,
-    /// Retries so far (0 for a first run).
-    pub attempt: u32,
+    /// Retries so far of each target's hint (absent: none).
+    attempts: BTreeMap<Target, u32>,
 }
 
-/// Why a batch handed to [`RelistScheduler::retry`] was not requeued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum RetryError {
-    #[error("a full relist is not retried; the next period runs it again")]
-    FullRelist,
-    #[error("gave up after {attempts} retries; the next full relist will catch up")]
-    Exhausted { attempts: u32 },
+impl Batch {
+    /// The most retries of any of its targets (0 for first runs).
+    pub fn attempt(&self) -> u32 {
+        self.attempts.values().copied().max().unwrap_or(0)
+    }
+}
+
+/// Hints handed to [`RelistScheduler::retry`] that were not requeued: their retries are spent.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("gave up after {attempts} retries; the next full relist will catch up")]
+pub struct Exhausted {
+    pub attempts: u32,
+    pub hints: Hints,
 }
 
 #[derive(Debug)]
@@ -121,6 +135,8 @@ pub struct RelistScheduler {
     full_requested: Option<Instant>,
     /// How long a kernel trigger waits for the runtime's own event (zero: not at all).
     kernel_grace: Duration,
+    /// A due retry was passed over for a fresh trigger: the next turn is a retry's.
+    retry_passed_over: bool,
 }
 
 impl RelistScheduler {
@@ -133,6 +149,7 @@ impl RelistScheduler {
             periodic_due: now,
             full_requested: None,
             kernel_grace: Duration::ZERO,
+            retry_passed_over: false,
         }
     }
 
@@ -215,39 +232,73 @@ impl RelistScheduler {
     /// else the targeted relist due the earliest.
     pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
         if self.full_relist_due(now) {
-            let mut hints = Hints::default();
-            for (target, pending) in std::mem::take(&mut self.pending) {
-                hints.insert(target, pending.hint);
-            }
-            self.last_full = Some(now);
-            self.periodic_due = now + self.config.full_relist_period;
-            self.full_requested = None;
-            return Some(Batch {
-                scope: Scope::All,
-                hints,
-                attempt: 0,
-            });
+            let every: Vec<Target> = self.pending.keys().cloned().collect();
+            return Some(self.full_batch(every, now));
         }
-        // Fresh triggers before retries, each in due order: a retry waits on a runtime that
-        // lags, a fresh trigger is news. Under churn, the due retries of many targets (every
-        // hint for a container CRI does not list yet, or any more, is retried for seconds)
-        // otherwise keep a new trigger waiting behind them for as long as a short-lived
-        // container lives, and the change it pointed at is gone before it is relisted.
-        let target = self
+        let due: Vec<Target> = self
             .pending
             .iter()
             .filter(|(_, p)| p.due <= now)
-            .min_by_key(|(_, p)| (p.attempt > 0, p.due))
-            .map(|(target, _)| target.clone())?;
+            .map(|(target, _)| target.clone())
+            .collect();
+        if due.len() >= BATCH_TARGETS {
+            return Some(self.full_batch(due, now));
+        }
+        // Fresh triggers before retries, each in due order: a retry waits on a runtime that
+        // lags, a fresh trigger is news. Under churn, the due retries of many targets otherwise
+        // keep a new trigger waiting behind them for as long as a short-lived container lives.
+        // But a due retry is passed over once at most: the kernel's hints come in a steady
+        // stream under churn, and a retry starved behind them for a second (a death the CRI
+        // store had not shown yet) read a container already removed, its exit code gone.
+        let earliest = |retry: bool| {
+            self.pending
+                .iter()
+                .filter(|(_, p)| p.due <= now && (p.attempt > 0) == retry)
+                .min_by_key(|(_, p)| p.due)
+                .map(|(target, _)| target.clone())
+        };
+        let (fresh, retry) = (earliest(false), earliest(true));
+        let target = match (fresh, retry) {
+            (Some(_), Some(retry)) if self.retry_passed_over => retry,
+            (Some(fresh), retry) => {
+                self.retry_passed_over = retry.is_some();
+                fresh
+            }
+            (None, retry) => retry?,
+        };
+        if self.pending.get(&target).is_some_and(|p| p.attempt > 0) {
+            self.retry_passed_over = false;
+        }
         let pending = self.pending.remove(&target)?;
         let mut hints = Hints::default();
         let scope = target.scope();
-        hints.insert(target, pending.hint);
+        hints.insert(target.clone(), pending.hint);
         Some(Batch {
             scope,
             hints,
-            attempt: pending.attempt,
+            attempts: BTreeMap::from([(target, pending.attempt)]),
         })
+    }
+
+    /// A full relist carrying the hints of `targets` (each with its retries so far). It is a
+    /// full relist in every way: the next periodic one is due a period after it.
+    fn full_batch(&mut self, targets: Vec<Target>, now: Instant) -> Batch {
+        let mut hints = Hints::default();
+        let mut attempts = BTreeMap::new();
+        for target in targets {
+            if let Some(pending) = self.pending.remove(&target) {
+                attempts.insert(target.clone(), pending.attempt);
+                hints.insert(target, pending.hint);
+            }
+        }
+        self.last_full = Some(now);
+        self.periodic_due = now + self.config.full_relist_period;
+        self.full_requested = None;
+        Batch {
+            scope: Scope::All,
+            hints,
+            attempts,
+        }
     }
 
     /// When [`Self::next_due`] will next have something (the next full relist at the latest).
@@ -258,30 +309,40 @@ impl RelistScheduler {
             .fold(self.full_deadline(), Instant::min)
     }
 
-    /// Requeues a targeted batch whose trigger the runtime did not reflect yet, after an
-    /// exponential backoff. New triggers for the same target merge with it.
-    pub fn retry(&mut self, batch: Batch, now: Instant) -> Result<(), RetryError> {
-        if batch.scope == Scope::All {
-            return Err(RetryError::FullRelist);
-        }
-        if batch.attempt >= self.config.max_retries {
-            return Err(RetryError::Exhausted {
-                attempts: batch.attempt,
-            });
-        }
-        let delay = retry_delay(self.config.retry_base, batch.attempt);
+    /// Requeues the hints of a batch (full or targeted) the runtime did not reflect yet, each
+    /// target after its own exponential backoff; new triggers for the same target merge with
+    /// it. Targets whose retries are spent are handed back.
+    pub fn retry(&mut self, batch: Batch, now: Instant) -> Result<(), Exhausted> {
+        let mut exhausted = Exhausted {
+            attempts: 0,
+            hints: Hints::default(),
+        };
         for (target, hint) in batch.hints {
-            self.enqueue(target, hint, now + delay, batch.attempt + 1);
+            let attempt = batch.attempts.get(&target).copied().unwrap_or(0);
+            if attempt >= self.config.max_retries {
+                exhausted.attempts = exhausted.attempts.max(attempt);
+                exhausted.hints.insert(target, hint);
+                continue;
+            }
+            let delay = retry_delay(self.config.retry_base, attempt);
+            self.enqueue(target, hint, now + delay, attempt + 1);
         }
-        Ok(())
+        if exhausted.hints.is_empty() {
+            Ok(())
+        } else {
+            Err(exhausted)
+        }
     }
 
     /// Requeues a targeted batch whose change is confirmed but whose pod another layer of the
     /// runtime still shows behind (the CRI store after the task service): on the doubling part
     /// of the schedule only, since that layer takes tens of milliseconds, and every recheck is
     /// a relist (under churn, the steady retries of many pods at once would crowd the loop).
-    pub fn recheck(&mut self, mut batch: Batch, now: Instant) -> Result<(), RetryError> {
-        batch.attempt = batch.attempt.max(STEADY_RETRIES);
+    pub fn recheck(&mut self, mut batch: Batch, now: Instant) -> Result<(), Exhausted> {
+        for target in batch.hints.targets() {
+            let attempt = batch.attempts.entry(target.clone()).or_default();
+            *attempt = (*attempt).max(STEADY_RETRIES);
+        }
         self.retry(batch, now)
     }
 
@@ -450,7 +511,7 @@ mod tests {
 
         let batch = scheduler.next_due(t0).expect("a batch for p");
         assert_eq!(batch.scope, Scope::Pod(uid("p")));
-        assert_eq!(batch.attempt, 0);
+        assert_eq!(batch.attempt(), 0);
         let hint = batch
             .hints
             .for_container(&uid("p"), &cid("c1"))
@@ -553,7 +614,7 @@ mod tests {
             .into_iter()
             .chain([10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
         for (attempt, delay_ms) in delays.enumerate() {
-            assert_eq!(batch.attempt, attempt as u32);
+            assert_eq!(batch.attempt(), attempt as u32);
             scheduler.retry(batch, now).expect("retry allowed");
             assert_eq!(scheduler.next_deadline(), now + delay_ms * MS);
             assert_eq!(scheduler.next_due(now + (delay_ms - 1) * MS), None);
@@ -561,10 +622,12 @@ mod tests {
             batch = scheduler.next_due(now).expect("retry due");
             assert_eq!(batch.scope, Scope::Pod(uid("p")));
         }
+        let hints = batch.hints.clone();
         assert_eq!(
             scheduler.retry(batch, now),
-            Err(RetryError::Exhausted {
-                attempts: DEFAULT_MAX_RETRIES
+            Err(Exhausted {
+                attempts: DEFAULT_MAX_RETRIES,
+                hints
             })
         );
         assert_eq!(scheduler.next_deadline(), t0 + Duration::from_secs(3600));
@@ -589,7 +652,7 @@ mod tests {
             no_index,
         );
         let batch = scheduler.next_due(now).expect("fresh trigger runs at once");
-        assert_eq!(batch.attempt, 0);
+        assert_eq!(batch.attempt(), 0);
     }
 
     #[test]
@@ -610,7 +673,7 @@ mod tests {
         );
         let batch = scheduler.next_due(t0).expect("due at once");
         // The merged batch has the fresh trigger's full budget.
-        assert_eq!(batch.attempt, 0);
+        assert_eq!(batch.attempt(), 0);
         let hint = batch
             .hints
             .for_container(&uid("p"), &cid("c"))
@@ -642,15 +705,91 @@ mod tests {
         assert_eq!(first.scope, Scope::Pod(uid("fresh")));
         let second = scheduler.next_due(later).expect("the retry next");
         assert_eq!(second.scope, Scope::Pod(uid("lagging")));
-        assert_eq!(second.attempt, 1);
+        assert_eq!(second.attempt(), 1);
     }
 
     #[test]
-    fn full_relists_are_not_retried() {
+    fn a_due_retry_is_passed_over_once_at_most() {
         let t0 = Instant::now();
-        let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
-        let batch = scheduler.next_due(t0).expect("full relist");
-        assert_eq!(scheduler.retry(batch, t0), Err(RetryError::FullRelist));
+        let mut scheduler = after_first_full(t0);
+        scheduler.push(
+            trigger(Scope::Pod(uid("lagging")), TriggerSource::Ebpf, 1),
+            t0,
+            no_index,
+        );
+        let batch = scheduler.next_due(t0).expect("first run");
+        scheduler.retry(batch, t0).expect("retry allowed");
+        // Fresh triggers keep coming one at a time, fewer than a batch's worth due at once.
+        let later = t0 + 50 * MS;
+        let mut order = Vec::new();
+        for (i, pod) in ["a", "b", "c"].into_iter().enumerate() {
+            scheduler.push(
+                trigger(Scope::Pod(uid(pod)), TriggerSource::Ebpf, 2 + i as u64),
+                later,
+                no_index,
+            );
+            order.push(scheduler.next_due(later).expect("due").scope);
+        }
+        order.extend(std::iter::from_fn(|| scheduler.next_due(later)).map(|b| b.scope));
+        assert_eq!(
+            order,
+            ["a", "lagging", "b", "c"].map(|p| Scope::Pod(uid(p)))
+        );
+    }
+
+    #[test]
+    fn targets_due_together_share_one_full_relist_and_retry_each_on_its_own() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        let push = |scheduler: &mut RelistScheduler, pod: &str, at: Instant| {
+            scheduler.push(
+                trigger(Scope::Pod(uid(pod)), TriggerSource::Containerd, 1),
+                at,
+                no_index,
+            );
+        };
+        // Fewer than BATCH_TARGETS due: one targeted relist each.
+        push(&mut scheduler, "a", t0);
+        let a = scheduler.next_due(t0).expect("a due");
+        assert_eq!(a.scope, Scope::Pod(uid("a")));
+        scheduler.retry(a, t0).expect("a retried");
+
+        let later = t0 + 50 * MS;
+        push(&mut scheduler, "b", later);
+        push(&mut scheduler, "c", later);
+        let batch = scheduler.next_due(later).expect("three due");
+        assert_eq!(batch.scope, Scope::All);
+        assert_eq!(batch.hints.targets().count(), BATCH_TARGETS);
+        assert_eq!(batch.attempt(), 1, "a's retry keeps its count");
+        assert_eq!(
+            scheduler.next_deadline(),
+            later + DEFAULT_RELIST_PERIOD,
+            "it was the period's full relist"
+        );
+
+        // Only what the reading did not reflect comes back, with its own count.
+        let mut unreflected = batch.clone();
+        unreflected.hints = batch
+            .hints
+            .clone()
+            .into_iter()
+            .filter(|(target, _)| *target != Target::Pod(uid("b")))
+            .fold(Hints::default(), |mut hints, (target, hint)| {
+                hints.insert(target, hint);
+                hints
+            });
+        scheduler.retry(unreflected, later).expect("retried");
+        let due = later + 10 * MS;
+        let first = scheduler.next_due(due).expect("a, second retry");
+        let second = scheduler.next_due(due).expect("c, first retry");
+        assert_eq!(
+            [
+                (first.attempt(), first.scope),
+                (second.attempt(), second.scope)
+            ],
+            [(2, Scope::Pod(uid("a"))), (1, Scope::Pod(uid("c")))]
+        );
+        assert_eq!(scheduler.next_due(due), None, "b was reflected");
     }
 
     #[test]
@@ -678,6 +817,6 @@ mod tests {
         // The first doubled delay, not the 5 ms steady one.
         assert_eq!(scheduler.next_deadline(), t0 + 10 * MS);
         let batch = scheduler.next_due(t0 + 10 * MS).expect("recheck due");
-        assert_eq!(batch.attempt, STEADY_RETRIES + 1);
+        assert_eq!(batch.attempt(), STEADY_RETRIES + 1);
     }
 }

@@ -182,10 +182,14 @@ impl Runtime for AnyRuntime {
         }
     }
 
-    async fn inspect_pod(&self, pod: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+    async fn inspect_pod(
+        &self,
+        pod: &PodUid,
+        known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
         match self {
-            Self::Cri(runtime) => runtime.inspect_pod(pod).await,
-            Self::Containerd(runtime) => runtime.inspect_pod(pod).await,
+            Self::Cri(runtime) => runtime.inspect_pod(pod, known).await,
+            Self::Containerd(runtime) => runtime.inspect_pod(pod, known).await,
         }
     }
 

@@ -377,7 +377,13 @@ impl Runtime for ContainerdRuntime {
         Ok(pods)
     }
 
-    async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+    /// `known` is not needed: containers and tasks come in two calls for the whole pod, and
+    /// CRI is asked only about task-less containers.
+    async fn inspect_pod(
+        &self,
+        uid: &PodUid,
+        _known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
         let mut entries = self.ask_cri(self.read_pod(uid).await?, false).await?;
         self.ran.apply(&mut entries, false);
         Ok(assemble(entries).into_iter().find(|p| &p.uid == uid))

@@ -24,7 +24,7 @@ use crate::{
         ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
     },
     runtime::{
-        Runtime, RuntimeError, RuntimeVersion, Scope,
+        Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
         transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
@@ -250,7 +250,11 @@ impl Runtime for CriRuntime {
         self.tasks.record(container).await
     }
 
-    async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+    async fn inspect_pod(
+        &self,
+        uid: &PodUid,
+        known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
         let Some(mut pod) = self
             .list_pod(uid)
             .await?
@@ -260,7 +264,9 @@ impl Runtime for CriRuntime {
             return Ok(None);
         };
         let inspected = try_join_all(pod.containers.values().map(|listed| async move {
-            if listed.sandbox {
+            if let Some(known) = known_status(known, listed) {
+                Ok(Some(known.clone()))
+            } else if listed.sandbox {
                 Ok::<_, RuntimeError>(self.sandbox_status(&listed.id.0).await?.map(|status| {
                     ContainerRecord {
                         state: sandbox_state(status.state),

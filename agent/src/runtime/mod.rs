@@ -27,7 +27,7 @@ pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
 
 // Scope is the relist's notion; re-exported because every backend answers in its terms.
 pub use crate::pleg::event::Scope;
-use crate::pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord};
+use crate::pleg::record::{ContainerId, ContainerRecord, Layer, PodRecord, PodUid, TaskRecord};
 
 /// Default deadline of one runtime call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,9 +90,15 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Inspects one pod (kubelet's GetPodStatus): the same records completed by the status
     /// calls (exit codes, reasons, timestamps). `None` when the pod no longer exists.
+    ///
+    /// `known` is the pod's last inspection: a container it holds as the CRI store confirmed
+    /// it, in the state the listing still shows, is taken from it without a status call
+    /// ([`known_status`]). A pod under churn gains containers, and reading every one's status
+    /// on each change made a targeted relist cost tens of milliseconds on a busy node.
     fn inspect_pod(
         &self,
         pod: &PodUid,
+        known: Option<&PodRecord>,
     ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
 
     /// What the runtime's task service (containerd's) recorded of `container`'s init, ahead of
@@ -104,5 +110,61 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<TaskRecord>, RuntimeError>> + Send {
         let _ = container;
         async { Ok(None) }
+    }
+}
+
+/// `listed`'s record in `known` when a status call would only repeat it: the runtime's status
+/// of a container (exit code, reason, times) does not change while its state does not. A
+/// record the task service confirmed ahead of the CRI store is read again, for CRI's reason.
+pub fn known_status<'a>(
+    known: Option<&'a PodRecord>,
+    listed: &ContainerRecord,
+) -> Option<&'a ContainerRecord> {
+    known?
+        .containers
+        .get(&listed.id)
+        .filter(|k| k.state == listed.state && k.confirmed_by == Layer::Cri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        pleg::record::ContainerState::{Exited, Running},
+        runtime::testing::{container, exited, pod},
+    };
+
+    #[test]
+    fn a_known_status_is_reused_only_in_the_same_state_as_the_cri_store_confirmed_it() {
+        let mut by_task = exited("by-task", "app", 137, "");
+        by_task.confirmed_by = Layer::Task;
+        let known = pod(
+            "p",
+            "web",
+            [
+                container("running", "app", Running),
+                exited("exited", "app", 1, "Error"),
+                by_task,
+            ],
+        );
+        let cases = [
+            ("same state", container("running", "app", Running), true),
+            ("exited since", container("running", "app", Exited), false),
+            ("still exited", container("exited", "app", Exited), true),
+            (
+                "confirmed by the task service",
+                container("by-task", "app", Exited),
+                false,
+            ),
+            ("not known", container("new", "app", Running), false),
+        ];
+        for (name, listed, reused) in cases {
+            assert_eq!(
+                known_status(Some(&known), &listed).is_some(),
+                reused,
+                "{name}"
+            );
+        }
+        assert!(known_status(None, &container("running", "app", Running)).is_none());
     }
 }

@@ -254,7 +254,12 @@ impl Runtime for FakeRuntime {
         })
     }
 
-    async fn inspect_pod(&self, uid: &PodUid) -> Result<Option<PodRecord>, RuntimeError> {
+    /// Reads the whole pod whatever `known` holds: the fake's reads cost nothing.
+    async fn inspect_pod(
+        &self,
+        uid: &PodUid,
+        _known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
         self.lock().inspect_calls.push(uid.clone());
         self.wait().await;
         let state = self.lock();
