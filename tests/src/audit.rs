@@ -233,9 +233,11 @@ impl Record {
 pub struct Folding {
     /// How long a state may last and still go unseen.
     pub window: Duration,
-    /// When no plegd ran (from the signal that stopped it to the restarted one's health): the
-    /// restart's first relist diffs what changed meanwhile, so a container that started and
-    /// died then is one `ContainerDied` (`non-existent -> exited`), as for kubelet restarting.
+    /// When plegd could not read the runtime (from the signal that stopped plegd, or
+    /// containerd, to the restarted one's health): the first relist after it diffs what
+    /// changed meanwhile, so a container that started and died then is one `ContainerDied`
+    /// (`non-existent -> exited`), as for kubelet restarting, and one that exited and was
+    /// removed then left no status to read its exit from.
     pub outage: Option<(SystemTime, SystemTime)>,
 }
 
@@ -534,7 +536,33 @@ fn check_exit(
     };
     // CRI never recorded the exit: any code will do.
     let Some(exit) = &truth.exit else { return };
+    let during_outage = |t: Option<SystemTime>, margin: Duration| {
+        folding
+            .outage
+            .zip(t)
+            .is_some_and(|((down, up), t)| down <= t && t <= up + margin)
+    };
+    // containerd records an exit it lost across its own restart as 255 "Unknown", after
+    // plegd reported the runtime's record of it from before the restart.
+    if folding.outage.is_some() && exit.code == 255 && exit.reason == "Unknown" {
+        if code.is_some_and(|code| code != 255) {
+            report.folded.push(Finding {
+                detail: format!("exit {code:?}: the runtime lost it across its restart"),
+                ..wrong(String::new())
+            });
+        }
+        return;
+    }
     match code {
+        None if during_outage(truth.timing.finished, Duration::ZERO)
+            && during_outage(truth.timing.removed, folding.window) =>
+        {
+            report.folded.push(Finding {
+                detail: "no exit code: exited and removed while the runtime could not be read"
+                    .to_owned(),
+                ..wrong(String::new())
+            })
+        }
         None => match elapsed(truth.timing.finished, truth.timing.removed) {
             Some(gone) if gone < folding.window => report.folded.push(Finding {
                 detail: format!("no exit code: removed {gone:?} after it exited"),
@@ -822,6 +850,44 @@ mod tests {
         assert_eq!(
             transitions(&report.lost),
             [("meanwhile", Some(Transition::Started))]
+        );
+    }
+
+    /// Exits the runtime could not show: one that came and went while it was down, and one it
+    /// lost across its restart (containerd's 255 "Unknown"). Outside an outage, neither folds.
+    #[test]
+    fn exits_the_runtime_could_not_show_during_an_outage_fold() {
+        let truths = [
+            truth("gone-meanwhile", 1, "Error", 3000, 4900),
+            truth("lost-by-runtime", 255, "Unknown", 3000, 9000),
+        ];
+        let mut list = lifecycle("gone-meanwhile", 1, "Error");
+        list.extend(lifecycle("lost-by-runtime", 137, "OOMKilled"));
+        for (_, kind, code, reason) in &mut list {
+            if *kind == "ContainerDied" && *code == Some(1) {
+                (*code, *reason) = (None, "");
+            }
+        }
+        let outage = Folding {
+            outage: Some((at(2500), at(3500))),
+            ..WINDOW
+        };
+        let report = check(&truths, &events(&list), outage);
+        assert!(report.mismatched.is_empty(), "{:?}", report.mismatched);
+        assert_eq!(
+            transitions(&report.folded),
+            [
+                ("gone-meanwhile", Some(Transition::Died)),
+                ("lost-by-runtime", Some(Transition::Died))
+            ]
+        );
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.mismatched),
+            [
+                ("gone-meanwhile", Some(Transition::Died)),
+                ("lost-by-runtime", Some(Transition::Died))
+            ]
         );
     }
 

@@ -280,7 +280,7 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
             faulted = true;
             let down = SystemTime::now();
             inject(plan.fault, node, &mut plegd).await?;
-            if matches!(plan.fault, Some(Fault::PlegdKill | Fault::PlegdTerm)) {
+            if plan.fault.is_some() {
                 outage = Some((down, SystemTime::now()));
             }
             if plan.fault == Some(Fault::ContainerdRestart) {

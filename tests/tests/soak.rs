@@ -3,9 +3,9 @@
 //! received (see plegd_tests::soak). `cargo xtask soak` runs the long version
 //! (`soak_as_configured`, ignored here) with its settings in `PLEGD_SOAK_*`.
 //!
-//! Every short run is ignored for now: each finds transitions lost or exits missing on this
-//! 2-core node (README, Churn audit, says where and why); `cargo test --test soak --
-//! --ignored` runs them, and they are the check that a fix works.
+//! A short run still ignored finds transitions lost on this 2-core node (README, Churn audit,
+//! says where and why); `cargo test --test soak -- --ignored` runs it, the check that a fix
+//! works.
 
 mod support;
 
@@ -52,13 +52,11 @@ async fn soak_once(mode: Mode, fault: Option<Fault>, lifecycles: usize, duration
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a death now and then comes without its exit code (README Churn audit): run with --ignored"]
 async fn soak_ebpf_only() {
     soak_once(Mode::Ebpf, None, SHORT, Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a death now and then comes without its exit code (README Churn audit): run with --ignored"]
 async fn soak_containerd_events_only() {
     soak_once(Mode::Events, None, SHORT, Duration::ZERO).await;
 }
@@ -76,7 +74,6 @@ async fn soak_polling() {
 /// containerd SIGKILLed mid-churn and started again: the stream's reconnect and its full
 /// relist leave nothing lost (events only: no eBPF hint nor short relist to make up for it).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a start or an exit code lost across containerd's restart now and then (README Churn audit): run with --ignored"]
 async fn soak_through_a_containerd_crash() {
     soak_once(
         Mode::Events,
