@@ -691,6 +691,15 @@ mod tests {
         ]
     }
 
+    /// `id`'s `ContainerDied` as received without its exit code.
+    fn without_exit(list: &mut [(&str, &str, Option<i32>, &str)], id: &str) {
+        for (about, kind, code, reason) in list {
+            if *about == id && *kind == "ContainerDied" {
+                (*code, *reason) = (None, "");
+            }
+        }
+    }
+
     fn transitions(findings: &[Finding]) -> Vec<(&str, Option<Transition>)> {
         findings
             .iter()
@@ -862,12 +871,8 @@ mod tests {
             truth("lost-by-runtime", 255, "Unknown", 3000, 9000),
         ];
         let mut list = lifecycle("gone-meanwhile", 1, "Error");
+        without_exit(&mut list, "gone-meanwhile");
         list.extend(lifecycle("lost-by-runtime", 137, "OOMKilled"));
-        for (_, kind, code, reason) in &mut list {
-            if *kind == "ContainerDied" && *code == Some(1) {
-                (*code, *reason) = (None, "");
-            }
-        }
         let outage = Folding {
             outage: Some((at(2500), at(3500))),
             ..WINDOW
@@ -918,12 +923,8 @@ mod tests {
         ];
         let mut list = lifecycle("soon", 1, "Error");
         list.extend(lifecycle("late", 1, "Error"));
-        for entry in &mut list {
-            if entry.1 == "ContainerDied" {
-                entry.2 = None;
-                entry.3 = "";
-            }
-        }
+        without_exit(&mut list, "soon");
+        without_exit(&mut list, "late");
         let report = check(&truths, &events(&list), WINDOW);
         assert_eq!(
             transitions(&report.folded),

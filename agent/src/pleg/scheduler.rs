@@ -684,9 +684,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_fresh_trigger_runs_before_retries_due_earlier() {
-        let t0 = Instant::now();
+    /// A scheduler whose pod "lagging" ran at `t0` and is being retried.
+    fn with_a_retry(t0: Instant) -> RelistScheduler {
         let mut scheduler = after_first_full(t0);
         scheduler.push(
             trigger(Scope::Pod(uid("lagging")), TriggerSource::Containerd, 1),
@@ -695,6 +694,13 @@ mod tests {
         );
         let batch = scheduler.next_due(t0).expect("first run");
         scheduler.retry(batch, t0).expect("retry allowed");
+        scheduler
+    }
+
+    #[test]
+    fn a_fresh_trigger_runs_before_retries_due_earlier() {
+        let t0 = Instant::now();
+        let mut scheduler = with_a_retry(t0);
         let later = t0 + 50 * MS;
         scheduler.push(
             trigger(Scope::Pod(uid("fresh")), TriggerSource::Containerd, 2),
@@ -711,14 +717,7 @@ mod tests {
     #[test]
     fn a_due_retry_is_passed_over_once_at_most() {
         let t0 = Instant::now();
-        let mut scheduler = after_first_full(t0);
-        scheduler.push(
-            trigger(Scope::Pod(uid("lagging")), TriggerSource::Ebpf, 1),
-            t0,
-            no_index,
-        );
-        let batch = scheduler.next_due(t0).expect("first run");
-        scheduler.retry(batch, t0).expect("retry allowed");
+        let mut scheduler = with_a_retry(t0);
         // Fresh triggers keep coming one at a time, fewer than a batch's worth due at once.
         let later = t0 + 50 * MS;
         let mut order = Vec::new();
