@@ -30,7 +30,9 @@
 //! - All three transitions of a container created and removed within the window: kubelet's
 //!   relist never sees it (polling mode; the issue's own example).
 //! - The exit code and reason of a `ContainerDied` for a container removed within the window
-//!   after it exited: `running -> non-existent` has no status left to read the exit from.
+//!   after the runtime showed it exited (the harness's first `ContainerStatus` saying so; under
+//!   load the CRI store shows an exit long after it happened, and no reading before could give
+//!   its code): `running -> non-existent` has no status left to read the exit from.
 //!
 //! # Restarts of plegd
 //! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
@@ -113,6 +115,10 @@ pub struct Timing {
     pub started: Option<SystemTime>,
     /// When CRI says it finished.
     pub finished: Option<SystemTime>,
+    /// When the harness first saw CRI show it exited (polling: up to 50 ms late). Under load
+    /// the CRI store shows an exit long after `finished`, and no reading before it could
+    /// give the exit code.
+    pub exit_shown: Option<SystemTime>,
     /// When the harness asked to remove it (it or its pod).
     pub removed: Option<SystemTime>,
 }
@@ -488,6 +494,7 @@ fn fold(
         started,
         finished,
         removed,
+        ..
     } = truth.timing;
     if let Some(lived) = elapsed(created, removed)
         && lived < folding.window
@@ -563,9 +570,12 @@ fn check_exit(
                 ..wrong(String::new())
             })
         }
-        None => match elapsed(truth.timing.finished, truth.timing.removed) {
+        None => match elapsed(
+            truth.timing.exit_shown.or(truth.timing.finished),
+            truth.timing.removed,
+        ) {
             Some(gone) if gone < folding.window => report.folded.push(Finding {
-                detail: format!("no exit code: removed {gone:?} after it exited"),
+                detail: format!("no exit code: removed {gone:?} after the runtime showed its exit"),
                 ..wrong(String::new())
             }),
             _ => report.mismatched.push(wrong(format!(
@@ -648,6 +658,7 @@ mod tests {
                 created: Some(at(0)),
                 started: Some(at(100)),
                 finished: Some(at(finished)),
+                exit_shown: None,
                 removed: Some(at(removed)),
             },
         }
@@ -859,6 +870,30 @@ mod tests {
         assert_eq!(
             transitions(&report.lost),
             [("meanwhile", Some(Transition::Started))]
+        );
+    }
+
+    /// The window for a missing exit code runs from when the runtime first showed the exit.
+    #[test]
+    fn a_missing_exit_code_folds_by_when_the_runtime_showed_the_exit() {
+        let shown = |id: &str, shown_ms: u64| {
+            let mut truth = truth(id, 1, "Error", 1000, 4000);
+            truth.timing.exit_shown = Some(at(shown_ms));
+            truth
+        };
+        let truths = [shown("shown-late", 3000), shown("shown-early", 1050)];
+        let mut list = lifecycle("shown-late", 1, "Error");
+        list.extend(lifecycle("shown-early", 1, "Error"));
+        without_exit(&mut list, "shown-late");
+        without_exit(&mut list, "shown-early");
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.folded),
+            [("shown-late", Some(Transition::Died))]
+        );
+        assert_eq!(
+            transitions(&report.mismatched),
+            [("shown-early", Some(Transition::Died))]
         );
     }
 

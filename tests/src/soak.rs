@@ -398,6 +398,7 @@ async fn lifecycle(
         Action::Exit(_) | Action::Oom | Action::Brief => {}
     }
     let status = exited(cri, &id).await?;
+    let exit_shown = SystemTime::now();
     tokio::time::sleep(draw.lingers).await;
     let removed = SystemTime::now();
     match &own_pod {
@@ -422,6 +423,7 @@ async fn lifecycle(
             created: Some(created),
             started: at(status.started_at),
             finished: at(status.finished_at),
+            exit_shown: exited.then_some(exit_shown),
             removed: Some(removed),
         },
     })
