@@ -137,7 +137,7 @@ mod tests {
                     uid: PodUid(pod.to_owned()),
                     namespace: "ns".to_owned(),
                     name: pod.to_owned(),
-                    containers: BTreeMap::new(),
+                    containers: crate::pleg::record::Containers::new(),
                 })
                 .containers
                 .insert(ContainerId(id.to_owned()), container(id, state));

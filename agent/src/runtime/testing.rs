@@ -9,7 +9,8 @@ use std::{
 
 use crate::{
     pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+        TaskRecord,
     },
     runtime::{Runtime, RuntimeError, Scope},
 };
@@ -95,7 +96,7 @@ impl FakeRuntime {
             uid: PodUid(uid.to_owned()),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            containers: BTreeMap::new(),
+            containers: Containers::new(),
         };
         self.lock().pods.insert(pod.uid.clone(), pod);
     }
