@@ -225,7 +225,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::pleg::record::{ContainerRecord, PodRecord, PodUid};
+    use crate::pleg::record::{ContainerRecord, Containers, PodRecord, PodUid};
 
     fn run(sequence: u64) -> SavedRun {
         let container = ContainerRecord {
@@ -238,7 +238,7 @@ mod tests {
             uid: PodUid("u1".into()),
             namespace: "default".into(),
             name: "web".into(),
-            containers: BTreeMap::from([(container.id.clone(), container)]),
+            containers: Containers::from([(container.id.clone(), container)]),
         };
         SavedRun {
             runtime: "Cri unix:///run/containerd/containerd.sock".into(),

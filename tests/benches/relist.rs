@@ -111,7 +111,8 @@ fn fake_node(pods: usize) -> FakeRuntime {
     runtime
 }
 
-/// Flips every pod's app container between running and exited.
+/// Flips every pod's app container between running and exited (untimed), and has the fake
+/// forget the calls it recorded, which would otherwise pile up over the run.
 fn flip(runtime: &FakeRuntime, pods: usize, exit: bool) {
     let (state, code) = if exit {
         (ContainerState::Exited, Some(1))
@@ -121,6 +122,7 @@ fn flip(runtime: &FakeRuntime, pods: usize, exit: bool) {
     for i in 0..pods {
         runtime.set_state(&format!("pod-{i:05}"), &format!("ctr-{i:05}"), state, code);
     }
+    runtime.forget_calls();
 }
 
 /// The pure core at node scale, with criterion: a full relist (list, diff, cache) of the fake

@@ -144,9 +144,10 @@ impl Entry {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, sync::Arc, time::Duration};
+    use std::{sync::Arc, time::Duration};
 
     use super::*;
+    use crate::pleg::record::Containers;
 
     fn uid(s: &str) -> PodUid {
         PodUid(s.to_owned())
@@ -157,7 +158,7 @@ mod tests {
             uid: uid(s),
             namespace: "ns".to_owned(),
             name: s.to_owned(),
-            containers: BTreeMap::new(),
+            containers: Containers::new(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::pleg::{
     event::PodLifecycleEventType,
-    record::{ContainerId, ContainerState, PodRecord, PodRecords, PodUid},
+    record::{ContainerId, ContainerState, PodRecord, PodRecords, PodUid, SortedLookup},
 };
 
 /// One event the diff found, before the relist dresses it up with names and provenance.
@@ -50,14 +50,10 @@ pub fn diff_pods<'a>(
     pods: impl IntoIterator<Item = &'a PodUid>,
 ) -> Vec<ContainerEvent> {
     let mut events = Vec::new();
+    let (mut old_pods, mut new_pods) = (SortedLookup::new(old), SortedLookup::new(new));
     for uid in pods {
-        let (old_pod, new_pod) = (old.get(uid), new.get(uid));
-        let containers: BTreeSet<&ContainerId> = old_pod
-            .into_iter()
-            .chain(new_pod)
-            .flat_map(|pod| pod.containers.keys())
-            .collect();
-        for id in containers {
+        let (old_pod, new_pod) = (old_pods.get(uid), new_pods.get(uid));
+        let container_events = |id: &ContainerId| {
             let from = state_of(old_pod, id);
             let to = state_of(new_pod, id);
             events.extend(
@@ -69,6 +65,21 @@ pub fn diff_pods<'a>(
                         event_type,
                     }),
             );
+        };
+        match (old_pod, new_pod) {
+            // The readings hold different containers: walk their union.
+            (Some(o), Some(n)) if !o.containers.keys().eq(n.containers.keys()) => {
+                let ids: BTreeSet<&ContainerId> =
+                    o.containers.keys().chain(n.containers.keys()).collect();
+                ids.into_iter().for_each(container_events);
+            }
+            // One reading, or two with the same containers (most pods, most of the time):
+            // walk its ids as they are, without collecting a set per pod.
+            _ => old_pod
+                .or(new_pod)
+                .into_iter()
+                .flat_map(|pod| pod.containers.keys())
+                .for_each(container_events),
         }
     }
     events
@@ -126,7 +137,7 @@ mod tests {
                     uid: PodUid(pod.to_owned()),
                     namespace: "ns".to_owned(),
                     name: pod.to_owned(),
-                    containers: BTreeMap::new(),
+                    containers: crate::pleg::record::Containers::new(),
                 })
                 .containers
                 .insert(ContainerId(id.to_owned()), container(id, state));

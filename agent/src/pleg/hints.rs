@@ -59,6 +59,10 @@ impl Hints {
     /// What the triggers said about one container of one pod: the pod's hint and the
     /// container's own, merged, keeping only the observations about this container.
     pub fn for_container(&self, pod: &PodUid, container: &ContainerId) -> Option<Hint> {
+        // A full relist often has no hints: skip building the two owned lookup keys per event.
+        if self.0.is_empty() {
+            return None;
+        }
         let by_pod = self.0.get(&Target::Pod(pod.clone()));
         let by_container = self.0.get(&Target::Container(container.clone()));
         let mut hint: Option<Hint> = None;

@@ -24,7 +24,7 @@ use crate::{
         health::Health,
         hints::Hints,
         provenance::{PodReadings, pod_events},
-        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid},
+        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, SortedLookup},
         sink::EventSink,
     },
     runtime::{Runtime, RuntimeError},
@@ -207,10 +207,12 @@ impl<R: Runtime> Relister<R> {
         //    CRI store caught up with what the task layer confirmed (for the cache only).
         let mut to_inspect: BTreeSet<PodUid> = changes.keys().cloned().collect();
         to_inspect.extend(self.to_reinspect.intersection(&considered).cloned());
+        let (mut committed, mut now) =
+            (SortedLookup::new(&self.records), SortedLookup::new(&listed));
         to_inspect.extend(
             considered
                 .iter()
-                .filter(|uid| confirm::caught_up(self.records.get(*uid), listed.get(*uid)))
+                .filter(|uid| confirm::caught_up(committed.get(uid), now.get(uid)))
                 .cloned(),
         );
         to_inspect.retain(|uid| !inspections.contains_key(uid));
@@ -229,6 +231,7 @@ impl<R: Runtime> Relister<R> {
         for uid in &considered {
             let mut pod_changes = changes.remove(uid).unwrap_or_default();
             let inspection = inspections.remove(uid);
+            let new = listed.remove(uid);
 
             // 4. Keep the old reading of a pod that failed inspection: the next relist diffs
             //    it again, so its events are delayed, never lost.
@@ -242,9 +245,7 @@ impl<R: Runtime> Relister<R> {
                 // An inspection that shows a container in an earlier state than the listing did
                 // read the runtime mid-change (its status call lags its list call): the event
                 // would go out with a status that contradicts it. Read the pod again soon.
-                Some(Inspection::Found { record, .. })
-                    if lags_listing(&record, listed.get(uid)) =>
-                {
+                Some(Inspection::Found { record, .. }) if lags_listing(&record, new.as_ref()) => {
                     debug!(pod = %uid, "inspection older than the listing; reinspecting");
                     outcome.failed_inspections += 1;
                     outcome.unreflected = hints.clone();
@@ -257,22 +258,24 @@ impl<R: Runtime> Relister<R> {
                     self.cache.set(uid.clone(), Some(record), read_at);
                 }
                 Some(Inspection::Gone) => self.cache.delete(uid),
-                None if !listed.contains_key(uid) => self.cache.delete(uid),
+                None if new.is_none() => self.cache.delete(uid),
                 None => {}
             }
             self.to_reinspect.remove(uid);
 
             // 6. Publish the pod's events, then commit its reading.
-            let readings = PodReadings {
-                new: listed.get(uid),
-                old: self.records.get(uid),
-            };
             if !self.config.emit_changed {
                 pod_changes.retain(|c| c.event_type != PodLifecycleEventType::ContainerChanged);
             }
-            let events = pod_events(uid, &pod_changes, readings, hints, listed_at);
-            outcome.events_sent += self.publish(events);
-            self.commit(uid, listed.remove(uid));
+            if !pod_changes.is_empty() {
+                let readings = PodReadings {
+                    new: new.as_ref(),
+                    old: self.records.get(uid),
+                };
+                let events = pod_events(uid, &pod_changes, readings, hints, listed_at);
+                outcome.events_sent += self.publish(events);
+            }
+            self.commit(uid, new);
         }
 
         outcome.awaiting_cri = !full
@@ -314,8 +317,9 @@ impl<R: Runtime> Relister<R> {
             .map(|pod| (pod.uid.clone(), pod))
             .collect();
         let tasks = self.task_records(hints, &listed).await;
+        let mut committed = SortedLookup::new(&self.records);
         for pod in listed.values_mut() {
-            confirm::apply(pod, &tasks, self.records.get(&pod.uid));
+            confirm::apply(pod, &tasks, committed.get(&pod.uid));
         }
         Ok(Reading {
             listed,
@@ -439,16 +443,46 @@ impl<R: Runtime> Relister<R> {
 
     /// Makes `new` the last reading of pod `uid` (`None`: the pod is gone).
     fn commit(&mut self, uid: &PodUid, new: Option<PodRecord>) {
-        if let Some(old) = self.records.remove(uid) {
-            for id in old.containers.keys() {
-                self.pods_of_containers.remove(id);
+        let Some(pod) = new else {
+            if let Some(old) = self.records.remove(uid) {
+                for id in old.containers.keys() {
+                    self.pods_of_containers.remove(id);
+                }
+            }
+            return;
+        };
+        let index = &mut self.pods_of_containers;
+        match self.records.get_mut(uid) {
+            // Most pods keep their containers from one relist to the next: replace the record
+            // in place, leaving the map and the container index as they are (rebuilding both
+            // for every pod was the largest part of a steady full relist at 10,000 pods).
+            Some(old) if old.containers.keys().eq(pod.containers.keys()) => *old = pod,
+            Some(old) => {
+                for id in old.containers.keys() {
+                    if !pod.containers.contains_key(id) {
+                        index.remove(id);
+                    }
+                }
+                index_containers(index, uid, &pod);
+                *old = pod;
+            }
+            None => {
+                index_containers(index, uid, &pod);
+                self.records.insert(uid.clone(), pod);
             }
         }
-        if let Some(pod) = new {
-            for id in pod.containers.keys() {
-                self.pods_of_containers.insert(id.clone(), uid.clone());
+    }
+}
+
+/// Points each container of `pod` at `uid` in the container index.
+fn index_containers(index: &mut HashMap<ContainerId, PodUid>, uid: &PodUid, pod: &PodRecord) {
+    for id in pod.containers.keys() {
+        match index.get_mut(id) {
+            Some(known) if known == uid => {}
+            Some(known) => *known = uid.clone(),
+            None => {
+                index.insert(id.clone(), uid.clone());
             }
-            self.records.insert(uid.clone(), pod);
         }
     }
 }
@@ -501,12 +535,15 @@ fn considered_pods(
     listed: &PodRecords,
 ) -> BTreeSet<PodUid> {
     match scope {
-        Scope::All => old
-            .keys()
-            .chain(to_reinspect)
-            .chain(listed.keys())
-            .cloned()
-            .collect(),
+        Scope::All => {
+            // Deduplicated before cloning: each uid is cloned once, not once per map.
+            let all: BTreeSet<&PodUid> = old
+                .keys()
+                .chain(to_reinspect)
+                .chain(listed.keys())
+                .collect();
+            all.into_iter().cloned().collect()
+        }
         Scope::Pod(uid) => BTreeSet::from([uid.clone()]),
         Scope::Container(_) => listed.keys().cloned().collect(),
     }
@@ -708,10 +745,12 @@ mod tests {
             [ev("p", "c", ContainerRemoved)]
         );
         assert_eq!(h.relister.pod_of(&cid("c")), None);
+        assert_eq!(h.relister.pod_of(&cid("p-sb")), Some(uid("p")));
 
         // The sandbox vanishes while running: died, then removed.
         h.runtime.remove_pod("p");
         relist_all(&mut h).await;
+        assert_eq!(h.relister.pod_of(&cid("p-sb")), None);
         assert_eq!(
             summary(&drain(&mut h.events)),
             [

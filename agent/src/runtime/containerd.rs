@@ -30,7 +30,9 @@ use futures::future::{try_join, try_join_all};
 use tonic::transport::Channel;
 
 use crate::{
-    pleg::record::{ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid},
+    pleg::record::{
+        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+    },
     runtime::{
         Runtime, RuntimeError, RuntimeVersion, Scope,
         cri::{CriRuntime, apply_status, container_state},
@@ -535,7 +537,7 @@ fn assemble(entries: Vec<Entry>) -> Vec<PodRecord> {
                 uid: pod.uid,
                 namespace: pod.namespace,
                 name: pod.name,
-                containers: BTreeMap::new(),
+                containers: Containers::new(),
             })
             .containers
             .insert(record.id.clone(), record);

@@ -21,7 +21,8 @@ use tonic::transport::Channel;
 
 use crate::{
     pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+        TaskRecord,
     },
     runtime::{
         Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
@@ -428,7 +429,7 @@ fn assemble(sandboxes: Vec<cri::PodSandbox>, containers: Vec<cri::Container>) ->
                 uid: identity.uid,
                 namespace: identity.namespace,
                 name: identity.name,
-                containers: BTreeMap::new(),
+                containers: Containers::new(),
             })
             .containers
             .insert(record.id.clone(), record);

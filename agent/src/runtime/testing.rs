@@ -9,7 +9,8 @@ use std::{
 
 use crate::{
     pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+        TaskRecord,
     },
     runtime::{Runtime, RuntimeError, Scope},
 };
@@ -95,7 +96,7 @@ impl FakeRuntime {
             uid: PodUid(uid.to_owned()),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            containers: BTreeMap::new(),
+            containers: Containers::new(),
         };
         self.lock().pods.insert(pod.uid.clone(), pod);
     }
@@ -179,6 +180,15 @@ impl FakeRuntime {
     /// Pods of every `inspect_pod` call so far, in call order.
     pub fn inspect_calls(&self) -> Vec<PodUid> {
         self.lock().inspect_calls.clone()
+    }
+
+    /// Forgets the calls recorded so far: a benchmark making thousands of relists would
+    /// otherwise keep every call it made, and measure its own growing heap.
+    pub fn forget_calls(&self) {
+        let mut state = self.lock();
+        state.list_calls = Vec::new();
+        state.inspect_calls = Vec::new();
+        state.task_calls = Vec::new();
     }
 
     /// Makes the next inspection of `uid` return `record`, as a runtime whose status call
