@@ -40,9 +40,9 @@
 //!   is one `ContainerDied`);
 //! - all three transitions of a container started and removed then (created before or
 //!   after plegd stopped: a created container has no event): never seen;
-//! - the exit code of a container that exited and was removed then: the restarted plegd may
-//!   list it and find it gone before its status call (`exited -> non-existent` is read from
-//!   the listing alone), so its `ContainerDied` (or the resync listing) has no code.
+//! - the exit code of a container that exited and was removed then: the restarted plegd finds
+//!   it gone (`running -> non-existent` from the saved reading), or lists it and finds it gone
+//!   before its status call, so its `ContainerDied` (or the resync listing) has no code.
 //!
 //! # Restarts of plegd
 //! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
@@ -53,7 +53,7 @@
 //! arrived) or owes every transition from then on. What the watcher received before a resync
 //! is not held against what it receives after (the old run's `ContainerStarted` may come again
 //! from the new run). A clean restart (SIGTERM, saved state) continues the run: no resync, no
-//! gap, nothing folded.
+//! gap, nothing folded but what changed while no plegd ran (above).
 
 use std::{
     collections::{BTreeMap, HashMap},
