@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::{io::AsyncWrite, sync::watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use crate::api::Shared;
 use crate::{
@@ -18,9 +18,10 @@ use crate::{
     output,
     pleg::{
         cache::PodCache,
-        event::TriggerSource,
+        event::{Scope, TriggerSource},
         generator::{self, TriggerSender},
         health::Health,
+        hints::Hints,
         relist::{RelistConfig, Relister},
         scheduler::{DEFAULT_KERNEL_GRACE, RelistScheduler, SchedulerConfig},
     },
@@ -43,6 +44,9 @@ use crate::{
 /// How long stdout may take, at shutdown, to take the events not yet written; a reader that
 /// stopped reading is abandoned after it (like a watcher that stopped reading).
 const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the relist before saving may take at shutdown.
+const LAST_RELIST_GRACE: Duration = Duration::from_secs(5);
 
 /// First wait between two attempts to reach the runtime at start, doubling after each.
 const CONNECT_BACKOFF_BASE: Duration = Duration::from_secs(1);
@@ -306,7 +310,14 @@ where
             metrics.clone(),
             shutdown.clone(),
         );
-        async move { run.await.into_saved() }
+        let saving = config.state_dir.is_some();
+        async move {
+            let mut relister = run.await;
+            if saving {
+                last_relist(&mut relister).await;
+            }
+            relister.into_saved()
+        }
     });
     if let Some(started) = started {
         // The receiver may have stopped caring; the daemon runs regardless.
@@ -394,6 +405,27 @@ where
     }
     info!("plegd stopped");
     result
+}
+
+/// Relists everything once more before the reading is saved: a start or an exit whose
+/// trigger was still queued at the signal is published now, with its exit code, rather than
+/// diffed by the next start from a runtime that may have removed the container meanwhile
+/// (then its start is never told, and its death has no code). Bounded: a runtime that does
+/// not answer costs the save nothing but this one reading.
+async fn last_relist<R: Runtime>(relister: &mut Relister<R>) {
+    match tokio::time::timeout(
+        LAST_RELIST_GRACE,
+        relister.relist(&Scope::All, &Hints::default()),
+    )
+    .await
+    {
+        Ok(Ok(outcome)) => debug!(?outcome, "relisted before saving"),
+        Ok(Err(error)) => warn!(%error, "the last relist failed; saving the reading before it"),
+        Err(_) => warn!(
+            grace = ?LAST_RELIST_GRACE,
+            "the last relist did not finish; saving the reading before it"
+        ),
+    }
 }
 
 /// Closes the bus when dropped.
@@ -562,6 +594,76 @@ mod tests {
         pleg::record::ContainerState,
         runtime::testing::{FakeRuntime, container},
     };
+
+    /// A container that exits with no trigger before a clean stop (its hint still queued, or
+    /// none yet): the relist before saving publishes its death with the code, and the saved
+    /// reading has it exited, so the next start owes it nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_stop_relists_before_saving() {
+        let state = tempfile::tempdir().unwrap();
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            // No periodic relist while the test runs: only the first one and the last.
+            relist_period: Some(Duration::from_secs(600)),
+            slow_relist_period: Some(Duration::from_secs(600)),
+            relist_threshold: Some(Duration::from_secs(1200)),
+            state_dir: Some(state.path().to_owned()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        runtime.add_pod("p", "ns", "p");
+        runtime.set_container("p", container("c", "app", ContainerState::Running));
+        let shutdown = CancellationToken::new();
+        let (started, shared) = tokio::sync::oneshot::channel();
+        let daemon = tokio::spawn({
+            let (runtime, shutdown, config) = (runtime.clone(), shutdown.clone(), config.clone());
+            async move {
+                let push = PushSources {
+                    runtime_socket: None,
+                    ebpf: EbpfStart::Off,
+                };
+                serve(
+                    runtime,
+                    push,
+                    &config,
+                    tokio::io::sink(),
+                    shutdown,
+                    Some(started),
+                )
+                .await
+            }
+        });
+        let shared = shared.await.unwrap();
+        let mut watcher = shared.bus.consume(1, 16).unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(20), watcher.next())
+            .await
+            .expect("the first relist's event")
+            .unwrap();
+        assert_eq!(first.container_id, "c");
+
+        runtime.set_state("p", "c", ContainerState::Exited, Some(3));
+        shutdown.cancel();
+        daemon.await.unwrap().unwrap();
+
+        let saved = state::take(state.path(), &runtime_identity(&config, None))
+            .unwrap()
+            .expect("a saved run");
+        let died = saved.history.last().expect("the death in the history");
+        assert_eq!(
+            (died.container_id.as_str(), died.r#type, died.exit_code),
+            (
+                "c",
+                plegd_proto::v1::EventType::ContainerDied as i32,
+                Some(3)
+            )
+        );
+        let pod = &saved.run.records[&crate::pleg::record::PodUid("p".to_owned())];
+        assert_eq!(
+            pod.containers[&crate::pleg::record::ContainerId("c".to_owned())].state,
+            ContainerState::Exited
+        );
+    }
 
     /// stdout is a pipe nobody reads: the relist neither waits on it nor spins, a watcher
     /// still gets every event, and shutdown abandons stdout after its grace.

@@ -34,6 +34,18 @@
 //!   load the CRI store shows an exit long after it happened, and no reading before could give
 //!   its code): `running -> non-existent` has no status left to read the exit from.
 //!
+//! While no plegd ran ([`Folding::outage`]: from the signal that stopped it to the restarted
+//! one's health, which waits for its first full relist), that relist diffs what changed
+//! meanwhile against the saved reading (SIGTERM; after a SIGKILL the watcher resyncs on a
+//! listing taken after that relist, see below), as kubelet's first relist after a restart does:
+//! - `ContainerStarted` of a container that started and died then (`non-existent -> exited`
+//!   is one `ContainerDied`);
+//! - all three transitions of a container started and removed then (created before or
+//!   after plegd stopped: a created container has no event): never seen;
+//! - the exit code of a container that exited and was removed then: the restarted plegd finds
+//!   it gone (`running -> non-existent` from the saved reading), or lists it and finds it gone
+//!   before its status call, so its `ContainerDied` (or the resync listing) has no code.
+//!
 //! # Restarts of plegd
 //! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
 //! again, so `plegd watch` lists the pods and follows from that listing ([`Record::Resync`]).
@@ -43,7 +55,7 @@
 //! arrived) or owes every transition from then on. What the watcher received before a resync
 //! is not held against what it receives after (the old run's `ContainerStarted` may come again
 //! from the new run). A clean restart (SIGTERM, saved state) continues the run: no resync, no
-//! gap, nothing folded.
+//! gap, nothing folded but what changed while no plegd ran (above).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -242,8 +254,9 @@ pub struct Folding {
     /// When plegd could not read the runtime (from the signal that stopped plegd, or
     /// containerd, to the restarted one's health): the first relist after it diffs what
     /// changed meanwhile, so a container that started and died then is one `ContainerDied`
-    /// (`non-existent -> exited`), as for kubelet restarting, and one that exited and was
-    /// removed then left no status to read its exit from.
+    /// (`non-existent -> exited`), one created and removed then is never seen, as for kubelet
+    /// restarting, and one that exited and was removed then left no status to read its exit
+    /// from.
     pub outage: Option<(SystemTime, SystemTime)>,
 }
 
@@ -510,6 +523,15 @@ fn fold(
         && ran < folding.window
     {
         return Some(format!("ran {ran:?}: died before running was seen"));
+    }
+    // Created before plegd stopped is no matter: `created` has no event (it is unknown to
+    // kubelet's PLEG), so nothing was owed before the start.
+    if let Some((down, up)) = folding.outage
+        && !account.got.iter().any(|&g| g)
+        && started.is_some_and(|t| t >= down)
+        && removed.is_some_and(|t| t <= up)
+    {
+        return Some("started and removed while no plegd ran".to_owned());
     }
     if transition == Transition::Started
         && account.got[Transition::Died as usize]
@@ -931,6 +953,31 @@ mod tests {
         );
     }
 
+    /// A container that started and was removed while no plegd ran is never seen (created
+    /// before it stopped or not); one that started before plegd stopped, or was removed after
+    /// it was back, still owes its transitions.
+    #[test]
+    fn a_container_started_and_removed_while_no_plegd_ran_folds_whole() {
+        // Created at 0, started at 100.
+        let truths = [
+            truth("meanwhile", 0, "Completed", 3000, 5000),
+            truth("before", 0, "Completed", 3000, 5000),
+            truth("after", 0, "Completed", 3000, 9000),
+        ];
+        let outage = |from: u64| Folding {
+            outage: Some((at(from), at(6000))),
+            ..WINDOW
+        };
+        let report = check(&truths[..1], &[], outage(50));
+        assert_eq!(report.folded.len(), 3, "{report}");
+        assert!(report.is_clean(), "{report}");
+        for (t, from) in [(&truths[1], 150), (&truths[2], 50)] {
+            let report = check(std::slice::from_ref(t), &[], outage(from));
+            assert_eq!(report.lost.len(), 3, "{report}");
+            assert!(report.folded.is_empty(), "{report}");
+        }
+    }
+
     #[test]
     fn a_container_gone_between_two_looks_folds_whole() {
         let truths = [
@@ -968,6 +1015,35 @@ mod tests {
         assert_eq!(
             transitions(&report.mismatched),
             [("late", Some(Transition::Died))]
+        );
+    }
+
+    #[test]
+    fn a_death_without_exit_code_folds_when_exited_and_removed_while_no_plegd_ran() {
+        let truths = [
+            truth("meanwhile", 1, "Error", 3000, 4000),
+            truth("before", 1, "Error", 1000, 4000),
+        ];
+        let mut list = lifecycle("meanwhile", 1, "Error");
+        list.extend(lifecycle("before", 1, "Error"));
+        for entry in &mut list {
+            if entry.1 == "ContainerDied" {
+                entry.2 = None;
+                entry.3 = "";
+            }
+        }
+        let outage = Folding {
+            outage: Some((at(2000), at(5000))),
+            ..WINDOW
+        };
+        let report = check(&truths, &events(&list), outage);
+        assert_eq!(
+            transitions(&report.folded),
+            [("meanwhile", Some(Transition::Died))]
+        );
+        assert_eq!(
+            transitions(&report.mismatched),
+            [("before", Some(Transition::Died))]
         );
     }
 

@@ -2,10 +2,6 @@
 //! `plegd run` process, checked by `plegd_tests::audit` from what a `plegd watch` process
 //! received (see plegd_tests::soak). `cargo xtask soak` runs the long version
 //! (`soak_as_configured`, ignored here) with its settings in `PLEGD_SOAK_*`.
-//!
-//! A short run still ignored finds transitions lost on this 2-core node (README, Churn audit,
-//! says where and why); `cargo test --test soak -- --ignored` runs it, the check that a fix
-//! works.
 
 mod support;
 
@@ -87,7 +83,6 @@ async fn soak_through_a_containerd_crash() {
 /// plegd SIGKILLed mid-churn: the watcher is told to resync, and its fresh listing plus what
 /// follows account for every transition.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "starts lost and deaths duplicated around the resync (README Churn audit): run with --ignored"]
 async fn soak_through_a_plegd_crash() {
     soak_once(Mode::Default, Some(Fault::PlegdKill), SHORT, Duration::ZERO).await;
 }
@@ -95,7 +90,6 @@ async fn soak_through_a_plegd_crash() {
 /// plegd SIGTERMed mid-churn and started on its saved state: the run continues, the watcher
 /// resumes from its sequence, nothing is missed.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "short lifecycles and exit codes lost across the restart (README Churn audit): run with --ignored"]
 async fn soak_through_a_plegd_clean_restart() {
     soak_once(Mode::Default, Some(Fault::PlegdTerm), SHORT, Duration::ZERO).await;
 }

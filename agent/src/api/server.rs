@@ -1,7 +1,7 @@
 //! The `plegd.v1.Pleg` service: thin tonic handlers over plain functions, each error variant
 //! mapped to its own status code.
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt as _};
 use plegd_proto::v1::{self as pb, pleg_server::Pleg};
@@ -108,15 +108,32 @@ pub fn pod_status(shared: &Shared, uid: &str) -> Result<pb::PodStatus, PodStatus
         .ok_or_else(|| PodStatusError::NotFound(uid.to_owned()))
 }
 
-/// Every cached pod, with the stream position they go with.
-pub fn list_pods(shared: &Shared) -> pb::ListPodsResponse {
-    // Read the position first: the pods are at least as new as it.
-    let sequence = shared.bus.last_sequence();
-    pb::ListPodsResponse {
+/// How long `ListPods` waits for a run's first full relist before it answers UNAVAILABLE.
+const FIRST_RELIST_WAIT: Duration = Duration::from_secs(10);
+
+/// A `ListPods` without an answer yet.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ListPodsError {
+    #[error("no full relist has finished yet in this run (waited {0:?}); retry")]
+    NotReadYet(Duration),
+}
+
+/// Every cached pod, with the stream position they go with, once a full relist has read them
+/// all: before it (a start, a restart), a watcher that resyncs on the listing would take every
+/// pod not read yet for gone, and the first relist's events (a `ContainerDied` with no
+/// `ContainerStarted` for a container that died meanwhile) would not add up with it.
+pub async fn list_pods(shared: &Shared) -> Result<pb::ListPodsResponse, ListPodsError> {
+    tokio::time::timeout(FIRST_RELIST_WAIT, shared.cache.await_first_full_relist())
+        .await
+        .map_err(|_| ListPodsError::NotReadYet(FIRST_RELIST_WAIT))?;
+    // No relist step between the position and the pods: the events after the position are
+    // exactly what the listing does not show yet.
+    let _listing = shared.cache.listing();
+    Ok(pb::ListPodsResponse {
+        sequence: shared.bus.last_sequence(),
         pods: convert::pods(&shared.cache),
         run_id: shared.bus.run_id(),
-        sequence,
-    }
+    })
 }
 
 /// Health and sources.
@@ -255,7 +272,10 @@ impl Pleg for PlegService {
         &self,
         _request: Request<pb::ListPodsRequest>,
     ) -> Result<Response<pb::ListPodsResponse>, Status> {
-        Ok(Response::new(list_pods(&self.shared)))
+        list_pods(&self.shared)
+            .await
+            .map(Response::new)
+            .map_err(|e| Status::unavailable(e.to_string()))
     }
 
     async fn get_pod_status(

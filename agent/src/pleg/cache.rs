@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use tokio::{sync::Notify, time::Instant};
@@ -31,6 +31,11 @@ pub struct PodCache {
     inner: Mutex<Inner>,
     /// Woken on every write, so `get_newer_than` re-checks instead of polling.
     changed: Notify,
+    /// Taken by the relist while it writes a pod's entry and publishes the events the entry
+    /// announces ([`PodCache::publishing`]), and by a listing while it reads the entries with
+    /// the event stream's position ([`PodCache::listing`]): a listing then shows exactly what
+    /// the events up to its position add up to, never an entry whose events follow it.
+    steps: RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +102,37 @@ impl PodCache {
             inner.global = inner.global.max(Some(at));
         }
         self.changed.notify_waiters();
+    }
+
+    /// Waits until a full relist has vouched for the cache: before the first one, the cache
+    /// holds only the pods read so far, and a pod it lacks may simply not be read yet.
+    pub async fn await_first_full_relist(&self) {
+        loop {
+            // Register before checking, as in `get_newer_than`.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().global.is_some() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Held while a pod's entry is written and its events published: no listing sees one
+    /// without the other.
+    pub fn publishing(&self) -> RwLockWriteGuard<'_, ()> {
+        // Guards no data: a poisoned lock is still a lock.
+        self.steps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Held while a listing reads the entries and the event stream's position together.
+    pub fn listing(&self) -> RwLockReadGuard<'_, ()> {
+        self.steps
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Forgets a pod (it vanished from the runtime).
@@ -260,6 +296,49 @@ mod tests {
             missing.await.expect("waiter panicked"),
             CachedPod::default()
         );
+    }
+
+    #[tokio::test]
+    async fn the_first_full_relist_releases_waiters_and_pod_writes_do_not() {
+        let cache = Arc::new(PodCache::new());
+        let waiter = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.await_first_full_relist().await }
+        });
+        tokio::task::yield_now().await;
+        // A pod read by the first relist, before it finished.
+        cache.set(uid("p"), Some(record("p")), Instant::now());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        cache.update_time(Instant::now());
+        waiter.await.expect("waiter panicked");
+        // Once vouched for, it answers at once.
+        cache.await_first_full_relist().await;
+    }
+
+    /// A pod's entry and its events move together: a relist step waits for a listing.
+    #[test]
+    fn a_listing_holds_off_a_publishing_step() {
+        let cache = Arc::new(PodCache::new());
+        let listing = cache.listing();
+        let (done, stepped) = std::sync::mpsc::channel();
+        let step = std::thread::spawn({
+            let cache = Arc::clone(&cache);
+            move || {
+                let _publishing = cache.publishing();
+                cache.set(uid("p"), Some(record("p")), Instant::now());
+                let _ = done.send(());
+            }
+        });
+        // A bounded wait for something that must not happen while the listing reads.
+        assert!(stepped.recv_timeout(Duration::from_millis(200)).is_err());
+        assert_eq!(cache.get(&uid("p")), CachedPod::default());
+        drop(listing);
+        stepped
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the step goes on once the listing is done");
+        step.join().expect("step panicked");
+        assert!(cache.get(&uid("p")).record.is_some());
     }
 
     #[tokio::test]

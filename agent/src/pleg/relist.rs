@@ -24,7 +24,7 @@ use crate::{
         health::Health,
         hints::Hints,
         provenance::{PodReadings, pod_events},
-        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, SortedLookup},
+        record::{ContainerId, Layer, PodRecord, PodRecords, PodUid, SortedLookup},
         sink::EventSink,
     },
     runtime::{Runtime, RuntimeError},
@@ -232,6 +232,9 @@ impl<R: Runtime> Relister<R> {
             let mut pod_changes = changes.remove(uid).unwrap_or_default();
             let inspection = inspections.remove(uid);
             let new = listed.remove(uid);
+            // Steps 5 and 6 as one to a listing (`PodCache::publishing`).
+            let cache = Arc::clone(&self.cache);
+            let _publishing = cache.publishing();
 
             // 4. Keep the old reading of a pod that failed inspection: the next relist diffs
             //    it again, so its events are delayed, never lost.
@@ -253,11 +256,25 @@ impl<R: Runtime> Relister<R> {
                     continue;
                 }
                 // 5. Refresh the cache before publishing: a consumer that reads it on an event
-                //    must find the state the event announces.
-                Some(Inspection::Found { record, read_at }) => {
+                //    must find the state the event announces, and no later one (a listing of
+                //    the cache would show a change whose event comes after its position).
+                Some(Inspection::Found {
+                    mut record,
+                    read_at,
+                }) => {
+                    if let Some(listed) = &new
+                        && record.hold_back_to(listed)
+                    {
+                        debug!(pod = %uid, "inspection ahead of the listing; cached as listed");
+                    }
                     self.cache.set(uid.clone(), Some(record), read_at);
                 }
-                Some(Inspection::Gone) => self.cache.delete(uid),
+                // Removed between the list and the status calls: cached as listed too (its
+                // removal is the next reading's), as read no later than this relist started.
+                Some(Inspection::Gone) => match &new {
+                    Some(listed) => self.cache.set(uid.clone(), Some(listed.clone()), started),
+                    None => self.cache.delete(uid),
+                },
                 None if new.is_none() => self.cache.delete(uid),
                 None => {}
             }
@@ -500,18 +517,15 @@ impl<R> std::fmt::Debug for Relister<R> {
 /// Whether `inspected` shows a container of the pod in an earlier lifecycle state than
 /// `listed` does (created before running before exited; unknown states are not compared).
 fn lags_listing(inspected: &PodRecord, listed: Option<&PodRecord>) -> bool {
-    let rank = |state: ContainerState| match state {
-        ContainerState::Created => Some(0),
-        ContainerState::Running => Some(1),
-        ContainerState::Exited => Some(2),
-        ContainerState::Unknown => None,
-    };
     let Some(listed) = listed else {
         return false;
     };
     listed.containers.iter().any(|(id, listed)| {
-        let inspected = inspected.containers.get(id).and_then(|c| rank(c.state));
-        matches!((inspected, rank(listed.state)), (Some(i), Some(l)) if i < l)
+        let inspected = inspected
+            .containers
+            .get(id)
+            .and_then(|c| c.state.progress());
+        matches!((inspected, listed.state.progress()), (Some(i), Some(l)) if i < l)
     })
 }
 
@@ -565,7 +579,7 @@ mod tests {
             },
             health::HealthError,
             hints::{Hint, Target, pod_hints},
-            record::{ContainerRecord, TaskRecord},
+            record::{ContainerRecord, ContainerState, TaskRecord},
             scheduler::{RelistScheduler, SchedulerConfig},
         },
         runtime::testing::{FakeRuntime, container},
@@ -802,6 +816,33 @@ mod tests {
 
         let outcome = relist_all(&mut h).await;
         assert_eq!(outcome.events_sent, 1);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
+        let cached = h.cache.get(&uid("p")).record.unwrap();
+        assert_eq!(cached.containers[&cid("c")].exit_code, Some(137));
+    }
+
+    /// An inspection further on than the listing (the container exited, or its pod was
+    /// removed, between the list and the status calls) is cached as listed: the cache, and so
+    /// a listing of it, never shows a change before the event that announces it.
+    #[tokio::test]
+    async fn an_inspection_ahead_of_the_listing_is_cached_as_listed() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        h.runtime.set_state("p", "c", Exited, Some(137));
+        let ahead = h.runtime.inspect_pod(&uid("p"), None).await.unwrap().unwrap();
+        h.runtime.set_state("p", "c", Running, None);
+        h.runtime.lag_next_inspection("p", ahead);
+
+        relist_all(&mut h).await;
+        assert!(summary(&drain(&mut h.events)).contains(&ev("p", "c", ContainerStarted)));
+        let cached = h.cache.get(&uid("p")).record.unwrap();
+        assert_eq!(cached.containers[&cid("c")].state, Running);
+
+        h.runtime.set_state("p", "c", Exited, Some(137));
+        relist_all(&mut h).await;
         assert_eq!(
             summary(&drain(&mut h.events)),
             [ev("p", "c", ContainerDied)]
