@@ -50,7 +50,9 @@
 //! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
 //! again, so `plegd watch` lists the pods and follows from that listing ([`Record::Resync`]).
 //! The listing is the watcher's new baseline: a container it shows running has started, one it
-//! shows exited has died (its exit is checked like a `ContainerDied`'s), one it does not show
+//! shows exited has died (its exit is checked like a `ContainerDied`'s; it may lack the code of
+//! a container removed before the listing came: the new run's first relist listed it and found
+//! it gone at its status call), one it does not show
 //! either has been removed (only when the harness had asked to remove it before the listing
 //! arrived) or owes every transition from then on. What the watcher received before a resync
 //! is not held against what it receives after (the old run's `ContainerStarted` may come again
@@ -461,6 +463,21 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
                         match exit {
                             Some(exit) => {
                                 check_exit(truth, Some(exit.code), &exit.reason, folding, report)
+                            }
+                            // Listed by the new run's first relist, removed before its status
+                            // call: no status was left to read the exit from.
+                            None if truth
+                                .timing
+                                .removed
+                                .zip(resync.at)
+                                .is_some_and(|(removed, at)| removed <= at) =>
+                            {
+                                report.folded.push(Finding {
+                                    container_id: truth.container_id.clone(),
+                                    transition: Some(Transition::Died),
+                                    detail: "no exit code in the listing: removed before it came"
+                                        .to_owned(),
+                                })
                             }
                             None => check_exit(truth, None, "", folding, report),
                         }
@@ -1102,6 +1119,8 @@ mod tests {
             truth("gone", 0, "Completed", 1000, 1500),
             truth("later", 0, "Completed", 3000, 5000),
             truth("owed", 0, "Completed", 1000, 2500),
+            truth("code-gone", 1, "Error", 200, 1900),
+            truth("code-missing", 1, "Error", 200, 2500),
         ];
         let exited = |code| {
             Listed::Exited(Some(Exit {
@@ -1122,6 +1141,10 @@ mod tests {
                     ("exited", exited(2)),
                     ("wrong", exited(3)),
                     ("later", Listed::Waiting),
+                    // Removed before the listing came, and after: only the first may lack its
+                    // exit code.
+                    ("code-gone", Listed::Exited(None)),
+                    ("code-missing", Listed::Exited(None)),
                 ],
             ),
             event("b", 11, "running", "ContainerDied", Some(137), "Error"),
@@ -1132,6 +1155,8 @@ mod tests {
             event("b", 15, "later", "ContainerStarted", None, ""),
             event("b", 16, "later", "ContainerDied", Some(0), "Completed"),
             event("b", 17, "later", "ContainerRemoved", Some(0), "Completed"),
+            event("b", 18, "code-gone", "ContainerRemoved", None, ""),
+            event("b", 19, "code-missing", "ContainerRemoved", None, ""),
         ];
         let report = check(&truths, &records, WINDOW);
         assert!(
@@ -1140,7 +1165,14 @@ mod tests {
         );
         assert_eq!(
             transitions(&report.mismatched),
-            [("wrong", Some(Transition::Died))]
+            [
+                ("wrong", Some(Transition::Died)),
+                ("code-missing", Some(Transition::Died))
+            ]
+        );
+        assert_eq!(
+            transitions(&report.folded),
+            [("code-gone", Some(Transition::Died))]
         );
         // Removed only after the listing, yet missing from it and from what followed: lost.
         assert_eq!(
@@ -1153,7 +1185,7 @@ mod tests {
         );
         // exited, wrong: started, died; gone: died, removed (running's and gone's starts came
         // before the listing).
-        assert_eq!(report.resynced, 2 + 2 + 2);
+        assert_eq!(report.resynced, 2 + 2 + 2 + 2 + 2);
     }
 
     #[test]

@@ -832,7 +832,12 @@ mod tests {
         let mut h = default_harness();
         add_running_pod(&h.runtime, "p", &["c"]);
         h.runtime.set_state("p", "c", Exited, Some(137));
-        let ahead = h.runtime.inspect_pod(&uid("p"), None).await.unwrap().unwrap();
+        let ahead = h
+            .runtime
+            .inspect_pod(&uid("p"), None)
+            .await
+            .unwrap()
+            .unwrap();
         h.runtime.set_state("p", "c", Running, None);
         h.runtime.lag_next_inspection("p", ahead);
 
