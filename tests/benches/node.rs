@@ -33,8 +33,6 @@ use serde_json::{Value, json};
 /// Containers started at once per batch of kills.
 const BATCH: usize = 25;
 const DEADLINE: Duration = Duration::from_secs(30);
-/// The relist period of the push-source modes: long, so only the source can be fast.
-const SLOW: &str = "300s";
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -89,15 +87,7 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
     let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let slow = |a: &[&str]| {
         let mut v = args(a);
-        v.extend(args(&[
-            "--relist-period",
-            SLOW,
-            "--slow-relist-period",
-            SLOW,
-            // Health is not measured here; plegd rejects a threshold under two periods.
-            "--relist-threshold",
-            "10m",
-        ]));
+        v.extend(args(&bench::PUSH_ONLY_PERIODS));
         v
     };
     let version = node.containerd.version();

@@ -27,6 +27,17 @@ use tokio::sync::Notify;
 
 use crate::{PrivateContainerd, audit::Record, cri::Cri, process::Terminating, unix_channel};
 
+/// `plegd run` arguments of a push-source-only mode: full relists 300 s apart, so only the
+/// source can be fast (plegd rejects a health threshold under two full relist periods).
+pub const PUSH_ONLY_PERIODS: [&str; 6] = [
+    "--relist-period",
+    "300s",
+    "--slow-relist-period",
+    "300s",
+    "--relist-threshold",
+    "10m",
+];
+
 /// First instants of `(container id, what)`, awaited by id: event arrivals at the watch client,
 /// containerd's timestamps.
 #[derive(Default)]

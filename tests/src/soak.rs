@@ -34,8 +34,6 @@ pub const BURST: usize = 20;
 const IN_FLIGHT: usize = 40;
 /// Long-lived pods per pid-namespace mode.
 const PODS_PER_MODE: usize = 2;
-/// The relist period of the push-source-only modes: long, so only the source delivers.
-const SLOW: &str = "300s";
 /// The relist period of the polling mode.
 const POLLING_PERIOD: Duration = Duration::from_secs(1);
 /// Longest wait for one step of the runtime (an exit to be recorded, a call to answer).
@@ -69,15 +67,7 @@ impl Mode {
 
     /// `plegd run` arguments.
     pub fn args(self) -> Vec<String> {
-        // plegd rejects a health threshold under two full relist periods.
-        let slow = [
-            "--relist-period",
-            SLOW,
-            "--slow-relist-period",
-            SLOW,
-            "--relist-threshold",
-            "10m",
-        ];
+        let slow = crate::bench::PUSH_ONLY_PERIODS;
         let ebpf_periods = [
             "--relist-period",
             "10s",
