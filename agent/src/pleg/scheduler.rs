@@ -100,13 +100,6 @@ pub struct Batch {
     attempts: BTreeMap<Target, u32>,
 }
 
-impl Batch {
-    /// The most retries of any of its targets (0 for first runs).
-    pub fn attempt(&self) -> u32 {
-        self.attempts.values().copied().max().unwrap_or(0)
-    }
-}
-
 /// Hints handed to [`RelistScheduler::retry`] that were not requeued: their retries are spent.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("gave up after {attempts} retries; the next full relist will catch up")]
@@ -377,6 +370,11 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// The most retries of any of a batch's targets (0 for first runs).
+    fn attempt(batch: &Batch) -> u32 {
+        batch.attempts.values().copied().max().unwrap_or(0)
+    }
+
     fn uid(s: &str) -> PodUid {
         PodUid(s.to_owned())
     }
@@ -511,7 +509,7 @@ mod tests {
 
         let batch = scheduler.next_due(t0).expect("a batch for p");
         assert_eq!(batch.scope, Scope::Pod(uid("p")));
-        assert_eq!(batch.attempt(), 0);
+        assert_eq!(attempt(&batch), 0);
         let hint = batch
             .hints
             .for_container(&uid("p"), &cid("c1"))
@@ -613,8 +611,8 @@ mod tests {
         let delays = [5; 10]
             .into_iter()
             .chain([10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
-        for (attempt, delay_ms) in delays.enumerate() {
-            assert_eq!(batch.attempt(), attempt as u32);
+        for (retries, delay_ms) in delays.enumerate() {
+            assert_eq!(attempt(&batch), retries as u32);
             scheduler.retry(batch, now).expect("retry allowed");
             assert_eq!(scheduler.next_deadline(), now + delay_ms * MS);
             assert_eq!(scheduler.next_due(now + (delay_ms - 1) * MS), None);
@@ -652,7 +650,7 @@ mod tests {
             no_index,
         );
         let batch = scheduler.next_due(now).expect("fresh trigger runs at once");
-        assert_eq!(batch.attempt(), 0);
+        assert_eq!(attempt(&batch), 0);
     }
 
     #[test]
@@ -673,7 +671,7 @@ mod tests {
         );
         let batch = scheduler.next_due(t0).expect("due at once");
         // The merged batch has the fresh trigger's full budget.
-        assert_eq!(batch.attempt(), 0);
+        assert_eq!(attempt(&batch), 0);
         let hint = batch
             .hints
             .for_container(&uid("p"), &cid("c"))
@@ -711,7 +709,7 @@ mod tests {
         assert_eq!(first.scope, Scope::Pod(uid("fresh")));
         let second = scheduler.next_due(later).expect("the retry next");
         assert_eq!(second.scope, Scope::Pod(uid("lagging")));
-        assert_eq!(second.attempt(), 1);
+        assert_eq!(attempt(&second), 1);
     }
 
     #[test]
@@ -759,7 +757,7 @@ mod tests {
         let batch = scheduler.next_due(later).expect("three due");
         assert_eq!(batch.scope, Scope::All);
         assert_eq!(batch.hints.targets().count(), BATCH_TARGETS);
-        assert_eq!(batch.attempt(), 1, "a's retry keeps its count");
+        assert_eq!(attempt(&batch), 1, "a's retry keeps its count");
         assert_eq!(
             scheduler.next_deadline(),
             later + DEFAULT_RELIST_PERIOD,
@@ -783,8 +781,8 @@ mod tests {
         let second = scheduler.next_due(due).expect("c, first retry");
         assert_eq!(
             [
-                (first.attempt(), first.scope),
-                (second.attempt(), second.scope)
+                (attempt(&first), first.scope),
+                (attempt(&second), second.scope)
             ],
             [(2, Scope::Pod(uid("a"))), (1, Scope::Pod(uid("c")))]
         );
@@ -816,6 +814,6 @@ mod tests {
         // The first doubled delay, not the 5 ms steady one.
         assert_eq!(scheduler.next_deadline(), t0 + 10 * MS);
         let batch = scheduler.next_due(t0 + 10 * MS).expect("recheck due");
-        assert_eq!(batch.attempt(), STEADY_RETRIES + 1);
+        assert_eq!(attempt(&batch), STEADY_RETRIES + 1);
     }
 }
