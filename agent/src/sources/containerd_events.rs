@@ -238,9 +238,13 @@ impl Heartbeats {
                 "containerd-namespace",
                 AsciiMetadataValue::from_static(HEARTBEAT_NAMESPACE),
             );
-            match tokio::time::timeout(timeout, events.publish(request)).await {
+            // A beat must be back before the next is due anyway: a publish that does not
+            // answer within a period (a silent connection) must not hold up that verdict for
+            // the whole runtime call deadline.
+            let deadline = timeout.min(period);
+            match tokio::time::timeout(deadline, events.publish(request)).await {
                 Ok(Ok(_)) => {}
-                Err(_) => debug!(?timeout, "the heartbeat's publish did not return"),
+                Err(_) => debug!(?deadline, "the heartbeat's publish did not return"),
                 Ok(Err(status)) if refused(status.code()) => {
                     info!(
                         code = ?status.code(),
