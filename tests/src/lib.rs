@@ -10,6 +10,8 @@
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
 //! - `native`: test-support calls through containerd's own API (containers and tasks).
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
+//! - `proxy`: a unix socket in front of containerd's that can make plegd's event stream go silent
+//!   while connected.
 //! - `release`: which containerd a run uses (`PLEGD_TEST_CONTAINERD`: 1.6, 1.7, 2.1) and its
 //!   version.
 //! - `soak`: the churn audit's runner (lifecycles against a `plegd` process and a watcher,
@@ -26,6 +28,7 @@ pub mod fake_cri;
 pub mod image;
 pub mod native;
 pub mod process;
+pub mod proxy;
 pub mod release;
 pub mod scenario;
 pub mod soak;
