@@ -34,10 +34,29 @@
 //!   load the CRI store shows an exit long after it happened, and no reading before could give
 //!   its code): `running -> non-existent` has no status left to read the exit from.
 //!
-//! While no plegd ran ([`Folding::outage`]: from the signal that stopped it to the restarted
-//! one's health, which waits for its first full relist), that relist diffs what changed
-//! meanwhile against the saved reading (SIGTERM; after a SIGKILL the watcher resyncs on a
-//! listing taken after that relist, see below), as kubelet's first relist after a restart does:
+//! While plegd could not follow the runtime ([`Folding::outage`]), the first relist after diffs
+//! what changed meanwhile against the last reading, as kubelet's first relist after a restart
+//! does. The harness sets the outage for each fault:
+//! - plegd stopped (SIGKILL, SIGTERM): from the signal to the restarted one's health, which
+//!   waits for its first full relist (SIGTERM: the saved reading; after a SIGKILL the watcher
+//!   resyncs on a listing taken after that relist, see below);
+//! - containerd killed and restarted, or frozen (SIGSTOP): from the signal to containerd
+//!   answering again (nothing can be read meanwhile);
+//! - containerd's event stream silent, the only push source: from the silence to the first
+//!   full relist after plegd found it (the stream still looks connected until its heartbeat
+//!   fails to come back).
+//!
+//! While plegd followed the runtime by full relists alone, its push source lost
+//! ([`Folding::polled`]), a state that overlaps that span folds as in polling mode, within
+//! the span's relist period plus polling's margin:
+//! - containerd's event stream silent: from the first fast full relist after plegd found it
+//!   to the stream connected again;
+//! - kernel events lost in a full ring buffer, the kernel the only push source: from a loss
+//!   check before the first losses counted to the full relist after the last (plegd reads
+//!   its loss counter every second and relists in full when it grew: one relist per second,
+//!   the hints lost unknown until then).
+//!
+//! What the first relist after an outage cannot see:
 //! - `ContainerStarted` of a container that started and died then (`non-existent -> exited`
 //!   is one `ContainerDied`);
 //! - all three transitions of a container started and removed then (created before or
@@ -57,7 +76,7 @@
 //! arrived) or owes every transition from then on. What the watcher received before a resync
 //! is not held against what it receives after (the old run's `ContainerStarted` may come again
 //! from the new run). A clean restart (SIGTERM, saved state) continues the run: no resync, no
-//! gap, nothing folded but what changed while no plegd ran (above).
+//! gap, nothing folded but what changed while no plegd ran (the outage above).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -253,13 +272,37 @@ impl Record {
 pub struct Folding {
     /// How long a state may last and still go unseen.
     pub window: Duration,
-    /// When plegd could not read the runtime (from the signal that stopped plegd, or
-    /// containerd, to the restarted one's health): the first relist after it diffs what
-    /// changed meanwhile, so a container that started and died then is one `ContainerDied`
-    /// (`non-existent -> exited`), one created and removed then is never seen, as for kubelet
-    /// restarting, and one that exited and was removed then left no status to read its exit
-    /// from.
+    /// When plegd could not follow the runtime (see the module doc for each fault): the first
+    /// relist after it diffs what changed meanwhile, so a container that started and died then
+    /// is one `ContainerDied` (`non-existent -> exited`), one created and removed then is never
+    /// seen, as for kubelet restarting, and one that exited and was removed then left no status
+    /// to read its exit from.
     pub outage: Option<(SystemTime, SystemTime)>,
+    /// When plegd followed the runtime by full relists alone, though the mode has a push
+    /// source (see the module doc for each fault): a state that overlaps it folds as in
+    /// polling mode, within the longer window given here.
+    pub polled: Option<Polled>,
+}
+
+/// A span of [`Folding::polled`].
+#[derive(Clone, Copy, Debug)]
+pub struct Polled {
+    pub from: SystemTime,
+    pub to: SystemTime,
+    /// The relist period then, plus the margin of polling mode's window.
+    pub window: Duration,
+}
+
+impl Folding {
+    /// The window for a state held from `from` to `to`: the polled span's if they overlap.
+    fn window_over(&self, from: Option<SystemTime>, to: Option<SystemTime>) -> Duration {
+        let overlaps =
+            |p: &Polled| from.is_none_or(|from| from <= p.to) && to.is_none_or(|to| to >= p.from);
+        match self.polled {
+            Some(p) if overlaps(&p) => p.window.max(self.window),
+            _ => self.window,
+        }
+    }
 }
 
 /// One finding about one container (or one stretch of sequence numbers).
@@ -527,7 +570,7 @@ fn fold(
         ..
     } = truth.timing;
     if let Some(lived) = elapsed(created, removed)
-        && lived < folding.window
+        && lived < folding.window_over(created, removed)
         && !account.got.iter().any(|&g| g)
     {
         return Some(format!(
@@ -537,7 +580,7 @@ fn fold(
     if transition == Transition::Started
         && account.got[Transition::Died as usize]
         && let Some(ran) = elapsed(started, finished)
-        && ran < folding.window
+        && ran < folding.window_over(started, finished)
     {
         return Some(format!("ran {ran:?}: died before running was seen"));
     }
@@ -548,7 +591,7 @@ fn fold(
         && started.is_some_and(|t| t >= down)
         && removed.is_some_and(|t| t <= up)
     {
-        return Some("started and removed while no plegd ran".to_owned());
+        return Some("started and removed while plegd could not follow the runtime".to_owned());
     }
     if transition == Transition::Started
         && account.got[Transition::Died as usize]
@@ -556,7 +599,7 @@ fn fold(
         && started.is_some_and(|t| t >= down)
         && finished.is_some_and(|t| t <= up + folding.window)
     {
-        return Some("started and died while no plegd ran".to_owned());
+        return Some("started and died while plegd could not follow the runtime".to_owned());
     }
     None
 }
@@ -599,24 +642,26 @@ fn check_exit(
         }
         return;
     }
+    let shown = truth.timing.exit_shown.or(truth.timing.finished);
     match code {
         None if during_outage(truth.timing.finished, Duration::ZERO)
             && during_outage(truth.timing.removed, folding.window) =>
         {
             report.folded.push(Finding {
-                detail: "no exit code: exited and removed while the runtime could not be read"
+                detail: "no exit code: exited and removed while plegd could not follow the runtime"
                     .to_owned(),
                 ..wrong(String::new())
             })
         }
-        None => match elapsed(
-            truth.timing.exit_shown.or(truth.timing.finished),
-            truth.timing.removed,
-        ) {
-            Some(gone) if gone < folding.window => report.folded.push(Finding {
-                detail: format!("no exit code: removed {gone:?} after the runtime showed its exit"),
-                ..wrong(String::new())
-            }),
+        None => match elapsed(shown, truth.timing.removed) {
+            Some(gone) if gone < folding.window_over(shown, truth.timing.removed) => {
+                report.folded.push(Finding {
+                    detail: format!(
+                        "no exit code: removed {gone:?} after the runtime showed its exit"
+                    ),
+                    ..wrong(String::new())
+                })
+            }
             _ => report.mismatched.push(wrong(format!(
                 "no exit code, the runtime recorded {} {}",
                 exit.code, exit.reason
@@ -674,6 +719,7 @@ mod tests {
     const WINDOW: Folding = Folding {
         window: Duration::from_millis(1500),
         outage: None,
+        polled: None,
     };
 
     fn at(ms: u64) -> SystemTime {
@@ -933,6 +979,38 @@ mod tests {
         assert_eq!(
             transitions(&report.mismatched),
             [("shown-early", Some(Transition::Died))]
+        );
+    }
+
+    /// While plegd followed the runtime by full relists alone, what overlaps that span folds
+    /// within the polled window; the same outside it does not.
+    #[test]
+    fn a_polled_span_folds_with_its_own_window_only_where_it_overlaps() {
+        // Shown exited at 1000, removed at 2000: a second with no exit code.
+        let truths = [truth("gone-fast", 1, "Error", 1000, 2000)];
+        let mut list = lifecycle("gone-fast", 1, "Error");
+        without_exit(&mut list, "gone-fast");
+        let tight = Folding {
+            window: Duration::from_millis(500),
+            ..WINDOW
+        };
+        let polled = |from: u64, to: u64| Folding {
+            polled: Some(Polled {
+                from: at(from),
+                to: at(to),
+                window: Duration::from_millis(1500),
+            }),
+            ..tight
+        };
+        let mismatched = |folding| check(&truths, &events(&list), folding).mismatched.len();
+        assert_eq!(mismatched(tight), 1);
+        assert_eq!(mismatched(polled(1800, 5000)), 0);
+        assert_eq!(mismatched(polled(0, 900)), 1, "before the exit");
+        assert_eq!(mismatched(polled(2100, 5000)), 1, "after the removal");
+        let report = check(&truths, &events(&list), polled(1800, 5000));
+        assert_eq!(
+            transitions(&report.folded),
+            [("gone-fast", Some(Transition::Died))]
         );
     }
 
