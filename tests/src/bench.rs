@@ -92,8 +92,8 @@ pub struct Plegd {
 }
 
 impl Plegd {
-    /// Starts `binary run` against `containerd`'s CRI with `args` added, and waits until its
-    /// API answers `plegd health`.
+    /// Starts `binary run` against `containerd`'s CRI (or the `--runtime-endpoint` in `args`)
+    /// with `args` added, and waits until its API answers `plegd health`.
     pub fn start(
         binary: &Path,
         containerd: &PrivateContainerd,
@@ -116,19 +116,20 @@ impl Plegd {
         let socket = dir.join("plegd.sock");
         let _ = std::fs::remove_file(&socket);
         let metrics = free_port()?;
-        let mut command: Vec<std::ffi::OsString> = vec![
-            "run".into(),
-            "--runtime".into(),
-            "cri".into(),
-            "--runtime-endpoint".into(),
-            containerd.socket().into(),
+        let mut command: Vec<std::ffi::OsString> =
+            vec!["run".into(), "--runtime".into(), "cri".into()];
+        // containerd's own socket unless asked for another (a proxy in front of it).
+        if !args.iter().any(|a| a == "--runtime-endpoint") {
+            command.extend(["--runtime-endpoint".into(), containerd.socket().into()]);
+        }
+        command.extend([
             "--socket".into(),
             socket.clone().into(),
             "--output".into(),
             "json".into(),
             "--metrics-address".into(),
             metrics.to_string().into(),
-        ];
+        ]);
         // No saved state unless asked for: each start a run of its own.
         if !args.iter().any(|a| a == "--state-dir") {
             command.extend(["--state-dir".into(), "none".into()]);
@@ -198,8 +199,8 @@ impl Plegd {
         self.await_healthy()
     }
 
-    /// The last sequence number the daemon published (`plegd health`).
-    pub fn last_sequence(&self) -> anyhow::Result<u64> {
+    /// `plegd health --output json`.
+    fn health(&self) -> anyhow::Result<serde_json::Value> {
         let output = Command::new(&self.binary)
             .arg("health")
             .arg("--socket")
@@ -207,10 +208,28 @@ impl Plegd {
             .args(["--output", "json"])
             .stderr(Stdio::null())
             .output()?;
-        let health: serde_json::Value = serde_json::from_slice(&output.stdout)?;
-        health["last_sequence"]
+        Ok(serde_json::from_slice(&output.stdout)?)
+    }
+
+    /// The last sequence number the daemon published.
+    pub fn last_sequence(&self) -> anyhow::Result<u64> {
+        self.health()?["last_sequence"]
             .as_u64()
             .context("plegd health gave no last_sequence")
+    }
+
+    /// The state of event source `source` ("containerd", "ebpf", ...) as `plegd health`
+    /// names it ("connected", "reconnecting", ...).
+    pub fn source_state(&self, source: &str) -> anyhow::Result<String> {
+        let health = self.health()?;
+        health["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["source"] == source)
+            .and_then(|s| s["state"].as_str())
+            .map(str::to_owned)
+            .with_context(|| format!("plegd health shows no source {source}: {health}"))
     }
 
     fn healthy(&self) -> bool {
@@ -241,28 +260,29 @@ impl Plegd {
 
     /// A counter or gauge of its /metrics (the sum of its series).
     pub fn metric(&self, name: &str) -> anyhow::Result<f64> {
-        let mut stream = TcpStream::connect(self.metrics)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.metrics
-        )?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        Ok(text
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with([' ', '{']))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        metric_at(self.metrics, name)
     }
 
     pub fn stop(self) {
         let _ = self.process.stop(Duration::from_secs(10));
     }
+}
+
+/// A counter or gauge of the /metrics served at `address` (the sum of its series).
+pub fn metric_at(address: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
 }
 
 /// A local TCP port free a moment ago.

@@ -111,6 +111,16 @@ impl ContainerSpec {
             )
         }
     }
+
+    /// Its init execs itself `execs` times (each exec of a container's init is a kernel event
+    /// plegd's eBPF probes report), then sleeps.
+    pub fn exec_storm(name: &str, execs: u32) -> Self {
+        let step = r#"if [ "$1" -gt 0 ]; then exec sh -c "$0" "$0" $(($1 - 1)); fi; exec sleep 2147483647"#;
+        Self::shell(
+            name,
+            &format!("s='{step}'; exec sh -c \"$s\" \"$s\" {execs}"),
+        )
+    }
 }
 
 impl Cri {

@@ -12,6 +12,10 @@
 use std::{
     path::{Path, PathBuf},
     str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -21,11 +25,13 @@ use nix::sys::signal::Signal;
 
 use crate::{
     Node,
-    audit::{self, Action, Exit, Folding, Report, Timing, Truth},
-    bench::{Jitter, Plegd},
+    audit::{self, Action, Exit, Folding, Polled, Report, Timing, Truth},
+    bench::{Jitter, Plegd, metric_at},
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
+    proxy::MutingProxy,
+    wait::until,
 };
 
 /// Lifecycles started at once in a burst.
@@ -36,6 +42,9 @@ const IN_FLIGHT: usize = 40;
 const PODS_PER_MODE: usize = 2;
 /// The relist period of the polling mode.
 const POLLING_PERIOD: Duration = Duration::from_secs(1);
+/// What polling mode's folding window adds to its relist period: the time a relist takes on
+/// a loaded node.
+const RELIST_MARGIN: Duration = Duration::from_millis(500);
 /// Longest wait for one step of the runtime (an exit to be recorded, a call to answer).
 const STEP: Duration = Duration::from_secs(30);
 
@@ -91,8 +100,9 @@ impl Mode {
     pub fn folding(self) -> Folding {
         Folding {
             outage: None,
+            polled: None,
             window: match self {
-                Self::Polling => POLLING_PERIOD + Duration::from_millis(500),
+                Self::Polling => POLLING_PERIOD + RELIST_MARGIN,
                 Self::Ebpf | Self::Events | Self::Default => Duration::from_millis(500),
             },
         }
@@ -119,16 +129,60 @@ pub enum Fault {
     PlegdKill,
     /// plegd SIGTERMed and started again on its saved state: the same run continues.
     PlegdTerm,
+    /// plegd's eBPF ring buffer one page small (`--ebpf-ring-bytes`) and an exec storm in
+    /// containers of a pod of their own: kernel events are lost and counted, and full relists
+    /// follow.
+    RingOverflow,
+    /// containerd SIGSTOPped for [`HANG`], then SIGCONTed: every runtime call hangs meanwhile,
+    /// and containers exit without containerd hearing of it.
+    ContainerdHang,
+    /// plegd's containerd event connection held silent for [`SILENCE`] while containerd runs
+    /// on (a [`MutingProxy`] holds back what containerd writes on it): its heartbeat finds it
+    /// silent, and full relists run at the fast period until it reconnects.
+    SilentStream,
 }
 
+/// How long [`Fault::ContainerdHang`] freezes containerd.
+const HANG: Duration = Duration::from_secs(4);
+/// How long [`Fault::SilentStream`] keeps the stream silent at least (then until two fast
+/// full relists ran).
+const SILENCE: Duration = Duration::from_secs(4);
+/// `--event-heartbeat` under [`Fault::SilentStream`]: silence found within about two.
+const HEARTBEAT: &str = "1s";
+/// Containers of the exec storm, and their execs each.
+const STORMS: usize = 4;
+const STORM_EXECS: u32 = 3000;
+
 impl Fault {
-    pub const ALL: [Fault; 3] = [Self::ContainerdRestart, Self::PlegdKill, Self::PlegdTerm];
+    pub const ALL: [Fault; 6] = [
+        Self::ContainerdRestart,
+        Self::PlegdKill,
+        Self::PlegdTerm,
+        Self::RingOverflow,
+        Self::ContainerdHang,
+        Self::SilentStream,
+    ];
 
     pub fn key(self) -> &'static str {
         match self {
             Self::ContainerdRestart => "containerd-restart",
             Self::PlegdKill => "plegd-kill",
             Self::PlegdTerm => "plegd-term",
+            Self::RingOverflow => "ring-overflow",
+            Self::ContainerdHang => "containerd-hang",
+            Self::SilentStream => "silent-stream",
+        }
+    }
+
+    /// Whether the fault means anything in `mode`: a ring needs the eBPF probes, a silent
+    /// stream containerd's event stream.
+    pub fn applies_to(self, mode: Mode) -> bool {
+        match self {
+            Self::RingOverflow => matches!(mode, Mode::Ebpf | Mode::Default),
+            Self::SilentStream => matches!(mode, Mode::Events | Mode::Default),
+            Self::ContainerdRestart | Self::PlegdKill | Self::PlegdTerm | Self::ContainerdHang => {
+                true
+            }
         }
     }
 }
@@ -138,7 +192,8 @@ impl FromStr for Fault {
 
     fn from_str(s: &str) -> Result<Self, String> {
         Self::ALL.into_iter().find(|f| f.key() == s).ok_or_else(|| {
-            format!("unknown fault {s:?} (containerd-restart, plegd-kill, plegd-term)")
+            let keys: Vec<&str> = Self::ALL.into_iter().map(Self::key).collect();
+            format!("unknown fault {s:?} ({})", keys.join(", "))
         })
     }
 }
@@ -163,6 +218,8 @@ pub struct Outcome {
     /// Lifecycles the harness could not complete (a runtime call failed, e.g. during a
     /// containerd restart): not audited.
     pub abandoned: Vec<String>,
+    /// What the fault measured of itself (losses counted, silence found after ...).
+    pub notes: Vec<String>,
 }
 
 /// One lifecycle, drawn before it runs.
@@ -216,13 +273,25 @@ impl Draw {
 /// Runs `plan` on `node` with the `plegd` at `binary`, its files under `dir`.
 pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow::Result<Outcome> {
     let began = Instant::now();
-    let mut args = plan.mode.args();
-    if plan.fault == Some(Fault::PlegdTerm) {
-        args.extend([
-            "--state-dir".to_owned(),
-            dir.join("state").display().to_string(),
-        ]);
+    if let Some(fault) = plan.fault
+        && !fault.applies_to(plan.mode)
+    {
+        bail!(
+            "fault {} does not apply to mode {}",
+            fault.key(),
+            plan.mode.key()
+        );
     }
+    std::fs::create_dir_all(dir)?;
+    let proxy = match plan.fault {
+        Some(Fault::SilentStream) => Some(MutingProxy::start(
+            dir,
+            node.containerd.socket(),
+            crate::proxy::EVENT_STREAM,
+        )?),
+        _ => None,
+    };
+    let args = plegd_args(plan, dir, proxy.as_ref())?;
     let mut plegd = Plegd::start(binary, &node.containerd, dir, &args)?;
     let watch = plegd.watch_from_start()?;
     let prefix = format!("soak-{}-{:x}", plan.mode.key(), plan.seed);
@@ -247,8 +316,11 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     let mut lifecycles = tokio::task::JoinSet::new();
     let mut results = Vec::new();
     let mut n = 0;
-    let mut faulted = plan.fault.is_none();
-    let mut outage = None;
+    let mut faulted = false;
+    let (mut outage, mut polled) = (None, None);
+    let mut notes = Vec::new();
+    let mut losses = None;
+    let run_began = SystemTime::now();
     while n < plan.lifecycles || began.elapsed() < plan.duration {
         let burst = if jitter.pick(4) == 0 { BURST } else { 1 };
         while lifecycles.len() + burst > IN_FLIGHT {
@@ -266,13 +338,22 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
             });
             n += 1;
         }
-        if !faulted && n >= plan.lifecycles / 2 {
+        if let Some(fault) = plan.fault
+            && !faulted
+            && n >= plan.lifecycles / 2
+        {
             faulted = true;
-            let down = SystemTime::now();
-            inject(plan.fault, node, &mut plegd).await?;
-            if plan.fault.is_some() {
-                outage = Some((down, SystemTime::now()));
-            }
+            let injection = Injection {
+                node,
+                plegd: &mut plegd,
+                proxy: proxy.as_ref(),
+                prefix: &prefix,
+            };
+            let injected = injection.inject(fault).await?;
+            (outage, polled) = (injected.outage, injected.polled);
+            notes.extend(injected.notes);
+            pods.extend(injected.pod);
+            losses = injected.losses;
             if plan.fault == Some(Fault::ContainerdRestart) {
                 clients = (
                     Cri::connect(&node.containerd).await?,
@@ -296,9 +377,15 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     }
 
     await_quiet(&plegd, &watch, &truths).await;
+    if let Some(losses) = losses {
+        let (span, note) = losses.span(run_began).await?;
+        polled = Some(span);
+        notes.push(note);
+    }
     let records = watch.records();
     let folding = Folding {
         outage,
+        polled,
         ..plan.mode.folding()
     };
     let report = audit::check(&truths, &records, folding);
@@ -316,17 +403,276 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
         report,
         elapsed: began.elapsed(),
         abandoned,
+        notes,
     })
 }
 
-async fn inject(fault: Option<Fault>, node: &Node, plegd: &mut Plegd) -> anyhow::Result<()> {
-    match fault {
-        None => {}
-        Some(Fault::ContainerdRestart) => node.containerd.crash_and_restart().await?,
-        Some(Fault::PlegdKill) => plegd.restart(Signal::SIGKILL)?,
-        Some(Fault::PlegdTerm) => plegd.restart(Signal::SIGTERM)?,
+/// `plegd run` arguments of `plan`: its mode's, and what its fault needs.
+fn plegd_args(plan: &Plan, dir: &Path, proxy: Option<&MutingProxy>) -> anyhow::Result<Vec<String>> {
+    let mut args = plan.mode.args();
+    match plan.fault {
+        Some(Fault::PlegdTerm) => set(&mut args, "--state-dir", dir.join("state").display()),
+        Some(Fault::RingOverflow) => {
+            let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)?
+                .context("no page size")?;
+            set(&mut args, "--ebpf-ring-bytes", page);
+        }
+        Some(Fault::SilentStream) => {
+            let proxy = proxy.context("a silent stream needs the proxy")?;
+            set(&mut args, "--runtime-endpoint", proxy.socket.display());
+            set(&mut args, "--event-heartbeat", HEARTBEAT);
+            // What a silent stream falls back to (the slow period stays the mode's).
+            set(
+                &mut args,
+                "--relist-period",
+                POLLING_PERIOD.as_secs().to_string() + "s",
+            );
+        }
+        Some(Fault::ContainerdRestart | Fault::PlegdKill | Fault::ContainerdHang) | None => {}
     }
-    Ok(())
+    Ok(args)
+}
+
+/// Gives `flag` the value `value` in `args`, in place if it is there already.
+fn set(args: &mut Vec<String>, flag: &str, value: impl ToString) {
+    let value = value.to_string();
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value,
+        None => args.extend([flag.to_owned(), value]),
+    }
+}
+
+const DROPS: &str = "plegd_ringbuf_drops_total";
+const FULL_RELISTS: &str = "plegd_relists_total{scope=\"full\"}";
+const SILENT_STREAMS: &str = "plegd_silent_streams_total";
+
+/// What a fault is done with.
+struct Injection<'a> {
+    node: &'a Node,
+    plegd: &'a mut Plegd,
+    proxy: Option<&'a MutingProxy>,
+    prefix: &'a str,
+}
+
+/// What injecting a fault left.
+#[derive(Default)]
+struct Injected {
+    /// When plegd could not follow the runtime (see [`Folding::outage`]).
+    outage: Option<(SystemTime, SystemTime)>,
+    /// When plegd followed it by full relists alone (see [`Folding::polled`]).
+    polled: Option<Polled>,
+    /// What the fault measured of itself.
+    notes: Vec<String>,
+    /// A pod of the fault's own, to remove at the end.
+    pod: Option<Pod>,
+    /// Kernel losses, sampled until the end of the run (they give the outage then).
+    losses: Option<LossSampler>,
+}
+
+impl Injection<'_> {
+    async fn inject(self, fault: Fault) -> anyhow::Result<Injected> {
+        let down = SystemTime::now();
+        match fault {
+            Fault::ContainerdRestart => self.node.containerd.crash_and_restart().await?,
+            Fault::PlegdKill => self.plegd.restart(Signal::SIGKILL)?,
+            Fault::PlegdTerm => self.plegd.restart(Signal::SIGTERM)?,
+            Fault::ContainerdHang => self.hang().await?,
+            Fault::SilentStream => return self.silence().await,
+            // The outage is known once the losses stopped, at the end of the run.
+            Fault::RingOverflow => {
+                let (pod, losses) = self.storm().await?;
+                return Ok(Injected {
+                    pod: Some(pod),
+                    losses: Some(losses),
+                    ..Injected::default()
+                });
+            }
+        }
+        Ok(Injected {
+            outage: Some((down, SystemTime::now())),
+            ..Injected::default()
+        })
+    }
+
+    /// Freezes containerd for [`HANG`].
+    async fn hang(&self) -> anyhow::Result<()> {
+        let pid = self
+            .node
+            .containerd
+            .pid()
+            .context("containerd is not running")?;
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, Signal::SIGSTOP)?;
+        tokio::time::sleep(HANG).await;
+        nix::sys::signal::kill(pid, Signal::SIGCONT)?;
+        Ok(())
+    }
+
+    /// Mutes plegd's event stream until plegd found it silent and ran two full relists since,
+    /// [`SILENCE`] at least; unmutes it and waits for it to be connected again. plegd cannot
+    /// follow the runtime from the mute to its first fast full relist (the outage); the fast
+    /// relists follow it from then on until the stream is back (polled).
+    async fn silence(&self) -> anyhow::Result<Injected> {
+        let proxy = self.proxy.context("a silent stream needs the proxy")?;
+        let plegd = &*self.plegd;
+        let silent_before = plegd.metric(SILENT_STREAMS)?;
+        let (muted, down) = (Instant::now(), SystemTime::now());
+        proxy.mute(true);
+        until(&format!("{SILENT_STREAMS} grows"), STEP, || async {
+            anyhow::Ok((plegd.metric(SILENT_STREAMS)? > silent_before).then_some(()))
+        })
+        .await?;
+        let found = muted.elapsed();
+        let full_at_found = plegd.metric(FULL_RELISTS)?;
+        let relists = |n: f64| {
+            until("full relists while silent", STEP, move || async move {
+                anyhow::Ok((plegd.metric(FULL_RELISTS)? >= full_at_found + n).then_some(()))
+            })
+        };
+        relists(1.0).await?;
+        let up = SystemTime::now();
+        relists(2.0).await?;
+        let relisted = muted.elapsed();
+        tokio::time::sleep(SILENCE.saturating_sub(relisted)).await;
+        proxy.mute(false);
+        until("the stream connected again", STEP, || async {
+            anyhow::Ok((plegd.source_state("containerd")? == "connected").then_some(()))
+        })
+        .await?;
+        let note = format!(
+            "stream found silent {:.1} s after it went quiet (heartbeat {HEARTBEAT}); two full \
+             relists {:.1} s after that; reconnected {:.1} s after the silence began",
+            found.as_secs_f64(),
+            (relisted - found).as_secs_f64(),
+            muted.elapsed().as_secs_f64()
+        );
+        Ok(Injected {
+            outage: Some((down, up)),
+            polled: Some(Polled {
+                from: up,
+                to: SystemTime::now(),
+                window: POLLING_PERIOD + RELIST_MARGIN,
+            }),
+            notes: vec![note],
+            ..Injected::default()
+        })
+    }
+
+    /// Starts the exec storm in a pod of its own, and a [`LossSampler`] on plegd.
+    async fn storm(&self) -> anyhow::Result<(Pod, LossSampler)> {
+        let sampler = LossSampler::start(self.plegd.metrics)?;
+        let cri = &self.node.cri;
+        let pod = cri
+            .run_pod_in(&format!("{}-storm", self.prefix), PidMode::Container)
+            .await?;
+        for i in 0..STORMS {
+            let spec = ContainerSpec::exec_storm(&format!("storm{i}"), STORM_EXECS);
+            cri.run_container(&pod, &spec).await?;
+        }
+        Ok((pod, sampler))
+    }
+}
+
+/// How often plegd reads the kernel's count of events the ring had no room for.
+const LOSS_CHECK: Duration = Duration::from_secs(1);
+/// How often [`LossSampler`] reads plegd's metrics.
+const SAMPLE: Duration = Duration::from_millis(200);
+
+/// When plegd counted kernel events lost over a run, and the first full relist after the last
+/// of them, as its metrics show them every [`SAMPLE`].
+struct LossSampler {
+    task: tokio::task::JoinHandle<Losses>,
+    stop: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Losses {
+    lost: f64,
+    first: Option<SystemTime>,
+    last: Option<SystemTime>,
+    /// The first sample after `last` with more full relists than at `last`.
+    relisted: Option<SystemTime>,
+}
+
+impl LossSampler {
+    fn start(metrics: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let (before, full_start) = (
+            metric_at(metrics, DROPS)?,
+            metric_at(metrics, FULL_RELISTS)?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut losses = Losses::default();
+            // The drops seen so far, and the full relists at the sample before the last growth
+            // of them: the relist a loss check asks for may be over by the next sample.
+            let (mut seen, mut full_before_last, mut full_seen) = (before, full_start, full_start);
+            // Once stopped, sampling goes on (bounded) until a full relist followed the last
+            // losses counted.
+            let mut settle_until = None;
+            loop {
+                if stopped.load(Ordering::Relaxed) {
+                    let settled = losses.last.is_none() || losses.relisted.is_some();
+                    let deadline = *settle_until.get_or_insert_with(|| Instant::now() + STEP);
+                    if settled || Instant::now() > deadline {
+                        break;
+                    }
+                }
+                tokio::time::sleep(SAMPLE).await;
+                // A sample that fails (plegd busy) is skipped: the counters keep their counts.
+                let (Ok(drops), Ok(full)) =
+                    (metric_at(metrics, DROPS), metric_at(metrics, FULL_RELISTS))
+                else {
+                    continue;
+                };
+                let now = SystemTime::now();
+                if drops > seen {
+                    losses.first.get_or_insert(now);
+                    losses.last = Some(now);
+                    losses.relisted = None;
+                    (losses.lost, seen, full_before_last) = (drops - before, drops, full_seen);
+                }
+                if losses.last.is_some() && losses.relisted.is_none() && full > full_before_last {
+                    losses.relisted = Some(now);
+                }
+                full_seen = full;
+            }
+            losses
+        });
+        Ok(Self { task, stop })
+    }
+
+    /// Stops sampling; the time plegd followed the runtime by full relists alone, one per
+    /// loss check: from a loss check before the first counted losses (they happened since) to
+    /// the full relist after the last.
+    async fn span(self, began: SystemTime) -> anyhow::Result<(Polled, String)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let losses = self.task.await?;
+        let (Some(first), Some(last)) = (losses.first, losses.last) else {
+            bail!("the exec storm lost no kernel event: the ring never overflowed");
+        };
+        let relisted = losses
+            .relisted
+            .context("no full relist came after the last kernel events lost")?;
+        let into = |t: SystemTime| t.duration_since(began).unwrap_or_default().as_secs_f64();
+        let note = format!(
+            "{} kernel events lost, counted from {:.1} s to {:.1} s into the run; a full relist \
+             within {:.1} s of the last count",
+            losses.lost,
+            into(first),
+            into(last),
+            relisted
+                .duration_since(last)
+                .unwrap_or_default()
+                .as_secs_f64()
+        );
+        let span = Polled {
+            from: first - LOSS_CHECK - SAMPLE,
+            to: relisted,
+            window: LOSS_CHECK + RELIST_MARGIN,
+        };
+        Ok((span, note))
+    }
 }
 
 /// Waits (bounded) until every removal reached the watcher and the watcher has the last event
@@ -467,6 +813,9 @@ pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
             .map(|f| format!(" --fault {}", f.key()))
             .unwrap_or_default(),
     );
+    for note in &outcome.notes {
+        println!("  fault: {note}");
+    }
     for why in &outcome.abandoned {
         println!("  abandoned: {why}");
     }

@@ -24,11 +24,6 @@ use support::{RunningPlegd, observations, push_config, start_then_kill};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// The tiny-ring test's exec storm loads both cores for seconds; under it the ring reader lags,
-/// and with it the init map the kernel side learns a container's init from (filled from user
-/// space), so an init's exit can go unseen. The tests that time or require the kernel's view
-/// run beside each other, never beside the storm.
-static STORM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 /// Far longer than any wait below: an event within it did not come from the periodic relist.
 const SLOW: Duration = Duration::from_secs(300);
 
@@ -42,7 +37,6 @@ fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> 
 /// kernel saw, while the full relist sleeps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observations() {
-    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -152,7 +146,6 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
 /// The same scenario in polling mode: the same event types, found by the relist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_mode_yields_the_same_events_through_the_relist() {
-    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -182,7 +175,6 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
 /// fast with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
-    let _beside_others = STORM.read().await;
     // Force a load failure the way an old kernel would: with tracefs unmounted the loader
     // cannot check the tracepoints. Done in a child process with its own mount namespace so
     // the rest of the machine (and other tests) keep tracefs.
@@ -235,7 +227,6 @@ async fn auto_mode_child() {
 /// first makes the event, and the other adds none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
-    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -291,7 +282,6 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
 /// type, unnumbered, before the `ContainerDied` that confirms it and carries the same fact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_them() {
-    let _beside_others = STORM.read().await;
     let Node {
         containerd,
         cri,
@@ -367,98 +357,4 @@ async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_th
     kill.await.unwrap().unwrap();
     plegd.stop().await;
     api.stopped().await;
-}
-
-/// A container whose init execs itself `EXECS` times (each exec of a container's init is a
-/// kernel event), then sleeps.
-fn exec_storm(name: &str) -> ContainerSpec {
-    const EXECS: u32 = 3000;
-    let step =
-        r#"if [ "$1" -gt 0 ]; then exec sh -c "$0" "$0" $(($1 - 1)); fi; exec sleep 2147483647"#;
-    ContainerSpec::shell(
-        name,
-        &format!("s='{step}'; exec sh -c \"$s\" \"$s\" {EXECS}"),
-    )
-}
-
-/// A one-page ring buffer (`--ebpf-ring-bytes`) overflows under an exec storm: the losses are
-/// counted, a full relist follows them, and containers that live and die meanwhile lose no
-/// transition.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tiny_ring_overflows_under_an_exec_storm_and_loses_no_transition() {
-    let _alone = STORM.write().await;
-    const STORMS: usize = 4;
-    const LIFECYCLES: usize = 8;
-    const DROPS: &str = "plegd_ringbuf_drops_total";
-    const FULL_RELISTS: &str = "plegd_relists_total{scope=\"full\"}";
-    let Node {
-        containerd,
-        cri,
-        tasks,
-    } = Node::start().await.unwrap();
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .unwrap()
-        .unwrap();
-    let mut settings = push_config(
-        &containerd,
-        &[SourceName::Ebpf, SourceName::Containerd],
-        Mode::Ebpf,
-        SLOW,
-    );
-    settings.ebpf_ring_bytes = u32::try_from(page).unwrap();
-    let mut plegd = RunningPlegd::start(settings).await;
-    plegd.wait_sources_connected(2, DEADLINE).await;
-    let metric = |plegd: &RunningPlegd, name: &str| plegd.metrics().get(name).copied();
-    assert_eq!(metric(&plegd, DROPS), Some(0.0));
-
-    let pod = cri.run_pod("storm").await.unwrap();
-    let mut storms = Vec::new();
-    for i in 0..STORMS {
-        let spec = exec_storm(&format!("storm{i}"));
-        storms.push(cri.run_container(&pod, &spec).await.unwrap());
-    }
-    let mut churned = Vec::new();
-    for i in 0..LIFECYCLES {
-        let id = cri
-            .run_container(&pod, &ContainerSpec::sleeper(&format!("churn{i}")))
-            .await
-            .unwrap();
-        tasks.kill_init(&id).await.unwrap();
-        churned.push(id);
-    }
-    plegd_tests::wait::until("ring buffer losses counted", DEADLINE, || async {
-        anyhow::Ok(metric(&plegd, DROPS).filter(|d| *d > 0.0))
-    })
-    .await
-    .unwrap();
-    let full_at_loss = metric(&plegd, FULL_RELISTS).unwrap_or_default();
-    // The source reads its loss counter every second and asks for a full relist when it grew;
-    // the periodic one is minutes away.
-    plegd_tests::wait::until("a full relist after the losses", DEADLINE, || async {
-        anyhow::Ok(metric(&plegd, FULL_RELISTS).filter(|n| *n > full_at_loss))
-    })
-    .await
-    .unwrap();
-    for id in &churned {
-        cri.remove_container(id).await.unwrap();
-    }
-    for id in &churned {
-        plegd
-            .wait_container(
-                id,
-                &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
-                DEADLINE,
-            )
-            .await;
-    }
-    for id in &storms {
-        assert_eq!(support::types_of(&plegd.events, id), ["ContainerStarted"]);
-    }
-    eprintln!(
-        "{} kernel events lost with a {page}-byte ring; {} full relists",
-        metric(&plegd, DROPS).unwrap_or_default(),
-        metric(&plegd, FULL_RELISTS).unwrap_or_default()
-    );
-    cri.remove_pod(&pod).await.unwrap();
-    plegd.stop().await;
 }

@@ -34,6 +34,14 @@ pub enum Fault {
     PlegdKill,
     /// plegd SIGTERMed and started again on its saved state (the run continues).
     PlegdTerm,
+    /// A one-page eBPF ring buffer and an exec storm: kernel events lost (eBPF and default
+    /// modes only).
+    RingOverflow,
+    /// containerd SIGSTOPped for 4 s, then SIGCONTed.
+    ContainerdHang,
+    /// plegd's containerd event stream silent while connected, until plegd's heartbeat found
+    /// it and two fast full relists ran (events and default modes only).
+    SilentStream,
 }
 
 #[derive(Debug, Clone, Args)]
