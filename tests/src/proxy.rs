@@ -13,8 +13,7 @@ use std::{
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{UnixListener, UnixStream},
-    sync::watch,
-    task::JoinHandle,
+    sync::{oneshot, watch},
 };
 
 /// plegd's heartbeat topic (`plegd::sources::containerd_events::HEARTBEAT_TOPIC`): its event
@@ -26,38 +25,61 @@ pub const EVENT_STREAM: &[u8] = b"/plegd/heartbeat";
 pub struct MutingProxy {
     pub socket: PathBuf,
     muted: watch::Sender<bool>,
-    /// Owns every connection's task: aborting it drops them all.
-    accepting: JoinHandle<()>,
+    /// Dropped to stop the proxy's thread, and every connection with it.
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl MutingProxy {
     /// Listens on `proxy.sock` in `dir`, forwarding to `upstream`. Muting applies to the
     /// connections whose client has sent `marker` (see [`EVENT_STREAM`]): while muted, nothing
     /// the server writes on them reaches the client; calls and streams stay open.
+    ///
+    /// It forwards on a thread of its own: on the test's runtime, busy with a churn on two
+    /// cores, every call through it waited for a worker, and the daemon behind it lagged.
     pub fn start(dir: &Path, upstream: PathBuf, marker: &'static [u8]) -> std::io::Result<Self> {
         let socket = dir.join("proxy.sock");
         let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket)?;
+        let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+        listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let (muted, _) = watch::channel(false);
         let subscribe = muted.clone();
-        let accepting = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                let muted = subscribe.subscribe();
-                connections.spawn(async move {
-                    if let Ok(server) = UnixStream::connect(&upstream).await {
-                        forward(client, server, muted, marker).await;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("muting-proxy".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = UnixListener::from_std(listener) else {
+                        return;
+                    };
+                    let mut connections = tokio::task::JoinSet::new();
+                    let accepting = async {
+                        while let Ok((client, _)) = listener.accept().await {
+                            let upstream = upstream.clone();
+                            let muted = subscribe.subscribe();
+                            connections.spawn(async move {
+                                if let Ok(server) = UnixStream::connect(&upstream).await {
+                                    forward(client, server, muted, marker).await;
+                                }
+                            });
+                            // Ended connections' results, so the set holds only live ones.
+                            while connections.try_join_next().is_some() {}
+                        }
+                    };
+                    tokio::select! {
+                        _ = stopped => {}
+                        () = accepting => {}
                     }
                 });
-                // Ended connections' results, so the set holds only live ones.
-                while connections.try_join_next().is_some() {}
-            }
-        });
+            })?;
         Ok(Self {
             socket,
             muted,
-            accepting,
+            stop: Some(stop),
+            thread: Some(thread),
         })
     }
 
@@ -68,7 +90,10 @@ impl MutingProxy {
 
 impl Drop for MutingProxy {
     fn drop(&mut self) {
-        self.accepting.abort();
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
