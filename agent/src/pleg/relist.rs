@@ -196,6 +196,8 @@ impl<R: Runtime> Relister<R> {
             },
         };
 
+        let read_in = started.elapsed();
+
         // 2. Diff, only over the pods this reading vouches for.
         let considered = considered_pods(scope, &self.records, &self.to_reinspect, &listed);
         let mut changes: BTreeMap<PodUid, Vec<ContainerEvent>> = BTreeMap::new();
@@ -216,7 +218,9 @@ impl<R: Runtime> Relister<R> {
                 .cloned(),
         );
         to_inspect.retain(|uid| !inspections.contains_key(uid));
+        let inspecting = Instant::now();
         let mut inspected = self.inspect(&to_inspect, &listed).await;
+        let inspected_in = inspecting.elapsed();
         for (uid, inspection) in &mut inspected {
             if let Inspection::Found { record, .. } = inspection {
                 confirm::apply(record, &tasks, self.records.get(uid));
@@ -318,6 +322,11 @@ impl<R: Runtime> Relister<R> {
             unreflected = outcome.unreflected.targets().count(),
             awaiting_cri = outcome.awaiting_cri,
             elapsed = ?started.elapsed(),
+            // Where a slow relist spent its time: listing (and task status reads), or the
+            // status calls of the pods it inspected.
+            ?read_in,
+            inspected = to_inspect.len(),
+            ?inspected_in,
             "relisted"
         );
         trace!(?hints, "relisted on");
