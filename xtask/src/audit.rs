@@ -21,8 +21,16 @@ pub fn run(_opts: &Options) -> Result<()> {
     stream(deny().arg("check")).context("cargo deny (advisories need the RustSec database)")
 }
 
-/// `cargo deny` on the dependency graph, without the advisories (no network needed).
+/// `cargo deny` on the dependency graph, without the advisories (no GitHub needed). The
+/// crates are fetched first: cargo deny reads the manifests of every platform's dependencies
+/// (`web-sys`, `anstyle-wincon`, ...), and a build on this host downloaded only its own, so on a
+/// fresh machine the offline check failed for want of them.
 pub fn offline() -> Result<()> {
+    let mut fetch = Command::new(env!("CARGO"));
+    fetch
+        .args(["fetch", "--locked", "--manifest-path"])
+        .arg(setup::workspace_root().join("Cargo.toml"));
+    stream(&mut fetch).context("cargo fetch (the crates cargo deny reads)")?;
     stream(deny().args(["--offline", "check"]).args(OFFLINE_CHECKS))
         .context("cargo deny: licenses, bans or sources (deny.toml says what is allowed)")
 }
