@@ -602,7 +602,9 @@ impl LossSampler {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
-        let task = tokio::spawn(async move {
+        // A blocking thread: the samples are blocking HTTP reads, and the test runtime's few
+        // workers are busy with the churn.
+        let task = tokio::task::spawn_blocking(move || {
             let mut losses = Losses::default();
             // The drops seen so far, and the full relists at the sample before the last growth
             // of them: the relist a loss check asks for may be over by the next sample.
@@ -618,7 +620,7 @@ impl LossSampler {
                         break;
                     }
                 }
-                tokio::time::sleep(SAMPLE).await;
+                std::thread::sleep(SAMPLE);
                 // A sample that fails (plegd busy) is skipped: the counters keep their counts.
                 let (Ok(drops), Ok(full)) =
                     (metric_at(metrics, DROPS), metric_at(metrics, FULL_RELISTS))
