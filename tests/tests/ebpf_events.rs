@@ -221,10 +221,13 @@ async fn auto_mode_child() {
 }
 
 /// The same death seen by the kernel and by containerd's event stream yields one
-/// `ContainerDied`. Confirmed at the CRI store, it names both sources: containerd's exit event
-/// always precedes the CRI plugin's status update (it causes it), so it joins the retry that
-/// waits for that update. Confirmed at the task record, whichever source leads to the record
-/// first makes the event, and the other adds none.
+/// `ContainerDied`, naming the sources that saw it by then, each with its observation.
+/// Confirmed at the task record, whichever source leads to the record first makes the event,
+/// and the other adds none. Confirmed at the CRI store, both usually do: containerd publishes
+/// its exit event before its CRI plugin updates the store (the update follows from it). But
+/// plegd's stream is one more subscriber of containerd's event exchange, and on a loaded node
+/// (containerd 2.1 in a clean-clone CI run) CRI showed the exit before the event reached plegd,
+/// 83 ms after the kill: the death went out with the kernel's observation alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
     let Node {
@@ -247,23 +250,20 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
         let died = plegd.last_of(&killed).clone();
         assert_eq!(died["exit_code"], 137, "{died}");
         let seen = observations(&died);
+        let sources = died["sources"].as_array().unwrap();
+        assert!(
+            !sources.is_empty() && sources.iter().all(|s| *s == "ebpf" || *s == "containerd"),
+            "{died}"
+        );
         if confirm == Confirm::Cri {
-            assert_eq!(
-                died["sources"],
-                serde_json::json!(["ebpf", "containerd"]),
-                "{died}"
-            );
-            assert!(seen.contains(&"ebpf:signal=9".to_owned()), "{died}");
-            assert!(
-                seen.contains(&"containerd:exit_code=137".to_owned()),
-                "{died}"
-            );
-        } else {
-            let sources = died["sources"].as_array().unwrap();
-            assert!(
-                !sources.is_empty() && sources.iter().all(|s| *s == "ebpf" || *s == "containerd"),
-                "{died}"
-            );
+            for (source, observation) in [
+                ("ebpf", "ebpf:signal=9"),
+                ("containerd", "containerd:exit_code=137"),
+            ] {
+                if sources.iter().any(|s| *s == source) {
+                    assert!(seen.contains(&observation.to_owned()), "{died}");
+                }
+            }
         }
         // The other source's trigger, and CRI catching up, make no second event.
         cri.wait_state(&killed, ContainerState::ContainerExited, DEADLINE)
