@@ -465,7 +465,7 @@ struct Injected {
     notes: Vec<String>,
     /// A pod of the fault's own, to remove at the end.
     pod: Option<Pod>,
-    /// Kernel losses, sampled until the end of the run (they give the outage then).
+    /// Kernel losses, sampled until the end of the run (they give the polled span then).
     losses: Option<LossSampler>,
 }
 
@@ -478,7 +478,7 @@ impl Injection<'_> {
             Fault::PlegdTerm => self.plegd.restart(Signal::SIGTERM)?,
             Fault::ContainerdHang => self.hang().await?,
             Fault::SilentStream => return self.silence().await,
-            // The outage is known once the losses stopped, at the end of the run.
+            // The polled span is known once the losses stopped, at the end of the run.
             Fault::RingOverflow => {
                 let (pod, losses) = self.storm().await?;
                 return Ok(Injected {
