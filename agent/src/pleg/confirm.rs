@@ -8,10 +8,11 @@
 //! still only says where and when to look, and the relist stays the one path that makes
 //! events: these records are laid over its reading before the diff.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::pleg::{
-    event::Scope,
+    diff::ContainerEvent,
+    event::{ObservationKind, PodLifecycleEventType, Scope},
     hints::Hints,
     record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecord},
 };
@@ -139,6 +140,47 @@ pub fn apply(pod: &mut PodRecord, tasks: &TaskRecords, committed: Option<&PodRec
     }
 }
 
+/// `changes` with the starts the runtime's task service recorded but no reading showed: a
+/// container that started and exited between two readings goes from created (or unseen) to
+/// exited, which the diff makes a lone `ContainerDied`, as kubelet's PLEG does. Its
+/// `/tasks/start` is the runtime's own record that it ran, so its `ContainerStarted` goes out
+/// just before the death. Under load a relist can wait seconds behind a slow full one, and a
+/// container's whole run can fall within that wait.
+pub fn recorded_starts(
+    changes: Vec<ContainerEvent>,
+    hints: &Hints,
+    committed: &PodRecords,
+) -> Vec<ContainerEvent> {
+    let started: BTreeSet<&ContainerId> = hints
+        .observations()
+        .filter(|(_, o)| matches!(o.kind, ObservationKind::TaskStarted { .. }))
+        .map(|(id, _)| id)
+        .collect();
+    if started.is_empty() {
+        return changes;
+    }
+    let seen_running = |change: &ContainerEvent| {
+        committed
+            .get(&change.pod)
+            .and_then(|pod| pod.containers.get(&change.container))
+            .is_some_and(|c| c.state == ContainerState::Running)
+    };
+    let mut out = Vec::with_capacity(changes.len());
+    for change in changes {
+        if change.event_type == PodLifecycleEventType::ContainerDied
+            && started.contains(&change.container)
+            && !seen_running(&change)
+        {
+            out.push(ContainerEvent {
+                event_type: PodLifecycleEventType::ContainerStarted,
+                ..change.clone()
+            });
+        }
+        out.push(change);
+    }
+    out
+}
+
 /// Whether the CRI store has caught up with a state only the task layer had confirmed in
 /// `committed`: the pod is read again (no event: its state did not change) so the cache takes
 /// the runtime's full status, reason included.
@@ -226,6 +268,60 @@ mod tests {
         assert_eq!(
             records,
             TaskRecords::from([(cid("a"), exited), (cid("b"), exited)])
+        );
+    }
+
+    /// A start the task service recorded goes out before a death the diff found from a state
+    /// short of running; never for a container a reading already showed running, nor for one
+    /// whose start no task event recorded.
+    #[test]
+    fn recorded_starts_go_out_only_where_no_reading_showed_the_container_running() {
+        let committed = PodRecords::from([(
+            PodUid("p".into()),
+            pod(&[
+                ("created", Created, Layer::Cri),
+                ("ran", Running, Layer::Cri),
+            ]),
+        )]);
+        let start = ObservationKind::TaskStarted { at: at(1) };
+        let h = hints(&[
+            ("created", TriggerSource::Containerd, start.clone()),
+            ("unseen", TriggerSource::Containerd, start.clone()),
+            ("ran", TriggerSource::Containerd, start),
+            (
+                "kernel",
+                TriggerSource::Ebpf,
+                ObservationKind::Exec("/app".into()),
+            ),
+        ]);
+        let change = |id: &str, event_type| ContainerEvent {
+            pod: PodUid("p".into()),
+            container: cid(id),
+            event_type,
+        };
+        use PodLifecycleEventType::{ContainerDied, ContainerRemoved, ContainerStarted};
+        let changes = vec![
+            change("created", ContainerDied),
+            change("kernel", ContainerDied),
+            change("ran", ContainerDied),
+            change("unseen", ContainerDied),
+            change("unseen", ContainerRemoved),
+        ];
+        assert_eq!(
+            recorded_starts(changes.clone(), &h, &committed),
+            [
+                change("created", ContainerStarted),
+                change("created", ContainerDied),
+                change("kernel", ContainerDied),
+                change("ran", ContainerDied),
+                change("unseen", ContainerStarted),
+                change("unseen", ContainerDied),
+                change("unseen", ContainerRemoved),
+            ]
+        );
+        assert_eq!(
+            recorded_starts(changes.clone(), &Hints::default(), &committed),
+            changes
         );
     }
 

@@ -201,7 +201,18 @@ impl<R: Runtime> Relister<R> {
         // 2. Diff, only over the pods this reading vouches for.
         let considered = considered_pods(scope, &self.records, &self.to_reinspect, &listed);
         let mut changes: BTreeMap<PodUid, Vec<ContainerEvent>> = BTreeMap::new();
-        for change in diff_pods(&self.records, &listed, &considered) {
+        let mut diffed = diff_pods(&self.records, &listed, &considered);
+        if self.config.confirm == Layer::Task {
+            let diffed_alone = diffed.len();
+            diffed = confirm::recorded_starts(diffed, hints, &self.records);
+            if diffed.len() > diffed_alone {
+                debug!(
+                    starts = diffed.len() - diffed_alone,
+                    "starts no reading showed, published from the runtime's task events"
+                );
+            }
+        }
+        for change in diffed {
             changes.entry(change.pod.clone()).or_default().push(change);
         }
 
@@ -1288,6 +1299,72 @@ mod tests {
             summary(&drain(&mut h.events)),
             [ev("p", "c", ContainerDied), ev("p", "d", ContainerStarted)]
         );
+    }
+
+    /// A container that started and exited while its relist waited (behind a slow full one)
+    /// is listed exited at once: the runtime's `/tasks/start` behind the relist makes its
+    /// `ContainerStarted` go out before its death. Without that record, or confirming at the
+    /// CRI layer, it folds into the death as in kubelet's PLEG.
+    #[tokio::test]
+    async fn a_start_the_task_service_recorded_is_published_though_the_reading_shows_the_exit() {
+        let started = ObservationKind::TaskStarted {
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(3),
+        };
+        let exited = ObservationKind::TaskExited {
+            code: 2,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(4),
+        };
+        let runtime_said = |observations: &[ObservationKind]| {
+            let observations: Vec<_> = observations
+                .iter()
+                .map(|o| ("d", TriggerSource::Containerd, o.clone()))
+                .collect();
+            let mut hints = pod_hints("p", &observations);
+            // The container's create event: only a listing answers it.
+            for (target, hint) in pod_hints("p", &[]) {
+                hints.insert(target, hint);
+            }
+            hints
+        };
+        let cases = [
+            (
+                RelistConfig::default(),
+                runtime_said(&[started.clone(), exited.clone()]),
+                vec![ContainerStarted, ContainerDied],
+            ),
+            (
+                RelistConfig::default(),
+                runtime_said(std::slice::from_ref(&exited)),
+                vec![ContainerDied],
+            ),
+            (
+                RelistConfig {
+                    confirm: Layer::Cri,
+                    ..RelistConfig::default()
+                },
+                runtime_said(&[started, exited]),
+                vec![ContainerDied],
+            ),
+        ];
+        for (config, hints, wanted) in cases {
+            let mut h = harness(config);
+            add_running_pod(&h.runtime, "p", &["c"]);
+            relist_all(&mut h).await;
+            drain(&mut h.events);
+            h.runtime.set_container("p", container("d", "d", Exited));
+            h.relister
+                .relist(&Scope::Pod(uid("p")), &hints)
+                .await
+                .expect("relist");
+            let got: Vec<_> = summary(&drain(&mut h.events))
+                .into_iter()
+                .map(|(pod, id, t)| {
+                    assert_eq!((pod.as_str(), id.as_str()), ("p", "d"));
+                    t
+                })
+                .collect();
+            assert_eq!(got, wanted, "hints {hints:?}");
+        }
     }
 
     /// A kernel hint is not a confirmation: the relist reads the task's status, and only a
