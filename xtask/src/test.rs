@@ -4,14 +4,17 @@
 //! --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM, and each fuzz
 //! target for a few seconds.
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 use crate::{
     audit,
-    cmd::stream,
+    cmd::{render, stream},
     fuzz, harness, kernels,
     setup::{self, KernelSeries},
 };
@@ -75,7 +78,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     // The later checks run even when a test failed here: CI then tells everything at once.
     let mut failures = Vec::new();
-    if let Err(e) = stream(&mut test) {
+    if let Err(e) = stream_tests(&mut test) {
         failures.push(e);
     }
     let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
@@ -90,14 +93,14 @@ pub fn run(opts: &Options) -> Result<()> {
             suites.args(["--test", suite]);
         }
         suites.env(harness::RELEASE_ENV, release);
-        if let Err(e) = stream(&mut suites) {
+        if let Err(e) = stream_tests(&mut suites) {
             failures.push(e.context(format!("containerd {release}")));
         }
     }
     if !opts.no_fuzz && opts.filter.is_none() {
         step(&format!("fuzz targets, {FUZZ_SECONDS} s each"));
         let started = std::time::Instant::now();
-        if let Err(e) = fuzz::run_targets(FUZZ_SECONDS) {
+        if let Err(e) = fuzz::run_targets(FUZZ_SECONDS, fuzz::Build::Quick) {
             failures.push(e);
         }
         step(&format!(
@@ -146,4 +149,62 @@ const MATRIX_SUITES: &[&str] = &["cri_events", "event_sources", "ebpf_events"];
 
 fn step(name: &str) {
     eprintln!("xtask test: {name}");
+}
+
+/// Runs `cargo test` with its output shown as it goes; a failure names the tests that failed,
+/// so the last lines of a long run (all CI shows of it) say which.
+fn stream_tests(cmd: &mut Command) -> Result<()> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not run `{}`", render(cmd)))?;
+    let mut failed = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading cargo test's output")?;
+            println!("{line}");
+            failed.extend(failed_test(&line).map(str::to_owned));
+        }
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{}`", render(cmd)))?;
+    if status.success() {
+        return Ok(());
+    }
+    let which = match failed.as_slice() {
+        [] => String::new(),
+        names => format!("; failed: {}", names.join(", ")),
+    };
+    bail!(
+        "`{}` failed ({status}){which}; its output is above",
+        render(cmd)
+    )
+}
+
+/// The name of the test a line of libtest's output reports failed.
+fn failed_test(line: &str) -> Option<&str> {
+    line.strip_prefix("test ")?.strip_suffix(" ... FAILED")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failed_test;
+
+    #[test]
+    fn only_libtests_failure_lines_name_a_failed_test() {
+        let lines = [
+            (
+                "test soak::short_default ... FAILED",
+                Some("soak::short_default"),
+            ),
+            ("test soak::short_default ... ok", None),
+            ("test result: FAILED. 4 passed; 1 failed", None),
+            ("    soak::short_default", None),
+        ];
+        for (line, name) in lines {
+            assert_eq!(failed_test(line), name, "{line}");
+        }
+    }
 }
