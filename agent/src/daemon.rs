@@ -312,9 +312,12 @@ where
         );
         let saving = config.state_dir.is_some();
         async move {
-            let mut relister = run.await;
+            let generator::Stopped {
+                mut relister,
+                pending,
+            } = run.await;
             if saving {
-                last_relist(&mut relister).await;
+                last_relist(&mut relister, &pending).await;
             }
             relister.into_saved()
         }
@@ -407,18 +410,15 @@ where
     result
 }
 
-/// Relists everything once more before the reading is saved: a start or an exit whose
-/// trigger was still queued at the signal is published now, with its exit code, rather than
-/// diffed by the next start from a runtime that may have removed the container meanwhile
-/// (then its start is never told, and its death has no code). Bounded: a runtime that does
-/// not answer costs the save nothing but this one reading.
-async fn last_relist<R: Runtime>(relister: &mut Relister<R>) {
-    match tokio::time::timeout(
-        LAST_RELIST_GRACE,
-        relister.relist(&Scope::All, &Hints::default()),
-    )
-    .await
-    {
+/// Relists everything once more before the reading is saved, on the hints of the triggers
+/// still `pending`: a start or an exit whose trigger was still queued at the signal is
+/// published now, with its exit code, rather than diffed by the next start from a runtime that
+/// may have removed the container meanwhile (then its start is never told, and its death has
+/// no code). The hints matter: containerd's `/tasks/exit` confirms an exit some 30 ms before
+/// its CRI store shows it, and a plain listing then shows the container still running.
+/// Bounded: a runtime that does not answer costs the save nothing but this one reading.
+async fn last_relist<R: Runtime>(relister: &mut Relister<R>, pending: &Hints) {
+    match tokio::time::timeout(LAST_RELIST_GRACE, relister.relist(&Scope::All, pending)).await {
         Ok(Ok(outcome)) => debug!(?outcome, "relisted before saving"),
         Ok(Err(error)) => warn!(%error, "the last relist failed; saving the reading before it"),
         Err(_) => warn!(

@@ -15,7 +15,7 @@ use crate::{
     metrics::Metrics,
     pleg::{
         event::{Scope, Trigger, TriggerSource},
-        hints::Target,
+        hints::{Hints, Target},
         relist::{RelistError, Relister},
         scheduler::{Batch, RelistScheduler},
         sink::ObservationSink,
@@ -107,8 +107,15 @@ pub fn observed_trigger_channel(
     )
 }
 
-/// Runs relists until `shutdown` is cancelled, then hands the relister back (its reading is
-/// saved at shutdown). Every event is handed to the relister's sink, which never blocks: no
+/// What a stopped generator hands back: the relister, whose reading is saved, and the hints of
+/// every trigger not relisted yet, for the last relist before saving.
+pub struct Stopped<R> {
+    pub relister: Relister<R>,
+    pub pending: Hints,
+}
+
+/// Runs relists until `shutdown` is cancelled, then hands the relister back with the triggers
+/// still pending ([`Stopped`]). Every event is handed to the relister's sink, which never blocks: no
 /// consumer can stall the relists or make them spin. The full relist period can be changed
 /// while running through `period` (adaptive relist: long while push sources are healthy, short
 /// otherwise), and kernel triggers' grace through `kernel_grace` (see
@@ -121,7 +128,7 @@ pub async fn run<R: Runtime>(
     mut kernel_grace: watch::Receiver<Duration>,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> Relister<R> {
+) -> Stopped<R> {
     loop {
         let deadline = scheduler.next_deadline();
         tokio::select! {
@@ -155,8 +162,19 @@ pub async fn run<R: Runtime>(
             }
         }
     }
-    debug!("generator stopped");
-    relister
+    // Whatever was seen and not relisted yet: the triggers still in the channel and those the
+    // scheduler holds, as one full relist's hints.
+    let now = Instant::now();
+    while let Ok(trigger) = triggers.triggers.try_recv() {
+        scheduler.push(trigger, now, |c| relister.pod_of(c));
+    }
+    scheduler.request_full_relist(now);
+    let pending = scheduler
+        .next_due(now)
+        .map(|batch| batch.hints)
+        .unwrap_or_default();
+    debug!(pending = pending.targets().count(), "generator stopped");
+    Stopped { relister, pending }
 }
 
 /// Runs one relist and feeds its outcome back to the scheduler.
@@ -250,7 +268,7 @@ mod tests {
         events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
         period: watch::Sender<Duration>,
         shutdown: CancellationToken,
-        task: tokio::task::JoinHandle<Relister<FakeRuntime>>,
+        task: tokio::task::JoinHandle<Stopped<FakeRuntime>>,
         metrics: Metrics,
     }
 
@@ -324,9 +342,30 @@ mod tests {
         assert_eq!(event.sources, vec![TriggerSource::Relist]);
         h.shutdown.cancel();
         // Stopped, it hands back the reading to save.
-        let (records, sequence) = h.task.await.unwrap().into_saved();
+        let (records, sequence) = h.task.await.unwrap().relister.into_saved();
         assert_eq!(sequence, 1);
         assert!(records.contains_key(&PodUid("p".into())));
+    }
+
+    /// A trigger not relisted when the generator stops is handed back with its hints, for
+    /// the last relist before saving; with none pending, nothing is.
+    #[tokio::test(start_paused = true)]
+    async fn triggers_not_relisted_at_the_stop_are_handed_back() {
+        let mut h = start(Duration::from_secs(3600));
+        add_running(&h.runtime, "p", "c");
+        h.events.recv().await.unwrap();
+        // Sent and stopped before the loop runs again: it sees the stop first.
+        h.triggers.send(trigger("c"));
+        h.shutdown.cancel();
+        let stopped = h.task.await.unwrap();
+        assert_eq!(
+            stopped.pending.targets().collect::<Vec<_>>(),
+            [&Target::Pod(PodUid("p".into()))]
+        );
+
+        let h = start(Duration::from_secs(3600));
+        h.shutdown.cancel();
+        assert!(h.task.await.unwrap().pending.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
