@@ -115,10 +115,10 @@ pub struct Stopped<R> {
 }
 
 /// Runs relists until `shutdown` is cancelled, then hands the relister back with the triggers
-/// still pending ([`Stopped`]). Every event is handed to the relister's sink, which never blocks: no
-/// consumer can stall the relists or make them spin. The full relist period can be changed
-/// while running through `period` (adaptive relist: long while push sources are healthy, short
-/// otherwise), and kernel triggers' grace through `kernel_grace` (see
+/// still pending ([`Stopped`]). Every event is handed to the relister's sink, which never
+/// blocks: no consumer can stall the relists or make them spin. The full relist period can be
+/// changed while running through `period` (adaptive relist: long while push sources are
+/// healthy, short otherwise), and kernel triggers' grace through `kernel_grace` (see
 /// [`RelistScheduler::set_kernel_grace`]).
 pub async fn run<R: Runtime>(
     mut relister: Relister<R>,
