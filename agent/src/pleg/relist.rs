@@ -6,7 +6,8 @@
 //! features belong in the trigger sources or the scheduler, not in this function.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, btree_map},
+    iter::Peekable,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -179,7 +180,7 @@ impl<R: Runtime> Relister<R> {
         // 1. Read: list, or, where the runtime's own task events answer every hint, take the
         //    committed reading with them laid over (the CRI store is read on the recheck).
         let Reading {
-            mut listed,
+            listed,
             listed_at,
             tasks,
             mut inspections,
@@ -219,7 +220,12 @@ impl<R: Runtime> Relister<R> {
         // 3. Inspect changed pods, those whose inspection failed last time, and those whose
         //    CRI store caught up with what the task layer confirmed (for the cache only).
         let mut to_inspect: BTreeSet<PodUid> = changes.keys().cloned().collect();
-        to_inspect.extend(self.to_reinspect.intersection(&considered).cloned());
+        to_inspect.extend(
+            self.to_reinspect
+                .iter()
+                .filter(|uid| considered.binary_search(uid).is_ok())
+                .cloned(),
+        );
         let (mut committed, mut now) =
             (SortedLookup::new(&self.records), SortedLookup::new(&listed));
         to_inspect.extend(
@@ -243,10 +249,12 @@ impl<R: Runtime> Relister<R> {
             unreflected: hints.unreflected(&listed, &self.records),
             ..RelistOutcome::default()
         };
+        // `considered` ascends and holds every listed pod: the listing is taken in one walk.
+        let mut listed = listed.into_iter().peekable();
         for uid in &considered {
             let mut pod_changes = changes.remove(uid).unwrap_or_default();
             let inspection = inspections.remove(uid);
-            let new = listed.remove(uid);
+            let new = take_sorted(&mut listed, uid);
             // Steps 5 and 6 as one to a listing (`PodCache::publishing`).
             let cache = Arc::clone(&self.cache);
             let _publishing = cache.publishing();
@@ -558,29 +566,41 @@ fn in_scope(scope: &Scope, pod: &PodRecord) -> bool {
     }
 }
 
-/// The pods a reading vouches for: every pod for a full relist (including those known only
-/// from a failed inspection); the pod itself for a pod relist (absent means gone); for a
-/// container relist only the pods listed, since not finding a container says nothing about its
-/// pod.
+/// The pods a reading vouches for, ascending: every pod for a full relist (including those
+/// known only from a failed inspection); the pod itself for a pod relist (absent means gone);
+/// for a container relist only the pods listed, since not finding a container says nothing
+/// about its pod. A vector, not a set: the relist walks it in order, and building a tree of
+/// every uid on each full relist cost a tenth of a steady one.
 fn considered_pods(
     scope: &Scope,
     old: &PodRecords,
     to_reinspect: &BTreeSet<PodUid>,
     listed: &PodRecords,
-) -> BTreeSet<PodUid> {
+) -> Vec<PodUid> {
     match scope {
         Scope::All => {
-            // Deduplicated before cloning: each uid is cloned once, not once per map.
-            let all: BTreeSet<&PodUid> = old
+            let mut all: Vec<&PodUid> = old
                 .keys()
                 .chain(to_reinspect)
                 .chain(listed.keys())
                 .collect();
+            // Three ascending runs: the stable sort merges them.
+            all.sort();
+            all.dedup();
             all.into_iter().cloned().collect()
         }
-        Scope::Pod(uid) => BTreeSet::from([uid.clone()]),
+        Scope::Pod(uid) => vec![uid.clone()],
         Scope::Container(_) => listed.keys().cloned().collect(),
     }
+}
+
+/// Takes the value of `key` from a walk over a sorted map's entries, where keys are asked for
+/// in ascending order: a walk, not a `BTreeMap::remove` per key, which rebalanced the tree on
+/// every pod of a full relist. Entries before `key` were never asked for and are dropped.
+fn take_sorted<K: Ord, V>(walk: &mut Peekable<btree_map::IntoIter<K, V>>, key: &K) -> Option<V> {
+    while walk.next_if(|(next, _)| next < key).is_some() {}
+    walk.next_if(|(next, _)| next == key)
+        .map(|(_, value)| value)
 }
 
 #[cfg(test)]
@@ -1141,6 +1161,18 @@ mod tests {
             }
             other => panic!("expected stale health, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_sorted_walk_takes_the_keys_asked_for_and_skips_the_rest() {
+        let map = BTreeMap::from([(1, "a"), (3, "c"), (4, "d"), (7, "g")]);
+        let mut walk = map.into_iter().peekable();
+        assert_eq!(take_sorted(&mut walk, &0), None);
+        assert_eq!(take_sorted(&mut walk, &3), Some("c"), "1 is skipped");
+        assert_eq!(take_sorted(&mut walk, &5), None, "4 is skipped");
+        assert_eq!(take_sorted(&mut walk, &7), Some("g"));
+        assert_eq!(take_sorted(&mut walk, &7), None, "taken once");
+        assert_eq!(walk.next(), None);
     }
 
     /// Correctness and a rough timing on a node-sized load: 10,000 pods of a sandbox and one
