@@ -286,6 +286,34 @@ fn latency_table(m: &Value) -> String {
     t
 }
 
+/// Per mode, where a death's time goes after containerd records it: containerd delivering
+/// `/tasks/exit` to a subscriber (ours), then plegd and its Watch stream to the client. Both
+/// spans are read on this host's clock, for the same kill.
+fn breakdown_table(m: &Value) -> String {
+    let mut t = String::from(
+        "| mode | kills | exited_at → /tasks/exit at a subscriber p50 / p99 | /tasks/exit at a subscriber → ContainerDied at the client p50 / p99 |\n|---|---|---|---|\n",
+    );
+    for row in m["latency"].as_array().into_iter().flatten() {
+        if !row["unavailable"].is_null() {
+            continue;
+        }
+        let kills = &row["kills"];
+        let delivered = differences(kills, "exit_arrival_ms", "exit_ms");
+        let plegd = differences(kills, "died_ms", "exit_arrival_ms");
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} / {} | {} / {} |",
+            row["label"].as_str().unwrap_or("?"),
+            plegd.len(),
+            ms(percentile(&delivered, 50.0)),
+            ms(percentile(&delivered, 99.0)),
+            ms(percentile(&plegd, 50.0)),
+            ms(percentile(&plegd, 99.0)),
+        );
+    }
+    t
+}
+
 fn start_table(m: &Value) -> String {
     let mut t = String::from(
         "| mode | starts | StartContainer returned → ContainerStarted p50 / p99 | /tasks/start → ContainerStarted p50 / p99 |\n|---|---|---|---|\n",
@@ -448,9 +476,15 @@ pub fn write(run: &Run) -> Result<(String, String)> {
          kill; the − columns are ContainerDied minus the anchor measured for the same kill: \
          containerd's `/tasks/exit` (its `exited_at`, from our own Events subscription) and the \
          first CRI `ContainerStatus` showing EXITED (a poller asking as fast as it answers).\n\n\
-         {}\n![ContainerDied latency CDF](latency_cdf.png)\n\n### Start latency (ms)\n\n{}\n",
+         {}\n![ContainerDied latency CDF](latency_cdf.png)\n\n### Where a death's time goes \
+         (ms)\n\nThe − /tasks/exit column split in two for the same kills: containerd handing its \
+         own exit record to a subscriber (our Events subscription; plegd's arrives alike), and \
+         what plegd and its Watch stream add after that. A negative second span is a death \
+         plegd confirmed before containerd's event reached us.\n\n{}\n\
+         ### Start latency (ms)\n\n{}\n",
         m["kills_per_mode"],
         latency_table(m),
+        breakdown_table(m),
         start_table(m),
     );
     let _ = write!(
@@ -485,13 +519,14 @@ pub fn write(run: &Run) -> Result<(String, String)> {
     );
     let summary = format!(
         "Last run: {} ({kind}), kernel {}, {} cores, containerd {}, revision {}. Written by \
-         `cargo xtask bench`; do not edit by hand.\n\n{}\n{}",
+         `cargo xtask bench`; do not edit by hand.\n\n{}\n{}\n{}",
         run.date,
         m["kernel_release"].as_str().unwrap_or("?"),
         m["cores"],
         m["containerd"].as_str().unwrap_or("?"),
         run.revision,
         latency_table(m),
+        breakdown_table(m),
         goals_table(run),
     );
     Ok((r, summary))
@@ -533,5 +568,24 @@ mod tests {
         let out = splice_summary(&readme, "new\n").unwrap();
         assert_eq!(out, format!("a\n{SUMMARY_START}\nnew\n{SUMMARY_END}\nb\n"));
         assert!(splice_summary("no markers", "x").is_err());
+    }
+
+    #[test]
+    fn the_breakdown_splits_each_kill_at_the_subscribers_arrival() {
+        let m = serde_json::json!({"latency": [
+            {"label": "default", "kills": [
+                {"exit_ms": 1.0, "exit_arrival_ms": 2.5, "died_ms": 3.0},
+                {"exit_ms": 1.0, "exit_arrival_ms": 1.5, "died_ms": 4.5},
+                // Without containerd's event the kill counts in neither span.
+                {"died_ms": 9.0},
+            ]},
+            {"label": "cri", "unavailable": "not on 1.6"},
+        ]});
+        let table = breakdown_table(&m);
+        assert!(
+            table.contains("| default | 2 | 0.5 / 1.5 | 0.5 / 3.0 |"),
+            "{table}"
+        );
+        assert!(!table.contains("| cri |"), "{table}");
     }
 }
