@@ -286,56 +286,57 @@ fn latency_table(m: &Value) -> String {
     t
 }
 
-/// Per mode, where a death's time goes after containerd records it: containerd delivering
-/// `/tasks/exit` to a subscriber (ours), then plegd and its Watch stream to the client. Both
-/// spans are read on this host's clock, for the same kill.
-fn breakdown_table(m: &Value) -> String {
-    let mut t = String::from(
-        "| mode | kills | exited_at → /tasks/exit at a subscriber p50 / p99 | /tasks/exit at a subscriber → ContainerDied at the client p50 / p99 |\n|---|---|---|---|\n",
-    );
+/// A row per available mode of two spans, each as p50 / p99 over the mode's row as `spans`
+/// reads them; the count is the larger number of measurements.
+fn span_table(m: &Value, header: &str, spans: impl Fn(&Value) -> (Vec<f64>, Vec<f64>)) -> String {
+    let mut t = format!("{header}\n|---|---|---|---|\n");
     for row in m["latency"].as_array().into_iter().flatten() {
         if !row["unavailable"].is_null() {
             continue;
         }
-        let kills = &row["kills"];
-        let delivered = differences(kills, "exit_arrival_ms", "exit_ms");
-        let plegd = differences(kills, "died_ms", "exit_arrival_ms");
+        let (a, b) = spans(row);
         let _ = writeln!(
             t,
             "| {} | {} | {} / {} | {} / {} |",
             row["label"].as_str().unwrap_or("?"),
-            plegd.len(),
-            ms(percentile(&delivered, 50.0)),
-            ms(percentile(&delivered, 99.0)),
-            ms(percentile(&plegd, 50.0)),
-            ms(percentile(&plegd, 99.0)),
+            a.len().max(b.len()),
+            ms(percentile(&a, 50.0)),
+            ms(percentile(&a, 99.0)),
+            ms(percentile(&b, 50.0)),
+            ms(percentile(&b, 99.0)),
         );
     }
     t
 }
 
+/// Per mode, where a death's time goes after containerd records it: containerd delivering
+/// `/tasks/exit` to a subscriber (ours), then plegd and its Watch stream to the client. Both
+/// spans are read on this host's clock, for the same kill.
+fn breakdown_table(m: &Value) -> String {
+    span_table(
+        m,
+        "| mode | kills | exited_at → /tasks/exit at a subscriber p50 / p99 | /tasks/exit at a subscriber → ContainerDied at the client p50 / p99 |",
+        |row| {
+            let kills = &row["kills"];
+            (
+                differences(kills, "exit_arrival_ms", "exit_ms"),
+                differences(kills, "died_ms", "exit_arrival_ms"),
+            )
+        },
+    )
+}
+
 fn start_table(m: &Value) -> String {
-    let mut t = String::from(
-        "| mode | starts | StartContainer returned → ContainerStarted p50 / p99 | /tasks/start → ContainerStarted p50 / p99 |\n|---|---|---|---|\n",
-    );
-    for row in m["latency"].as_array().into_iter().flatten() {
-        if !row["unavailable"].is_null() {
-            continue;
-        }
-        let call = numbers(&row["starts"], "from_call_ms");
-        let task = numbers(&row["starts"], "from_task_start_ms");
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} / {} | {} / {} |",
-            row["label"].as_str().unwrap_or("?"),
-            call.len(),
-            ms(percentile(&call, 50.0)),
-            ms(percentile(&call, 99.0)),
-            ms(percentile(&task, 50.0)),
-            ms(percentile(&task, 99.0)),
-        );
-    }
-    t
+    span_table(
+        m,
+        "| mode | starts | StartContainer returned → ContainerStarted p50 / p99 | /tasks/start → ContainerStarted p50 / p99 |",
+        |row| {
+            (
+                numbers(&row["starts"], "from_call_ms"),
+                numbers(&row["starts"], "from_task_start_ms"),
+            )
+        },
+    )
 }
 
 fn idle_table(m: &Value) -> String {
