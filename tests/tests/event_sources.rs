@@ -471,13 +471,16 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
         "detected after {detected_in:?}"
     );
     period_becomes(&mut period, FAST).await;
-    // Still muted: the next attempt gets no answer, and the relists stay fast.
+    // Still muted: the next attempt fails too. Either its probe gets no answer, or (when the
+    // probe's answer got through before the subscribe's body marked the connection for the
+    // proxy) it connects and is found silent again. Both end reconnecting, relisting fast.
     let still = wait_state(&registry, TriggerSource::Containerd, |s| {
-        !s.detail.contains("declared silent")
+        s.state == SourceState::Reconnecting
+            && (!s.detail.contains("declared silent") || s.reconnects >= 2)
     })
     .await;
-    assert_eq!(still.state, SourceState::Reconnecting, "{still:?}");
-    assert_eq!(*period.borrow(), FAST);
+    eprintln!("the next attempt, still muted: {still:?}");
+    period_becomes(&mut period, FAST).await;
 
     proxy.mute(false);
     wait_state(&registry, TriggerSource::Containerd, |s| {
