@@ -41,6 +41,13 @@ pub const DEFAULT_INSPECT_CONCURRENCY: usize = 8;
 /// put the default mode 13 ms behind `/tasks/exit` at p50, the events-only mode 5 ms).
 pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(3);
 
+/// How long a container whose task status missed [`TASK_STATUS_DEADLINE`] is not asked again.
+/// Under churn the kernel hint's retries and every relist carrying it asked again and again: in
+/// a 10/s churn bench 48 containers' task statuses timed out 971 times in 25 s, one of them 128
+/// times in 13 s, each call more work for a shim already busy. The CRI store, or the runtime's
+/// own event, tells meanwhile.
+pub const TASK_BUSY_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Relist settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RelistConfig {
@@ -104,6 +111,8 @@ pub struct Relister<R> {
     pods_of_containers: HashMap<ContainerId, PodUid>,
     /// Pods whose last inspection failed (kubelet's `podsToReinspect`).
     to_reinspect: BTreeSet<PodUid>,
+    /// Containers whose task status missed its deadline, until when it is not read again.
+    busy_tasks: HashMap<ContainerId, Instant>,
     sequence: u64,
 }
 
@@ -140,6 +149,7 @@ impl<R: Runtime> Relister<R> {
             records: PodRecords::new(),
             pods_of_containers: HashMap::new(),
             to_reinspect: BTreeSet::new(),
+            busy_tasks: HashMap::new(),
             sequence: 0,
         }
     }
@@ -353,7 +363,7 @@ impl<R: Runtime> Relister<R> {
     }
 
     /// Lists `scope`, and lays the task records behind this relist over the listing.
-    async fn read(&self, scope: &Scope, hints: &Hints) -> Result<Reading, RuntimeError> {
+    async fn read(&mut self, scope: &Scope, hints: &Hints) -> Result<Reading, RuntimeError> {
         let listed = self.runtime.list_pods(scope).await?;
         let listed_at = SystemTime::now();
         let mut listed: PodRecords = listed
@@ -408,17 +418,22 @@ impl<R: Runtime> Relister<R> {
 
     /// The task records behind this relist: those the runtime's own events carried, and,
     /// where a kernel hint is ahead of the CRI store, the task status read from the runtime
-    /// within [`TASK_STATUS_DEADLINE`]. None when confirming at the CRI layer.
-    async fn task_records(&self, hints: &Hints, listed: &PodRecords) -> TaskRecords {
+    /// within [`TASK_STATUS_DEADLINE`] (unless it missed that deadline less than
+    /// [`TASK_BUSY_BACKOFF`] ago). None when confirming at the CRI layer.
+    async fn task_records(&mut self, hints: &Hints, listed: &PodRecords) -> TaskRecords {
         if self.config.confirm != Layer::Task {
             return TaskRecords::new();
         }
         let mut tasks = confirm::from_hints(hints);
+        let now = Instant::now();
+        self.busy_tasks.retain(|_, until| *until > now);
+        let busy = &self.busy_tasks;
         // All at once: under churn a full relist carries kernel hints of many containers, and
         // one busy shim after another would each cost the whole deadline.
         let runtime = &self.runtime;
         let read = confirm::to_read(listed, hints, &tasks)
             .into_iter()
+            .filter(|id| !busy.contains_key(id))
             .map(|id| async move {
                 let record =
                     tokio::time::timeout(TASK_STATUS_DEADLINE, runtime.task_record(&id)).await;
@@ -431,7 +446,10 @@ impl<R: Runtime> Relister<R> {
                 }
                 Ok(Ok(None)) => {}
                 Ok(Err(error)) => debug!(container = %id, %error, "task status unavailable"),
-                Err(_) => debug!(container = %id, "task status busy; the CRI store will tell"),
+                Err(_) => {
+                    debug!(container = %id, "task status busy; the CRI store will tell");
+                    self.busy_tasks.insert(id, now + TASK_BUSY_BACKOFF);
+                }
             }
         }
         tasks
@@ -1435,6 +1453,49 @@ mod tests {
         );
         assert_eq!(cached(&h, "p", "c").confirmed_by, Layer::Task);
         assert_eq!(h.runtime.task_calls(), [cid("c"), cid("c")]);
+    }
+
+    /// A task status that missed its deadline is not asked again at once: the shim is busy,
+    /// and each retry of the kernel hint would ask it again.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &["c"]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        let hints = pod_hints(
+            "p",
+            &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
+        );
+        let scope = Scope::Pod(uid("p"));
+        h.runtime.set_task(
+            "c",
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: SystemTime::UNIX_EPOCH,
+            }),
+        );
+
+        h.runtime.set_delay(Some(TASK_STATUS_DEADLINE * 2));
+        for _ in 0..3 {
+            let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
+            assert!(
+                outcome.not_reflected(),
+                "no answer in time: nothing confirmed"
+            );
+        }
+        assert_eq!(h.runtime.task_calls(), [cid("c")]);
+        assert!(drain(&mut h.events).is_empty());
+
+        h.runtime.set_delay(None);
+        tokio::time::advance(TASK_BUSY_BACKOFF).await;
+        let outcome = h.relister.relist(&scope, &hints).await.expect("relist");
+        assert!(!outcome.not_reflected());
+        assert_eq!(h.runtime.task_calls(), [cid("c"), cid("c")]);
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
     }
 
     /// With confirmation at the CRI layer, neither the runtime's events nor the task status
