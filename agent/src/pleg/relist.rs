@@ -1417,10 +1417,9 @@ mod tests {
         }
     }
 
-    /// A kernel hint is not a confirmation: the relist reads the task's status, and only a
-    /// stopped task confirms the death.
-    #[tokio::test]
-    async fn a_kernel_death_is_confirmed_by_the_task_status_never_alone() {
+    /// A harness whose pod `p` runs `c` as committed; the relist scope and the kernel's hint
+    /// that `c` died.
+    async fn kernel_death_of_running_container() -> (Harness, Scope, Hints) {
         let mut h = default_harness();
         add_running_pod(&h.runtime, "p", &["c"]);
         relist_all(&mut h).await;
@@ -1429,7 +1428,14 @@ mod tests {
             "p",
             &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
         );
-        let scope = Scope::Pod(uid("p"));
+        (h, Scope::Pod(uid("p")), hints)
+    }
+
+    /// A kernel hint is not a confirmation: the relist reads the task's status, and only a
+    /// stopped task confirms the death.
+    #[tokio::test]
+    async fn a_kernel_death_is_confirmed_by_the_task_status_never_alone() {
+        let (mut h, scope, hints) = kernel_death_of_running_container().await;
 
         h.runtime
             .set_task("c", Some(TaskRecord::Started { at: None }));
@@ -1459,15 +1465,7 @@ mod tests {
     /// and each retry of the kernel hint would ask it again.
     #[tokio::test(start_paused = true)]
     async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
-        let mut h = default_harness();
-        add_running_pod(&h.runtime, "p", &["c"]);
-        relist_all(&mut h).await;
-        drain(&mut h.events);
-        let hints = pod_hints(
-            "p",
-            &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
-        );
-        let scope = Scope::Pod(uid("p"));
+        let (mut h, scope, hints) = kernel_death_of_running_container().await;
         h.runtime.set_task(
             "c",
             Some(TaskRecord::Exited {
