@@ -86,6 +86,8 @@ struct Mode {
     args: Vec<String>,
     /// Why this mode cannot run here.
     unavailable: Option<String>,
+    /// Whether it runs the eBPF source, whose observations a watcher can ask for.
+    kernel_observations: bool,
 }
 
 fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
@@ -102,12 +104,14 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
             label: "eBPF only (relist 300 s)",
             args: slow(&["--mode", "ebpf", "--sources", "ebpf"]),
             unavailable: None,
+            kernel_observations: true,
         },
         Mode {
             key: "containerd",
             label: "containerd events only (relist 300 s)",
             args: slow(&["--sources", "containerd"]),
             unavailable: None,
+            kernel_observations: false,
         },
         Mode {
             key: "cri-events",
@@ -116,12 +120,14 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
             unavailable: (!version.has_cri_container_events()).then(|| {
                 format!("containerd {version} does not implement CRI GetContainerEvents (1.7+)")
             }),
+            kernel_observations: false,
         },
         Mode {
             key: "default",
             label: "default (auto)",
             args: Vec::new(),
             unavailable: None,
+            kernel_observations: true,
         },
     ];
     let help = std::process::Command::new(binary)
@@ -135,6 +141,7 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
             label: "default, --confirm cri",
             args: args(&["--confirm", "cri"]),
             unavailable: None,
+            kernel_observations: true,
         });
     }
     modes.push(Mode {
@@ -142,12 +149,14 @@ fn modes(node: &Node, binary: &Path) -> Vec<Mode> {
         label: "polling 1 s",
         args: args(&["--mode", "polling", "--relist-period", "1s"]),
         unavailable: None,
+        kernel_observations: false,
     });
     modes.push(Mode {
         key: "polling-100ms",
         label: "polling 100 ms",
         args: args(&["--mode", "polling", "--relist-period", "100ms"]),
         unavailable: None,
+        kernel_observations: false,
     });
     modes
 }
@@ -202,7 +211,13 @@ impl Bench {
 
     async fn latency(&mut self, mode: &Mode) -> Result<Value> {
         let plegd = self.plegd(mode)?;
-        let watch = plegd.watch()?;
+        // Where the kernel's observations can come: timed at the same client, beside the
+        // confirmed events.
+        let watch = if mode.kernel_observations {
+            plegd.watch_with_kernel_observations()?
+        } else {
+            plegd.watch()?
+        };
         let pod = self.node.cri.run_pod(&format!("lat-{}", mode.key)).await?;
         let (mut kills, mut starts) = (Vec::new(), Vec::new());
         let mut attempt = 0;
@@ -232,7 +247,9 @@ impl Bench {
                 let exit = self.events.wait(id, "exit", Duration::from_secs(5)).await;
                 let exit_arrival = self.events.get(id, "exit_arrival");
                 let emitted = watch.arrivals.get(id, "ContainerDied emitted");
+                let kernel = watch.arrivals.get(id, bench::KERNEL_DEATH);
                 kills.push(json!({
+                    "kernel_ms": kernel.map(|t| ms_between(killed, t)),
                     "died_ms": died.map(|t| ms_between(killed, t)),
                     "exit_ms": exit.map(|t| ms_between(killed, t)),
                     "exit_arrival_ms": exit_arrival.map(|t| ms_between(killed, t)),

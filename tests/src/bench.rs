@@ -249,13 +249,19 @@ impl Plegd {
 
     /// A `plegd watch --output json` process on this daemon, each line timed as it arrives.
     pub fn watch(&self) -> anyhow::Result<Watch> {
-        Watch::start(&self.binary, &self.socket, 0)
+        Watch::start(&self.binary, &self.socket, 0, false)
+    }
+
+    /// [`Plegd::watch`] that also asks for the kernel's observations ahead of confirmation;
+    /// the arrival of each container's first kernel death is recorded as [`KERNEL_DEATH`].
+    pub fn watch_with_kernel_observations(&self) -> anyhow::Result<Watch> {
+        Watch::start(&self.binary, &self.socket, 0, true)
     }
 
     /// [`Plegd::watch`] from the run's first event on: nothing published before it connects is
     /// missed.
     pub fn watch_from_start(&self) -> anyhow::Result<Watch> {
-        Watch::start(&self.binary, &self.socket, 1)
+        Watch::start(&self.binary, &self.socket, 1, false)
     }
 
     /// A counter or gauge of its /metrics (the sum of its series).
@@ -299,12 +305,18 @@ pub struct Watch {
 }
 
 impl Watch {
-    fn start(binary: &Path, socket: &Path, from: u64) -> anyhow::Result<Self> {
+    fn start(
+        binary: &Path,
+        socket: &Path,
+        from: u64,
+        kernel_observations: bool,
+    ) -> anyhow::Result<Self> {
         let mut child = Command::new(binary)
             .arg("watch")
             .arg("--socket")
             .arg(socket)
             .args(["--output", "json", "--from", &from.to_string()])
+            .args(kernel_observations.then_some("--kernel-observations"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -328,6 +340,9 @@ impl Watch {
                     if let Some(emitted) = emitted_at(&line) {
                         let what = format!("{} emitted", event.event_type);
                         arrived.record(&event.container_id, &what, emitted);
+                    }
+                    if is_kernel_death(&line) {
+                        arrived.record(&event.container_id, KERNEL_DEATH, at);
                     }
                 }
                 recorded.lock().expect("watch records lock").push(record);
@@ -363,6 +378,28 @@ impl Watch {
     pub fn stop(self) {
         let _ = self.process.stop(Duration::from_secs(5));
     }
+}
+
+/// What [`Watch`] records a container's first kernel observation of a death (exit status,
+/// signal, exit or OOM kill of its init, ahead of confirmation) as.
+pub const KERNEL_DEATH: &str = "KernelObservation death";
+
+/// Whether a `plegd watch --output json` line is a kernel observation of a death.
+fn is_kernel_death(line: &str) -> bool {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+        return false;
+    };
+    value["type"] == "KernelObservation"
+        && value["observations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .any(|o| {
+                ["signal=", "exit_code=", "exited", "oom_killed"]
+                    .iter()
+                    .any(|kind| o.contains(kind))
+            })
 }
 
 /// The `emitted_at` of a `plegd watch --output json` line (milliseconds).
@@ -534,6 +571,30 @@ mod tests {
         assert!(draws.iter().any(|d| *d > max * 9 / 10));
         let picks: Vec<_> = (0..1000).map(|_| jitter.pick(6)).collect();
         assert!((0..6).all(|i| picks.contains(&i)) && picks.iter().all(|&i| i < 6));
+    }
+
+    #[test]
+    fn only_a_kernel_observation_of_a_death_is_a_kernel_death() {
+        let line = |kind: &str, observation: &str| {
+            serde_json::json!({"type": kind, "container_id": "c", "observations": [observation]})
+                .to_string()
+        };
+        assert!(is_kernel_death(&line("KernelObservation", "ebpf:signal=9")));
+        assert!(is_kernel_death(&line(
+            "KernelObservation",
+            "ebpf:exit_code=1"
+        )));
+        assert!(is_kernel_death(&line(
+            "KernelObservation",
+            "ebpf:oom_killed"
+        )));
+        assert!(!is_kernel_death(&line(
+            "KernelObservation",
+            "ebpf:exec=/bin/sleep"
+        )));
+        // The confirmed event carries the kernel's observation too: it is not one.
+        assert!(!is_kernel_death(&line("ContainerDied", "ebpf:signal=9")));
+        assert!(!is_kernel_death("not json"));
     }
 
     #[test]
