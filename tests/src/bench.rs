@@ -341,7 +341,8 @@ impl Watch {
                         let what = format!("{} emitted", event.event_type);
                         arrived.record(&event.container_id, &what, emitted);
                     }
-                    if is_kernel_death(&line) {
+                    // Only observation lines are read a second time.
+                    if event.event_type == "KernelObservation" && is_kernel_death(&line) {
                         arrived.record(&event.container_id, KERNEL_DEATH, at);
                     }
                 }
