@@ -398,7 +398,8 @@ fn churn_table(m: &Value) -> String {
     let mut t = String::from(
         "| mode | asked /s | achieved /s | plegd CPU % | kills | ContainerDied after 30 s | never | ContainerDied p50 | p99 |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    let numbers = |v: &Value| -> Vec<f64> {
+    // An array of numbers (the module's `numbers` reads a field of each object instead).
+    let array = |v: &Value| -> Vec<f64> {
         v.as_array()
             .into_iter()
             .flatten()
@@ -406,8 +407,8 @@ fn churn_table(m: &Value) -> String {
             .collect()
     };
     for row in m["churn"].as_array().into_iter().flatten() {
-        let late = numbers(&row["late_ms"]);
-        let mut died = numbers(&row["died_ms"]);
+        let late = array(&row["late_ms"]);
+        let mut died = array(&row["died_ms"]);
         died.extend(&late);
         let lost = row["lost"].as_u64().unwrap_or(0);
         let _ = writeln!(
