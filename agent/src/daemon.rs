@@ -80,6 +80,7 @@ pub async fn connect(
     let options = RuntimeOptions {
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
+        ..RuntimeOptions::default()
     };
     let mut backoff = Backoff::new(Exponential::doubling(
         CONNECT_BACKOFF_BASE,
@@ -208,7 +209,7 @@ where
 {
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(config.relist_threshold));
-    let metrics = Metrics::new();
+    let metrics = Metrics::counting(runtime.calls());
     let runtime_id = runtime_identity(config, push.runtime_socket.as_deref());
     let (bus, reading) = match restore(config, &runtime_id) {
         Some(state::Restored { run, history }) => (

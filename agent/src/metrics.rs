@@ -60,6 +60,24 @@ struct OpLabel {
     op: &'static str,
 }
 
+/// Label of `plegd_runtime_calls_total`: the runtime's gRPC method.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabel {
+    call: &'static str,
+}
+
+/// Counts the calls plegd makes to the runtime, by method: the runtime backends hold one (from
+/// [`Metrics::runtime_calls`]; a default one counts for nobody).
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeCalls(Family<CallLabel, Counter>);
+
+impl RuntimeCalls {
+    /// One call of `call` was made (whatever its outcome).
+    pub fn count(&self, call: &'static str) {
+        self.0.get_or_create(&CallLabel { call }).inc();
+    }
+}
+
 /// Label of `plegd_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -99,6 +117,7 @@ struct Inner {
     last_seen: Gauge<f64, AtomicU64>,
     triggers: Family<SourceLabel, Counter>,
     relists: Family<ScopeLabel, Counter>,
+    runtime_calls: RuntimeCalls,
     trigger_to_event: Histogram,
     ringbuf_drops: Counter,
     untracked_cgroups: Counter,
@@ -129,6 +148,12 @@ impl Metrics {
     /// A fresh set of metrics, all registered. (prometheus-client ends each help text with a
     /// period: the texts here have none.)
     pub fn new() -> Self {
+        Self::counting(RuntimeCalls::default())
+    }
+
+    /// A fresh set of metrics whose `plegd_runtime_calls_total` reads `runtime_calls` (the
+    /// counter a connected runtime counts on: [`crate::runtime::Runtime::calls`]).
+    pub fn counting(runtime_calls: RuntimeCalls) -> Self {
         let mut registry = Registry::default();
         let relist_duration = Histogram::new(KUBELET_BUCKETS);
         registry.register(
@@ -165,6 +190,11 @@ impl Metrics {
             "plegd_relists",
             "Relists run, by scope (full or targeted)",
             relists.clone(),
+        );
+        registry.register(
+            "plegd_runtime_calls",
+            "Calls made to the container runtime (CRI or containerd API), by method; event streams not included",
+            runtime_calls.0.clone(),
         );
         // 100µs .. ~10s, doubling.
         let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
@@ -232,6 +262,7 @@ impl Metrics {
                 last_seen,
                 triggers,
                 relists,
+                runtime_calls,
                 trigger_to_event,
                 ringbuf_drops,
                 untracked_cgroups,
@@ -245,6 +276,11 @@ impl Metrics {
                 last_full_relist: Mutex::new(None),
             }),
         }
+    }
+
+    /// The counter the runtime backends count their calls on.
+    pub fn runtime_calls(&self) -> RuntimeCalls {
+        self.inner.runtime_calls.clone()
     }
 
     /// The sync loop fell behind the bus and skipped `count` events (it resyncs every pod

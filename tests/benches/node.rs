@@ -341,6 +341,8 @@ impl Bench {
         let length = Duration::from_secs(self.args.churn);
         let starting = Arc::new(tokio::sync::Semaphore::new(CHURN_STARTS_IN_FLIGHT));
         let cpu_before = bench::cpu_time(plegd.pid());
+        let relists_before = plegd.metric("plegd_relists_total")?;
+        let calls_before = plegd.metric("plegd_runtime_calls_total")?;
         let began = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         let (mut ticks, mut saturated) = (0u32, 0u32);
@@ -397,6 +399,10 @@ impl Bench {
                 Err(reason) => *failed.entry(reason).or_default() += 1,
             }
         }
+        // What the lifecycles cost plegd, each from its start to its removal.
+        let lifecycle_cpu = bench::cpu_time(plegd.pid()).saturating_sub(cpu_before);
+        let relists = plegd.metric("plegd_relists_total")? - relists_before;
+        let calls = plegd.metric("plegd_runtime_calls_total")? - calls_before;
         let mut late = Vec::new();
         let last_look = tokio::time::Instant::now() + DEADLINE;
         for (id, killed) in &untimed {
@@ -427,6 +433,10 @@ impl Bench {
             "achieved": started as f64 / length.as_secs_f64(),
             "saturated_ticks": saturated,
             "plegd_cpu": 100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64(),
+            "lifecycles": started,
+            "cpu_ms_per_lifecycle": lifecycle_cpu.as_secs_f64() * 1e3 / started.max(1) as f64,
+            "relists_per_lifecycle": relists / started.max(1) as f64,
+            "calls_per_lifecycle": calls / started.max(1) as f64,
             "died_ms": died,
             "late_ms": late,
             "lost": lost,

@@ -11,6 +11,7 @@ use std::{
 };
 
 use crate::{
+    metrics::RuntimeCalls,
     pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord},
     runtime::{
         CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion, Scope,
@@ -124,6 +125,8 @@ pub struct RuntimeOptions {
     pub call_timeout: Duration,
     /// containerd namespaces to read (containerd backend only; CRI has a single view).
     pub namespaces: Vec<String>,
+    /// Where the backend counts its calls ([`crate::metrics::Metrics::runtime_calls`]).
+    pub calls: RuntimeCalls,
 }
 
 impl Default for RuntimeOptions {
@@ -131,6 +134,7 @@ impl Default for RuntimeOptions {
         Self {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             namespaces: vec![CRI_NAMESPACE.to_owned()],
+            calls: RuntimeCalls::default(),
         }
     }
 }
@@ -150,10 +154,17 @@ impl AnyRuntime {
         options: RuntimeOptions,
     ) -> Result<Self, ConnectError> {
         Ok(match kind {
-            RuntimeKind::Cri => Self::Cri(CriRuntime::connect(socket, options.call_timeout).await?),
+            RuntimeKind::Cri => Self::Cri(
+                CriRuntime::connect(socket, options.call_timeout, options.calls).await?,
+            ),
             RuntimeKind::Containerd => Self::Containerd(
-                ContainerdRuntime::connect(socket, &options.namespaces, options.call_timeout)
-                    .await?,
+                ContainerdRuntime::connect(
+                    socket,
+                    &options.namespaces,
+                    options.call_timeout,
+                    options.calls,
+                )
+                .await?,
             ),
         })
     }
@@ -172,6 +183,13 @@ impl Runtime for AnyRuntime {
         match self {
             Self::Cri(runtime) => runtime.endpoint(),
             Self::Containerd(runtime) => runtime.endpoint(),
+        }
+    }
+
+    fn calls(&self) -> RuntimeCalls {
+        match self {
+            Self::Cri(runtime) => runtime.calls(),
+            Self::Containerd(runtime) => runtime.calls(),
         }
     }
 

@@ -30,6 +30,7 @@ use futures::future::{try_join, try_join_all};
 use tonic::transport::Channel;
 
 use crate::{
+    metrics::RuntimeCalls,
     pleg::record::{
         ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
     },
@@ -42,7 +43,7 @@ use crate::{
             SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION,
         },
         tasks::{InvalidNamespace, Namespace, get_process, time_from_timestamp},
-        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name},
+        transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name},
     },
 };
 
@@ -59,10 +60,9 @@ pub enum ConnectError {
 /// containerd's own API over a unix socket, for a set of namespaces.
 #[derive(Clone, Debug)]
 pub struct ContainerdRuntime {
-    endpoint: String,
+    caller: Caller,
     channel: Channel,
     namespaces: Vec<Namespace>,
-    call_timeout: Duration,
     /// The CRI plugin on the same socket, for CRI containers whose task it has deleted.
     cri: CriRuntime,
     ran: Arc<RunMemory>,
@@ -101,6 +101,7 @@ impl ContainerdRuntime {
         socket: &Path,
         namespaces: &[impl AsRef<str>],
         call_timeout: Duration,
+        calls: RuntimeCalls,
     ) -> Result<Self, ConnectError> {
         let mut namespaces = namespaces
             .iter()
@@ -110,13 +111,16 @@ impl ContainerdRuntime {
             namespaces.push(Namespace::cri());
         }
         let channel = connect_unix(socket, call_timeout).await?;
-        let endpoint = endpoint_name(socket);
+        let caller = Caller {
+            endpoint: endpoint_name(socket),
+            timeout: call_timeout,
+            calls,
+        };
         Ok(Self {
-            cri: CriRuntime::from_channel(endpoint.clone(), channel.clone(), call_timeout),
-            endpoint,
+            cri: CriRuntime::from_channel(caller.clone(), channel.clone()),
+            caller,
             channel,
             namespaces,
-            call_timeout,
             ran: Arc::default(),
         })
     }
@@ -124,13 +128,7 @@ impl ContainerdRuntime {
     /// containerd's version (`Version`).
     pub async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
         let mut client = VersionClient::new(self.channel.clone());
-        let response = call(
-            &self.endpoint,
-            "Version",
-            self.call_timeout,
-            client.version(()),
-        )
-        .await?;
+        let response = self.caller.call("Version", client.version(())).await?;
         Ok(RuntimeVersion {
             name: "containerd".to_owned(),
             version: response.version,
@@ -155,13 +153,7 @@ impl ContainerdRuntime {
             }
             Ok(tonic::Response::new(containers))
         };
-        call(
-            &self.endpoint,
-            "Containers.List",
-            self.call_timeout,
-            listing,
-        )
-        .await
+        self.caller.call("Containers.List", listing).await
     }
 
     async fn tasks(&self, namespace: &Namespace) -> Result<Vec<Process>, RuntimeError> {
@@ -169,7 +161,7 @@ impl ContainerdRuntime {
             TasksClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_SIZE);
         let request = client.list(namespace.request(ListTasksRequest::default()));
         Ok(
-            call(&self.endpoint, "Tasks.List", self.call_timeout, request)
+            self.caller.call("Tasks.List", request)
                 .await?
                 .tasks,
         )
@@ -177,14 +169,7 @@ impl ContainerdRuntime {
 
     /// Tasks.Get; `None` when the container has no task.
     async fn task(&self, namespace: &Namespace, id: &str) -> Result<Option<Process>, RuntimeError> {
-        get_process(
-            &self.endpoint,
-            &self.channel,
-            namespace,
-            self.call_timeout,
-            id,
-        )
-        .await
+        get_process(&self.caller, &self.channel, namespace, id).await
     }
 
     /// Every container of one namespace, with its task.
@@ -352,7 +337,11 @@ impl RunMemory {
 
 impl Runtime for ContainerdRuntime {
     fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.caller.endpoint
+    }
+
+    fn calls(&self) -> RuntimeCalls {
+        self.caller.calls.clone()
     }
 
     async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {

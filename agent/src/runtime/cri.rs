@@ -20,6 +20,7 @@ use k8s_cri::v1::{
 use tonic::transport::Channel;
 
 use crate::{
+    metrics::RuntimeCalls,
     pleg::record::{
         ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
         TaskRecord,
@@ -28,16 +29,15 @@ use crate::{
         Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
-        transport::{MAX_MESSAGE_SIZE, call, connect_unix, endpoint_name, found},
+        transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name, found},
     },
 };
 
 /// A CRI runtime over a unix socket.
 #[derive(Clone, Debug)]
 pub struct CriRuntime {
-    endpoint: String,
+    caller: Caller,
     client: RuntimeServiceClient<Channel>,
-    call_timeout: Duration,
     /// containerd's task service on the same socket, in the CRI plugin's namespace (absent on
     /// other runtimes: it says so once and is not asked again).
     tasks: TaskService,
@@ -45,27 +45,26 @@ pub struct CriRuntime {
 
 impl CriRuntime {
     /// Connects to the CRI socket; fails (naming it) if nothing listens there.
-    pub async fn connect(socket: &Path, call_timeout: Duration) -> Result<Self, RuntimeError> {
+    pub async fn connect(
+        socket: &Path,
+        call_timeout: Duration,
+        calls: RuntimeCalls,
+    ) -> Result<Self, RuntimeError> {
         let channel = connect_unix(socket, call_timeout).await?;
-        Ok(Self::from_channel(
-            endpoint_name(socket),
-            channel,
-            call_timeout,
-        ))
+        let caller = Caller {
+            endpoint: endpoint_name(socket),
+            timeout: call_timeout,
+            calls,
+        };
+        Ok(Self::from_channel(caller, channel))
     }
 
     /// A client on an existing channel (the containerd backend shares its own).
-    pub(crate) fn from_channel(endpoint: String, channel: Channel, call_timeout: Duration) -> Self {
+    pub(crate) fn from_channel(caller: Caller, channel: Channel) -> Self {
         Self {
-            tasks: TaskService::new(
-                endpoint.clone(),
-                channel.clone(),
-                Namespace::cri(),
-                call_timeout,
-            ),
-            endpoint,
+            tasks: TaskService::new(caller.clone(), channel.clone(), Namespace::cri()),
+            caller,
             client: RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE),
-            call_timeout,
         }
     }
 
@@ -75,7 +74,7 @@ impl CriRuntime {
         let request = client.version(VersionRequest {
             version: String::new(),
         });
-        let response = call(&self.endpoint, "Version", self.call_timeout, request).await?;
+        let response = self.caller.call("Version", request).await?;
         Ok(RuntimeVersion {
             name: response.runtime_name,
             version: response.runtime_version,
@@ -89,7 +88,7 @@ impl CriRuntime {
         let mut client = self.client.clone();
         let request = client.list_pod_sandbox(ListPodSandboxRequest { filter });
         Ok(
-            call(&self.endpoint, "ListPodSandbox", self.call_timeout, request)
+            self.caller.call("ListPodSandbox", request)
                 .await?
                 .items,
         )
@@ -102,7 +101,7 @@ impl CriRuntime {
         let mut client = self.client.clone();
         let request = client.list_containers(ListContainersRequest { filter });
         Ok(
-            call(&self.endpoint, "ListContainers", self.call_timeout, request)
+            self.caller.call("ListContainers", request)
                 .await?
                 .containers,
         )
@@ -119,12 +118,7 @@ impl CriRuntime {
             verbose: false,
         });
         let response = found(
-            call(
-                &self.endpoint,
-                "ContainerStatus",
-                self.call_timeout,
-                request,
-            )
+            self.caller.call("ContainerStatus", request)
             .await,
         )?;
         Ok(response.and_then(|r| r.status))
@@ -141,12 +135,7 @@ impl CriRuntime {
             verbose: false,
         });
         let response = found(
-            call(
-                &self.endpoint,
-                "PodSandboxStatus",
-                self.call_timeout,
-                request,
-            )
+            self.caller.call("PodSandboxStatus", request)
             .await,
         )?;
         Ok(response.and_then(|r| r.status))
@@ -229,7 +218,11 @@ impl CriRuntime {
 
 impl Runtime for CriRuntime {
     fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.caller.endpoint
+    }
+
+    fn calls(&self) -> RuntimeCalls {
+        self.caller.calls.clone()
     }
 
     async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {

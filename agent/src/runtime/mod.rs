@@ -27,7 +27,10 @@ pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
 
 // Scope is the relist's notion; re-exported because every backend answers in its terms.
 pub use crate::pleg::event::Scope;
-use crate::pleg::record::{ContainerId, ContainerRecord, Layer, PodRecord, PodUid, TaskRecord};
+use crate::{
+    metrics::RuntimeCalls,
+    pleg::record::{ContainerId, ContainerRecord, Layer, PodRecord, PodUid, TaskRecord},
+};
 
 /// Default deadline of one runtime call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,6 +82,11 @@ pub enum RuntimeError {
 pub trait Runtime: Send + Sync + 'static {
     /// A human-readable name of the endpoint, for logs and errors.
     fn endpoint(&self) -> &str;
+
+    /// Where this runtime's calls are counted (a fake counts none).
+    fn calls(&self) -> RuntimeCalls {
+        RuntimeCalls::default()
+    }
 
     /// Lists the pods within `scope` with their sandboxes and containers, from the runtime's
     /// cheap list calls: ids, names, states, no exit codes. A targeted scope whose pod does not

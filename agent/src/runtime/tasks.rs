@@ -10,7 +10,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use containerd_client::{
@@ -24,7 +24,7 @@ use crate::{
     pleg::record::{ContainerId, TaskRecord},
     runtime::{
         RuntimeError,
-        transport::{call, found},
+        transport::{Caller, found},
     },
 };
 
@@ -92,26 +92,19 @@ impl FromStr for Namespace {
 /// containerd's task service on an existing channel, in one namespace.
 #[derive(Clone, Debug)]
 pub(crate) struct TaskService {
-    endpoint: String,
+    caller: Caller,
     channel: Channel,
     namespace: Namespace,
-    call_timeout: Duration,
     /// Set once the socket says it has no task service (a runtime other than containerd).
     absent: Arc<AtomicBool>,
 }
 
 impl TaskService {
-    pub(crate) fn new(
-        endpoint: String,
-        channel: Channel,
-        namespace: Namespace,
-        call_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(caller: Caller, channel: Channel, namespace: Namespace) -> Self {
         Self {
-            endpoint,
+            caller,
             channel,
             namespace,
-            call_timeout,
             absent: Arc::default(),
         }
     }
@@ -126,20 +119,14 @@ impl TaskService {
         if self.absent.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let process = get_process(
-            &self.endpoint,
-            &self.channel,
-            &self.namespace,
-            self.call_timeout,
-            &container.0,
-        );
+        let process = get_process(&self.caller, &self.channel, &self.namespace, &container.0);
         match process.await {
             Ok(process) => Ok(process.as_ref().and_then(task_record)),
             Err(RuntimeError::Call { status, .. })
                 if status.code() == tonic::Code::Unimplemented =>
             {
                 info!(
-                    endpoint = %self.endpoint,
+                    endpoint = %self.caller.endpoint,
                     "the runtime has no task service: starts and exits are confirmed by CRI"
                 );
                 self.absent.store(true, Ordering::Relaxed);
@@ -152,10 +139,9 @@ impl TaskService {
 
 /// Tasks.Get of a container's init in `namespace`; `None` when it has no task.
 pub(crate) async fn get_process(
-    endpoint: &str,
+    caller: &Caller,
     channel: &Channel,
     namespace: &Namespace,
-    call_timeout: Duration,
     id: &str,
 ) -> Result<Option<Process>, RuntimeError> {
     let mut client = TasksClient::new(channel.clone());
@@ -163,7 +149,7 @@ pub(crate) async fn get_process(
         container_id: id.to_owned(),
         exec_id: String::new(),
     }));
-    let response = found(call(endpoint, "Tasks.Get", call_timeout, request).await)?;
+    let response = found(caller.call("Tasks.Get", request).await)?;
     Ok(response.and_then(|r| r.process))
 }
 

@@ -7,7 +7,7 @@ use std::{
 
 use tonic::transport::{Channel, Endpoint};
 
-use crate::runtime::RuntimeError;
+use crate::{metrics::RuntimeCalls, runtime::RuntimeError};
 
 /// Largest response accepted, as kubelet's CRI client (tonic's default of 4 MiB is too small
 /// for a full list on a busy node).
@@ -84,25 +84,36 @@ fn not_a_socket(file_type: FileType) -> Option<&'static str> {
     }
 }
 
-/// Runs one gRPC call under the call deadline, naming the endpoint and the call on failure.
-pub(crate) async fn call<T>(
-    endpoint: &str,
-    call: &'static str,
-    timeout: Duration,
-    request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, RuntimeError> {
-    match tokio::time::timeout(timeout, request).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(RuntimeError::Call {
-            endpoint: endpoint.to_owned(),
-            call,
-            status,
-        }),
-        Err(_) => Err(RuntimeError::Timeout {
-            endpoint: endpoint.to_owned(),
-            call,
-            timeout,
-        }),
+/// How a backend makes its calls: to which endpoint, under which deadline, counted where.
+#[derive(Clone, Debug)]
+pub(crate) struct Caller {
+    pub(crate) endpoint: String,
+    pub(crate) timeout: Duration,
+    pub(crate) calls: RuntimeCalls,
+}
+
+impl Caller {
+    /// Runs one gRPC call under the call deadline, naming the endpoint and the call on
+    /// failure.
+    pub(crate) async fn call<T>(
+        &self,
+        call: &'static str,
+        request: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, RuntimeError> {
+        self.calls.count(call);
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(RuntimeError::Call {
+                endpoint: self.endpoint.clone(),
+                call,
+                status,
+            }),
+            Err(_) => Err(RuntimeError::Timeout {
+                endpoint: self.endpoint.clone(),
+                call,
+                timeout: self.timeout,
+            }),
+        }
     }
 }
 

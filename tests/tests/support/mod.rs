@@ -387,6 +387,7 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
     RuntimeOptions {
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
+        ..RuntimeOptions::default()
     }
 }
 

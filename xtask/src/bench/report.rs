@@ -396,7 +396,7 @@ fn idle_table(m: &Value) -> String {
 
 fn churn_table(m: &Value) -> String {
     let mut t = String::from(
-        "| mode | asked /s | achieved /s | plegd CPU % | kills | ContainerDied after 30 s | never | ContainerDied p50 | p99 |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | asked /s | achieved /s | plegd CPU % | CPU ms / lifecycle | relists / lifecycle | runtime calls / lifecycle | kills | ContainerDied after 30 s | never | ContainerDied p50 | p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     // An array of numbers (the module's `numbers` reads a field of each object instead).
     let array = |v: &Value| -> Vec<f64> {
@@ -413,11 +413,14 @@ fn churn_table(m: &Value) -> String {
         let lost = row["lost"].as_u64().unwrap_or(0);
         let _ = writeln!(
             t,
-            "| {} | {} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row["mode"].as_str().unwrap_or("?"),
             row["rate"],
             row["achieved"].as_f64().unwrap_or(0.0),
             row["plegd_cpu"].as_f64().unwrap_or(0.0),
+            per_lifecycle(&row["cpu_ms_per_lifecycle"]),
+            per_lifecycle(&row["relists_per_lifecycle"]),
+            per_lifecycle(&row["calls_per_lifecycle"]),
             died.len() as u64 + lost,
             late.len(),
             lost,
@@ -426,6 +429,11 @@ fn churn_table(m: &Value) -> String {
         );
     }
     t
+}
+
+/// A per-lifecycle figure, "n/a" in results written before the bench measured it.
+fn per_lifecycle(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"))
 }
 
 fn core_table(criterion: &Path) -> String {
@@ -640,10 +648,17 @@ mod tests {
         let m = serde_json::json!({"churn": [
             {"mode": "default", "rate": 10, "achieved": 9.5, "plegd_cpu": 1.0,
              "died_ms": [1.0, 2.0, 3.0], "late_ms": [40000.0], "lost": 2},
+            {"mode": "polling-1s", "rate": 10, "achieved": 9.5, "plegd_cpu": 1.0,
+             "cpu_ms_per_lifecycle": 0.5, "relists_per_lifecycle": 0.25,
+             "calls_per_lifecycle": 1.125, "died_ms": [1.0], "late_ms": [], "lost": 0},
         ]});
         let table = churn_table(&m);
         assert!(
-            table.contains("| default | 10 | 9.5 | 1.00 | 6 | 1 | 2 | 2.0 | 40000 |"),
+            table.contains("| default | 10 | 9.5 | 1.00 | n/a | n/a | n/a | 6 | 1 | 2 | 2.0 | 40000 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| polling-1s | 10 | 9.5 | 1.00 | 0.50 | 0.25 | 1.12 | 1 | 0 | 0 |"),
             "{table}"
         );
     }
