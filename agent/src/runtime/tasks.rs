@@ -179,6 +179,8 @@ pub(crate) fn time_from_timestamp(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
