@@ -231,7 +231,6 @@ where
     let _close = CloseOnDrop(bus.clone());
     let sink = BusSink {
         bus: bus.clone(),
-        cache: Arc::clone(&cache),
         metrics: metrics.clone(),
     };
     let mut relister = Relister::new(
@@ -419,7 +418,12 @@ where
 /// its CRI store shows it, and a plain listing then shows the container still running.
 /// Bounded: a runtime that does not answer costs the save nothing but this one reading.
 async fn last_relist<R: Runtime>(relister: &mut Relister<R>, pending: &Hints) {
-    match tokio::time::timeout(LAST_RELIST_GRACE, relister.relist(&Scope::All, pending)).await {
+    match tokio::time::timeout(
+        LAST_RELIST_GRACE,
+        relister.relist(&Scope::All, pending, true),
+    )
+    .await
+    {
         Ok(Ok(outcome)) => debug!(?outcome, "relisted before saving"),
         Ok(Err(error)) => warn!(%error, "the last relist failed; saving the reading before it"),
         Err(_) => warn!(

@@ -117,6 +117,7 @@ struct Inner {
     last_seen: Gauge<f64, AtomicU64>,
     triggers: Family<SourceLabel, Counter>,
     relists: Family<ScopeLabel, Counter>,
+    answered_by_records: Counter,
     runtime_calls: RuntimeCalls,
     trigger_to_event: Histogram,
     ringbuf_drops: Counter,
@@ -188,8 +189,14 @@ impl Metrics {
         let relists = Family::<ScopeLabel, Counter>::default();
         registry.register(
             "plegd_relists",
-            "Relists run, by scope (full or targeted)",
+            "Relists that read the runtime, by scope (full or targeted)",
             relists.clone(),
+        );
+        let answered_by_records = Counter::default();
+        registry.register(
+            "plegd_answered_by_records",
+            "Batches of triggers the runtime's own records they carried (containerd's /tasks/exit, /tasks/start, /containers/delete) answered in full, without reading the runtime",
+            answered_by_records.clone(),
         );
         registry.register(
             "plegd_runtime_calls",
@@ -262,6 +269,7 @@ impl Metrics {
                 last_seen,
                 triggers,
                 relists,
+                answered_by_records,
                 runtime_calls,
                 trigger_to_event,
                 ringbuf_drops,
@@ -310,6 +318,11 @@ impl Metrics {
                 source: source.name(),
             })
             .inc();
+    }
+
+    /// A batch of triggers was answered by the runtime's records alone.
+    pub fn answered_by_records(&self) {
+        self.inner.answered_by_records.inc();
     }
 
     /// A relist started at `started` took `duration`; `succeeded` says whether it listed.

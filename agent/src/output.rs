@@ -247,12 +247,11 @@ mod tests {
     use crate::{
         api::convert,
         pleg::{
-            cache::PodCache,
             event::{
                 Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
                 TriggerSource,
             },
-            record::{ContainerId, PodRecord, PodUid},
+            record::{ContainerId, Layer, PodUid},
         },
     };
 
@@ -273,29 +272,19 @@ mod tests {
                 source: TriggerSource::Ebpf,
                 kind: ObservationKind::Signal(9),
             }],
+            exit_code: Some(137),
+            reason: "Error".into(),
+            confirmed_by: Some(Layer::Cri),
         }
     }
 
-    fn cache_with_exit() -> PodCache {
-        let cache = PodCache::new();
-        let container = crate::runtime::testing::exited("0123456789abcdef", "app", 137, "Error");
-        let pod = PodRecord {
-            uid: PodUid("uid-1".into()),
-            namespace: "default".into(),
-            name: "web".into(),
-            containers: [(container.id.clone(), container)].into(),
-        };
-        cache.set(pod.uid.clone(), Some(pod), tokio::time::Instant::now());
-        cache
-    }
-
-    fn published(cache: &PodCache) -> pb::Event {
-        convert::event(&died_event(), cache, 1)
+    fn published(event: &PodLifecycleEvent) -> pb::Event {
+        convert::event(event, 1)
     }
 
     #[test]
     fn text_line_reads_well_and_carries_the_runtime_exit() {
-        let line = EventLine::new(&published(&cache_with_exit())).render(OutputFormat::Text);
+        let line = EventLine::new(&published(&died_event())).render(OutputFormat::Text);
         assert_eq!(
             line,
             "2027-01-15T08:00:00.042Z #7     ContainerDied     default/web app 0123456789ab via ebpf+containerd (42ms) exit=137 reason=Error ebpf:signal=9"
@@ -304,7 +293,7 @@ mod tests {
 
     #[test]
     fn json_line_has_every_field() {
-        let line = EventLine::new(&published(&cache_with_exit())).render(OutputFormat::Json);
+        let line = EventLine::new(&published(&died_event())).render(OutputFormat::Json);
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["type"], "ContainerDied");
         assert_eq!(value["sequence"], 7);
@@ -317,8 +306,13 @@ mod tests {
     }
 
     #[test]
-    fn an_event_of_an_uncached_pod_still_prints() {
-        let line = EventLine::new(&published(&PodCache::new()));
+    fn an_event_without_an_exit_still_prints() {
+        let line = EventLine::new(&published(&PodLifecycleEvent {
+            exit_code: None,
+            reason: String::new(),
+            confirmed_by: None,
+            ..died_event()
+        }));
         assert_eq!(line.exit_code, None);
         assert!(line.render(OutputFormat::Text).contains("ContainerDied"));
     }

@@ -74,7 +74,7 @@ fn relister<R: Runtime>(runtime: R) -> Relister<R> {
 async fn time_relist<R: Runtime>(relister: &mut Relister<R>) -> Duration {
     let start = Instant::now();
     relister
-        .relist(&Scope::All, &Hints::default())
+        .relist(&Scope::All, &Hints::default(), true)
         .await
         .expect("relist succeeds");
     start.elapsed()

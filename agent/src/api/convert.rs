@@ -22,23 +22,8 @@ pub fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from(t)
 }
 
-/// The event as served, completed from the cache (written before the event was sent) with
-/// the runtime's exit code and reason.
-pub fn event(event: &PodLifecycleEvent, cache: &PodCache, run_id: u64) -> pb::Event {
-    let cached = cache.get(&event.pod);
-    let container = event
-        .container_id
-        .as_ref()
-        .and_then(|id| cached.record.as_ref()?.containers.get(id));
-    let (exit_code, reason, confirmed_by) = match container {
-        Some(c) => (c.exit_code, c.reason.clone(), layer(c.confirmed_by)),
-        // Not cached: it was removed by the time the relist saw it die. The runtime's task
-        // record of its exit, when a hint carried one, still says how it ended.
-        None => match died_with_task_exit(event) {
-            Some(code) => (Some(code), String::new(), pb::Layer::Task),
-            None => (None, String::new(), pb::Layer::Unspecified),
-        },
-    };
+/// The event as served.
+pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
     pb::Event {
         sequence: event.sequence,
         pod_uid: event.pod.0.clone(),
@@ -54,24 +39,12 @@ pub fn event(event: &PodLifecycleEvent, cache: &PodCache, run_id: u64) -> pb::Ev
         observed_at: Some(timestamp(event.observed_at)),
         emitted_at: Some(timestamp(event.emitted_at)),
         sources: event.sources.iter().map(|s| source(*s) as i32).collect(),
-        observations: event.observations.iter().map(observation).collect(),
+        observations: event.observations.iter().filter_map(observation).collect(),
         run_id,
-        exit_code,
-        reason,
-        confirmed_by: confirmed_by as i32,
+        exit_code: event.exit_code,
+        reason: event.reason.clone(),
+        confirmed_by: event.confirmed_by.map_or(pb::Layer::Unspecified, layer) as i32,
     }
-}
-
-/// The exit code the runtime's task service recorded for a `ContainerDied` (never a kernel
-/// observation's: the kernel only says where to look).
-fn died_with_task_exit(event: &PodLifecycleEvent) -> Option<i32> {
-    if event.event_type != PodLifecycleEventType::ContainerDied {
-        return None;
-    }
-    event.observations.iter().find_map(|o| match o.kind {
-        ObservationKind::TaskExited { code, .. } => Some(code),
-        _ => None,
-    })
 }
 
 pub fn event_type(t: PodLifecycleEventType) -> pb::EventType {
@@ -93,7 +66,9 @@ pub fn source(s: TriggerSource) -> pb::TriggerSource {
     }
 }
 
-pub fn observation(o: &Observation) -> pb::Observation {
+/// An observation as consumers see it; `None` for those that only tell plegd where to look
+/// ([`ObservationKind::is_shown`]).
+pub fn observation(o: &Observation) -> Option<pb::Observation> {
     use pb::observation::Kind;
     let kind = match &o.kind {
         ObservationKind::ExitCode(code) => Kind::ExitCode(*code),
@@ -105,11 +80,12 @@ pub fn observation(o: &Observation) -> pb::Observation {
         ObservationKind::TaskStarted { .. } => Kind::TaskStarted(true),
         ObservationKind::TaskExited { code, .. } => Kind::ExitCode(*code),
         ObservationKind::Deleted => Kind::Deleted(true),
+        ObservationKind::Present | ObservationKind::TaskDeleted => return None,
     };
-    pb::Observation {
+    Some(pb::Observation {
         source: source(o.source) as i32,
         kind: Some(kind),
-    }
+    })
 }
 
 /// A cached pod, or `None` on a cache miss.
@@ -226,7 +202,62 @@ mod tests {
     };
 
     #[test]
-    fn an_event_carries_the_cached_exit_and_every_field() {
+    fn an_event_carries_its_state_and_every_field() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let domain = PodLifecycleEvent {
+            sequence: 3,
+            pod: PodUid("u".into()),
+            pod_namespace: "ns".into(),
+            pod_name: "p".into(),
+            container_id: Some(ContainerId("c1".into())),
+            container_name: "app".into(),
+            event_type: PodLifecycleEventType::ContainerDied,
+            observed_at: at,
+            emitted_at: at + Duration::from_millis(5),
+            sources: vec![TriggerSource::Containerd],
+            observations: vec![
+                Observation {
+                    source: TriggerSource::Ebpf,
+                    kind: ObservationKind::OomKilled,
+                },
+                // Only where to look: not served.
+                Observation {
+                    source: TriggerSource::Containerd,
+                    kind: ObservationKind::TaskDeleted,
+                },
+            ],
+            exit_code: Some(137),
+            reason: "Error".into(),
+            confirmed_by: Some(Layer::Task),
+        };
+        let e = event(&domain, 9);
+        assert_eq!(e.sequence, 3);
+        assert_eq!(e.run_id, 9);
+        assert_eq!(e.r#type(), pb::EventType::ContainerDied);
+        assert_eq!(e.exit_code, Some(137));
+        assert_eq!(e.reason, "Error");
+        assert_eq!(e.confirmed_by(), pb::Layer::Task);
+        assert_eq!(e.sources, [pb::TriggerSource::Containerd as i32]);
+        assert_eq!(
+            e.observations
+                .iter()
+                .map(|o| o.kind.clone())
+                .collect::<Vec<_>>(),
+            [Some(pb::observation::Kind::OomKilled(true))]
+        );
+        assert_eq!(from_timestamp(e.observed_at.as_ref()), Some(at));
+        let unconfirmed = PodLifecycleEvent {
+            confirmed_by: None,
+            ..domain
+        };
+        assert_eq!(
+            event(&unconfirmed, 1).confirmed_by(),
+            pb::Layer::Unspecified
+        );
+    }
+
+    #[test]
+    fn a_cached_pod_lists_with_its_exit_code_and_time() {
         let cache = PodCache::new();
         let id = ContainerId("c1".into());
         let record = PodRecord {
@@ -244,79 +275,9 @@ mod tests {
             Some(record),
             tokio::time::Instant::now(),
         );
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let domain = PodLifecycleEvent {
-            sequence: 3,
-            pod: PodUid("u".into()),
-            pod_namespace: "ns".into(),
-            pod_name: "p".into(),
-            container_id: Some(id),
-            container_name: "app".into(),
-            event_type: PodLifecycleEventType::ContainerDied,
-            observed_at: at,
-            emitted_at: at + Duration::from_millis(5),
-            sources: vec![TriggerSource::Containerd],
-            observations: vec![Observation {
-                source: TriggerSource::Ebpf,
-                kind: ObservationKind::OomKilled,
-            }],
-        };
-        let e = event(&domain, &cache, 9);
-        assert_eq!(e.sequence, 3);
-        assert_eq!(e.run_id, 9);
-        assert_eq!(e.r#type(), pb::EventType::ContainerDied);
-        assert_eq!(e.exit_code, Some(137));
-        assert_eq!(e.reason, "Error");
-        assert_eq!(e.sources, [pb::TriggerSource::Containerd as i32]);
-        assert_eq!(
-            e.observations[0].kind,
-            Some(pb::observation::Kind::OomKilled(true))
-        );
-        assert_eq!(from_timestamp(e.observed_at.as_ref()), Some(at));
         let listed = pods(&cache);
         assert_eq!(listed.len(), 1);
         assert!(listed[0].containers[0].has_exit_code);
         assert!(listed[0].timestamp.is_some());
-    }
-
-    #[test]
-    fn a_death_of_a_container_already_removed_carries_the_task_records_exit() {
-        let task_exit = |code| Observation {
-            source: TriggerSource::Containerd,
-            kind: ObservationKind::TaskExited {
-                code,
-                at: SystemTime::UNIX_EPOCH,
-            },
-        };
-        let kernel_exit = Observation {
-            source: TriggerSource::Ebpf,
-            kind: ObservationKind::ExitCode(1),
-        };
-        let died = |observations| PodLifecycleEvent {
-            sequence: 1,
-            pod: PodUid("u".into()),
-            pod_namespace: "ns".into(),
-            pod_name: "p".into(),
-            container_id: Some(ContainerId("gone".into())),
-            container_name: "app".into(),
-            event_type: PodLifecycleEventType::ContainerDied,
-            observed_at: SystemTime::UNIX_EPOCH,
-            emitted_at: SystemTime::UNIX_EPOCH,
-            sources: vec![TriggerSource::Containerd],
-            observations,
-        };
-        let cache = PodCache::new();
-
-        let e = event(&died(vec![kernel_exit.clone(), task_exit(137)]), &cache, 1);
-        assert_eq!(e.exit_code, Some(137));
-        assert_eq!(e.confirmed_by(), pb::Layer::Task);
-
-        let e = event(&died(vec![kernel_exit]), &cache, 1);
-        assert_eq!(e.exit_code, None, "the kernel alone confirms nothing");
-        assert_eq!(e.confirmed_by(), pb::Layer::Unspecified);
-
-        let mut removed = died(vec![task_exit(0)]);
-        removed.event_type = PodLifecycleEventType::ContainerRemoved;
-        assert_eq!(event(&removed, &cache, 1).exit_code, None);
     }
 }

@@ -65,13 +65,11 @@ pub struct Shared {
     pub metrics: Metrics,
 }
 
-/// The relist's sink: each event is completed from the cache (written before it is
-/// published) with the runtime's exit code and reason, numbered with the run, counted in the
-/// trigger-to-event latency, and published on the bus. Never blocks.
+/// The relist's sink: each event is numbered with the run, counted in the trigger-to-event
+/// latency, and published on the bus. Never blocks.
 #[derive(Clone, Debug)]
 pub struct BusSink {
     pub bus: ApiBus,
-    pub cache: Arc<PodCache>,
     pub metrics: Metrics,
 }
 
@@ -85,10 +83,7 @@ impl EventSink for BusSink {
                     .unwrap_or_default(),
             );
         }
-        self.bus.publish(Arc::new(convert::event(
-            &event,
-            &self.cache,
-            self.bus.run_id(),
-        )));
+        self.bus
+            .publish(Arc::new(convert::event(&event, self.bus.run_id())));
     }
 }

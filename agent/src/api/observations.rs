@@ -50,7 +50,8 @@ impl ObservationBus {
         observations: &[Observation],
         at: SystemTime,
     ) {
-        if self.sender.receiver_count() == 0 {
+        // No watcher asked, or nothing a consumer would see (a cgroup made: only where to look).
+        if self.sender.receiver_count() == 0 || !observations.iter().any(|o| o.kind.is_shown()) {
             return;
         }
         // The pod as last read: a container the runtime has not shown yet has none.
@@ -80,11 +81,14 @@ impl ObservationBus {
             observed_at: Some(convert::timestamp(at)),
             emitted_at: Some(convert::timestamp(SystemTime::now())),
             sources: vec![convert::source(TriggerSource::Ebpf) as i32],
-            observations: observations.iter().map(convert::observation).collect(),
+            observations: observations
+                .iter()
+                .filter_map(convert::observation)
+                .collect(),
             run_id: self.run_id,
             ..pb::Event::default()
         };
-        // No watcher asked: nothing to do.
+        // A watcher that left meanwhile: nothing to do.
         let _ = self.sender.send(Arc::new(event));
     }
 }

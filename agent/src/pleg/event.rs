@@ -2,13 +2,17 @@
 //!
 //! # Design assumptions
 //!
-//! - **The runtime is the source of truth.** Every [`PodLifecycleEvent`] comes from diffing two
-//!   runtime snapshots ([`crate::pleg::record::PodRecords`]); nothing else creates one. So every
-//!   source of hints produces the same events, deduplicated, in per-pod order.
+//! - **The runtime is the source of truth.** Every [`PodLifecycleEvent`] comes from a change of
+//!   a container's runtime record: what a reading of the runtime showed (a listing, a status
+//!   call), or a record of the runtime's own that a trigger carried (containerd's `/tasks/start`,
+//!   `/tasks/exit` and `/containers/delete`: see [`ObservationKind::is_runtime_record`]). A kernel
+//!   observation never makes an event. So every source of hints produces the same events,
+//!   deduplicated, in per-pod order.
 //! - **A relist sees snapshots, not history.** A container that started and died between two
-//!   relists yields `ContainerDied` only (never `ContainerStarted`); one that was created, ran and
-//!   was removed between two relists yields nothing at all. Kubelet has the same blind spot;
-//!   consumers must treat events as "look at this pod now", not as a complete log.
+//!   readings yields `ContainerDied` only (never `ContainerStarted`), unless the runtime's own
+//!   record of its start came with a trigger; one that was created, ran and was removed between
+//!   two readings yields nothing at all. Kubelet has the same blind spot; consumers must treat
+//!   events as "look at this pod now", not as a complete log.
 //! - **Triggers are hints.** A [`Trigger`] (kernel, containerd or CRI event stream) says *where*
 //!   and *when* to look, so a targeted relist can run within milliseconds instead of waiting for
 //!   the next period. A trigger may arrive before the runtime reflects the change (the scheduler
@@ -16,15 +20,18 @@
 //! - **The safety net is the periodic full relist.** Whatever the hints miss, the next full
 //!   relist finds, at most [`DEFAULT_RELIST_PERIOD`] (or the configured period) late. Any sign of
 //!   loss schedules a full relist at once.
-//! - **Observations the runtime cannot give** (exit signal, OOM kill, exec of a new binary, an
-//!   exit code seen before the runtime reports it) ride along as [`Observation`]s on the events
-//!   of the container they are about, tagged with their source. They never create events.
+//! - **Observations the runtime cannot give** (exit signal, OOM kill, exec of a new binary)
+//!   ride along as [`Observation`]s on the events of the container they are about, tagged with
+//!   their source.
+//! - **Events leave complete.** An event carries the state it announces: exit code, reason, and
+//!   which of the runtime's records confirmed it. Nothing downstream reads the cache to finish
+//!   one.
 //! - **Health is relist age.** The PLEG is unhealthy when no full relist has succeeded within
 //!   [`DEFAULT_RELIST_THRESHOLD`]; a relist that hangs therefore makes it unhealthy.
 
 use std::time::{Duration, SystemTime};
 
-use crate::pleg::record::{ContainerId, PodUid, TaskRecord};
+use crate::pleg::record::{ContainerId, Layer, PodUid, TaskRecord};
 
 /// How often a full relist runs when nothing else asks for one (kubelet's `relistPeriod`).
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -119,8 +126,28 @@ pub enum ObservationKind {
     /// The runtime's task service recorded the init's exit (containerd `/tasks/exit`).
     TaskExited { code: i32, at: SystemTime },
     /// The runtime deleted the container (containerd `/containers/delete`, CRI's
-    /// `CONTAINER_DELETED_EVENT`). containerd publishes it before its CRI store forgets the
-    /// container, so only a listing that no longer shows the container answers it.
+    /// `CONTAINER_DELETED_EVENT`). containerd publishes it a moment before its CRI store
+    /// forgets the container.
+    Deleted,
+    /// The runtime holds the container, and says nothing of its init (containerd
+    /// `/containers/create` and `/update`, `/tasks/create`, `/paused`, `/resumed`; a container
+    /// cgroup made): news only of a container plegd has not read yet. Not shown to consumers.
+    Present,
+    /// The runtime deleted the container's task (containerd `/tasks/delete`): its init is gone.
+    /// Not shown to consumers (the exit that came before it is).
+    TaskDeleted,
+}
+
+/// What an observation says of its container's life, in the lifecycle's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Says {
+    /// It exists.
+    Present,
+    /// Its init started.
+    Started,
+    /// Its init is gone.
+    Died,
+    /// The container is gone.
     Deleted,
 }
 
@@ -134,22 +161,34 @@ impl ObservationKind {
         }
     }
 
-    /// Whether it says the container itself is gone.
-    pub fn is_deletion(&self) -> bool {
-        matches!(self, Self::Deleted)
-    }
-
-    /// Whether it says the container's init is gone.
-    pub fn is_death(&self) -> bool {
+    /// Whether it is the runtime's own record of a change (not a kernel hint): as good as a
+    /// reading of the runtime, when confirming at the task layer.
+    pub fn is_runtime_record(&self) -> bool {
         matches!(
             self,
-            Self::ExitCode(_)
-                | Self::Signal(_)
-                | Self::Exited
-                | Self::CgroupRemoved
-                | Self::OomKilled
-                | Self::TaskExited { .. }
+            Self::TaskStarted { .. } | Self::TaskExited { .. } | Self::Deleted
         )
+    }
+
+    /// What it says of the container's life.
+    pub fn says(&self) -> Says {
+        match self {
+            Self::Present => Says::Present,
+            Self::Exec(_) | Self::TaskStarted { .. } => Says::Started,
+            Self::ExitCode(_)
+            | Self::Signal(_)
+            | Self::Exited
+            | Self::CgroupRemoved
+            | Self::OomKilled
+            | Self::TaskExited { .. }
+            | Self::TaskDeleted => Says::Died,
+            Self::Deleted => Says::Deleted,
+        }
+    }
+
+    /// Whether consumers see it on events (the others only tell plegd where to look).
+    pub fn is_shown(&self) -> bool {
+        !matches!(self, Self::Present | Self::TaskDeleted)
     }
 }
 
@@ -185,4 +224,13 @@ pub struct PodLifecycleEvent {
     pub sources: Vec<TriggerSource>,
     /// What the triggers saw about this container.
     pub observations: Vec<Observation>,
+    /// The runtime's exit code of the container, once exited (as of the record announced; for
+    /// `ContainerRemoved`, its last one).
+    pub exit_code: Option<i32>,
+    /// The runtime's reason for the state ("Error", "OOMKilled", "Completed"); empty when the
+    /// record has none (yet).
+    pub reason: String,
+    /// Which of the runtime's records confirmed the state announced; `None` for `PodSync` and
+    /// for a container removed unseen.
+    pub confirmed_by: Option<Layer>,
 }

@@ -16,7 +16,8 @@ use crate::{
     pleg::{
         event::{Scope, Trigger, TriggerSource},
         hints::{Hints, Target},
-        relist::{RelistError, Relister},
+        reconcile::Again,
+        relist::{Read, RelistError, Relister},
         scheduler::{Batch, RelistScheduler},
         sink::ObservationSink,
     },
@@ -183,51 +184,64 @@ async fn run_batch<R: Runtime>(
     scheduler: &mut RelistScheduler,
     metrics: &Metrics,
     observations: Option<&dyn ObservationSink>,
-    mut batch: Batch,
+    batch: Batch,
 ) {
     let started = Instant::now();
-    let result = relister.relist(&batch.scope, &batch.hints).await;
-    metrics.relisted(
-        batch.scope == Scope::All,
-        started.into_std(),
-        started.elapsed(),
-        result.is_ok(),
-    );
-    // What to read again: the hints the reading did not reflect, retried (giving up leaves
-    // them unconfirmed); or, when the reading only waits on the CRI store to catch up with
-    // the task layer, the batch, rechecked.
-    let unconfirmed = match result {
-        Ok(outcome) if outcome.not_reflected() => {
-            batch.hints = outcome.unreflected;
-            true
+    let result = relister
+        .relist(&batch.scope, &batch.hints, batch.required)
+        .await;
+    let read = match &result {
+        Ok(outcome) => outcome.read,
+        Err(_) if batch.scope == Scope::All => Read::Full,
+        Err(_) => Read::Targeted,
+    };
+    match read {
+        Read::Nothing => metrics.answered_by_records(),
+        read => metrics.relisted(
+            read == Read::Full,
+            started.into_std(),
+            started.elapsed(),
+            result.is_ok(),
+        ),
+    }
+    if read == Read::Full && !batch.required {
+        scheduler.full_relisted(started);
+    }
+    let now = Instant::now();
+    let retry = match result {
+        Ok(outcome) => {
+            for uid in &outcome.inspected {
+                if !outcome.settling.contains(uid) {
+                    scheduler.settled(uid);
+                }
+            }
+            for uid in outcome.settling {
+                if !scheduler.settle(&batch, uid.clone(), now) {
+                    debug!(pod = %uid, "the CRI store still lags the task layer; the next full relist reads it");
+                }
+            }
+            let mut retry = Hints::default();
+            for Again { target, hint, .. } in outcome.again {
+                retry.insert(target, hint);
+            }
+            retry
         }
-        Ok(outcome) if outcome.awaiting_cri => false,
-        Ok(_) => return,
         Err(RelistError::List(error)) => {
             // The hints it carried are retried; a full relist without any waits for the next
             // period, and health reports it if it lasts.
             warn!(scope = ?batch.scope, %error, "relist failed");
-            true
+            batch.hints.clone()
         }
     };
-    let requeued = if unconfirmed {
-        scheduler.retry(batch, Instant::now())
-    } else {
-        scheduler.recheck(batch, Instant::now())
-    };
-    let Err(exhausted) = requeued else {
-        return;
-    };
-    let targets: Vec<&Target> = exhausted.hints.targets().collect();
-    if !unconfirmed {
-        debug!(
-            ?targets,
-            "the CRI store still lags the task layer; the next full relist reads it"
-        );
+    if retry.is_empty() {
         return;
     }
+    let Err(exhausted) = scheduler.retry(batch.with_hints(retry), now) else {
+        return;
+    };
     // Never silent: a hint the runtime never confirmed is either a source's false alarm or a
     // runtime that lags badly, and either is worth knowing.
+    let targets: Vec<&Target> = exhausted.hints.targets().collect();
     let sources = exhausted.hints.sources();
     warn!(?targets, ?sources, %exhausted, "hint not confirmed by the runtime");
     for source in sources {
@@ -422,7 +436,7 @@ mod tests {
         let counted = "plegd_unconfirmed_hints_total{source=\"containerd\"} 1";
         assert!(!h.metrics.encode().contains(counted));
         // A source says c died; the runtime keeps showing it running.
-        let lists_before = h.runtime.list_calls().len();
+        let reads_before = h.runtime.inspect_calls().len();
         h.triggers.send(Trigger {
             observations: vec![Observation {
                 source: TriggerSource::Containerd,
@@ -432,7 +446,7 @@ mod tests {
         });
         // Well past the whole retry budget (about 4.5 s), in paused time.
         tokio::time::sleep(Duration::from_secs(30)).await;
-        let retries = h.runtime.list_calls().len() - lists_before;
+        let retries = h.runtime.inspect_calls().len() - reads_before;
         assert_eq!(retries, 1 + DEFAULT_MAX_RETRIES as usize);
         assert!(
             h.metrics.encode().contains(counted),

@@ -1,6 +1,7 @@
-//! What the triggers behind a relist said, by target, and whether a runtime reading reflects
-//! it: the scheduler's bookkeeping, carried with each batch so the relist can credit events to
-//! the sources that saw them and tell when the runtime has not caught up yet.
+//! What the triggers behind a relist said, by target: the scheduler's bookkeeping, carried with
+//! each batch so the relist can credit events to the sources that saw them, lay the runtime's
+//! own records they carry over its reading, and tell whether the runtime has caught up yet
+//! (`crate::pleg::reconcile`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -9,7 +10,7 @@ use std::{
 
 use crate::pleg::{
     event::{Observation, Scope, TriggerSource},
-    record::{ContainerId, ContainerState, PodRecords, PodUid},
+    record::{ContainerId, PodUid, TaskRecord, TaskRecords},
 };
 
 /// What a targeted relist is about: a pod, or a container whose pod no relist has seen yet.
@@ -37,9 +38,9 @@ pub struct Hint {
     pub observed_at: SystemTime,
     /// Observations with the container each is about, in arrival order.
     pub observations: Vec<(ContainerId, Observation)>,
-    /// A trigger behind it carried no observation (a container created or removed, a pod
-    /// changed): only a listing of the runtime answers it.
-    pub listing_needed: bool,
+    /// A trigger behind it said only that something changed (no observation): only a reading
+    /// of the runtime answers it.
+    pub unspecific: bool,
 }
 
 impl Hint {
@@ -47,7 +48,7 @@ impl Hint {
         self.sources.extend(other.sources);
         self.observed_at = self.observed_at.min(other.observed_at);
         self.observations.extend(other.observations);
-        self.listing_needed |= other.listing_needed;
+        self.unspecific |= other.unspecific;
     }
 }
 
@@ -101,79 +102,33 @@ impl Hints {
         self.0.is_empty()
     }
 
-    /// Whether a trigger behind them carried no observation, so only a listing answers it.
-    pub fn listing_needed(&self) -> bool {
-        self.0.values().any(|h| h.listing_needed)
+    /// The runtime's task records the hints carry (its `/tasks/start` and `/tasks/exit`), by
+    /// container. An exit outranks a start.
+    pub fn task_records(&self) -> TaskRecords {
+        let mut records = TaskRecords::new();
+        for (id, observation) in self.observations() {
+            let Some(record) = observation.kind.task_record() else {
+                continue;
+            };
+            if !matches!(records.get(id), Some(TaskRecord::Exited { .. })) {
+                records.insert(id.clone(), record);
+            }
+        }
+        records
     }
 
-    pub(crate) fn insert(&mut self, target: Target, hint: Hint) {
+    /// Each target with its hint.
+    pub fn iter(&self) -> impl Iterator<Item = (&Target, &Hint)> {
+        self.0.iter()
+    }
+
+    pub fn insert(&mut self, target: Target, hint: Hint) {
         match self.0.get_mut(&target) {
             Some(existing) => existing.merge(hint),
             None => {
                 self.0.insert(target, hint);
             }
         }
-    }
-
-    /// The targets whose hints a reading (`listed`, of the targets or of the whole node) does
-    /// not reflect yet, with their hints: a container a source saw start is not listed
-    /// running or exited, one a source saw die is still listed running, one the runtime
-    /// deleted is still listed. `committed` is the reading before it: a container it held
-    /// that this one does not was removed since, and nothing more will come of what was seen
-    /// of it.
-    pub fn unreflected(&self, listed: &PodRecords, committed: &PodRecords) -> Hints {
-        let state_in = |records: &PodRecords, id: &ContainerId| {
-            records
-                .values()
-                .find_map(|pod| pod.containers.get(id))
-                .map(|c| c.state)
-        };
-        let deleted: BTreeSet<&ContainerId> = self
-            .observations()
-            .filter(|(_, o)| o.kind.is_deletion())
-            .map(|(id, _)| id)
-            .collect();
-        let gone = |id: &ContainerId| {
-            state_in(listed, id).is_none()
-                && (deleted.contains(id) || state_in(committed, id).is_some())
-        };
-        let reflects = |target: &Target, hint: &Hint| {
-            // A container the reading does not show, and never showed, is an answer when
-            // nothing was observed of it (its create event came before the runtime's store
-            // has it): retrying would only crowd the relists for seconds. Something observed
-            // of it (an exec, a start, an exit) says the runtime must come to show it.
-            if let Target::Container(id) = target
-                && state_in(listed, id).is_none()
-                && !gone(id)
-                && hint.observations.iter().any(|(about, _)| about == id)
-            {
-                return false;
-            }
-            hint.observations.iter().all(|(id, observation)| {
-                let state = state_in(listed, id);
-                match observation.kind {
-                    // Whatever else was seen of it: the runtime's store forgets it a moment
-                    // after its delete event, and only a reading without it answers.
-                    _ if deleted.contains(id) => state.is_none(),
-                    _ if gone(id) => true,
-                    // A source saw it die: the runtime must not still show it running.
-                    ref kind if kind.is_death() => state != Some(ContainerState::Running),
-                    // Its init started (the kernel saw it exec, or the task service started
-                    // it): the CRI store marks it running only once the start call returns.
-                    _ => matches!(
-                        state,
-                        Some(ContainerState::Running | ContainerState::Exited)
-                    ),
-                }
-            })
-        };
-        Hints(
-            self.0
-                .iter()
-                .filter(|(target, hint)| !reflects(target, hint))
-                .map(|(target, hint)| (target.clone(), hint.clone()))
-                .collect(),
-        )
     }
 
     /// The targets, in order.
@@ -213,7 +168,7 @@ pub(crate) fn pod_hints(
                     (ContainerId((*id).to_owned()), observation)
                 })
                 .collect(),
-            listing_needed: observations.is_empty(),
+            unspecific: observations.is_empty(),
         },
     );
     hints
@@ -221,231 +176,78 @@ pub(crate) fn pod_hints(
 
 #[cfg(test)]
 mod tests {
-    use ContainerState::{Created, Exited, Running};
-    use ObservationKind::{CgroupRemoved, Deleted, Exec, ExitCode, OomKilled, Signal, TaskStarted};
+    use ObservationKind::{Signal, TaskExited, TaskStarted};
 
     use super::*;
-    use crate::{
-        pleg::event::ObservationKind,
-        runtime::testing::{container, pod},
-    };
+    use crate::pleg::event::ObservationKind;
 
-    fn listed(containers: &[(&str, ContainerState)]) -> PodRecords {
-        let containers = containers
-            .iter()
-            .map(|(id, state)| container(id, "", *state));
-        let pod = pod("p", "web", containers);
-        PodRecords::from([(pod.uid.clone(), pod)])
+    #[test]
+    fn the_task_records_they_carry_and_an_exit_outranks_a_start() {
+        let start = TaskStarted {
+            at: SystemTime::UNIX_EPOCH,
+        };
+        let exit = TaskExited {
+            code: 137,
+            at: SystemTime::UNIX_EPOCH,
+        };
+        let hints = pod_hints(
+            "p",
+            &[
+                ("a", TriggerSource::Containerd, start.clone()),
+                ("a", TriggerSource::Containerd, exit.clone()),
+                ("b", TriggerSource::Containerd, exit.clone()),
+                ("b", TriggerSource::Containerd, start.clone()),
+                ("s", TriggerSource::Containerd, start),
+                ("k", TriggerSource::Ebpf, Signal(9)),
+            ],
+        );
+        let exited = exit.task_record().expect("a record");
+        assert_eq!(
+            hints.task_records(),
+            TaskRecords::from([
+                (ContainerId("a".into()), exited),
+                (ContainerId("b".into()), exited),
+                (
+                    ContainerId("s".into()),
+                    TaskRecord::Started {
+                        at: Some(SystemTime::UNIX_EPOCH)
+                    }
+                ),
+            ])
+        );
     }
 
-    /// The hints of one trigger on `target`, each observation about its container.
-    fn hints(target: &Target, observations: &[(&str, ObservationKind)]) -> Hints {
-        let mut hints = Hints::default();
+    #[test]
+    fn a_containers_hint_merges_its_pods_and_its_own_keeping_only_its_observations() {
+        let mut hints = pod_hints(
+            "p",
+            &[
+                ("a", TriggerSource::Ebpf, Signal(9)),
+                ("b", TriggerSource::Ebpf, Signal(15)),
+            ],
+        );
         hints.insert(
-            target.clone(),
+            Target::Container(ContainerId("a".into())),
             Hint {
-                sources: BTreeSet::from([TriggerSource::Ebpf]),
-                observed_at: SystemTime::UNIX_EPOCH,
-                observations: observations
-                    .iter()
-                    .map(|(id, kind)| {
-                        let observation = Observation {
-                            source: TriggerSource::Ebpf,
-                            kind: kind.clone(),
-                        };
-                        (ContainerId((*id).to_owned()), observation)
-                    })
-                    .collect(),
-                listing_needed: observations.is_empty(),
+                sources: BTreeSet::from([TriggerSource::Containerd]),
+                observed_at: SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1),
+                observations: Vec::new(),
+                unspecific: true,
             },
         );
-        hints
-    }
-
-    #[test]
-    fn a_reading_reflects_hints_once_the_runtime_shows_what_they_saw() {
-        let pod = Target::Pod(PodUid("p".into()));
-        let container = |id: &str| Target::Container(ContainerId(id.into()));
-        let cases = [
-            (
-                "no observation",
-                pod.clone(),
-                vec![],
-                vec![],
-                vec![("a", Running)],
-                true,
-            ),
-            (
-                "a death while still running",
-                pod.clone(),
-                vec![("a", Signal(9))],
-                vec![],
-                vec![("a", Running)],
-                false,
-            ),
-            (
-                "a death once exited",
-                pod.clone(),
-                vec![("a", ExitCode(1))],
-                vec![],
-                vec![("a", Exited)],
-                true,
-            ),
-            (
-                "a death once gone",
-                pod.clone(),
-                vec![("a", OomKilled)],
-                vec![],
-                vec![],
-                true,
-            ),
-            (
-                "a removed cgroup still running",
-                pod.clone(),
-                vec![("a", CgroupRemoved)],
-                vec![],
-                vec![("a", Running)],
-                false,
-            ),
-            (
-                "an exec not yet running",
-                pod.clone(),
-                vec![("a", Exec("/app".into()))],
-                vec![],
-                vec![],
-                false,
-            ),
-            (
-                "an exec once running",
-                pod.clone(),
-                vec![("a", Exec("/app".into()))],
-                vec![],
-                vec![("a", Running)],
-                true,
-            ),
-            (
-                "an exec already exited",
-                pod.clone(),
-                vec![("a", Exec("/app".into()))],
-                vec![],
-                vec![("a", Exited)],
-                true,
-            ),
-            (
-                "a container scope not listed, nothing observed (not created yet, or removed)",
-                container("a"),
-                vec![],
-                vec![],
-                vec![("b", Running)],
-                true,
-            ),
-            (
-                "a container scope not listed yet, its exec observed",
-                container("a"),
-                vec![("a", Exec("/app".into()))],
-                vec![],
-                vec![("b", Running)],
-                false,
-            ),
-            (
-                "a container scope not listed yet, its death observed",
-                container("a"),
-                vec![("a", Signal(9))],
-                vec![],
-                vec![],
-                false,
-            ),
-            (
-                "a container scope listed",
-                container("a"),
-                vec![],
-                vec![],
-                vec![("a", Running)],
-                true,
-            ),
-            (
-                "a start, then removed (known before)",
-                pod.clone(),
-                vec![(
-                    "a",
-                    TaskStarted {
-                        at: SystemTime::UNIX_EPOCH,
-                    },
-                )],
-                vec![("a", Created)],
-                vec![("b", Running)],
-                true,
-            ),
-            (
-                "a container scope not listed any more, its start observed",
-                container("a"),
-                vec![(
-                    "a",
-                    TaskStarted {
-                        at: SystemTime::UNIX_EPOCH,
-                    },
-                )],
-                vec![("a", Running)],
-                vec![],
-                true,
-            ),
-            (
-                "a deletion still listed",
-                container("a"),
-                vec![("a", Deleted)],
-                vec![("a", Exited)],
-                vec![("a", Exited)],
-                false,
-            ),
-            (
-                "a deletion no longer listed",
-                container("a"),
-                vec![("a", Deleted)],
-                vec![("a", Exited)],
-                vec![("b", Running)],
-                true,
-            ),
-            (
-                "a death, then a deletion, still listed exited",
-                pod.clone(),
-                vec![("a", Signal(9)), ("a", Deleted)],
-                vec![("a", Running)],
-                vec![("a", Exited)],
-                false,
-            ),
-            (
-                "a deletion of a container never listed",
-                container("a"),
-                vec![("a", Deleted)],
-                vec![],
-                vec![],
-                true,
-            ),
-        ];
-        for (name, target, observations, committed, containers, want) in cases {
-            let got = hints(&target, &observations)
-                .unreflected(&listed(&containers), &listed(&committed))
-                .is_empty();
-            assert_eq!(got, want, "{name}");
-        }
-    }
-
-    #[test]
-    fn only_the_targets_a_reading_does_not_reflect_are_left() {
-        let mut both = hints(&Target::Pod(PodUid("p".into())), &[("a", Signal(9))]);
-        for (target, hint) in hints(
-            &Target::Container(ContainerId("b".into())),
-            &[("b", Exec("/app".into()))],
-        ) {
-            both.insert(target, hint);
-        }
-        let left = both.unreflected(
-            &listed(&[("a", Exited), ("b", Created)]),
-            &PodRecords::new(),
-        );
+        let hint = hints
+            .for_container(&PodUid("p".into()), &ContainerId("a".into()))
+            .expect("a hint");
         assert_eq!(
-            left.targets().collect::<Vec<_>>(),
-            [&Target::Container(ContainerId("b".into()))]
+            hint.sources,
+            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        );
+        assert_eq!(hint.observations.len(), 1);
+        assert!(hint.unspecific);
+        assert!(
+            hints
+                .for_container(&PodUid("q".into()), &ContainerId("c".into()))
+                .is_none()
         );
     }
 }

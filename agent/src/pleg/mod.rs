@@ -1,13 +1,24 @@
-//! The PLEG core: pure logic, no I/O.
+//! The PLEG core: what the runtime holds, what changed, and when to look again.
+//!
+//! A relist reads, decides and acts. `relist` gathers a *reading* of the runtime (a targeted
+//! relist inspects one pod; a full one lists the node and inspects what moved on) beside the
+//! runtime's own records that the triggers carried (`hints`). `reconcile`, a pure function,
+//! merges each container by the one lifecycle order (`merge`) against what was `committed`,
+//! and returns a *plan*: complete events (kubelet's transitions, `diff`), the records to
+//! commit and cache, and what to read again with why. The relist carries the plan out; the
+//! `scheduler` and the `generator` loop decide when to relist what. Everything here but
+//! `relist` and `generator` is pure.
 
 pub mod cache;
-pub(crate) mod confirm;
+pub mod committed;
 pub(crate) mod diff;
 pub mod event;
 pub mod generator;
 pub mod health;
 pub mod hints;
+pub(crate) mod merge;
 pub(crate) mod provenance;
+pub mod reconcile;
 pub mod record;
 pub mod relist;
 pub(crate) mod scheduler;

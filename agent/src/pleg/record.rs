@@ -88,6 +88,9 @@ pub enum TaskRecord {
     Exited { code: i32, at: SystemTime },
 }
 
+/// Task records by container, for one relist.
+pub type TaskRecords = BTreeMap<ContainerId, TaskRecord>;
+
 /// One container or sandbox of a pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerRecord {
@@ -281,33 +284,6 @@ impl<'de> Deserialize<'de> for Containers {
     }
 }
 
-impl PodRecord {
-    /// Holds an inspection of the pod back to `listed`, the reading its events come from: a
-    /// container the inspection shows further on (it exited, or was removed, between the list
-    /// and the status calls) takes its listed record; one the listing lacks (created in
-    /// between) is left out. The next reading announces them. Returns whether anything was
-    /// held back.
-    pub fn hold_back_to(&mut self, listed: &PodRecord) -> bool {
-        let before = self.containers.len();
-        self.containers
-            .retain(|id, _| listed.containers.contains_key(id));
-        let mut held = self.containers.len() < before;
-        for (id, listed) in &listed.containers {
-            let ahead = self.containers.get(id).is_none_or(|inspected| {
-                matches!(
-                    (inspected.state.progress(), listed.state.progress()),
-                    (Some(i), Some(l)) if i > l
-                )
-            });
-            if ahead {
-                self.containers.insert(id.clone(), listed.clone());
-                held = true;
-            }
-        }
-        held
-    }
-}
-
 /// Every pod a relist saw, keyed by uid.
 pub type PodRecords = BTreeMap<PodUid, PodRecord>;
 
@@ -405,63 +381,5 @@ mod tests {
                 prop_assert_eq!(lookup.get(key), map.get(key), "key {}", key);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod hold_back_tests {
-    use super::{ContainerState::*, *};
-    use crate::runtime::testing::container;
-
-    fn pod(containers: &[(&str, ContainerState)]) -> PodRecord {
-        PodRecord {
-            uid: PodUid("p".to_owned()),
-            namespace: "ns".to_owned(),
-            name: "p".to_owned(),
-            containers: containers
-                .iter()
-                .map(|(id, state)| (ContainerId((*id).to_owned()), container(id, id, *state)))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn an_inspection_is_held_back_to_the_listing_never_moved_on() {
-        // (listed, inspected, cached, held back)
-        let table = [
-            (Running, Exited, Running, true),
-            (Created, Running, Created, true),
-            (Created, Exited, Created, true),
-            (Running, Running, Running, false),
-            // Behind the listing: the relist reads the pod again, nothing to hold back.
-            (Exited, Running, Running, false),
-            // Unknown is in no order.
-            (Unknown, Exited, Exited, false),
-            (Running, Unknown, Unknown, false),
-        ];
-        for (listed, inspected, cached, held) in table {
-            let mut record = pod(&[("c", inspected)]);
-            assert_eq!(
-                record.hold_back_to(&pod(&[("c", listed)])),
-                held,
-                "{listed:?} listed, {inspected:?} inspected"
-            );
-            assert_eq!(record, pod(&[("c", cached)]), "{listed:?}, {inspected:?}");
-        }
-    }
-
-    #[test]
-    fn a_container_the_listing_lacks_is_left_out_of_the_cache() {
-        let mut record = pod(&[("old", Running), ("new", Running)]);
-        assert!(record.hold_back_to(&pod(&[("old", Running)])));
-        assert_eq!(record, pod(&[("old", Running)]));
-    }
-
-    #[test]
-    fn a_listed_container_the_inspection_lacks_is_cached_as_listed() {
-        // Removed between the list and the status calls: its removal is the next reading's.
-        let mut record = pod(&[("old", Running)]);
-        assert!(record.hold_back_to(&pod(&[("old", Running), ("gone", Exited)])));
-        assert_eq!(record, pod(&[("old", Running), ("gone", Exited)]));
     }
 }

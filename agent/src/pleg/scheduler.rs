@@ -91,13 +91,39 @@ impl Default for SchedulerConfig {
 /// filters in memory), and under churn one relist at a time per target fell seconds behind.
 pub const BATCH_TARGETS: usize = 3;
 
+/// When a pod whose state only the task layer confirmed is read again, for the CRI store's
+/// status and reason: containerd's CRI plugin updates its store some 40 ms after the exit
+/// (60 ms under load), after its cleanup. Twice at most; past that, the next full relist.
+pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
+
 /// One relist to run now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub scope: Scope,
     pub hints: Hints,
+    /// The scope must be read even if the runtime's records answer every hint: the periodic
+    /// full relist, or one asked for. A full batch of due targets ([`BATCH_TARGETS`]) is
+    /// read only for what the records leave; the driver says whether it was
+    /// ([`RelistScheduler::full_relisted`]).
+    pub required: bool,
     /// Retries so far of each target's hint (absent: none).
     attempts: BTreeMap<Target, u32>,
+    /// For a settling read ([`RelistScheduler::settle`]): how many settling reads of the pod
+    /// this one makes, from 1.
+    pub settle: Option<u32>,
+}
+
+impl Batch {
+    /// The same batch carrying `hints` instead (those of its targets to read again).
+    pub fn with_hints(&self, hints: Hints) -> Self {
+        Self {
+            scope: self.scope.clone(),
+            hints,
+            required: self.required,
+            attempts: self.attempts.clone(),
+            settle: self.settle,
+        }
+    }
 }
 
 /// Hints handed to [`RelistScheduler::retry`] that were not requeued: their retries are spent.
@@ -111,8 +137,17 @@ pub struct Exhausted {
 #[derive(Debug)]
 struct Pending {
     due: Instant,
-    attempt: u32,
+    /// Retries so far: a fresh trigger merged in resets them.
+    retries: u32,
     hint: Hint,
+}
+
+/// A pod's settling read to come.
+#[derive(Debug)]
+struct Settling {
+    due: Instant,
+    /// Which settling read of the pod it is, from 1.
+    count: u32,
 }
 
 /// Coalesces triggers into batches; see the module doc.
@@ -120,6 +155,10 @@ struct Pending {
 pub struct RelistScheduler {
     config: SchedulerConfig,
     pending: BTreeMap<Target, Pending>,
+    /// Pods to read once the CRI store has caught up with the task layer. Apart from
+    /// `pending`: a settling read needs a reading, and merged into a pod's hints it made every
+    /// trigger of the pod read, records or not.
+    settling: BTreeMap<PodUid, Settling>,
     /// Start of the last full relist handed out; `None` before the first.
     last_full: Option<Instant>,
     /// When the next periodic full relist is due.
@@ -138,6 +177,7 @@ impl RelistScheduler {
         Self {
             config,
             pending: BTreeMap::new(),
+            settling: BTreeMap::new(),
             last_full: None,
             periodic_due: now,
             full_requested: None,
@@ -188,7 +228,7 @@ impl RelistScheduler {
         let hint = Hint {
             sources: BTreeSet::from([source]),
             observed_at,
-            listing_needed: observations.is_empty(),
+            unspecific: observations.is_empty(),
             observations,
         };
         self.enqueue(target, hint, due, 0);
@@ -226,7 +266,8 @@ impl RelistScheduler {
     pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
         if self.full_relist_due(now) {
             let every: Vec<Target> = self.pending.keys().cloned().collect();
-            return Some(self.full_batch(every, now));
+            self.full_relisted(now);
+            return Some(self.full_batch(every, true));
         }
         let due: Vec<Target> = self
             .pending
@@ -235,7 +276,7 @@ impl RelistScheduler {
             .map(|(target, _)| target.clone())
             .collect();
         if due.len() >= BATCH_TARGETS {
-            return Some(self.full_batch(due, now));
+            return Some(self.full_batch(due, false));
         }
         // Fresh triggers before retries, each in due order: a retry waits on a runtime that
         // lags, a fresh trigger is news. Under churn, the due retries of many targets otherwise
@@ -246,7 +287,7 @@ impl RelistScheduler {
         let earliest = |retry: bool| {
             self.pending
                 .iter()
-                .filter(|(_, p)| p.due <= now && (p.attempt > 0) == retry)
+                .filter(|(_, p)| p.due <= now && (p.retries > 0) == retry)
                 .min_by_key(|(_, p)| p.due)
                 .map(|(target, _)| target.clone())
         };
@@ -257,9 +298,10 @@ impl RelistScheduler {
                 self.retry_passed_over = retry.is_some();
                 fresh
             }
-            (None, retry) => retry?,
+            (None, None) => return self.next_settling(now),
+            (None, Some(retry)) => retry,
         };
-        if self.pending.get(&target).is_some_and(|p| p.attempt > 0) {
+        if self.pending.get(&target).is_some_and(|p| p.retries > 0) {
             self.retry_passed_over = false;
         }
         let pending = self.pending.remove(&target)?;
@@ -269,28 +311,53 @@ impl RelistScheduler {
         Some(Batch {
             scope,
             hints,
-            attempts: BTreeMap::from([(target, pending.attempt)]),
+            required: false,
+            attempts: BTreeMap::from([(target, pending.retries)]),
+            settle: None,
         })
     }
 
-    /// A full relist carrying the hints of `targets` (each with its retries so far). It is a
-    /// full relist in every way: the next periodic one is due a period after it.
-    fn full_batch(&mut self, targets: Vec<Target>, now: Instant) -> Batch {
+    /// The settling read due the earliest at `now`, if any: after every trigger and retry.
+    fn next_settling(&mut self, now: Instant) -> Option<Batch> {
+        let (uid, _) = self
+            .settling
+            .iter()
+            .filter(|(_, s)| s.due <= now)
+            .min_by_key(|(_, s)| s.due)?;
+        let uid = uid.clone();
+        let settling = self.settling.remove(&uid)?;
+        Some(Batch {
+            scope: Scope::Pod(uid),
+            hints: Hints::default(),
+            required: true,
+            attempts: BTreeMap::new(),
+            settle: Some(settling.count),
+        })
+    }
+
+    /// A full relist ran at `now`: the next periodic one is due a period after it.
+    pub fn full_relisted(&mut self, now: Instant) {
+        self.last_full = Some(now);
+        self.periodic_due = now + self.config.full_relist_period;
+        self.full_requested = None;
+    }
+
+    /// A full relist carrying the hints of `targets` (each with its retries so far).
+    fn full_batch(&mut self, targets: Vec<Target>, required: bool) -> Batch {
         let mut hints = Hints::default();
         let mut attempts = BTreeMap::new();
         for target in targets {
             if let Some(pending) = self.pending.remove(&target) {
-                attempts.insert(target.clone(), pending.attempt);
+                attempts.insert(target.clone(), pending.retries);
                 hints.insert(target, pending.hint);
             }
         }
-        self.last_full = Some(now);
-        self.periodic_due = now + self.config.full_relist_period;
-        self.full_requested = None;
         Batch {
             scope: Scope::All,
             hints,
+            required,
             attempts,
+            settle: None,
         }
     }
 
@@ -299,6 +366,7 @@ impl RelistScheduler {
         self.pending
             .values()
             .map(|p| p.due)
+            .chain(self.settling.values().map(|s| s.due))
             .fold(self.full_deadline(), Instant::min)
     }
 
@@ -311,14 +379,14 @@ impl RelistScheduler {
             hints: Hints::default(),
         };
         for (target, hint) in batch.hints {
-            let attempt = batch.attempts.get(&target).copied().unwrap_or(0);
-            if attempt >= self.config.max_retries {
-                exhausted.attempts = exhausted.attempts.max(attempt);
+            let retries = batch.attempts.get(&target).copied().unwrap_or_default();
+            if retries >= self.config.max_retries {
+                exhausted.attempts = exhausted.attempts.max(retries);
                 exhausted.hints.insert(target, hint);
                 continue;
             }
-            let delay = retry_delay(self.config.retry_base, attempt);
-            self.enqueue(target, hint, now + delay, attempt + 1);
+            let delay = retry_delay(self.config.retry_base, retries);
+            self.enqueue(target, hint, now + delay, retries + 1);
         }
         if exhausted.hints.is_empty() {
             Ok(())
@@ -327,29 +395,44 @@ impl RelistScheduler {
         }
     }
 
-    /// Requeues a targeted batch whose change is confirmed but whose pod another layer of the
-    /// runtime still shows behind (the CRI store after the task service): on the doubling part
-    /// of the schedule only, since that layer takes tens of milliseconds, and every recheck is
-    /// a relist (under churn, the steady retries of many pods at once would crowd the loop).
-    pub fn recheck(&mut self, mut batch: Batch, now: Instant) -> Result<(), Exhausted> {
-        for target in batch.hints.targets() {
-            let attempt = batch.attempts.entry(target.clone()).or_default();
-            *attempt = (*attempt).max(STEADY_RETRIES);
+    /// Queues a read of pod `uid` for the CRI store's status and reason once it has caught
+    /// up with the task layer ([`SETTLE_DELAYS`]); `batch` found it still behind. One already
+    /// queued stands. Past the last delay the next full relist reads it: `false`.
+    pub fn settle(&mut self, batch: &Batch, uid: PodUid, now: Instant) -> bool {
+        if self.settling.contains_key(&uid) {
+            return true;
         }
-        self.retry(batch, now)
+        let done = batch.settle.unwrap_or(0);
+        let Some(delay) = SETTLE_DELAYS.get(done as usize) else {
+            return false;
+        };
+        let count = done + 1;
+        self.settling.insert(
+            uid,
+            Settling {
+                due: now + *delay,
+                count,
+            },
+        );
+        true
     }
 
-    fn enqueue(&mut self, target: Target, hint: Hint, due: Instant, attempt: u32) {
+    /// A reading of pod `uid` found its CRI store caught up: no settling read is needed.
+    pub fn settled(&mut self, uid: &PodUid) {
+        self.settling.remove(uid);
+    }
+
+    fn enqueue(&mut self, target: Target, hint: Hint, due: Instant, retries: u32) {
         match self.pending.get_mut(&target) {
             Some(pending) => {
                 pending.hint.merge(hint);
                 pending.due = pending.due.min(due);
-                // The freshest hint's budget: a new trigger for a pod whose older hint is still
-                // being retried must not inherit that hint's spent attempts.
-                pending.attempt = pending.attempt.min(attempt);
+                // A new trigger for a target whose older hint is still being read again must
+                // not inherit that hint's spent budget.
+                pending.retries = pending.retries.min(retries);
             }
             None => {
-                self.pending.insert(target, Pending { due, attempt, hint });
+                self.pending.insert(target, Pending { due, retries, hint });
             }
         }
     }
@@ -758,11 +841,17 @@ mod tests {
         assert_eq!(batch.scope, Scope::All);
         assert_eq!(batch.hints.targets().count(), BATCH_TARGETS);
         assert_eq!(attempt(&batch), 1, "a's retry keeps its count");
-        assert_eq!(
-            scheduler.next_deadline(),
-            later + DEFAULT_RELIST_PERIOD,
-            "it was the period's full relist"
+        assert!(
+            !batch.required,
+            "read only for what the runtime's records leave"
         );
+        assert_eq!(
+            scheduler.full_deadline(),
+            t0 + DEFAULT_RELIST_PERIOD,
+            "not the period's full relist until it reads"
+        );
+        scheduler.full_relisted(later);
+        assert_eq!(scheduler.full_deadline(), later + DEFAULT_RELIST_PERIOD);
 
         // Only what the reading did not reflect comes back, with its own count.
         let mut unreflected = batch.clone();
@@ -806,14 +895,52 @@ mod tests {
     }
 
     #[test]
-    fn a_recheck_skips_the_steady_retries() {
+    fn a_pod_awaiting_the_cri_store_is_read_twice_at_most_then_left_to_the_full_relist() {
+        let t0 = Instant::now();
+        let mut scheduler = one_pod_trigger(t0, TriggerSource::Containerd);
+        let mut batch = scheduler.next_due(t0).expect("first run");
+        let mut now = t0;
+        for (delay, count) in SETTLE_DELAYS.into_iter().zip(1..) {
+            assert!(scheduler.settle(&batch, uid("p"), now));
+            assert_eq!(scheduler.next_deadline(), now + delay);
+            assert_eq!(scheduler.next_due(now + delay - MS), None, "not yet");
+            now += delay;
+            batch = scheduler.next_due(now).expect("the settling read");
+            assert_eq!(
+                (
+                    &batch.scope,
+                    batch.hints.is_empty(),
+                    batch.required,
+                    batch.settle
+                ),
+                (&Scope::Pod(uid("p")), true, true, Some(count))
+            );
+        }
+        assert!(!scheduler.settle(&batch, uid("p"), now));
+        assert_eq!(scheduler.next_due(now + SETTLE_DELAYS[1]), None);
+    }
+
+    /// A settling read neither merges with the pod's triggers (they stay answerable by the
+    /// runtime's records) nor comes twice; a reading that found the store caught up drops it.
+    #[test]
+    fn a_settling_read_stands_apart_from_triggers_and_is_dropped_once_settled() {
         let t0 = Instant::now();
         let mut scheduler = one_pod_trigger(t0, TriggerSource::Containerd);
         let batch = scheduler.next_due(t0).expect("first run");
-        scheduler.recheck(batch, t0).expect("recheck allowed");
-        // The first doubled delay, not the 5 ms steady one.
-        assert_eq!(scheduler.next_deadline(), t0 + 10 * MS);
-        let batch = scheduler.next_due(t0 + 10 * MS).expect("recheck due");
-        assert_eq!(attempt(&batch), STEADY_RETRIES + 1);
+        assert!(scheduler.settle(&batch, uid("p"), t0));
+        assert!(scheduler.settle(&batch, uid("p"), t0 + MS), "one stands");
+        let mut exit = trigger(Scope::Container(cid("c")), TriggerSource::Containerd, 2);
+        exit.observations = vec![exit_code(TriggerSource::Containerd, 137)];
+        scheduler.push(exit, t0 + MS, |_| Some(uid("p")));
+        let fresh = scheduler.next_due(t0 + MS).expect("the trigger, at once");
+        assert_eq!((fresh.settle, fresh.required), (None, false));
+        assert!(
+            fresh.hints.iter().all(|(_, h)| !h.unspecific),
+            "answerable by records: {fresh:?}"
+        );
+        let due = t0 + SETTLE_DELAYS[0];
+        assert_eq!(scheduler.next_deadline(), due);
+        scheduler.settled(&uid("p"));
+        assert_eq!(scheduler.next_due(due), None);
     }
 }

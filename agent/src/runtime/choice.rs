@@ -154,9 +154,9 @@ impl AnyRuntime {
         options: RuntimeOptions,
     ) -> Result<Self, ConnectError> {
         Ok(match kind {
-            RuntimeKind::Cri => Self::Cri(
-                CriRuntime::connect(socket, options.call_timeout, options.calls).await?,
-            ),
+            RuntimeKind::Cri => {
+                Self::Cri(CriRuntime::connect(socket, options.call_timeout, options.calls).await?)
+            }
             RuntimeKind::Containerd => Self::Containerd(
                 ContainerdRuntime::connect(
                     socket,
@@ -208,6 +208,13 @@ impl Runtime for AnyRuntime {
         match self {
             Self::Cri(runtime) => runtime.inspect_pod(pod, known).await,
             Self::Containerd(runtime) => runtime.inspect_pod(pod, known).await,
+        }
+    }
+
+    async fn pod_of(&self, container: &ContainerId) -> Result<Option<PodUid>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.pod_of(container).await,
+            Self::Containerd(runtime) => runtime.pod_of(container).await,
         }
     }
 

@@ -87,11 +87,7 @@ impl CriRuntime {
     ) -> Result<Vec<cri::PodSandbox>, RuntimeError> {
         let mut client = self.client.clone();
         let request = client.list_pod_sandbox(ListPodSandboxRequest { filter });
-        Ok(
-            self.caller.call("ListPodSandbox", request)
-                .await?
-                .items,
-        )
+        Ok(self.caller.call("ListPodSandbox", request).await?.items)
     }
 
     pub(crate) async fn containers(
@@ -100,11 +96,11 @@ impl CriRuntime {
     ) -> Result<Vec<cri::Container>, RuntimeError> {
         let mut client = self.client.clone();
         let request = client.list_containers(ListContainersRequest { filter });
-        Ok(
-            self.caller.call("ListContainers", request)
-                .await?
-                .containers,
-        )
+        Ok(self
+            .caller
+            .call("ListContainers", request)
+            .await?
+            .containers)
     }
 
     /// `ContainerStatus`; `None` when the container is gone.
@@ -117,10 +113,7 @@ impl CriRuntime {
             container_id: id.to_owned(),
             verbose: false,
         });
-        let response = found(
-            self.caller.call("ContainerStatus", request)
-            .await,
-        )?;
+        let response = found(self.caller.call("ContainerStatus", request).await)?;
         Ok(response.and_then(|r| r.status))
     }
 
@@ -134,10 +127,7 @@ impl CriRuntime {
             pod_sandbox_id: id.to_owned(),
             verbose: false,
         });
-        let response = found(
-            self.caller.call("PodSandboxStatus", request)
-            .await,
-        )?;
+        let response = found(self.caller.call("PodSandboxStatus", request).await)?;
         Ok(response.and_then(|r| r.status))
     }
 
@@ -172,8 +162,10 @@ impl CriRuntime {
         Ok(assemble(sandboxes, containers))
     }
 
-    /// The pod holding a container or sandbox id (kernel hints know only the cgroup's id).
-    async fn list_container_pod(&self, id: &ContainerId) -> Result<Vec<PodRecord>, RuntimeError> {
+    /// The pod holding a container or sandbox id (kernel hints know only the cgroup's id), in
+    /// two calls or three: the container (or sandbox) by id, and, for a container without
+    /// kubelet's labels, its sandbox.
+    async fn find_pod(&self, id: &ContainerId) -> Result<Found, RuntimeError> {
         let (containers, sandboxes) = try_join(
             self.containers(Some(ContainerFilter {
                 id: id.0.clone(),
@@ -186,34 +178,46 @@ impl CriRuntime {
         )
         .await?;
         // An empty filter id means "everything": keep exact matches only.
-        let sandbox = sandboxes.into_iter().find(|s| s.id == id.0);
-        let sandbox = match (sandbox, containers.iter().find(|c| c.id == id.0)) {
-            (Some(sandbox), _) => sandbox,
-            (None, Some(container)) => {
-                let parent = self
-                    .sandboxes(Some(PodSandboxFilter {
-                        id: container.pod_sandbox_id.clone(),
-                        ..Default::default()
-                    }))
-                    .await?
-                    .into_iter()
-                    .find(|s| s.id == container.pod_sandbox_id);
-                match parent {
-                    Some(sandbox) => sandbox,
-                    // The sandbox is gone: the container's labels (if any) name its pod.
-                    None => {
-                        let uid = container_pod(container, &HashMap::new()).uid;
-                        if container.labels.contains_key(POD_UID_LABEL) {
-                            return self.list_pod(&uid).await;
-                        }
-                        return Ok(assemble(Vec::new(), vec![container.clone()]));
-                    }
-                }
-            }
-            (None, None) => return Ok(Vec::new()),
+        if let Some(sandbox) = sandboxes.iter().find(|s| s.id == id.0) {
+            return Ok(Found::Pod(sandbox_pod(sandbox).uid));
+        }
+        let Some(container) = containers.into_iter().find(|c| c.id == id.0) else {
+            return Ok(Found::Nothing);
         };
-        self.list_pod(&sandbox_pod(&sandbox).uid).await
+        if let Some(uid) = container.labels.get(POD_UID_LABEL) {
+            return Ok(Found::Pod(PodUid(uid.clone())));
+        }
+        let parent = self
+            .sandboxes(Some(PodSandboxFilter {
+                id: container.pod_sandbox_id.clone(),
+                ..Default::default()
+            }))
+            .await?
+            .into_iter()
+            .find(|s| s.id == container.pod_sandbox_id);
+        Ok(match parent {
+            Some(sandbox) => Found::Pod(sandbox_pod(&sandbox).uid),
+            // The sandbox is gone and no label names the pod.
+            None => Found::Orphan(Box::new(container)),
+        })
     }
+
+    async fn list_container_pod(&self, id: &ContainerId) -> Result<Vec<PodRecord>, RuntimeError> {
+        match self.find_pod(id).await? {
+            Found::Pod(uid) => self.list_pod(&uid).await,
+            Found::Orphan(container) => Ok(assemble(Vec::new(), vec![*container])),
+            Found::Nothing => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Where a container id was found.
+enum Found {
+    /// In this pod.
+    Pod(PodUid),
+    /// A container whose sandbox is gone and whose labels name no pod: a pod of its own.
+    Orphan(Box<cri::Container>),
+    Nothing,
 }
 
 impl Runtime for CriRuntime {
@@ -235,6 +239,14 @@ impl Runtime for CriRuntime {
             Scope::Pod(uid) => self.list_pod(uid).await,
             Scope::Container(id) => self.list_container_pod(id).await,
         }
+    }
+
+    async fn pod_of(&self, container: &ContainerId) -> Result<Option<PodUid>, RuntimeError> {
+        Ok(match self.find_pod(container).await? {
+            Found::Pod(uid) => Some(uid),
+            Found::Orphan(container) => Some(container_pod(&container, &HashMap::new()).uid),
+            Found::Nothing => None,
+        })
     }
 
     async fn task_record(

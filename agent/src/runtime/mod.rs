@@ -15,6 +15,7 @@ pub(crate) mod containerd;
 pub(crate) mod cri;
 pub(crate) mod labels;
 pub(crate) mod tasks;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub(crate) mod transport;
 
@@ -108,6 +109,21 @@ pub trait Runtime: Send + Sync + 'static {
         pod: &PodUid,
         known: Option<&PodRecord>,
     ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
+
+    /// The pod holding a container or sandbox id (kernel hints know only the cgroup's id);
+    /// `None` when the runtime has no such container.
+    fn pod_of(
+        &self,
+        container: &ContainerId,
+    ) -> impl Future<Output = Result<Option<PodUid>, RuntimeError>> + Send {
+        async move {
+            let pods = self.list_pods(&Scope::Container(container.clone())).await?;
+            Ok(pods
+                .into_iter()
+                .find(|pod| pod.containers.contains_key(container))
+                .map(|pod| pod.uid))
+        }
+    }
 
     /// What the runtime's task service (containerd's) recorded of `container`'s init, ahead of
     /// its CRI store. `None` where the runtime keeps no such record apart (CRI-O), or where

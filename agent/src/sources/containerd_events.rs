@@ -312,9 +312,11 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
             if is_exec(&delete.id, &delete.container_id) {
                 return Ok(None);
             }
+            observations.push(ObservationKind::TaskDeleted);
             delete.container_id
         }
         "/tasks/create" => {
+            observations.push(ObservationKind::Present);
             TaskCreate::decode(payload)
                 .map_err(decode_error)?
                 .container_id
@@ -327,17 +329,25 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
                 .container_id
         }
         "/tasks/paused" => {
+            observations.push(ObservationKind::Present);
             TaskPaused::decode(payload)
                 .map_err(decode_error)?
                 .container_id
         }
         "/tasks/resumed" => {
+            observations.push(ObservationKind::Present);
             TaskResumed::decode(payload)
                 .map_err(decode_error)?
                 .container_id
         }
-        "/containers/create" => ContainerCreate::decode(payload).map_err(decode_error)?.id,
-        "/containers/update" => ContainerUpdate::decode(payload).map_err(decode_error)?.id,
+        "/containers/create" => {
+            observations.push(ObservationKind::Present);
+            ContainerCreate::decode(payload).map_err(decode_error)?.id
+        }
+        "/containers/update" => {
+            observations.push(ObservationKind::Present);
+            ContainerUpdate::decode(payload).map_err(decode_error)?.id
+        }
         "/containers/delete" => {
             observations.push(ObservationKind::Deleted);
             ContainerDelete::decode(payload).map_err(decode_error)?.id
@@ -478,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn lifecycle_topics_trigger_their_container_without_observations() {
+    fn lifecycle_topics_say_the_container_is_there_or_its_task_gone() {
         let cases: Vec<(&str, Vec<u8>)> = vec![
             (
                 "/tasks/create",
@@ -536,7 +546,19 @@ mod tests {
                 Scope::Container(ContainerId("c".into())),
                 "{topic}"
             );
-            assert!(trigger.observations.is_empty(), "{topic}");
+            let said = if topic == "/tasks/delete" {
+                ObservationKind::TaskDeleted
+            } else {
+                ObservationKind::Present
+            };
+            assert_eq!(
+                trigger.observations,
+                [Observation {
+                    source: TriggerSource::Containerd,
+                    kind: said
+                }],
+                "{topic}"
+            );
             assert_eq!(trigger.observed_at, at(1_000), "{topic}");
         }
     }

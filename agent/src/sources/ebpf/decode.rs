@@ -81,7 +81,7 @@ impl Decoder {
                 let path = text(&event.path);
                 match self.index.insert(event.cgroup_id, &path, &self.namespaces) {
                     Some(owner) => Decoded {
-                        trigger: Some(trigger(&owner.container_id, Vec::new())),
+                        trigger: Some(trigger(&owner.container_id, vec![ObservationKind::Present])),
                         untrack: None,
                     },
                     // The probes track every cgroup at container depth until told otherwise.

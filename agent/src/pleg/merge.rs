@@ -1,0 +1,253 @@
+//! One container's record after a relist, in the one order of the lifecycle: how far the
+//! container's life has gone first (created, running, exited: [`ContainerState::progress`]),
+//! then which of the runtime's records said it.
+//!
+//! Three records may speak of a container: the one plegd committed last, what the runtime
+//! showed now (a status read of its CRI store, or containerd's own records for the containerd
+//! backend), and the runtime's task record (containerd's `/tasks/start` or `/tasks/exit`, or
+//! its task status read on a kernel hint). The task service knows of a start or an exit some
+//! 30 ms before the CRI store, which is updated only after the runtime's cleanup; so a record
+//! further on wins, and of two as far on the CRI store's wins, for it carries the runtime's
+//! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
+//! layer that moved it on says so (a task restarted in place, on the containerd backend).
+
+use crate::pleg::record::{ContainerRecord, ContainerState, Layer, TaskRecord};
+
+/// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
+/// runtime showed now, a complete record with its status; `None`: not read) and `task` (the
+/// task service's record, when confirming at the task layer). `None` when neither record
+/// exists: a container never read cannot be built from a task record alone.
+pub fn merge(
+    committed: Option<&ContainerRecord>,
+    shown: Option<&ContainerRecord>,
+    task: Option<TaskRecord>,
+) -> Option<ContainerRecord> {
+    let mut record = match (committed, shown) {
+        (Some(committed), Some(shown)) if lags(shown, committed) => committed.clone(),
+        (_, Some(shown)) => shown.clone(),
+        (Some(committed), None) => committed.clone(),
+        (None, None) => return None,
+    };
+    match (task, record.state) {
+        (
+            Some(TaskRecord::Exited { code, at }),
+            ContainerState::Created | ContainerState::Running,
+        ) => {
+            record.state = ContainerState::Exited;
+            record.exit_code = Some(code);
+            record.finished_at = Some(at);
+            record.reason.clear();
+            record.confirmed_by = Layer::Task;
+        }
+        (Some(TaskRecord::Started { at }), ContainerState::Created) => {
+            record.state = ContainerState::Running;
+            record.started_at = at.or(record.started_at);
+            record.confirmed_by = Layer::Task;
+        }
+        _ => {}
+    }
+    Some(record)
+}
+
+/// Whether `shown` is behind `committed` in the container's life and comes from another of the
+/// runtime's layers: the CRI store that has not caught up with what the task service
+/// confirmed. Unknown states are in no order.
+fn lags(shown: &ContainerRecord, committed: &ContainerRecord) -> bool {
+    shown.confirmed_by != committed.confirmed_by
+        && matches!(
+            (shown.state.progress(), committed.state.progress()),
+            (Some(shown), Some(committed)) if shown < committed
+        )
+}
+
+/// The record a container had while running, between `before` (short of running) and `after`
+/// (exited), when the runtime's task service recorded its start: the start no reading showed.
+pub fn while_running(after: &ContainerRecord, started: Option<TaskRecord>) -> ContainerRecord {
+    let started_at = match started {
+        Some(TaskRecord::Started { at }) => at,
+        _ => None,
+    };
+    ContainerRecord {
+        state: ContainerState::Running,
+        started_at: started_at.or(after.started_at),
+        finished_at: None,
+        exit_code: None,
+        reason: String::new(),
+        confirmed_by: Layer::Task,
+        ..after.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use ContainerState::{Created, Exited, Running, Unknown};
+    use Layer::{Cri, Task};
+
+    use super::*;
+    use crate::runtime::testing::{container, exited};
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    fn record(state: ContainerState, layer: Layer) -> ContainerRecord {
+        let mut c = match state {
+            Exited => exited("c", "app", 1, "Error"),
+            state => container("c", "app", state),
+        };
+        c.confirmed_by = layer;
+        c
+    }
+
+    const EXIT: TaskRecord = TaskRecord::Exited {
+        code: 137,
+        at: SystemTime::UNIX_EPOCH,
+    };
+
+    /// (name, committed, shown, task record, wanted state and layer; None: no record).
+    type Case = (
+        &'static str,
+        Option<(ContainerState, Layer)>,
+        Option<(ContainerState, Layer)>,
+        Option<TaskRecord>,
+        Option<(ContainerState, Layer)>,
+    );
+
+    #[test]
+    fn the_record_furthest_on_wins_then_the_cri_stores() {
+        let start = Some(TaskRecord::Started { at: Some(at(5)) });
+        let cases: [Case; 14] = [
+            ("nothing known", None, None, Some(EXIT), None),
+            (
+                "first reading",
+                None,
+                Some((Running, Cri)),
+                None,
+                Some((Running, Cri)),
+            ),
+            (
+                "not read",
+                Some((Running, Cri)),
+                None,
+                None,
+                Some((Running, Cri)),
+            ),
+            (
+                "a new reading",
+                Some((Running, Cri)),
+                Some((Exited, Cri)),
+                None,
+                Some((Exited, Cri)),
+            ),
+            (
+                "an exit over running",
+                Some((Running, Cri)),
+                None,
+                Some(EXIT),
+                Some((Exited, Task)),
+            ),
+            (
+                "an exit over created",
+                None,
+                Some((Created, Cri)),
+                Some(EXIT),
+                Some((Exited, Task)),
+            ),
+            (
+                "a start over created",
+                Some((Created, Cri)),
+                None,
+                start,
+                Some((Running, Task)),
+            ),
+            (
+                "a start is no news to running",
+                Some((Running, Cri)),
+                None,
+                start,
+                Some((Running, Cri)),
+            ),
+            (
+                "an exit is no news to exited",
+                Some((Exited, Cri)),
+                None,
+                Some(EXIT),
+                Some((Exited, Cri)),
+            ),
+            (
+                "the store lags the task",
+                Some((Exited, Task)),
+                Some((Running, Cri)),
+                None,
+                Some((Exited, Task)),
+            ),
+            (
+                "the store caught up",
+                Some((Exited, Task)),
+                Some((Exited, Cri)),
+                None,
+                Some((Exited, Cri)),
+            ),
+            (
+                "the store caught up with the task record",
+                Some((Running, Cri)),
+                Some((Exited, Cri)),
+                Some(EXIT),
+                Some((Exited, Cri)),
+            ),
+            (
+                "a task restarted in place",
+                Some((Exited, Task)),
+                Some((Running, Task)),
+                None,
+                Some((Running, Task)),
+            ),
+            (
+                "unknown is in no order",
+                Some((Exited, Task)),
+                Some((Unknown, Cri)),
+                None,
+                Some((Unknown, Cri)),
+            ),
+        ];
+        for (name, committed, shown, task, want) in cases {
+            let committed = committed.map(|(s, l)| record(s, l));
+            let shown = shown.map(|(s, l)| record(s, l));
+            let got = merge(committed.as_ref(), shown.as_ref(), task);
+            assert_eq!(got.map(|c| (c.state, c.confirmed_by)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_task_exit_brings_its_code_and_time_and_no_reason_yet() {
+        let merged = merge(Some(&record(Running, Cri)), None, Some(EXIT)).expect("a record");
+        assert_eq!(merged.exit_code, Some(137));
+        assert_eq!(merged.finished_at, Some(SystemTime::UNIX_EPOCH));
+        assert_eq!(merged.reason, "");
+        let started = merge(
+            Some(&record(Created, Cri)),
+            None,
+            Some(TaskRecord::Started { at: Some(at(9)) }),
+        )
+        .expect("a record");
+        assert_eq!(started.started_at, Some(at(9)));
+    }
+
+    #[test]
+    fn the_run_no_reading_showed_is_running_from_the_tasks_start() {
+        let after = merge(Some(&record(Created, Cri)), None, Some(EXIT)).expect("a record");
+        let during = while_running(&after, Some(TaskRecord::Started { at: Some(at(3)) }));
+        assert_eq!(
+            (
+                during.state,
+                during.exit_code,
+                during.started_at,
+                during.confirmed_by
+            ),
+            (Running, None, Some(at(3)), Task)
+        );
+        assert_eq!(during.name, after.name);
+    }
+}

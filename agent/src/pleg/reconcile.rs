@@ -1,0 +1,1040 @@
+//! Reconcile: what plegd committed, what a relist read and why it looked, in; a plan of what to
+//! publish, commit and read again, out. Pure (no runtime, no clock, no channel) and tested by
+//! tables; the relist reads before it and carries the plan out after
+//! (`crate::pleg::relist`: read, decide, act).
+//!
+//! Each container is merged by the one lifecycle order ([`crate::pleg::merge`]); its events
+//! are kubelet's transitions ([`crate::pleg::diff`]) along the way it went: from its committed
+//! record, through the run the task service recorded where no reading showed it, to its new
+//! record, then to nothing when it is gone. A hint is reflected once the result shows what its
+//! source saw; one that is not is handed back to be read again, with why.
+
+use std::collections::HashSet;
+
+use std::time::SystemTime;
+
+use crate::pleg::{
+    committed::Committed,
+    diff::transition,
+    event::{ObservationKind, PodLifecycleEvent, PodLifecycleEventType, Says},
+    hints::{Hint, Hints, Target},
+    merge::{merge, while_running},
+    provenance::{Change, event},
+    record::{
+        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+        TaskRecord, TaskRecords,
+    },
+};
+
+/// How reconcile decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The runtime record that confirms a start, an exit or a removal: the task layer takes
+    /// the runtime's own records the triggers carry (`/tasks/start`, `/tasks/exit`,
+    /// `/containers/delete`) and its task status; the CRI layer only its CRI store.
+    pub confirm: Layer,
+    /// Send `ContainerChanged` events; kubelet computes but never sends them.
+    pub emit_changed: bool,
+}
+
+/// What a reading covers: where it can say a container is absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Covers {
+    /// Nothing was read: only the runtime's records the hints carry speak.
+    Nothing,
+    /// The whole node (a full relist).
+    Node,
+    /// One pod, read whole.
+    Pod(PodUid),
+    /// One container looked for, with its pod when it was found (read whole).
+    Container(ContainerId, Option<PodUid>),
+}
+
+/// What the runtime showed of one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodReading {
+    /// Inspected: every container with its status.
+    Inspected(PodRecord),
+    /// Listed as committed, state for state: not inspected.
+    Unchanged,
+    /// The runtime does not have it.
+    Gone,
+    /// Its inspection failed: it stays as committed and is read again.
+    Failed,
+}
+
+/// What a relist read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub covers: Covers,
+    /// The pods read, ascending.
+    pub pods: Vec<(PodUid, PodReading)>,
+    /// Task statuses read on kernel hints (beside the records the hints carry).
+    pub tasks: TaskRecords,
+    /// When the runtime was read (or, for no reading, when reconciled): the time of changes
+    /// no trigger pointed at.
+    pub read_at: SystemTime,
+}
+
+impl Reading {
+    /// No reading at all: the hints' runtime records alone, against the committed records.
+    pub fn none(at: SystemTime) -> Self {
+        Self {
+            covers: Covers::Nothing,
+            pods: Vec::new(),
+            tasks: TaskRecords::new(),
+            read_at: at,
+        }
+    }
+}
+
+/// Why a target is to be read again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Why {
+    /// The reading does not show what a source saw yet (or nothing was read).
+    Unreflected,
+    /// The pod's inspection failed.
+    Failed,
+}
+
+/// A target to read again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Again {
+    pub target: Target,
+    pub hint: Hint,
+    pub why: Why,
+}
+
+/// One pod's change, or its inspection: its new record (`None`: gone) and the events that
+/// announce it, in order (unnumbered; none for an inspection that found no change).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPlan {
+    pub uid: PodUid,
+    pub record: Option<PodRecord>,
+    pub events: Vec<PodLifecycleEvent>,
+}
+
+/// What reconcile decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Pods that changed, ascending.
+    pub pods: Vec<PodPlan>,
+    /// What to read again, and why.
+    pub again: Vec<Again>,
+    /// Pods holding a state only the task layer confirmed: to read once more when the CRI
+    /// store has caught up, for its status and reason (no event: the state does not change).
+    pub settling: Vec<PodUid>,
+    /// Containers the runtime recorded deleted: a listing that still shows one (the CRI store
+    /// forgets it a moment after) must not bring it back.
+    pub deleted: Vec<ContainerId>,
+    /// Pods whose inspection failed.
+    pub failed: Vec<PodUid>,
+}
+
+impl Plan {
+    /// Whether a hint is left for a reading to answer.
+    pub fn unreflected(&self) -> bool {
+        !self.again.is_empty()
+    }
+}
+
+/// Reconciles `reading` (and the runtime records `hints` carry) against `committed`.
+/// `tombstones`: containers the runtime recorded deleted at earlier relists.
+pub fn reconcile(
+    committed: &Committed,
+    reading: &Reading,
+    hints: &Hints,
+    tombstones: &HashSet<ContainerId>,
+    settings: Settings,
+) -> Plan {
+    let records = Records::of(hints, reading, tombstones, settings);
+    let mut plan = Plan::default();
+    for (uid, pod_reading) in considered(committed, reading, &records) {
+        if pod_reading == Some(&PodReading::Failed) {
+            plan.failed.push(uid.clone());
+            continue;
+        }
+        let old = committed.get(uid);
+        let Some(new) = new_pod(old, pod_reading, &records) else {
+            continue;
+        };
+        // An inspection unchanged is still written to the cache (fresher, and after a
+        // restart the first); nothing else unchanged is.
+        let inspected = matches!(pod_reading, Some(PodReading::Inspected(_)));
+        if new.as_ref() == old && (new.is_none() || !inspected) {
+            continue;
+        }
+        let events = pod_events(
+            old,
+            new.as_ref(),
+            &records,
+            hints,
+            reading.read_at,
+            settings,
+        );
+        plan.pods.push(PodPlan {
+            uid: uid.clone(),
+            record: new,
+            events,
+        });
+    }
+    plan.deleted = records.deleted.iter().map(|id| (*id).clone()).collect();
+    let (again, settling) = again(committed, reading, hints, tombstones, &plan, settings);
+    (plan.again, plan.settling) = (again, settling);
+    plan
+}
+
+/// The runtime records a relist takes: the task records (those the hints carry, and those
+/// read), the starts the task service recorded, and the containers the runtime deleted. Empty
+/// when confirming at the CRI layer, which takes none of them.
+struct Records<'a> {
+    tasks: TaskRecords,
+    started: TaskRecords,
+    deleted: HashSet<&'a ContainerId>,
+    tombstones: &'a HashSet<ContainerId>,
+}
+
+impl<'a> Records<'a> {
+    fn of(
+        hints: &'a Hints,
+        reading: &Reading,
+        tombstones: &'a HashSet<ContainerId>,
+        settings: Settings,
+    ) -> Self {
+        let mut records = Self {
+            tasks: TaskRecords::new(),
+            started: TaskRecords::new(),
+            deleted: HashSet::new(),
+            tombstones,
+        };
+        if settings.confirm != Layer::Task {
+            return records;
+        }
+        records.tasks = reading.tasks.clone();
+        for (id, record) in hints.task_records() {
+            // An exit outranks a start, whichever was read and whichever carried.
+            if !matches!(records.tasks.get(&id), Some(TaskRecord::Exited { .. })) {
+                records.tasks.insert(id, record);
+            }
+        }
+        for (id, observation) in hints.observations() {
+            match observation.kind {
+                ObservationKind::TaskStarted { .. } => {
+                    records.started.extend(
+                        observation
+                            .kind
+                            .task_record()
+                            .map(|record| (id.clone(), record)),
+                    );
+                }
+                ObservationKind::Deleted => {
+                    records.deleted.insert(id);
+                }
+                _ => {}
+            }
+        }
+        records
+    }
+
+    fn is_deleted(&self, id: &ContainerId) -> bool {
+        self.deleted.contains(id) || self.tombstones.contains(id)
+    }
+
+    /// Whether a record of the runtime's speaks of `id` (so its pod is reconciled unread).
+    fn speak_of(&self, id: &ContainerId) -> bool {
+        self.tasks.contains_key(id) || self.deleted.contains(id)
+    }
+}
+
+/// The pods to reconcile, ascending: those read, and those of committed containers a runtime
+/// record speaks of (unread: as committed).
+fn considered<'a>(
+    committed: &'a Committed,
+    reading: &'a Reading,
+    records: &Records<'_>,
+) -> Vec<(&'a PodUid, Option<&'a PodReading>)> {
+    let mut spoken: Vec<&PodUid> = records
+        .tasks
+        .keys()
+        .chain(records.deleted.iter().copied())
+        .filter_map(|id| committed.pod_of(id))
+        .collect();
+    spoken.sort();
+    spoken.dedup();
+    spoken.retain(|uid| {
+        reading
+            .pods
+            .binary_search_by(|(read, _)| read.cmp(uid))
+            .is_err()
+    });
+    // Two ascending runs: the stable sort merges them.
+    let mut pods: Vec<(&PodUid, Option<&PodReading>)> = reading
+        .pods
+        .iter()
+        .map(|(uid, r)| (uid, Some(r)))
+        .chain(spoken.into_iter().map(|uid| (uid, None)))
+        .collect();
+    pods.sort_by(|a, b| a.0.cmp(b.0));
+    pods
+}
+
+/// The pod's new record (`Some(None)`: gone), or `None` when there is nothing to reconcile (a
+/// pod listed as committed that no record speaks of, or one never committed and not read).
+fn new_pod(
+    old: Option<&PodRecord>,
+    reading: Option<&PodReading>,
+    records: &Records<'_>,
+) -> Option<Option<PodRecord>> {
+    let (identity, shown) = match reading {
+        Some(PodReading::Inspected(pod)) => (pod, Some(&pod.containers)),
+        Some(PodReading::Gone) => return Some(None),
+        Some(PodReading::Unchanged) | None => {
+            let old = old?;
+            if !old.containers.keys().any(|id| records.speak_of(id)) {
+                return None;
+            }
+            (old, None)
+        }
+        Some(PodReading::Failed) => return None,
+    };
+    let containers: Containers = container_ids(old, shown)
+        .into_iter()
+        .filter(|id| !records.is_deleted(id))
+        .filter_map(|id| {
+            let old = old.and_then(|p| p.containers.get(id));
+            let shown = match shown {
+                Some(shown) => Some(shown.get(id)?),
+                None => None,
+            };
+            let record = merge(old, shown, records.tasks.get(id).copied())?;
+            Some((id.clone(), record))
+        })
+        .collect();
+    Some((!containers.is_empty()).then(|| PodRecord {
+        containers,
+        ..identity_of(identity)
+    }))
+}
+
+/// A pod's identity with no containers.
+fn identity_of(pod: &PodRecord) -> PodRecord {
+    PodRecord {
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        containers: Containers::new(),
+    }
+}
+
+/// The ids of the containers of `old` and `shown`, ascending, each once.
+fn container_ids<'a>(
+    old: Option<&'a PodRecord>,
+    shown: Option<&'a Containers>,
+) -> Vec<&'a ContainerId> {
+    let mut ids: Vec<&ContainerId> = old
+        .into_iter()
+        .flat_map(|p| p.containers.keys())
+        .chain(shown.into_iter().flat_map(|c| c.keys()))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The events of a pod that went from `old` to `new`, by container id.
+fn pod_events(
+    old: Option<&PodRecord>,
+    new: Option<&PodRecord>,
+    records: &Records<'_>,
+    hints: &Hints,
+    read_at: SystemTime,
+    settings: Settings,
+) -> Vec<PodLifecycleEvent> {
+    let Some(pod) = new.or(old) else {
+        return Vec::new();
+    };
+    let mut events = Vec::new();
+    for id in container_ids(old, new.map(|p| &p.containers)) {
+        let before = old.and_then(|p| p.containers.get(id));
+        let after = new.and_then(|p| p.containers.get(id));
+        // A container gone: its last record, with what the task service recorded of its end.
+        let last = after
+            .cloned()
+            .or_else(|| merge(before, None, records.tasks.get(id).copied()));
+        let Some(last) = last else { continue };
+        let mut way: Vec<Option<ContainerRecord>> = vec![before.cloned()];
+        let short_of_running = before
+            .and_then(|c| c.state.progress())
+            .is_none_or(|p| p < 1);
+        if short_of_running
+            && last.state == ContainerState::Exited
+            && let Some(&started) = records.started.get(id)
+        {
+            way.push(Some(while_running(&last, Some(started))));
+        }
+        way.push(Some(last.clone()));
+        if after.is_none() {
+            way.push(None);
+        }
+        for step in way.windows(2) {
+            let (from, to) = (&step[0], &step[1]);
+            for &event_type in
+                transition(from.as_ref().map(|c| c.state), to.as_ref().map(|c| c.state))
+            {
+                if event_type == PodLifecycleEventType::ContainerChanged && !settings.emit_changed {
+                    continue;
+                }
+                let record = to.as_ref().unwrap_or(&last);
+                events.push(event(
+                    Change {
+                        pod,
+                        event_type,
+                        record,
+                    },
+                    hints,
+                    read_at,
+                ));
+            }
+        }
+    }
+    events
+}
+
+/// The hints the result does not reflect, and the pods awaiting the CRI store.
+fn again(
+    committed: &Committed,
+    reading: &Reading,
+    hints: &Hints,
+    tombstones: &HashSet<ContainerId>,
+    plan: &Plan,
+    settings: Settings,
+) -> (Vec<Again>, Vec<PodUid>) {
+    let world = World {
+        committed,
+        reading,
+        tombstones,
+        plan,
+        emit_changed: settings.emit_changed,
+    };
+    let mut again = Vec::new();
+    let mut looked_at: Vec<&PodUid> = Vec::new();
+    for (target, hint) in hints.iter() {
+        let why = if world.failed(target, hint) {
+            Some(Why::Failed)
+        } else if !world.reflects(target, hint) {
+            Some(Why::Unreflected)
+        } else {
+            None
+        };
+        match why {
+            Some(why) => again.push(Again {
+                target: target.clone(),
+                hint: hint.clone(),
+                why,
+            }),
+            None => looked_at.extend(world.pod_of_target(target)),
+        }
+    }
+    if settings.confirm != Layer::Task {
+        return (again, Vec::new());
+    }
+    looked_at.extend(plan.pods.iter().map(|p| &p.uid));
+    looked_at.extend(
+        reading
+            .pods
+            .iter()
+            .filter(|(_, r)| matches!(r, PodReading::Inspected(_)))
+            .map(|(uid, _)| uid),
+    );
+    looked_at.sort();
+    looked_at.dedup();
+    let settling = looked_at
+        .into_iter()
+        .filter(|uid| {
+            let unsettled = world.record(uid).is_some_and(|pod| {
+                pod.containers
+                    .values()
+                    .any(|c| c.confirmed_by == Layer::Task)
+            });
+            let pending = again
+                .iter()
+                .any(|a| world.pod_of_target(&a.target) == Some(*uid));
+            unsettled && !pending
+        })
+        .cloned()
+        .collect();
+    (again, settling)
+}
+
+/// The node after a reconcile, as far as the hints ask about it.
+struct World<'a> {
+    committed: &'a Committed,
+    reading: &'a Reading,
+    tombstones: &'a HashSet<ContainerId>,
+    plan: &'a Plan,
+    /// Created containers are news (`ContainerChanged`): a container's presence is worth a
+    /// reading only then.
+    emit_changed: bool,
+}
+
+impl World<'_> {
+    /// A pod's record after the plan.
+    fn record(&self, uid: &PodUid) -> Option<&PodRecord> {
+        match self.plan.pods.binary_search_by(|p| p.uid.cmp(uid)) {
+            Ok(i) => self.plan.pods[i].record.as_ref(),
+            Err(_) => self.committed.get(uid),
+        }
+    }
+
+    /// A container's pod and state after the plan.
+    fn find(&self, id: &ContainerId) -> Option<(&PodUid, ContainerState)> {
+        let in_plan = self.plan.pods.iter().find_map(|p| {
+            let pod = p.record.as_ref()?;
+            pod.containers.get(id).map(|c| (&p.uid, c.state))
+        });
+        in_plan.or_else(|| {
+            let uid = self.committed.pod_of(id)?;
+            let planned = self.plan.pods.binary_search_by(|p| p.uid.cmp(uid)).is_ok();
+            // Its pod changed and it is not in it any more: gone.
+            (!planned)
+                .then(|| (uid, self.committed.container(id).map(|c| c.state)))?
+                .1
+                .map(|state| (uid, state))
+        })
+    }
+
+    fn pod_of_target<'t>(&'t self, target: &'t Target) -> Option<&'t PodUid> {
+        match target {
+            Target::Pod(uid) => Some(uid),
+            Target::Container(id) => {
+                self.find(id)
+                    .map(|(uid, _)| uid)
+                    .or_else(|| match &self.reading.covers {
+                        Covers::Container(looked, found) if looked == id => found.as_ref(),
+                        _ => None,
+                    })
+            }
+        }
+    }
+
+    /// Whether the reading can say `id` is absent.
+    fn covers(&self, id: &ContainerId) -> bool {
+        match &self.reading.covers {
+            Covers::Nothing => false,
+            Covers::Node => true,
+            Covers::Pod(uid) => {
+                self.committed.pod_of(id) == Some(uid)
+                    || self.find(id).is_some_and(|(p, _)| p == uid)
+            }
+            Covers::Container(looked, found) => {
+                looked == id
+                    || found.as_ref().is_some_and(|found| {
+                        self.committed.pod_of(id) == Some(found)
+                            || self.find(id).is_some_and(|(p, _)| p == found)
+                    })
+            }
+        }
+    }
+
+    fn covers_target(&self, target: &Target) -> bool {
+        match (target, &self.reading.covers) {
+            (_, Covers::Nothing) => false,
+            (_, Covers::Node) => true,
+            (Target::Pod(uid), Covers::Pod(read)) => uid == read,
+            (Target::Pod(uid), Covers::Container(_, found)) => found.as_ref() == Some(uid),
+            (Target::Container(id), _) => self.covers(id),
+        }
+    }
+
+    /// Whether the pod of a hint's target or of one of its containers failed inspection.
+    fn failed(&self, target: &Target, hint: &Hint) -> bool {
+        let failed = |uid: Option<&PodUid>| uid.is_some_and(|uid| self.plan.failed.contains(uid));
+        failed(self.pod_of_target(target))
+            || hint
+                .observations
+                .iter()
+                .any(|(id, _)| failed(self.committed.pod_of(id)))
+    }
+
+    /// Whether the node shows what `hint`'s sources saw.
+    fn reflects(&self, target: &Target, hint: &Hint) -> bool {
+        (!hint.unspecific || self.covers_target(target))
+            && hint
+                .observations
+                .iter()
+                .all(|(id, observation)| self.shows(id, observation.kind.says()))
+    }
+
+    /// Whether the node shows that `id` did what `says`.
+    fn shows(&self, id: &ContainerId, says: Says) -> bool {
+        let state = self.find(id).map(|(_, state)| state);
+        let known = self.committed.pod_of(id).is_some();
+        let deleted = self.tombstones.contains(id) || self.plan.deleted.contains(id);
+        // Not there now, and it was there before (or the runtime said it deleted it): gone,
+        // and nothing more will come of what was seen of it.
+        let gone = state.is_none() && (deleted || (known && self.covers(id)));
+        match says {
+            // A container created and not started yet makes no event: it is read with its
+            // start (or by the next full relist), not for its presence alone.
+            Says::Present => !self.emit_changed || known || state.is_some() || self.covers(id),
+            Says::Started => {
+                gone || matches!(
+                    state,
+                    Some(ContainerState::Running | ContainerState::Exited)
+                )
+            }
+            Says::Died => {
+                gone || matches!(
+                    state,
+                    Some(ContainerState::Exited | ContainerState::Unknown)
+                )
+            }
+            Says::Deleted => state.is_none() && (deleted || self.covers(id)),
+        }
+    }
+}
+
+/// Whether a full relist must inspect a pod it listed: it is new, its containers changed, or
+/// one of them moved on (or its CRI store caught up with what the task service confirmed).
+/// Containers the runtime recorded deleted are not looked at.
+pub fn inspection_needed(
+    committed: Option<&PodRecord>,
+    listed: &PodRecord,
+    tombstones: &HashSet<ContainerId>,
+) -> bool {
+    let Some(committed) = committed else {
+        return true;
+    };
+    let listed_ids = listed
+        .containers
+        .keys()
+        .filter(|id| !tombstones.contains(*id));
+    if !listed_ids.eq(committed.containers.keys()) {
+        return true;
+    }
+    committed.containers.values().any(|old| {
+        let listed = &listed.containers[&old.id];
+        merge(Some(old), Some(listed), None)
+            .is_none_or(|new| (new.state, new.confirmed_by) != (old.state, old.confirmed_by))
+    })
+}
+
+/// The containers whose task status is worth reading: a kernel hint says their init started
+/// or died, `state` (what the runtime shows now) does not show it, and no record of the
+/// runtime's said it.
+pub fn tasks_to_read(
+    hints: &Hints,
+    state: impl Fn(&ContainerId) -> Option<ContainerState>,
+) -> Vec<ContainerId> {
+    let carried = hints.task_records();
+    let mut ids: Vec<ContainerId> = hints
+        .observations()
+        .filter(|(id, observation)| {
+            !observation.kind.is_runtime_record()
+                && !carried.contains_key(id)
+                && matches!(
+                    (observation.kind.says(), state(id)),
+                    (
+                        Says::Died,
+                        Some(ContainerState::Created | ContainerState::Running)
+                    ) | (Says::Started, Some(ContainerState::Created))
+                )
+        })
+        .map(|(id, _)| id.clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, time::Duration};
+
+    use ContainerState::{Created, Exited, Running};
+    use ObservationKind::{Deleted, Exec, OomKilled, Present, TaskExited, TaskStarted};
+    use PodLifecycleEventType::{ContainerDied, ContainerRemoved, ContainerStarted};
+    use TriggerSource::{Containerd, Ebpf};
+
+    use super::*;
+    use crate::{
+        pleg::event::{Observation, TriggerSource},
+        runtime::testing::{container, exited, pod},
+    };
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    fn id(id: &str) -> ContainerId {
+        ContainerId(id.to_owned())
+    }
+
+    fn uid(uid: &str) -> PodUid {
+        PodUid(uid.to_owned())
+    }
+
+    const TASK: Settings = Settings {
+        confirm: Layer::Task,
+        emit_changed: false,
+    };
+    const CRI: Settings = Settings {
+        confirm: Layer::Cri,
+        emit_changed: false,
+    };
+
+    /// Pod "p" holding container "c" in `state` (none: an empty committed set).
+    fn committed(state: Option<ContainerState>) -> Committed {
+        let mut committed = Committed::default();
+        if let Some(state) = state {
+            committed.commit(&uid("p"), Some(pod("p", "web", [record(state)])));
+        }
+        committed
+    }
+
+    fn record(state: ContainerState) -> ContainerRecord {
+        match state {
+            Exited => exited("c", "app", 2, "Error"),
+            state => container("c", "app", state),
+        }
+    }
+
+    /// A hint on pod "p" (or container "c" when `on_container`) carrying `kinds` about "c".
+    fn hints(on_container: bool, source: TriggerSource, kinds: &[ObservationKind]) -> Hints {
+        let target = if on_container {
+            Target::Container(id("c"))
+        } else {
+            Target::Pod(uid("p"))
+        };
+        let mut hints = Hints::default();
+        hints.insert(
+            target,
+            Hint {
+                sources: BTreeSet::from([source]),
+                observed_at: at(10),
+                observations: kinds
+                    .iter()
+                    .map(|kind| {
+                        let kind = kind.clone();
+                        (id("c"), Observation { source, kind })
+                    })
+                    .collect(),
+                unspecific: kinds.is_empty(),
+            },
+        );
+        hints
+    }
+
+    fn reading(covers: Covers, pods: Vec<(&str, PodReading)>) -> Reading {
+        Reading {
+            covers,
+            pods: pods.into_iter().map(|(u, r)| (uid(u), r)).collect(),
+            tasks: TaskRecords::new(),
+            read_at: at(50),
+        }
+    }
+
+    fn inspected(state: ContainerState) -> PodReading {
+        PodReading::Inspected(pod("p", "web", [record(state)]))
+    }
+
+    /// (type, exit code, confirmed by) of each event.
+    type EventRow = (PodLifecycleEventType, Option<i32>, Option<Layer>);
+
+    fn rows(plan: &Plan) -> Vec<EventRow> {
+        plan.pods
+            .iter()
+            .flat_map(|p| &p.events)
+            .map(|e| (e.event_type, e.exit_code, e.confirmed_by))
+            .collect()
+    }
+
+    fn whys(plan: &Plan) -> Vec<Why> {
+        plan.again.iter().map(|a| a.why).collect()
+    }
+
+    struct Case {
+        name: &'static str,
+        committed: Option<ContainerState>,
+        reading: Reading,
+        hints: Hints,
+        settings: Settings,
+        events: Vec<EventRow>,
+        again: Vec<Why>,
+        /// The pod is to be read once more for the CRI store.
+        settles: bool,
+    }
+
+    fn exit(code: i32) -> ObservationKind {
+        TaskExited { code, at: at(9) }
+    }
+
+    #[test]
+    fn a_plan_takes_what_the_runtime_recorded_and_reads_only_what_it_did_not() {
+        let nothing = || Reading::none(at(50));
+        let task = Some(Layer::Task);
+        let cri = Some(Layer::Cri);
+        let cases = [
+            Case {
+                name: "a task exit answers a death unread, and awaits the CRI store",
+                committed: Some(Running),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[exit(137)]),
+                settings: TASK,
+                events: vec![(ContainerDied, Some(137), task)],
+                again: vec![],
+                settles: true,
+            },
+            Case {
+                name: "a task start answers a start unread",
+                committed: Some(Created),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[TaskStarted { at: at(8) }]),
+                settings: TASK,
+                events: vec![(ContainerStarted, None, task)],
+                again: vec![],
+                settles: true,
+            },
+            Case {
+                name: "a deletion answers a removal unread",
+                committed: Some(Exited),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[Deleted]),
+                settings: TASK,
+                events: vec![(ContainerRemoved, Some(2), cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a start and an exit of a created container are two events",
+                committed: Some(Created),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[TaskStarted { at: at(8) }, exit(1)]),
+                settings: TASK,
+                events: vec![
+                    (ContainerStarted, None, task),
+                    (ContainerDied, Some(1), task),
+                ],
+                again: vec![],
+                settles: true,
+            },
+            Case {
+                name: "a kernel death alone is only where to look",
+                committed: Some(Running),
+                reading: nothing(),
+                hints: hints(false, Ebpf, &[OomKilled]),
+                settings: TASK,
+                events: vec![],
+                again: vec![Why::Unreflected],
+                settles: false,
+            },
+            Case {
+                name: "a kernel death is confirmed by the inspection that shows it",
+                committed: Some(Running),
+                reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]),
+                hints: hints(false, Ebpf, &[OomKilled]),
+                settings: TASK,
+                events: vec![(ContainerDied, Some(2), cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "an inspection that does not show it yet leaves it to read again",
+                committed: Some(Running),
+                reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Running))]),
+                hints: hints(false, Ebpf, &[OomKilled]),
+                settings: TASK,
+                events: vec![],
+                again: vec![Why::Unreflected],
+                settles: false,
+            },
+            Case {
+                name: "a failed inspection is read again and changes nothing",
+                committed: Some(Running),
+                reading: reading(Covers::Pod(uid("p")), vec![("p", PodReading::Failed)]),
+                hints: hints(false, Ebpf, &[OomKilled]),
+                settings: TASK,
+                events: vec![],
+                again: vec![Why::Failed],
+                settles: false,
+            },
+            Case {
+                name: "a new container is its pod's news",
+                committed: None,
+                reading: reading(
+                    Covers::Container(id("c"), Some(uid("p"))),
+                    vec![("p", inspected(Running))],
+                ),
+                hints: hints(true, Ebpf, &[Exec("/bin/sleep".into())]),
+                settings: TASK,
+                events: vec![(ContainerStarted, None, cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a container not found is no news, and nothing is left to read",
+                committed: None,
+                reading: reading(Covers::Container(id("c"), None), vec![]),
+                hints: hints(true, Ebpf, &[Present]),
+                settings: TASK,
+                events: vec![],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a pod gone is a death and a removal",
+                committed: Some(Running),
+                reading: reading(Covers::Node, vec![("p", PodReading::Gone)]),
+                hints: Hints::default(),
+                settings: TASK,
+                events: vec![(ContainerDied, None, cri), (ContainerRemoved, None, cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a pod listed as committed is no news",
+                committed: Some(Running),
+                reading: reading(Covers::Node, vec![("p", PodReading::Unchanged)]),
+                hints: hints(false, Containerd, &[]),
+                settings: TASK,
+                events: vec![],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "an unspecific hint is not answered without a reading",
+                committed: Some(Running),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[]),
+                settings: TASK,
+                events: vec![],
+                again: vec![Why::Unreflected],
+                settles: false,
+            },
+            Case {
+                name: "confirming at the CRI layer takes no task record",
+                committed: Some(Running),
+                reading: nothing(),
+                hints: hints(false, Containerd, &[exit(137)]),
+                settings: CRI,
+                events: vec![],
+                again: vec![Why::Unreflected],
+                settles: false,
+            },
+            Case {
+                name: "a container first seen exited is a death",
+                committed: None,
+                reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]),
+                hints: Hints::default(),
+                settings: TASK,
+                events: vec![(ContainerDied, Some(2), cri)],
+                again: vec![],
+                settles: false,
+            },
+        ];
+        for case in cases {
+            let plan = reconcile(
+                &committed(case.committed),
+                &case.reading,
+                &case.hints,
+                &HashSet::new(),
+                case.settings,
+            );
+            assert_eq!(rows(&plan), case.events, "{}: events", case.name);
+            assert_eq!(whys(&plan), case.again, "{}: again", case.name);
+            let settles = plan.settling == [uid("p")];
+            assert_eq!(settles, case.settles, "{}: settling {plan:?}", case.name);
+        }
+    }
+
+    #[test]
+    fn the_cri_store_catching_up_rewrites_the_record_without_an_event() {
+        let mut dead = record(Exited);
+        dead.confirmed_by = Layer::Task;
+        dead.reason = String::new();
+        let mut committed = Committed::default();
+        committed.commit(&uid("p"), Some(pod("p", "web", [dead])));
+        let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
+        let plan = reconcile(&committed, &read, &Hints::default(), &HashSet::new(), TASK);
+        assert_eq!(rows(&plan), vec![]);
+        let record = plan.pods[0].record.as_ref().expect("the pod stays");
+        let c = record
+            .containers
+            .get(&id("c"))
+            .expect("the container stays");
+        assert_eq!((c.confirmed_by, c.reason.as_str()), (Layer::Cri, "Error"));
+        assert_eq!(whys(&plan), vec![]);
+    }
+
+    #[test]
+    fn a_deleted_container_is_not_brought_back_by_a_listing_that_lags() {
+        let tombstones = HashSet::from([id("c")]);
+        let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
+        let plan = reconcile(
+            &committed(None),
+            &read,
+            &Hints::default(),
+            &tombstones,
+            TASK,
+        );
+        assert_eq!(rows(&plan), vec![]);
+        assert!(plan.pods.is_empty(), "{plan:?}");
+    }
+
+    #[test]
+    fn a_deletion_is_remembered_for_later_readings() {
+        let plan = reconcile(
+            &committed(Some(Exited)),
+            &Reading::none(at(50)),
+            &hints(false, Containerd, &[Deleted]),
+            &HashSet::new(),
+            TASK,
+        );
+        assert_eq!(plan.deleted, vec![id("c")]);
+        assert_eq!(plan.pods[0].record, None, "its pod held only it");
+    }
+
+    #[test]
+    fn a_full_relist_inspects_only_the_pods_that_moved_on() {
+        let old = pod("p", "web", [record(Running)]);
+        let none = HashSet::new();
+        assert!(inspection_needed(None, &old, &none), "a new pod");
+        assert!(!inspection_needed(Some(&old), &old, &none), "as committed");
+        let died = pod("p", "web", [container("c", "app", Exited)]);
+        assert!(inspection_needed(Some(&old), &died, &none), "a death");
+        let more = pod(
+            "p",
+            "web",
+            [record(Running), container("d", "side", Created)],
+        );
+        assert!(
+            inspection_needed(Some(&old), &more, &none),
+            "a container more"
+        );
+        let tombstones = HashSet::from([id("d")]);
+        assert!(
+            !inspection_needed(Some(&old), &more, &tombstones),
+            "a deleted one lingering in the listing"
+        );
+        let mut confirmed = record(Exited);
+        confirmed.confirmed_by = Layer::Task;
+        let by_task = pod("p", "web", [confirmed]);
+        assert!(
+            inspection_needed(Some(&by_task), &died, &none),
+            "the CRI store caught up with the task service"
+        );
+    }
+
+    #[test]
+    fn task_statuses_are_read_only_for_kernel_hints_the_runtime_does_not_show() {
+        let kernel = hints(false, Ebpf, &[OomKilled]);
+        assert_eq!(tasks_to_read(&kernel, |_| Some(Running)), vec![id("c")]);
+        assert_eq!(tasks_to_read(&kernel, |_| Some(Exited)), vec![]);
+        assert_eq!(tasks_to_read(&kernel, |_| None), vec![], "unknown");
+        let exec = hints(false, Ebpf, &[Exec("/bin/sh".into())]);
+        assert_eq!(tasks_to_read(&exec, |_| Some(Created)), vec![id("c")]);
+        assert_eq!(tasks_to_read(&exec, |_| Some(Running)), vec![]);
+        let carried = hints(false, Containerd, &[exit(137)]);
+        assert_eq!(tasks_to_read(&carried, |_| Some(Running)), vec![]);
+    }
+}
