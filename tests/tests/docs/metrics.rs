@@ -56,6 +56,8 @@ fn every_family() -> Metrics {
     let metrics = Metrics::new();
     metrics.trigger(TriggerSource::Ebpf);
     metrics.relisted(false, Instant::now(), Duration::ZERO, true);
+    metrics.answered_by_records();
+    metrics.runtime_calls().count("ListContainers");
     metrics.init_map_errors("seed", 1);
     metrics.stream_reconnect(TriggerSource::Containerd);
     metrics.silent_stream(TriggerSource::Containerd);
