@@ -50,6 +50,9 @@ struct Args {
     /// kill -9s per mode.
     #[arg(long, default_value_t = 200)]
     kills: usize,
+    /// OOM kills per mode (a 32 MiB limit and a hog), after its kill -9s.
+    #[arg(long, default_value_t = 10)]
+    ooms: usize,
     /// Idle containers per idle measurement.
     #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 300])]
     idle: Vec<usize>,
@@ -261,10 +264,36 @@ impl Bench {
                 self.node.cri.remove_container(id).await?;
             }
         }
+        let ooms = self.ooms(&pod, &watch.arrivals).await?;
         self.node.cri.remove_pod(&pod).await?;
         watch.stop();
         plegd.stop();
-        Ok(json!({ "kills": kills, "starts": starts }))
+        Ok(json!({ "kills": kills, "starts": starts, "ooms": ooms }))
+    }
+
+    /// OOM kills, one at a time: each container's `/tasks/exit` (its exit time, and its
+    /// arrival at a subscriber) and its `ContainerDied` at the client, timed from its start.
+    async fn ooms(&self, pod: &Pod, arrivals: &Arrivals) -> Result<Vec<Value>> {
+        let mut ooms = Vec::new();
+        for i in 0..self.args.ooms {
+            let id = self
+                .node
+                .cri
+                .create_container(pod, &ContainerSpec::oom(&format!("oom{i}")))
+                .await?;
+            self.node.cri.start_container(&id).await?;
+            let started = SystemTime::now();
+            let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
+            let exit = self.events.wait(&id, "exit", Duration::from_secs(5)).await;
+            let exit_arrival = self.events.get(&id, "exit_arrival");
+            ooms.push(json!({
+                "died_ms": died.map(|t| ms_between(started, t)),
+                "exit_ms": exit.map(|t| ms_between(started, t)),
+                "exit_arrival_ms": exit_arrival.map(|t| ms_between(started, t)),
+            }));
+            self.node.cri.remove_container(&id).await?;
+        }
+        Ok(ooms)
     }
 
     /// Pods of up to 10 idle sleepers, `count` containers in all.
@@ -570,6 +599,7 @@ async fn main() -> Result<()> {
             let measured = b.latency(mode).await?;
             row["kills"] = measured["kills"].clone();
             row["starts"] = measured["starts"].clone();
+            row["ooms"] = measured["ooms"].clone();
         }
         latency.push(row);
     }

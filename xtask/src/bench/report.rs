@@ -339,6 +339,21 @@ fn breakdown_table(m: &Value) -> String {
     )
 }
 
+/// Per mode, the OOM kills: the same span as the kill -9s' (`breakdown_table`).
+fn oom_table(m: &Value) -> String {
+    span_table(
+        m,
+        "| mode | OOM kills | exited_at → /tasks/exit at a subscriber p50 / p99 | /tasks/exit at a subscriber → ContainerDied at the client p50 / p99 |",
+        |row| {
+            let ooms = &row["ooms"];
+            (
+                differences(ooms, "exit_arrival_ms", "exit_ms"),
+                differences(ooms, "died_ms", "exit_arrival_ms"),
+            )
+        },
+    )
+}
+
 /// Per mode running the eBPF source, the kernel's observation of each kill at a watcher that
 /// asked for them, and how far ahead of the confirmed `ContainerDied` it came.
 fn kernel_observation_table(m: &Value) -> String {
@@ -527,6 +542,9 @@ pub fn write(run: &Run) -> Result<(String, String)> {
          own exit record to a subscriber (our Events subscription; plegd's arrives alike), and \
          what plegd and its Watch stream add after that. A negative second span is a death \
          plegd confirmed before containerd's event reached us.\n\n{}\n\
+         ### OOM kills (ms)\n\nThe same spans for containers the kernel's OOM killer ends (a \
+         32 MiB limit and a hog; their shell exits a second after its child was killed), one \
+         at a time after each mode's kill -9s: an OOM kill is when the shim is busiest.\n\n{}\n\
          ### Kernel observations ahead of confirmation (ms)\n\nIn the modes that run the eBPF \
          source the Watch client also asks for kernel observations \
          (`--kernel-observations`); the first one of each kill's death (its signal or exit \
@@ -535,6 +553,7 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         m["kills_per_mode"],
         latency_table(m),
         breakdown_table(m),
+        oom_table(m),
         kernel_observation_table(m),
         start_table(m),
     );
