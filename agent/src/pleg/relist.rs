@@ -306,8 +306,19 @@ impl<R: Runtime> Relister<R> {
                     ));
                 };
                 let pod = self.inspect(&uid).await;
+                // A container first read is not committed: its kernel hints' task statuses
+                // are asked by what the inspection shows (an exec while CRI still says
+                // created).
+                let to_read = match &pod {
+                    PodReading::Inspected(record) => {
+                        self.tasks_to_read(hints, |id| record.containers.get(id).map(|c| c.state))
+                    }
+                    _ => Vec::new(),
+                };
+                let tasks = read_tasks(&self.runtime, to_read).await;
+                let tasks = self.note_busy(tasks);
                 let covers = Covers::Container(id.clone(), Some(uid.clone()));
-                Ok(self.reading(covers, vec![(uid, pod)], TaskRecords::new()))
+                Ok(self.reading(covers, vec![(uid, pod)], tasks))
             }
         }
     }
@@ -904,6 +915,7 @@ mod tests {
         h.runtime.set_container("p", container("new", "n", Created));
         let outcome = relist_on(&mut h, &scope, &hints).await;
         assert_eq!(whys(&outcome), [Why::Unreflected], "created, not running");
+        assert_eq!(h.runtime.task_calls(), [cid("new")], "its task was asked");
 
         h.runtime.set_state("p", "new", Running, None);
         let outcome = relist_on(&mut h, &scope, &hints).await;
@@ -912,6 +924,25 @@ mod tests {
         assert_eq!(summary(&events), [ev("p", "new", ContainerStarted)]);
         assert_eq!(events[0].sources, [TriggerSource::Ebpf]);
         assert_eq!(events[0].observations.len(), 1);
+    }
+
+    /// Without the runtime's event stream (eBPF only), a new container's exec is confirmed by
+    /// its task status while the CRI store still shows it created.
+    #[tokio::test]
+    async fn an_exec_of_a_new_container_is_confirmed_by_its_task_status() {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &[]);
+        relist_all(&mut h).await;
+        drain(&mut h.events);
+        h.runtime.set_container("p", container("new", "n", Created));
+        h.runtime
+            .set_task("new", Some(TaskRecord::Started { at: None }));
+        let outcome = relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
+        assert_eq!(whys(&outcome), []);
+        let events = drain(&mut h.events);
+        assert_eq!(summary(&events), [ev("p", "new", ContainerStarted)]);
+        assert_eq!(events[0].confirmed_by, Some(Layer::Task));
+        assert_eq!(outcome.settling, [uid("p")], "CRI's status to come");
     }
 
     /// containerd's `/tasks/exit` confirms the death while its CRI store still shows the
