@@ -9,9 +9,7 @@
 //! record, then to nothing when it is gone. A hint is reflected once the result shows what its
 //! source saw; one that is not is handed back to be read again, with why.
 
-use std::collections::HashSet;
-
-use std::time::SystemTime;
+use std::{collections::HashSet, time::SystemTime};
 
 use crate::pleg::{
     committed::Committed,
