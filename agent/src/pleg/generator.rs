@@ -130,16 +130,35 @@ pub async fn run<R: Runtime>(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Stopped<R> {
-    loop {
+    let accept = |scheduler: &mut RelistScheduler, relister: &Relister<R>, trigger: Trigger| {
+        trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
+        metrics.trigger(trigger.source);
+        scheduler.push(trigger, Instant::now(), |c| relister.pod_of(c));
+    };
+    while !shutdown.is_cancelled() {
+        // One relist per turn of the loop, after the triggers that came meanwhile: under churn
+        // many relists are due at once (retries of hints the runtime has not caught up with),
+        // and draining them all first kept fresh triggers waiting in the channel for up to a
+        // second, past the lives of short containers.
+        while let Ok(trigger) = triggers.triggers.try_recv() {
+            accept(&mut scheduler, &relister, trigger);
+        }
+        // What is due runs now, not through the timer: tokio's timer turns on millisecond
+        // ticks, and a sleep until a deadline already past waited for the next one (half a
+        // millisecond on average between containerd's `/tasks/exit` and the event).
+        let now = Instant::now();
+        if scheduler.next_deadline() <= now
+            && let Some(batch) = scheduler.next_due(now)
+        {
+            let observations = triggers.observations.as_deref();
+            run_batch(&mut relister, &mut scheduler, &metrics, observations, batch).await;
+            continue;
+        }
         let deadline = scheduler.next_deadline();
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some(trigger) = triggers.triggers.recv() => {
-                trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
-                metrics.trigger(trigger.source);
-                scheduler.push(trigger, Instant::now(), |c| relister.pod_of(c));
-            }
+            Some(trigger) = triggers.triggers.recv() => accept(&mut scheduler, &relister, trigger),
             () = triggers.full_relist.notified() => scheduler.request_full_relist(Instant::now()),
             Ok(()) = period.changed() => {
                 let new = *period.borrow_and_update();
@@ -151,16 +170,7 @@ pub async fn run<R: Runtime>(
                 debug!(?grace, "kernel triggers' grace changed");
                 scheduler.set_kernel_grace(grace);
             }
-            // One relist per turn of the loop, then the triggers that came meanwhile: under churn
-            // many relists are due at once (retries of hints the runtime has not caught up
-            // with), and draining them all first kept fresh triggers waiting in the channel for
-            // up to a second, past the lives of short containers.
-            () = tokio::time::sleep_until(deadline) => {
-                if let Some(batch) = scheduler.next_due(Instant::now()) {
-                    let observations = triggers.observations.as_deref();
-                    run_batch(&mut relister, &mut scheduler, &metrics, observations, batch).await;
-                }
-            }
+            () = tokio::time::sleep_until(deadline) => {}
         }
     }
     // Whatever was seen and not relisted yet: the triggers still in the channel and those the
