@@ -154,9 +154,9 @@ impl AnyRuntime {
         options: RuntimeOptions,
     ) -> Result<Self, ConnectError> {
         Ok(match kind {
-            RuntimeKind::Cri => Self::Cri(
-                CriRuntime::connect(socket, options.call_timeout, options.calls).await?,
-            ),
+            RuntimeKind::Cri => {
+                Self::Cri(CriRuntime::connect(socket, options.call_timeout, options.calls).await?)
+            }
             RuntimeKind::Containerd => Self::Containerd(
                 ContainerdRuntime::connect(
                     socket,

@@ -160,11 +160,7 @@ impl ContainerdRuntime {
         let mut client =
             TasksClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_SIZE);
         let request = client.list(namespace.request(ListTasksRequest::default()));
-        Ok(
-            self.caller.call("Tasks.List", request)
-                .await?
-                .tasks,
-        )
+        Ok(self.caller.call("Tasks.List", request).await?.tasks)
     }
 
     /// Tasks.Get; `None` when the container has no task.

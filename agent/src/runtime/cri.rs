@@ -87,11 +87,7 @@ impl CriRuntime {
     ) -> Result<Vec<cri::PodSandbox>, RuntimeError> {
         let mut client = self.client.clone();
         let request = client.list_pod_sandbox(ListPodSandboxRequest { filter });
-        Ok(
-            self.caller.call("ListPodSandbox", request)
-                .await?
-                .items,
-        )
+        Ok(self.caller.call("ListPodSandbox", request).await?.items)
     }
 
     pub(crate) async fn containers(
@@ -100,11 +96,11 @@ impl CriRuntime {
     ) -> Result<Vec<cri::Container>, RuntimeError> {
         let mut client = self.client.clone();
         let request = client.list_containers(ListContainersRequest { filter });
-        Ok(
-            self.caller.call("ListContainers", request)
-                .await?
-                .containers,
-        )
+        Ok(self
+            .caller
+            .call("ListContainers", request)
+            .await?
+            .containers)
     }
 
     /// `ContainerStatus`; `None` when the container is gone.
@@ -117,10 +113,7 @@ impl CriRuntime {
             container_id: id.to_owned(),
             verbose: false,
         });
-        let response = found(
-            self.caller.call("ContainerStatus", request)
-            .await,
-        )?;
+        let response = found(self.caller.call("ContainerStatus", request).await)?;
         Ok(response.and_then(|r| r.status))
     }
 
@@ -134,10 +127,7 @@ impl CriRuntime {
             pod_sandbox_id: id.to_owned(),
             verbose: false,
         });
-        let response = found(
-            self.caller.call("PodSandboxStatus", request)
-            .await,
-        )?;
+        let response = found(self.caller.call("PodSandboxStatus", request).await)?;
         Ok(response.and_then(|r| r.status))
     }
 

@@ -433,7 +433,8 @@ fn churn_table(m: &Value) -> String {
 
 /// A per-lifecycle figure, "n/a" in results written before the bench measured it.
 fn per_lifecycle(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"))
+    v.as_f64()
+        .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"))
 }
 
 fn core_table(criterion: &Path) -> String {
@@ -654,7 +655,9 @@ mod tests {
         ]});
         let table = churn_table(&m);
         assert!(
-            table.contains("| default | 10 | 9.5 | 1.00 | n/a | n/a | n/a | 6 | 1 | 2 | 2.0 | 40000 |"),
+            table.contains(
+                "| default | 10 | 9.5 | 1.00 | n/a | n/a | n/a | 6 | 1 | 2 | 2.0 | 40000 |"
+            ),
             "{table}"
         );
         assert!(
