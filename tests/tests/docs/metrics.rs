@@ -61,6 +61,7 @@ fn every_family() -> Metrics {
     metrics.silent_stream(TriggerSource::Containerd);
     metrics.unconfirmed_hint(TriggerSource::Ebpf);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
+    metrics.runtime_calls().count("Version");
     metrics
 }
 
