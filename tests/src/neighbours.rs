@@ -225,6 +225,9 @@ pub async fn publish_marker(socket: &Path, name: &str) -> anyhow::Result<()> {
         "containerd-namespace",
         AsciiMetadataValue::from_static(MARKER_NAMESPACE),
     );
-    events.publish(request).await.context("publishing a marker")?;
+    events
+        .publish(request)
+        .await
+        .context("publishing a marker")?;
     Ok(())
 }

@@ -163,7 +163,9 @@ async fn the_default_sources_fit_containerd_and_get_health_says_why() {
         "{cri_events:?}"
     );
     assert!(
-        cri_events.chosen.starts_with("off by default on containerd"),
+        cri_events
+            .chosen
+            .starts_with("off by default on containerd"),
         "{cri_events:?}"
     );
     // Said both as the state's detail and as the choice.
@@ -370,7 +372,9 @@ async fn another_cri_events_subscriber_gets_every_event_beside_plegd() {
         return;
     }
     let version = node.containerd.version();
-    let subscriber = CriSubscriber::start(&node.containerd.socket()).await.unwrap();
+    let subscriber = CriSubscriber::start(&node.containerd.socket())
+        .await
+        .unwrap();
     let pod = node.cri.run_pod("neighbour").await.unwrap();
     until_registered(&subscriber, &node.cri, &pod).await;
     let expected = LIFECYCLES * CRI_EVENTS_PER_LIFECYCLE;
@@ -394,7 +398,11 @@ async fn another_cri_events_subscriber_gets_every_event_beside_plegd() {
                 "cri",
                 Some(settings_with(
                     &node.containerd,
-                    &[SourceName::Ebpf, SourceName::Containerd, SourceName::CriEvents],
+                    &[
+                        SourceName::Ebpf,
+                        SourceName::Containerd,
+                        SourceName::CriEvents,
+                    ],
                     false,
                 )),
             )
@@ -433,7 +441,9 @@ async fn control_plegd_on_cri_events_takes_events_from_another_subscriber_on_con
         );
         return;
     }
-    let subscriber = CriSubscriber::start(&node.containerd.socket()).await.unwrap();
+    let subscriber = CriSubscriber::start(&node.containerd.socket())
+        .await
+        .unwrap();
     let pod = node.cri.run_pod("neighbour").await.unwrap();
     until_registered(&subscriber, &node.cri, &pod).await;
     let expected = LIFECYCLES * CRI_EVENTS_PER_LIFECYCLE;
@@ -512,8 +522,17 @@ async fn another_containerd_events_subscriber_gets_every_event_beside_plegd() {
         count(&alone),
         count(&beside)
     );
-    for topic in ["/tasks/start", "/tasks/exit", "/tasks/delete", "/containers/delete"] {
-        assert_eq!(alone.get(topic), Some(&LIFECYCLES), "{topic} alone: {alone:?}");
+    for topic in [
+        "/tasks/start",
+        "/tasks/exit",
+        "/tasks/delete",
+        "/containers/delete",
+    ] {
+        assert_eq!(
+            alone.get(topic),
+            Some(&LIFECYCLES),
+            "{topic} alone: {alone:?}"
+        );
     }
     assert_eq!(beside, alone, "beside plegd");
 }
@@ -555,10 +574,7 @@ async fn event_heartbeat_0_publishes_nothing_into_containerd() {
     // Absence can only be seen over time: ten periods of the control's heartbeat, then a
     // marker that arrives after anything published before it.
     tokio::time::sleep(CONTROL_HEARTBEAT * 10).await;
-    subscriber
-        .barrier("heartbeat-off", DEADLINE)
-        .await
-        .unwrap();
+    subscriber.barrier("heartbeat-off", DEADLINE).await.unwrap();
     assert_eq!(
         status_of(&off.shared.sources, TriggerSource::Containerd)
             .unwrap()
@@ -567,7 +583,11 @@ async fn event_heartbeat_0_publishes_nothing_into_containerd() {
         "without a heartbeat the stream is never declared silent"
     );
     off.stop().await;
-    assert_eq!(heartbeats(), 0, "heartbeats published with --event-heartbeat 0");
+    assert_eq!(
+        heartbeats(),
+        0,
+        "heartbeats published with --event-heartbeat 0"
+    );
 
     // The control: with a period, the same subscriber sees them.
     let on = start_plegd(with_heartbeat(CONTROL_HEARTBEAT)).await;
@@ -578,4 +598,363 @@ async fn event_heartbeat_0_publishes_nothing_into_containerd() {
     .await
     .unwrap();
     on.stop().await;
+}
+
+// ---- a frozen plegd ----
+
+/// Lifecycles of a churn (create, start, stop, remove through CRI).
+const CHURN: usize = 20;
+/// How long plegd stays frozen (SIGSTOP): at least the whole churn, and at least this.
+const FREEZE: Duration = Duration::from_secs(10);
+/// A CRI call that takes this long is a stall (they take well under a second here).
+const STALL: Duration = Duration::from_secs(5);
+
+/// The CRI calls of a churn, by method, in milliseconds.
+#[derive(Default)]
+struct Latencies {
+    create: Vec<f64>,
+    start: Vec<f64>,
+    stop: Vec<f64>,
+    remove: Vec<f64>,
+}
+
+impl Latencies {
+    fn by_call(&self) -> [(&'static str, &Vec<f64>); 4] {
+        [
+            ("create", &self.create),
+            ("start", &self.start),
+            ("stop", &self.stop),
+            ("remove", &self.remove),
+        ]
+    }
+
+    /// `create p50/p99 ...` in ms.
+    fn summary(&self) -> String {
+        self.by_call()
+            .iter()
+            .map(|(call, ms)| {
+                format!(
+                    "{call} {:.1}/{:.1}",
+                    percentile(ms, 0.50),
+                    percentile(ms, 0.99)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn slowest(&self) -> f64 {
+        self.by_call()
+            .iter()
+            .flat_map(|(_, ms)| ms.iter().copied())
+            .fold(0.0, f64::max)
+    }
+}
+
+fn percentile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n as f64 * q).ceil() as usize).clamp(1, n) - 1],
+    }
+}
+
+/// [`CHURN`] lifecycles through CRI, each call timed; a call that takes [`STALL`] fails the
+/// test naming it.
+async fn timed_churn(cri: &Cri, pod: &Pod, prefix: &str) -> (Vec<String>, Latencies) {
+    async fn timed<T>(
+        what: String,
+        into: &mut Vec<f64>,
+        call: impl Future<Output = anyhow::Result<T>>,
+    ) -> T {
+        let started = Instant::now();
+        let result = tokio::time::timeout(STALL, call)
+            .await
+            .unwrap_or_else(|_| panic!("containerd stalled: {what} took over {STALL:?}"))
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        into.push(started.elapsed().as_secs_f64() * 1000.0);
+        result
+    }
+    let mut latencies = Latencies::default();
+    let mut ids = Vec::new();
+    for i in 0..CHURN {
+        let spec = ContainerSpec::sleeper(&format!("{prefix}{i}"));
+        let id = timed(
+            format!("creating {prefix}{i}"),
+            &mut latencies.create,
+            cri.create_container(pod, &spec),
+        )
+        .await;
+        timed(
+            format!("starting {prefix}{i}"),
+            &mut latencies.start,
+            cri.start_container(&id),
+        )
+        .await;
+        timed(
+            format!("stopping {prefix}{i}"),
+            &mut latencies.stop,
+            cri.stop_container(&id, Duration::ZERO),
+        )
+        .await;
+        timed(
+            format!("removing {prefix}{i}"),
+            &mut latencies.remove,
+            cri.remove_container(&id),
+        )
+        .await;
+        ids.push(id);
+    }
+    (ids, latencies)
+}
+
+/// containerd's resident memory in KiB, from /proc.
+fn rss_kib(containerd: &PrivateContainerd) -> u64 {
+    let pid = containerd.pid().expect("containerd's pid");
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                line.strip_prefix("VmRSS:")?
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// `plegd run` as a process (so it can be frozen), its JSON event lines collected.
+struct PlegdProcess {
+    child: Terminating,
+    events: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl PlegdProcess {
+    fn start(containerd: &PrivateContainerd, args: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Terminating(
+            Command::new(plegd_binary().unwrap())
+                .arg("run")
+                .arg("--runtime-endpoint")
+                .arg(containerd.socket())
+                .arg("--socket")
+                .arg(dir.path().join("plegd.sock"))
+                .args(["--state-dir", "none", "--output", "json"])
+                .args(args)
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let stdout = child.0.stdout.take().unwrap();
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = std::sync::Arc::clone(&events);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(event) = serde_json::from_str(&line) {
+                    record.lock().unwrap().push(event);
+                }
+            }
+        });
+        Self {
+            child,
+            events,
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.pid()), signal).unwrap();
+    }
+
+    /// Waits until every one of `ids` had exactly started, died, removed.
+    async fn wait_lifecycles(&self, ids: &[String], timeout: Duration) {
+        self.wait_events(
+            ids,
+            &["ContainerStarted", "ContainerDied", "ContainerRemoved"],
+            timeout,
+        )
+        .await;
+    }
+
+    /// Waits until every one of `ids` had exactly the event types `expected`.
+    async fn wait_events(&self, ids: &[String], expected: &[&str], timeout: Duration) {
+        let what = format!("{expected:?} of {ids:?} from plegd");
+        let result = plegd_tests::wait::until(&what, timeout, || {
+            let events = self.events.lock().unwrap().clone();
+            let done = ids
+                .iter()
+                .all(|id| support::types_of(&events, id).len() >= expected.len());
+            async move { anyhow::Ok(done.then_some(events)) }
+        })
+        .await;
+        let events = result.unwrap_or_else(|e| panic!("{e}"));
+        for id in ids {
+            assert_eq!(support::types_of(&events, id), expected, "events of {id}");
+        }
+    }
+}
+
+/// Containers running before the freeze and removed during it, and containers started during
+/// it and left running: the transitions that outlive the freeze, which plegd owes once
+/// thawed. (The churn's own lifecycles begin and end within the freeze: no runtime record of
+/// them is left to read, and plegd, like kubelet's PLEG, folds them; the audit's rules.)
+const OUTLIVING: usize = 5;
+
+/// A churn with plegd running, then the same churn with plegd frozen for at least
+/// [`FREEZE`]: CRI calls do not stall, another CRI events subscriber and another Events
+/// subscriber get every event of the frozen churn, and plegd, thawed, reports every transition
+/// that outlived the freeze.
+async fn frozen_plegd(test: &str, plegd_args: &[&str]) {
+    use nix::sys::signal::Signal;
+    let node = Node::start().await.unwrap();
+    let version = node.containerd.version();
+    let cri_subscriber = if version.has_cri_container_events() {
+        Some(
+            CriSubscriber::start(&node.containerd.socket())
+                .await
+                .unwrap(),
+        )
+    } else {
+        None
+    };
+    let events_subscriber = EventsSubscriber::start(&node.containerd.socket(), Vec::new())
+        .await
+        .unwrap();
+    let pod = node.cri.run_pod("frozen").await.unwrap();
+    if let Some(subscriber) = &cri_subscriber {
+        until_registered(subscriber, &node.cri, &pod).await;
+    }
+    let plegd = PlegdProcess::start(&node.containerd, plegd_args);
+    // Connected and through its first relist: the pod's sandbox is reported.
+    plegd.wait_lifecycles_started(&pod.id, DEADLINE).await;
+
+    let (warm_ids, warm) = timed_churn(&node.cri, &pod, "warm").await;
+    plegd.wait_lifecycles(&warm_ids, DEADLINE).await;
+    let rss_before = rss_kib(&node.containerd);
+
+    let mut removed = Vec::new();
+    for i in 0..OUTLIVING {
+        let id = node
+            .cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("before{i}")))
+            .await
+            .unwrap();
+        removed.push(id);
+    }
+    plegd
+        .wait_events(&removed, &["ContainerStarted"], DEADLINE)
+        .await;
+
+    plegd.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    let (ids, frozen) = timed_churn(&node.cri, &pod, "frozen").await;
+    let rss_during = rss_kib(&node.containerd);
+    for id in &removed {
+        node.cri.stop_container(id, Duration::ZERO).await.unwrap();
+        node.cri.remove_container(id).await.unwrap();
+    }
+    let mut started = Vec::new();
+    for i in 0..OUTLIVING {
+        let id = node
+            .cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("during{i}")))
+            .await
+            .unwrap();
+        started.push(id);
+    }
+    if let Some(left) = FREEZE.checked_sub(frozen_at.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    let froze_for = frozen_at.elapsed();
+    plegd.signal(Signal::SIGCONT);
+    let thawed_at = Instant::now();
+    plegd
+        .wait_lifecycles(&removed, Duration::from_secs(60))
+        .await;
+    plegd
+        .wait_events(&started, &["ContainerStarted"], Duration::from_secs(60))
+        .await;
+    let caught_up = thawed_at.elapsed();
+    let rss_after = rss_kib(&node.containerd);
+
+    events_subscriber
+        .barrier("frozen-done", DEADLINE)
+        .await
+        .unwrap();
+    let per_lifecycle_warm = events_subscriber.topics_for(&warm_ids);
+    let per_lifecycle_frozen = events_subscriber.topics_for(&ids);
+    let cri_counts = cri_subscriber.as_ref().map(|subscriber| {
+        // All of the frozen churn's events were published before the warm-up count is
+        // compared: the lifecycles ended before plegd was thawed and read them.
+        (subscriber.count_for(&warm_ids), subscriber.count_for(&ids))
+    });
+    eprintln!(
+        "{test}: containerd {version}, plegd {plegd_args:?} frozen {froze_for:.1?} during a churn \
+         of {CHURN}; CRI call p50/p99 ms running: {}; frozen: {}; containerd RSS KiB before \
+         {rss_before}, during {rss_during}, after {rss_after}; plegd caught up {caught_up:.1?} \
+         after SIGCONT; Events subscriber: {} events running, {} frozen; CRI events \
+         subscriber (running, frozen): {cri_counts:?} of {}",
+        warm.summary(),
+        frozen.summary(),
+        per_lifecycle_warm.values().sum::<usize>(),
+        per_lifecycle_frozen.values().sum::<usize>(),
+        CHURN * CRI_EVENTS_PER_LIFECYCLE,
+    );
+    assert!(frozen.slowest() < STALL.as_secs_f64() * 1000.0);
+    assert_eq!(
+        per_lifecycle_frozen, per_lifecycle_warm,
+        "the Events subscriber's events of the frozen churn"
+    );
+    if let Some((warm_count, frozen_count)) = cri_counts {
+        assert_eq!(warm_count, CHURN * CRI_EVENTS_PER_LIFECYCLE, "running");
+        assert_eq!(frozen_count, warm_count, "while plegd was frozen");
+    }
+    plegd.child.stop(Duration::from_secs(10)).unwrap();
+}
+
+impl PlegdProcess {
+    /// Waits until `id` had a ContainerStarted.
+    async fn wait_lifecycles_started(&self, id: &str, timeout: Duration) {
+        plegd_tests::wait::until(&format!("ContainerStarted of {id}"), timeout, || {
+            let started = support::types_of(&self.events.lock().unwrap(), id)
+                .iter()
+                .any(|t| t == "ContainerStarted");
+            async move { anyhow::Ok(started.then_some(())) }
+        })
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_plegd_stalls_no_cri_call_and_takes_no_event() {
+    frozen_plegd("a_frozen_plegd_stalls_no_cri_call_and_takes_no_event", &[]).await;
+}
+
+/// On 2.x plegd may subscribe to CRI events too (each subscriber has its own queue there),
+/// and then its queue fills while it is frozen: containerd's publisher waits on a full one
+/// (the control in cri_events.rs). A short freeze and churn must still not stall it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_plegd_on_cri_events_stalls_no_cri_call_on_containerd_2() {
+    let test = "a_frozen_plegd_on_cri_events_stalls_no_cri_call_on_containerd_2";
+    let version = plegd_tests::Release::from_env()
+        .and_then(|release| release.detect_version())
+        .unwrap();
+    if version.major < 2 {
+        skip(
+            test,
+            &format!("plegd refuses cri-events on containerd {version} (before 2.0)"),
+        );
+        return;
+    }
+    frozen_plegd(test, &["--sources", "ebpf,containerd,cri-events"]).await;
 }

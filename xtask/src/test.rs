@@ -149,7 +149,12 @@ const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
 /// The suites run on them: the runtime's event streams (containerd's and CRI's), the eBPF
 /// path, the parts that differ between releases, and plegd beside other subscribers of those
 /// streams (whose sharing differs between releases too).
-const MATRIX_SUITES: &[&str] = &["cri_events", "event_sources", "ebpf_events", "good_neighbour"];
+const MATRIX_SUITES: &[&str] = &[
+    "cri_events",
+    "event_sources",
+    "ebpf_events",
+    "good_neighbour",
+];
 
 fn step(name: &str) {
     eprintln!("xtask test: {name}");
