@@ -220,7 +220,15 @@ pub fn choose(runtime: &RuntimeInfo, request: &Request) -> Result<Plan, Refused>
         ),
         (true, true, CriEventsFit::OwnStream) => (
             true,
-            format!("{by}: {runtime} gives each GetContainerEvents subscriber its own stream"),
+            if containerd_like {
+                format!(
+                    "{by}: {runtime} gives each GetContainerEvents subscriber its own stream; \
+                     its publisher waits on a full one (100 events), so a plegd that stops \
+                     reading (frozen, starved) holds up containerd's container calls"
+                )
+            } else {
+                format!("{by}: {runtime} gives each GetContainerEvents subscriber its own stream")
+            },
         ),
         (true, true, CriEventsFit::Shared | CriEventsFit::Unknown)
             if request.allow_shared_cri_events =>
