@@ -33,8 +33,9 @@ enum Command {
     /// Stops cleanly on SIGTERM or SIGINT.
     Run(Box<RunArgs>),
     /// Report what this node offers plegd (kernel, BTF, tracepoints, cgroup mode, runtime
-    /// socket, whether the eBPF probes load) and which mode `--mode auto` would run in.
-    Check,
+    /// socket and version, whether the eBPF probes load), which mode `--mode auto` would run
+    /// in, and which push sources `plegd run` would choose for this runtime, and why.
+    Check(CheckArgs),
     /// Follow a running plegd's events: a live table (or JSON lines), resumed across
     /// disconnects and daemon restarts. Stops on Ctrl-C.
     Watch(WatchArgs),
@@ -46,6 +47,19 @@ enum Command {
     /// Print a shell completion script for plegd on stdout, e.g.
     /// `plegd completions bash > /etc/bash_completion.d/plegd`.
     Completions(CompletionsArgs),
+}
+
+/// Flags of `plegd check`: the settings of `plegd run` it reports for.
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// plegd run's TOML file: its runtime, endpoint, sources and allow-shared-cri-events are
+    /// the ones checked.
+    #[arg(long, env = "PLEGD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Runtime socket to check. [default: the file's, else the first well-known socket that
+    /// exists]
+    #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "SOCKET")]
+    runtime_endpoint: Option<String>,
 }
 
 /// Flags of `plegd completions`.
@@ -137,12 +151,7 @@ pub fn main() -> ExitCode {
     let cli = parse();
     let result = match cli.command {
         Command::Run(args) => run(&args),
-        Command::Check => {
-            init_logging(LogFormat::Text);
-            let (report, _) = crate::check::report();
-            print!("{report}");
-            Ok(())
-        }
+        Command::Check(args) => check(args),
         Command::Watch(args) => client(watch(args)),
         Command::Pods(args) => client(pods(args)),
         Command::Health(args) => return health(&args),
@@ -205,6 +214,18 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    init_logging(LogFormat::Text);
+    let settings = Config::load(&RunArgs {
+        config: args.config,
+        runtime_endpoint: args.runtime_endpoint,
+        ..RunArgs::default()
+    })?;
+    let (report, _) = crate::check::report(&settings);
+    print!("{report}");
+    Ok(())
+}
+
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     let config = Config::load(args)?;
     init_logging(config.log_format);
@@ -240,9 +261,12 @@ async fn run_daemon(
     let Some(connected) = crate::daemon::connect(&config, &shutdown).await? else {
         return Ok(());
     };
+    // Refused here, before any subscription: a source that would take events from other agents.
+    let (config, plan) = connected.fit_sources(&config)?;
     let push = crate::daemon::PushSources {
         runtime_socket: Some(connected.socket),
         ebpf,
+        plan: Some(plan),
     };
     let (started, shared) = tokio::sync::oneshot::channel();
     let api = tokio::spawn(serve_api(listeners, shared, shutdown.clone()));

@@ -18,6 +18,8 @@ use std::{
     time::Duration,
 };
 
+pub mod fit;
+
 use clap::{ArgMatches, Args, FromArgMatches as _, ValueEnum, parser::ValueSource};
 use serde::{Deserialize, Deserializer};
 
@@ -66,7 +68,8 @@ pub enum SourceName {
 }
 
 impl SourceName {
-    /// The sources that can be turned off, all on by default.
+    /// The sources that can be turned off. Which run by default depends on the runtime
+    /// ([`fit::choose`]): on containerd, not `cri-events`.
     pub const PUSH: [Self; 3] = [Self::Ebpf, Self::Containerd, Self::CriEvents];
 }
 
@@ -74,6 +77,22 @@ impl Config {
     /// Whether `source` is enabled (the relist always is).
     pub fn source_enabled(&self, source: SourceName) -> bool {
         source == SourceName::Relist || self.sources.contains(&source)
+    }
+
+    /// What `--sources` and `--allow-shared-cri-events` ask for, for [`fit::choose`].
+    pub fn source_request(&self) -> fit::Request {
+        fit::Request {
+            sources: self.sources.iter().copied().collect(),
+            given: self.sources_given,
+            allow_shared_cri_events: self.allow_shared_cri_events,
+        }
+    }
+
+    /// These settings with the push sources `plan` chose for the runtime: only those run.
+    #[must_use]
+    pub fn with_plan(mut self, plan: &fit::Plan) -> Self {
+        self.sources = plan.on.iter().copied().collect();
+        self
     }
 }
 
@@ -171,16 +190,35 @@ pub struct RunArgs {
 
     /// Push sources to use, comma separated: `ebpf`, `containerd` (containerd's event stream),
     /// `cri-events` (CRI GetContainerEvents). The periodic full relist always runs; `relist`
-    /// alone means polling only.
+    /// alone means polling only. The default fits the runtime: on containerd `ebpf,containerd`
+    /// (its own event stream serves; CRI events would only duplicate it), elsewhere (CRI-O)
+    /// `ebpf,cri-events`. `cri-events` on containerd before 2.0 is refused: there every
+    /// GetContainerEvents subscriber takes events from the others (containerd #7318); see
+    /// --allow-shared-cri-events. [default: ebpf,containerd,cri-events, fitted to the runtime]
     #[arg(
         long,
         env = "PLEGD_SOURCES",
         value_enum,
         value_delimiter = ',',
         value_name = "SOURCE,...",
-        default_value = "ebpf,containerd,cri-events"
+        default_value = "ebpf,containerd,cri-events",
+        hide_default_value = true
     )]
     pub sources: Option<Vec<SourceName>>,
+
+    /// Subscribe to CRI GetContainerEvents (`--sources ...,cri-events`) even on containerd
+    /// before 2.0, which serves it from one channel shared by every subscriber: plegd then
+    /// takes events from kubelet's evented PLEG, Falco and any other subscriber there
+    /// (containerd #7318, fixed in 2.0). Only for a node where plegd is the only subscriber.
+    #[arg(
+        long,
+        env = "PLEGD_ALLOW_SHARED_CRI_EVENTS",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        default_value = "false"
+    )]
+    pub allow_shared_cri_events: Option<bool>,
 
     /// `auto` uses the eBPF probes when this kernel can load them, `ebpf` requires them,
     /// `polling` turns every push source off (relist only).
@@ -346,10 +384,12 @@ pub struct RunArgs {
     )]
     pub ebpf_ring_bytes: Option<u32>,
 
-    /// How often plegd publishes a heartbeat of its own on containerd's event service and
-    /// expects to read it back on its subscription: a heartbeat not back before the next one
-    /// is due declares the stream silent (it is reconnected, and full relists run at the fast
-    /// period meanwhile).
+    /// How often plegd publishes a heartbeat of its own on containerd's event service (topic
+    /// `/plegd/heartbeat`, namespace `plegd`: every other subscriber of containerd's events
+    /// sees it) and expects to read it back on its subscription: a heartbeat not back before
+    /// the next one is due declares the stream silent (it is reconnected, and full relists run
+    /// at the fast period meanwhile). `0` turns it off: plegd publishes nothing, and a stream
+    /// that falls silent while connected is found only by the full relists.
     #[arg(
         long,
         env = "PLEGD_EVENT_HEARTBEAT",
@@ -395,8 +435,13 @@ pub struct Config {
     pub namespaces: Vec<String>,
     pub relist_period: Duration,
     pub slow_relist_period: Duration,
-    /// Enabled push sources (never [`SourceName::Relist`], which always runs).
+    /// Enabled push sources (never [`SourceName::Relist`], which always runs): what was asked
+    /// for until [`Config::with_plan`] fits them to the runtime.
     pub sources: BTreeSet<SourceName>,
+    /// Whether `--sources` was given (flag, variable or file) rather than defaulted.
+    pub sources_given: bool,
+    /// `--allow-shared-cri-events`.
+    pub allow_shared_cri_events: bool,
     pub mode: Mode,
     pub relist_threshold: Duration,
     pub runtime_timeout: Duration,
@@ -427,7 +472,7 @@ pub struct Config {
     pub watch_queue: usize,
     /// Size of the eBPF ring buffer in bytes.
     pub ebpf_ring_bytes: u32,
-    /// Period of the heartbeat on containerd's event stream.
+    /// Period of the heartbeat on containerd's event stream; zero: no heartbeat.
     pub event_heartbeat: Duration,
 }
 
@@ -500,6 +545,7 @@ impl Config {
     fn resolve(args: &RunArgs, file: RunArgs) -> Result<Self, ConfigError> {
         let (a, f, d) = (args.clone(), file, RunArgs::defaults());
         let mode = first(a.mode, f.mode, d.mode);
+        let sources_given = a.sources.is_some() || f.sources.is_some();
         let config = Self {
             runtime: first(a.runtime, f.runtime, d.runtime),
             runtime_endpoint: a.runtime_endpoint.or(f.runtime_endpoint),
@@ -514,6 +560,12 @@ impl Config {
                 .into_iter()
                 .filter(|s| *s != SourceName::Relist && mode != Mode::Polling)
                 .collect(),
+            sources_given,
+            allow_shared_cri_events: first(
+                a.allow_shared_cri_events,
+                f.allow_shared_cri_events,
+                d.allow_shared_cri_events,
+            ),
             mode,
             relist_threshold: first(a.relist_threshold, f.relist_threshold, d.relist_threshold),
             runtime_timeout: first(a.runtime_timeout, f.runtime_timeout, d.runtime_timeout),
@@ -560,7 +612,6 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
-            ("event-heartbeat", self.event_heartbeat.is_zero()),
         ];
         check_ring_size(self.ebpf_ring_bytes, page_size())?;
         if self.mode == Mode::Ebpf && !self.source_enabled(SourceName::Ebpf) {
@@ -587,6 +638,7 @@ impl Config {
             ("slow-relist-period", self.slow_relist_period),
             ("relist-threshold", self.relist_threshold),
             ("runtime-timeout", self.runtime_timeout),
+            ("event-heartbeat", self.event_heartbeat),
         ];
         if let Some((key, _)) = durations.into_iter().find(|(_, d)| *d > MAX_DURATION) {
             return Err(ConfigError::TooLarge {

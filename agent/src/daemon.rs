@@ -13,7 +13,10 @@ pub use crate::api::Shared;
 use crate::{
     api::{self, ApiBus, BusSink, ObservationBus},
     backoff::{Backoff, Exponential},
-    config::{Config, Confirm, Mode, SourceName},
+    config::{
+        Config, Confirm, Mode, SourceName,
+        fit::{self, RuntimeInfo},
+    },
     metrics::Metrics,
     output,
     pleg::{
@@ -62,12 +65,26 @@ pub enum StartError {
     Namespace(#[from] crate::runtime::InvalidNamespace),
 }
 
-/// A runtime reached by [`connect`], and the socket it answers on (where the event sources
-/// subscribe).
+/// A runtime reached by [`connect`], the socket it answers on (where the event sources
+/// subscribe) and what it said it is.
 #[derive(Clone, Debug)]
 pub struct Connected {
     pub runtime: AnyRuntime,
     pub socket: PathBuf,
+    pub info: RuntimeInfo,
+}
+
+impl Connected {
+    /// The push sources that fit this runtime ([`fit::choose`]): `config` with only those,
+    /// and why each push source runs or not. An error when `config` asks for one that would
+    /// take events from other agents (`cri-events` on containerd before 2.0).
+    pub fn fit_sources(&self, config: &Config) -> Result<(Config, fit::Plan), fit::Refused> {
+        let plan = fit::choose(&self.info, &config.source_request())?;
+        for (source, why) in &plan.why {
+            info!(source = ?source, on = plan.runs(*source), "{why}");
+        }
+        Ok((config.clone().with_plan(&plan), plan))
+    }
 }
 
 /// Finds and connects to the runtime, retrying with backoff while it is not there (a node's
@@ -89,24 +106,36 @@ pub async fn connect(
     loop {
         match try_connect(config, &options).await {
             Ok((runtime, socket)) => {
-                match runtime.version().await {
-                    Ok(version) => info!(
-                        endpoint = %socket.display(),
-                        runtime = %version,
-                        "connected to the runtime"
-                    ),
+                let info = match runtime.version().await {
+                    Ok(version) => {
+                        info!(
+                            endpoint = %socket.display(),
+                            runtime = %version,
+                            "connected to the runtime"
+                        );
+                        RuntimeInfo::from_version(&version.name, &version.version)
+                    }
                     // Connected but not answering (yet): relists retry, and health reports an
                     // outage once it lasts past the threshold. A socket that is not a runtime's
                     // (an HTTP/1 server, a proxy) fails here with an HTTP/2 error that does not
                     // say so by itself.
-                    Err(error) => warn!(
-                        %error,
-                        "the runtime socket accepted a connection but did not answer Version; \
-                         if it is not a container runtime's (CRI or containerd) socket, fix \
-                         --runtime-endpoint; relists will retry"
-                    ),
-                }
-                return Ok(Some(Connected { runtime, socket }));
+                    Err(error) => {
+                        warn!(
+                            %error,
+                            "the runtime socket accepted a connection but did not answer \
+                             Version; if it is not a container runtime's (CRI or containerd) \
+                             socket, fix --runtime-endpoint; relists will retry"
+                        );
+                        RuntimeInfo::Unknown {
+                            why: format!("Version failed: {error}"),
+                        }
+                    }
+                };
+                return Ok(Some(Connected {
+                    runtime,
+                    socket,
+                    info,
+                }));
             }
             Err(Retry::Never(e)) => return Err(e),
             Err(Retry::After(unreachable)) => {
@@ -156,6 +185,8 @@ pub struct PushSources {
     /// Where the runtime's event streams are (none: no stream sources).
     pub runtime_socket: Option<PathBuf>,
     pub ebpf: EbpfStart,
+    /// Why each push source runs or not, for health (none: as the config says).
+    pub plan: Option<fit::Plan>,
 }
 
 /// The eBPF source's start: loaded probes, or why there are none.
@@ -490,8 +521,18 @@ fn save(config: &Config, run: SavedRun, bus: &ApiBus) {
     }
 }
 
+/// The trigger source a `--sources` name stands for (`None`: the relist).
+fn trigger_source(name: SourceName) -> Option<TriggerSource> {
+    match name {
+        SourceName::Ebpf => Some(TriggerSource::Ebpf),
+        SourceName::Containerd => Some(TriggerSource::Containerd),
+        SourceName::CriEvents => Some(TriggerSource::CriEvents),
+        SourceName::Relist => None,
+    }
+}
+
 /// Starts the runtime event stream sources `config` enables, on `socket`; marks the disabled
-/// ones so health shows why they are off.
+/// ones so health shows why they are off, and every one with why it was chosen or not.
 fn start_stream_sources(
     config: &Config,
     push: PushSources,
@@ -501,6 +542,20 @@ fn start_stream_sources(
     shutdown: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
+    let plan = push.plan;
+    if let Some(plan) = &plan {
+        for (name, why) in &plan.why {
+            if let Some(source) = trigger_source(*name) {
+                registry.chose(source, why.clone());
+            }
+        }
+    }
+    let why_off = |name: SourceName, otherwise: &str| {
+        plan.as_ref()
+            .and_then(|plan| plan.why.get(&name))
+            .cloned()
+            .unwrap_or_else(|| otherwise.to_owned())
+    };
     match push.ebpf {
         EbpfStart::Loaded(probes) => {
             registry.set(TriggerSource::Ebpf, SourceState::Connecting, "");
@@ -536,7 +591,7 @@ fn start_stream_sources(
             registry.set(
                 TriggerSource::Ebpf,
                 SourceState::Disabled,
-                "turned off by --mode or --sources",
+                why_off(SourceName::Ebpf, "turned off by --mode or --sources"),
             );
         }
     }
@@ -547,9 +602,9 @@ fn start_stream_sources(
     ] {
         let Some(socket) = socket.clone().filter(|_| config.source_enabled(name)) else {
             let why = if config.source_enabled(name) {
-                "no runtime socket"
+                "no runtime socket".to_owned()
             } else {
-                "turned off by --sources"
+                why_off(name, "turned off by --sources")
             };
             registry.set(source, SourceState::Disabled, why);
             continue;
@@ -627,6 +682,7 @@ mod tests {
                 let push = PushSources {
                     runtime_socket: None,
                     ebpf: EbpfStart::Off,
+                    plan: None,
                 };
                 serve(
                     runtime,
@@ -695,6 +751,7 @@ mod tests {
                 let push = PushSources {
                     runtime_socket: None,
                     ebpf: EbpfStart::Off,
+                    plan: None,
                 };
                 serve(runtime, push, &config, stdout, shutdown, Some(started)).await
             }

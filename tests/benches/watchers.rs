@@ -94,6 +94,7 @@ async fn scenario(stalled: usize) -> Report {
             let push = PushSources {
                 runtime_socket: None,
                 ebpf: EbpfStart::Off,
+                plan: None,
             };
             daemon::serve(
                 runtime,

@@ -9,6 +9,8 @@
 //! - `demo`: what `cargo xtask demo` shows.
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
 //! - `native`: test-support calls through containerd's own API (containers and tasks).
+//! - `neighbours`: other agents' subscriptions (CRI `GetContainerEvents`, containerd
+//!   `Events.Subscribe`) recording what they receive, and barriers, for the coexistence tests.
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
 //! - `proxy`: a unix socket in front of containerd's that can make plegd's event stream go silent
 //!   while connected.
@@ -27,6 +29,7 @@ pub mod demo;
 pub mod fake_cri;
 pub mod image;
 pub mod native;
+pub mod neighbours;
 pub mod process;
 pub mod proxy;
 pub mod release;

@@ -14,7 +14,7 @@ use k8s_openapi::api::{
     apps::v1::DaemonSet,
     core::v1::{Namespace, Service, ServiceAccount},
 };
-use plegd::config::{Config, DEFAULT_SOCKET, RunArgs};
+use plegd::config::{Config, DEFAULT_SOCKET, RunArgs, SourceName};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 fn deploy(path: &str) -> PathBuf {
@@ -171,6 +171,12 @@ fn the_example_config_loads_and_shows_every_key_with_its_default() {
         Some("unix:///run/containerd/containerd.sock")
     );
     assert_eq!(std::mem::take(&mut loaded.api_allow_gids), [1000]);
+    // The sources shown are what the default comes to on containerd, asked for by name.
+    assert_eq!(
+        std::mem::replace(&mut loaded.sources, defaults.sources.clone()),
+        [SourceName::Ebpf, SourceName::Containerd].into()
+    );
+    assert!(std::mem::take(&mut loaded.sources_given));
     for example in [
         loaded.listen.take().map(|a| a.to_string()),
         loaded.metrics_address.take().map(|a| a.to_string()),

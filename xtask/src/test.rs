@@ -146,9 +146,15 @@ const FUZZ_SECONDS: u32 = 5;
 /// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
 
-/// The suites run on them: the runtime's event streams (containerd's and CRI's) and the
-/// eBPF path, the parts that differ between releases.
-const MATRIX_SUITES: &[&str] = &["cri_events", "event_sources", "ebpf_events"];
+/// The suites run on them: the runtime's event streams (containerd's and CRI's), the eBPF
+/// path, the parts that differ between releases, and plegd beside other subscribers of those
+/// streams (whose sharing differs between releases too).
+const MATRIX_SUITES: &[&str] = &[
+    "cri_events",
+    "event_sources",
+    "ebpf_events",
+    "good_neighbour",
+];
 
 fn step(name: &str) {
     eprintln!("xtask test: {name}");

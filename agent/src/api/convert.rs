@@ -166,6 +166,7 @@ pub fn health(
                 state: source_state(status.state) as i32,
                 last_delivered: status.last_delivered.map(timestamp),
                 detail: status.detail.clone(),
+                chosen: status.chosen.clone(),
             })
             .collect(),
         run_id,

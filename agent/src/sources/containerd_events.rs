@@ -85,7 +85,7 @@ pub struct ContainerdEventsConfig {
     pub namespaces: Vec<String>,
     /// Deadline of connecting and of the liveness probe.
     pub timeout: Duration,
-    /// Period of the heartbeat, and how long each has to come back.
+    /// Period of the heartbeat, and how long each has to come back; zero: no heartbeat.
     pub heartbeat: Duration,
 }
 
@@ -218,6 +218,10 @@ impl Heartbeats {
         period: Duration,
         timeout: Duration,
     ) -> SessionError {
+        // `--event-heartbeat 0`: nothing published, the stream is never declared silent.
+        if period.is_zero() {
+            return std::future::pending().await;
+        }
         // The first beat a period after the stream is up: one published before containerd
         // registered the subscription would never come back.
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);

@@ -39,6 +39,9 @@ pub struct SourceStatus {
     pub state: SourceState,
     /// Why it is in that state, for humans ("Unimplemented: GetContainerEvents", ...).
     pub detail: String,
+    /// Why plegd runs it or not: the choice made at start from the runtime and `--sources`
+    /// (empty where none was made).
+    pub chosen: String,
     /// When it last delivered a trigger.
     pub last_delivered: Option<SystemTime>,
     /// How many times it was lost and went back to reconnecting.
@@ -89,6 +92,7 @@ impl SourceRegistry {
                 SourceStatus {
                     state,
                     detail: String::new(),
+                    chosen: String::new(),
                     last_delivered: None,
                     reconnects: 0,
                 }
@@ -107,6 +111,23 @@ impl SourceRegistry {
         if changed {
             self.changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Records why `source` runs or not (registering it as connecting if it is not there
+    /// yet).
+    pub fn chose(&self, source: TriggerSource, why: impl Into<String>) {
+        let why = why.into();
+        self.lock()
+            .entry(source)
+            .or_insert_with(|| SourceStatus {
+                state: SourceState::Connecting,
+                detail: String::new(),
+                chosen: String::new(),
+                last_delivered: None,
+                reconnects: 0,
+            })
+            .chosen = why;
+        self.changed.send_modify(|n| *n += 1);
     }
 
     /// Counts that `source`'s stream was declared silent while connected (the state change

@@ -57,6 +57,9 @@ pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Conf
 pub fn stream_only(socket: &Path, source: SourceName) -> Config {
     let mut settings = config_with_sources(RuntimeKind::Cri, socket, SLOW, &[source]);
     settings.slow_relist_period = SLOW;
+    // The harness's private containerd has no other CRI events subscriber to take from: on
+    // 1.6 and 1.7 the cri-events tests subscribe anyway.
+    settings.allow_shared_cri_events = source == SourceName::CriEvents;
     settings
 }
 
@@ -225,11 +228,18 @@ impl RunningPlegd {
         output_buffer: usize,
     ) -> Self {
         Self::log_to_test_output();
-        let Connected { runtime, socket } = connected;
+        // As `plegd run` does: the sources fitted to the runtime, from here on.
+        let (config, plan) = connected
+            .fit_sources(&config)
+            .unwrap_or_else(|e| panic!("the sources fit the runtime: {e}"));
+        let Connected {
+            runtime, socket, ..
+        } = connected;
         let ebpf = daemon::load_ebpf(&config).expect("eBPF loads where --mode ebpf asks for it");
         let push = daemon::PushSources {
             runtime_socket: Some(socket),
             ebpf,
+            plan: Some(plan),
         };
         let (writer, reader) = tokio::io::duplex(output_buffer);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
