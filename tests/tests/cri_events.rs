@@ -20,7 +20,7 @@ use plegd_tests::{
     native::Native,
     process,
 };
-use support::{RunningPlegd, status_of, stream_only, wait_state};
+use support::{RunningPlegd, has_cri_events, skip, status_of, stream_only, wait_state};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Containers of a storm: each brings created, started, stopped and deleted events, together
@@ -37,29 +37,6 @@ async fn start() -> PrivateContainerd {
     PrivateContainerd::start(&ContainerdOptions::unique())
         .await
         .expect("private containerd starts")
-}
-
-/// Whether the running containerd streams CRI container events; says why a test skips if not.
-fn has_cri_events(containerd: &PrivateContainerd, test: &str) -> bool {
-    let version = containerd.version();
-    let has = version.has_cri_container_events();
-    if !has {
-        skip(
-            test,
-            &format!(
-                "containerd {version} does not implement CRI GetContainerEvents (run with \
-                 PLEGD_TEST_CONTAINERD=1.7 or 2.1)"
-            ),
-        );
-    }
-    has
-}
-
-/// Says on stderr, past the test harness's capture (which takes only `eprintln!`), that `test`
-/// skips and why: a skipped test still counts as passed.
-fn skip(test: &str, why: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
 }
 
 /// A daemon with only the CRI events source, once the source is connected.

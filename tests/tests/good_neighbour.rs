@@ -36,7 +36,7 @@ use plegd_tests::{
     neighbours::{CriSubscriber, EventsSubscriber, MARKER_NAMESPACE},
     process::{Terminating, plegd_binary},
 };
-use support::{RunningPlegd, status_of, wait_state};
+use support::{RunningPlegd, has_cri_events, skip, status_of, wait_state};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Container lifecycles per phase (create, start, kill -9, exited, remove): each gives a CRI
@@ -44,12 +44,6 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const LIFECYCLES: usize = 5;
 /// CRI events per lifecycle: created, started, stopped, deleted.
 const CRI_EVENTS_PER_LIFECYCLE: usize = 4;
-
-/// Says on stderr, past the test harness's capture, that `test` skips and why.
-fn skip(test: &str, why: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
-}
 
 /// Settings of `plegd run` with nothing but the endpoint, JSON output and no saved state:
 /// the sources are the default, fitted to the runtime.
@@ -295,22 +289,6 @@ async fn plegd_check_says_which_sources_run_on_this_runtime_and_why() {
 }
 
 // ---- another CRI events subscriber ----
-
-/// Whether the running containerd streams CRI container events; says why a test skips if not.
-fn has_cri_events(containerd: &PrivateContainerd, test: &str) -> bool {
-    let version = containerd.version();
-    let has = version.has_cri_container_events();
-    if !has {
-        skip(
-            test,
-            &format!(
-                "containerd {version} does not implement CRI GetContainerEvents (run with \
-                 PLEGD_TEST_CONTAINERD=1.7 or 2.1)"
-            ),
-        );
-    }
-    has
-}
 
 /// Creates containers (not started) until `subscriber` receives one's event: its
 /// subscription is then registered (2.x loses events published before it).

@@ -523,3 +523,26 @@ pub async fn http_get(
         body: body.to_owned(),
     }
 }
+
+/// Says on stderr, past the test harness's capture (which takes only `eprintln!`), that `test`
+/// skips and why: a skipped test still counts as passed.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
+}
+
+/// Whether the running containerd streams CRI container events; says why a test skips if not.
+pub fn has_cri_events(containerd: &PrivateContainerd, test: &str) -> bool {
+    let version = containerd.version();
+    let has = version.has_cri_container_events();
+    if !has {
+        skip(
+            test,
+            &format!(
+                "containerd {version} does not implement CRI GetContainerEvents (run with \
+                 PLEGD_TEST_CONTAINERD=1.7 or 2.1)"
+            ),
+        );
+    }
+    has
+}
