@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::{cmd::stream, setup};
+use crate::{cmd::stream, setup, workspace};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {}
@@ -29,7 +29,7 @@ pub fn offline() -> Result<()> {
     let mut fetch = Command::new(env!("CARGO"));
     fetch
         .args(["fetch", "--locked", "--manifest-path"])
-        .arg(setup::workspace_root().join("Cargo.toml"));
+        .arg(workspace::root().join("Cargo.toml"));
     stream(&mut fetch).context("cargo fetch (the crates cargo deny reads)")?;
     stream(deny().args(["--offline", "check"]).args(OFFLINE_CHECKS))
         .context("cargo deny: licenses, bans or sources (deny.toml says what is allowed)")
@@ -38,6 +38,6 @@ pub fn offline() -> Result<()> {
 fn deny() -> Command {
     let mut cmd = Command::new(env!("CARGO"));
     cmd.args(["deny", "--locked", "--manifest-path"])
-        .arg(setup::workspace_root().join("Cargo.toml"));
+        .arg(workspace::root().join("Cargo.toml"));
     cmd
 }

@@ -23,6 +23,7 @@ use clap::Args;
 use crate::{
     cmd::{capture, stream},
     setup,
+    workspace::{self, target_dir},
 };
 
 #[derive(Debug, Clone, Args)]
@@ -84,25 +85,12 @@ impl Plan {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace")
-        .to_owned()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
 pub fn run(opts: &Options) -> Result<()> {
     let command_line = std::iter::once("cargo xtask bench".to_owned())
         .chain(std::env::args().skip_while(|a| a != "bench").skip(1))
         .collect::<Vec<_>>()
         .join(" ");
-    let root = workspace_root();
+    let root = workspace::root();
     let bench_dir = target_dir().join("bench");
     if let Some(from) = &opts.from {
         let from = from.canonicalize()?;

@@ -1,12 +1,12 @@
 //! `cargo xtask demo`: set up, build plegd, start a private containerd, run plegd against it
 //! and start, kill, restart and remove real containers while plegd prints what it sees.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cmd::stream, harness, setup};
+use crate::{cmd::stream, harness, setup, workspace::target_dir};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
@@ -30,18 +30,5 @@ pub fn run(opts: &Options) -> Result<()> {
             &opts.pause,
         ],
         &opts.containerd,
-    )
-}
-
-/// Cargo's target directory for this workspace.
-pub(crate) fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || {
-            // xtask's manifest dir is <workspace>/xtask.
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join("target")
-        },
-        PathBuf::from,
     )
 }

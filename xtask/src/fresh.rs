@@ -40,7 +40,7 @@ use clap::Args;
 
 use crate::{
     cmd::{capture, render, stream},
-    setup,
+    setup, workspace,
 };
 
 /// The Debian release of the fresh root: the one README promises.
@@ -82,7 +82,10 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    require_root()?;
+    workspace::require_root(
+        "cargo xtask fresh",
+        "it bootstraps a root, mounts and chroots",
+    )?;
     let dir = opts
         .dir
         .clone()
@@ -170,18 +173,6 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
              (`cargo xtask fresh --keep --shell` for a look, `--keep` to re-run warm)",
             failed.join("`, `cargo xtask "),
             run.join("upper").display(),
-        );
-    }
-    Ok(())
-}
-
-fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        bail!(
-            "cargo xtask fresh must run as root (it bootstraps a root, mounts and chroots); \
-             effective uid is {euid}"
         );
     }
     Ok(())
@@ -621,16 +612,14 @@ fn write_host_files(root: &Path) -> Result<()> {
 /// Fetches this worktree's HEAD into the root's clone and checks it out (uncommitted changes
 /// are not in it); with `--keep`, the previous clone (and its target dir) is updated.
 fn clone_head(root: &Path) -> Result<()> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("xtask has no parent directory")?;
+    let workspace = workspace::root();
     let head = capture(
         Command::new("git")
             .arg("-C")
-            .arg(workspace)
+            .arg(&workspace)
             .args(["rev-parse", "HEAD"]),
     )?;
-    let dirty = capture(Command::new("git").arg("-C").arg(workspace).args([
+    let dirty = capture(Command::new("git").arg("-C").arg(&workspace).args([
         "status",
         "--porcelain",
         "--untracked-files=no",

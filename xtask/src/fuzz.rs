@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::{cmd::stream, setup};
+use crate::{cmd::stream, setup, workspace};
 
 /// The targets under agent/fuzz/fuzz_targets.
 const TARGETS: &[&str] = &[
@@ -43,21 +43,14 @@ pub enum Build {
 /// Fuzzes each target for `seconds` (setup has installed cargo-fuzz). A crash stops here with
 /// the input libFuzzer saved under agent/fuzz/artifacts/.
 pub fn run_targets(seconds: u32, build: Build) -> Result<()> {
-    let fuzz_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../agent/fuzz");
+    let fuzz_dir = workspace::root().join("agent/fuzz");
     for target in TARGETS {
         eprintln!("fuzz: {target} for {seconds} s");
         stream(
             Command::new("rustup")
-                .args([
-                    "run",
-                    "nightly",
-                    "cargo",
-                    "fuzz",
-                    "run",
-                    "--fuzz-dir",
-                    fuzz_dir,
-                    target,
-                ])
+                .args(["run", "nightly", "cargo", "fuzz", "run", "--fuzz-dir"])
+                .arg(&fuzz_dir)
+                .arg(target)
                 .args(match build {
                     Build::Optimized => &[][..],
                     Build::Quick => &["--dev", "--sanitizer", "none"][..],

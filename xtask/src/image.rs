@@ -8,7 +8,7 @@ use std::{path::PathBuf, process::Command};
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cmd::stream, demo::target_dir, harness, setup};
+use crate::{cmd::stream, harness, setup, workspace::target_dir};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {

@@ -26,6 +26,7 @@ use clap::Args;
 use crate::{
     cmd::{quote, render},
     setup::{self, Kernel, KernelSeries, VmTools},
+    workspace::{self, format_duration},
 };
 
 /// The eBPF end-to-end test binaries of the tests crate.
@@ -244,7 +245,7 @@ fn write_guest_script(built: &Built, opts: &Options) -> Result<PathBuf> {
     let dir = built.target_dir.join("xtask");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("kernels-guest.sh");
-    let tests_dir = setup::workspace_root().join("tests");
+    let tests_dir = workspace::root().join("tests");
     let script = guest_script(built, opts, &tests_dir);
     fs::write(&path, script).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
@@ -298,7 +299,7 @@ fn boot(vng: &Path, kernel: &Kernel, script: &Path, timeout: Duration) -> Result
         .arg(format!("sh {}", quote(script.as_os_str())))
         // vng runs virtme-run, beside it in the venv.
         .env("PATH", path_with(vng.parent().unwrap_or(Path::new("/")))?)
-        .current_dir(setup::workspace_root())
+        .current_dir(workspace::root())
         // QEMU reopens its stdout and stderr itself: pipes survive that, files get truncated.
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -576,15 +577,6 @@ impl Report {
         }
         parts.push(format!("total {}", format_duration(self.total)));
         parts.join("; ")
-    }
-}
-
-fn format_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    if secs >= 60 {
-        format!("{}m{:02}s", secs / 60, secs % 60)
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
     }
 }
 

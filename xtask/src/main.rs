@@ -18,6 +18,7 @@ mod kernels;
 mod setup;
 mod soak;
 mod test;
+mod workspace;
 
 use std::process::ExitCode;
 

@@ -37,7 +37,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::{capture, failure, output, stream};
+use crate::{
+    cmd::{capture, failure, output, stream},
+    workspace,
+};
 
 /// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the tests
 /// need: the harness (a private containerd, runc, a busybox image); the Python client test
@@ -285,15 +288,10 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
 }
 
 fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        bail!(
-            "cargo xtask setup must run as root (it installs packages and mounts tracefs); \
-             effective uid is {euid}"
-        );
-    }
-    Ok(())
+    workspace::require_root(
+        "cargo xtask setup",
+        "it installs packages and mounts tracefs",
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -917,7 +915,7 @@ fn available_kernel_package(series: KernelSeries, prefix: &str) -> Result<Option
 /// virtme-ng's `vng` in its venv, created and filled with pip when missing or another version.
 fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
     const STEP: &str = "kernels: virtme-ng";
-    let venv = workspace_root().join(VIRTME_NG_VENV);
+    let venv = workspace::root().join(VIRTME_NG_VENV);
     let vng = venv.join("bin/vng");
     let wanted = format!("virtme-ng {VIRTME_NG_VERSION}");
     let found = if is_executable(&vng) {
@@ -979,14 +977,6 @@ fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
         format!("{wanted} ({})", vng.display()),
     );
     Ok(Some(vng))
-}
-
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
-        .to_owned()
 }
 
 // ---------------------------------------------------------------------------------------------
