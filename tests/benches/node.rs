@@ -286,10 +286,12 @@ impl Bench {
             let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
             let exit = self.events.wait(&id, "exit", Duration::from_secs(5)).await;
             let exit_arrival = self.events.get(&id, "exit_arrival");
+            let emitted = arrivals.get(&id, "ContainerDied emitted");
             ooms.push(json!({
                 "died_ms": died.map(|t| ms_between(started, t)),
                 "exit_ms": exit.map(|t| ms_between(started, t)),
                 "exit_arrival_ms": exit_arrival.map(|t| ms_between(started, t)),
+                "emitted_ms": emitted.map(|t| ms_between(started, t)),
             }));
             self.node.cri.remove_container(&id).await?;
         }
