@@ -21,11 +21,11 @@ use crate::{
     output,
     pleg::{
         cache::PodCache,
-        event::{Scope, TriggerSource},
+        event::TriggerSource,
         generator::{self, TriggerSender},
         health::Health,
         hints::Hints,
-        relist::{RelistConfig, Relister},
+        relist::{RelistConfig, Relister, STOP_CONFIRM},
         scheduler::{DEFAULT_KERNEL_GRACE, RelistScheduler, SchedulerConfig},
     },
     runtime::{
@@ -446,16 +446,21 @@ where
 /// published now, with its exit code, rather than diffed by the next start from a runtime that
 /// may have removed the container meanwhile (then its start is never told, and its death has
 /// no code). The hints matter: containerd's `/tasks/exit` confirms an exit some 30 ms before
-/// its CRI store shows it, and a plain listing then shows the container still running.
-/// Bounded: a runtime that does not answer costs the save nothing but this one reading.
+/// its CRI store shows it, and a plain listing then shows the container still running; what
+/// no reading reflects yet is read again for up to [`STOP_CONFIRM`]. Bounded: a runtime that
+/// does not answer costs the save nothing but [`LAST_RELIST_GRACE`].
 async fn last_relist<R: Runtime>(relister: &mut Relister<R>, pending: &Hints) {
     match tokio::time::timeout(
         LAST_RELIST_GRACE,
-        relister.relist(&Scope::All, pending, true),
+        relister.relist_before_stop(pending, STOP_CONFIRM),
     )
     .await
     {
-        Ok(Ok(outcome)) => debug!(?outcome, "relisted before saving"),
+        Ok(Ok(left)) if left.is_empty() => debug!("relisted before saving"),
+        Ok(Ok(left)) => info!(
+            unreflected = left.targets().count(),
+            "relisted before saving; the runtime did not reflect every last trigger in time"
+        ),
         Ok(Err(error)) => warn!(%error, "the last relist failed; saving the reading before it"),
         Err(_) => warn!(
             grace = ?LAST_RELIST_GRACE,

@@ -53,6 +53,13 @@ pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(3);
 /// own event, tells meanwhile.
 pub const TASK_BUSY_BACKOFF: Duration = Duration::from_secs(1);
 
+/// How long the relist before a stop reads again what it did not reflect: the CRI store shows
+/// an exit some 40 to 200 ms after the kernel and containerd saw it (a few hundred under load).
+pub const STOP_CONFIRM: Duration = Duration::from_secs(1);
+
+/// The wait between those readings.
+const STOP_RETRY: Duration = Duration::from_millis(20);
+
 /// How long a container the runtime recorded deleted is kept from coming back: containerd
 /// publishes `/containers/delete` a moment before its CRI store forgets the container, and a
 /// listing taken in between (or a slow one taken before) still shows it.
@@ -172,6 +179,30 @@ impl<R: Runtime> Relister<R> {
         (self.committed.into_pods(), self.sequence)
     }
 
+    /// The relist before the reading is saved at a stop: a full relist carrying `pending` (the
+    /// hints not relisted yet), then, for up to `confirm`, what it did not reflect read again,
+    /// busy tasks asked again too. A death the kernel or containerd saw a moment before the
+    /// stop was otherwise saved as running, and by the next start the runtime had forgotten the
+    /// container: its ContainerDied had no exit code (soak, fault plegd-term). Returns the hints
+    /// still unreflected.
+    pub async fn relist_before_stop(
+        &mut self,
+        pending: &Hints,
+        confirm: Duration,
+    ) -> Result<Hints, RelistError> {
+        let until = Instant::now() + confirm;
+        let mut hints = pending.clone();
+        loop {
+            self.busy_tasks.clear();
+            let outcome = self.relist(&Scope::All, &hints, true).await?;
+            hints = unanswered(&outcome.again);
+            if hints.is_empty() || Instant::now() + STOP_RETRY > until {
+                return Ok(hints);
+            }
+            tokio::time::sleep(STOP_RETRY).await;
+        }
+    }
+
     /// The pod holding `container`, as last committed.
     pub fn pod_of(&self, container: &ContainerId) -> Option<PodUid> {
         self.committed.pod_of(container).cloned()
@@ -189,7 +220,7 @@ impl<R: Runtime> Relister<R> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
         let answered = self.reconcile(&Reading::none(SystemTime::now()), hints);
-        let left = unanswered(&answered);
+        let left = unanswered(&answered.again);
         let mut outcome = RelistOutcome {
             settling: answered.settling.clone(),
             ..RelistOutcome::default()
@@ -539,9 +570,9 @@ fn node_pods(
 }
 
 /// The hints a reconcile left unreflected, to be read.
-fn unanswered(plan: &Plan) -> Hints {
+fn unanswered(again: &[Again]) -> Hints {
     let mut hints = Hints::default();
-    for again in &plan.again {
+    for again in again {
         hints.insert(again.target.clone(), again.hint.clone());
     }
     hints
@@ -1102,6 +1133,56 @@ mod tests {
             &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
         );
         (h, Scope::Pod(uid("p")), hints)
+    }
+
+    /// A death seen a moment before a stop, not in the runtime's reading yet, is read again
+    /// until it is, so that the saved reading holds it with its code.
+    #[tokio::test(start_paused = true)]
+    async fn the_relist_before_a_stop_reads_again_what_it_did_not_reflect() {
+        let (mut h, _, hints) = kernel_death_of_running_container().await;
+        h.runtime
+            .set_task("c", Some(TaskRecord::Started { at: None }));
+        let runtime = h.runtime.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            runtime.set_task(
+                "c",
+                Some(TaskRecord::Exited {
+                    code: 137,
+                    at: SystemTime::UNIX_EPOCH,
+                }),
+            );
+        });
+        let left = h
+            .relister
+            .relist_before_stop(&hints, STOP_CONFIRM)
+            .await
+            .expect("relist");
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "c", ContainerDied)]
+        );
+        let (records, _) = h.relister.into_saved();
+        let saved = &records[&uid("p")].containers[&cid("c")];
+        assert_eq!((saved.state, saved.exit_code), (Exited, Some(137)));
+    }
+
+    /// What the runtime never reflects is given up on at the bound, and handed back.
+    #[tokio::test(start_paused = true)]
+    async fn the_relist_before_a_stop_is_bounded() {
+        let (mut h, _, hints) = kernel_death_of_running_container().await;
+        h.runtime
+            .set_task("c", Some(TaskRecord::Started { at: None }));
+        let started = Instant::now();
+        let left = h
+            .relister
+            .relist_before_stop(&hints, STOP_CONFIRM)
+            .await
+            .expect("relist");
+        assert_eq!(left.targets().count(), 1);
+        assert!(started.elapsed() <= STOP_CONFIRM, "{:?}", started.elapsed());
+        assert!(drain(&mut h.events).is_empty());
     }
 
     /// A kernel hint is not a confirmation: the relist reads the task's status, and only a
