@@ -275,6 +275,7 @@ async fn run_daemon(
         push,
         &config,
         tokio::io::stdout(),
+        (),
         shutdown.clone(),
         Some(started),
     )
