@@ -1,6 +1,7 @@
-//! Pod syncs (plegd.v1 `SyncPods`, `plegd watch --pod-syncs`) against the real containerd:
+//! Pod syncs (plegd.v1 `SyncPods`, `plegd watch --pod-syncs`): against the real containerd,
 //! a real pod's whole status as it changes, its resyncs, its one `removed` sync, and the CLI's
-//! JSON lines.
+//! JSON lines; against the fake runtime, through the API's socket, a watcher that stops
+//! reading during a burst and then gets fewer, newer syncs.
 
 mod support;
 
@@ -10,7 +11,16 @@ use std::{
     time::Duration,
 };
 
-use plegd::runtime::RuntimeKind;
+use plegd::{
+    api::Listeners,
+    config::{Config, RunArgs, SourceName},
+    daemon::{self, EbpfStart, PushSources},
+    pleg::record::ContainerState,
+    runtime::{
+        RuntimeKind,
+        testing::{FakeRuntime, container as fake_container},
+    },
+};
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
 use plegd_tests::{
     Node,
@@ -19,7 +29,11 @@ use plegd_tests::{
 };
 use serde_json::Value;
 use support::{RunningPlegd, ServedApi, config};
-use tonic::{Streaming, transport::Channel};
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    Streaming,
+    transport::{Channel, Endpoint},
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const PERIOD: Duration = Duration::from_millis(100);
@@ -244,4 +258,151 @@ async fn plegd_watch_pod_syncs_prints_json_lines() {
     assert!(removed["sequence"].as_u64() > Some(0), "{removed}");
     plegd.stop().await;
     api.stopped().await;
+}
+
+/// A burst of `PODS * ROUNDS` events (every pod's container flips between running and exited,
+/// each flip seen by an event watcher) while one sync watcher does not read (a 256-byte
+/// HTTP/2 window: plegd sends it nothing more after a sync or two) and another reads along.
+/// Once it reads again, the stalled one gets a few syncs per pod, each pod's last one its
+/// final state, far fewer than the events; it was never ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_watcher_that_stops_reading_gets_fewer_newer_syncs() {
+    const PODS: usize = 20;
+    /// Odd: the last round leaves every container exited with code ROUNDS.
+    const ROUNDS: usize = 21;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::load(&RunArgs {
+        runtime_endpoint: Some("unused".into()),
+        sources: Some(vec![SourceName::Relist]),
+        relist_period: Some(Duration::from_millis(10)),
+        state_dir: Some("none".into()),
+        socket: Some(dir.path().join("plegd.sock")),
+        ..RunArgs::default()
+    })
+    .unwrap();
+    let runtime = FakeRuntime::new();
+    let pod = |p: usize| format!("p{p}");
+    for p in 0..PODS {
+        runtime.add_pod(&pod(p), "burst", &pod(p));
+        runtime.set_container(
+            &pod(p),
+            fake_container(&format!("c{p}"), "app", ContainerState::Running),
+        );
+    }
+    let listeners = Listeners::bind(&config).unwrap();
+    let shutdown = CancellationToken::new();
+    let (started, shared) = tokio::sync::oneshot::channel();
+    let daemon = tokio::spawn({
+        let (runtime, config, shutdown) = (runtime.clone(), config.clone(), shutdown.clone());
+        async move {
+            let push = PushSources {
+                runtime_socket: None,
+                ebpf: EbpfStart::Off,
+                plan: None,
+            };
+            daemon::serve(
+                runtime,
+                push,
+                &config,
+                tokio::io::sink(),
+                (),
+                shutdown,
+                Some(started),
+            )
+            .await
+        }
+    });
+    let shared = shared.await.unwrap();
+    let api = tokio::spawn(listeners.serve(shared.clone(), shutdown.clone()));
+    let client = async |window: Option<u32>| {
+        let endpoint =
+            Endpoint::from_static("http://plegd.local").initial_stream_window_size(window);
+        PlegClient::new(
+            plegd_tests::unix_channel_with(&config.socket, endpoint)
+                .await
+                .unwrap(),
+        )
+    };
+    let mut events = client(None)
+        .await
+        .watch(pb::WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut stalled = sync_pods(&mut client(Some(256)).await, true).await;
+    let mut fast = sync_pods(&mut client(None).await, true).await;
+    // The fast watcher reads along, counting what it gets per pod.
+    let reading = tokio::spawn(async move {
+        let mut got = std::collections::HashMap::<String, usize>::new();
+        while let Ok(Some(sync)) = fast.message().await {
+            *got.entry(sync.pod_uid).or_default() += 1;
+        }
+        got
+    });
+
+    // Each round flips every pod and waits for its events: each flip is an event.
+    let mut burst = 0;
+    for round in 1..=ROUNDS {
+        let (state, code) = if round % 2 == 1 {
+            (ContainerState::Exited, Some(round as i32))
+        } else {
+            (ContainerState::Running, None)
+        };
+        for p in 0..PODS {
+            runtime.set_state(&pod(p), &format!("c{p}"), state, code);
+        }
+        let want = if round % 2 == 1 {
+            pb::EventType::ContainerDied
+        } else {
+            pb::EventType::ContainerStarted
+        };
+        let mut flipped = 0;
+        while flipped < PODS {
+            let event = tokio::time::timeout(DEADLINE, events.message())
+                .await
+                .expect("the round's events in time")
+                .unwrap()
+                .unwrap();
+            flipped += usize::from(event.r#type() == want);
+        }
+        burst += flipped;
+    }
+    let mut got = std::collections::HashMap::<String, Vec<pb::PodSync>>::new();
+    let settled = |got: &std::collections::HashMap<String, Vec<pb::PodSync>>| {
+        (0..PODS).all(|p| {
+            got.get(&pod(p))
+                .and_then(|syncs| syncs.last())
+                .and_then(|s| container(s, "app"))
+                .is_some_and(|c| {
+                    c.state() == pb::ContainerState::Exited && c.exit_code == ROUNDS as i32
+                })
+                && got[&pod(p)].last().unwrap().sequence > 0
+        })
+    };
+    let mut read = 0;
+    while !settled(&got) {
+        let sync = tokio::time::timeout(DEADLINE, stalled.message())
+            .await
+            .unwrap_or_else(|_| panic!("the stalled watcher's syncs in time; read {read}"))
+            .expect("never ended as lagged")
+            .unwrap();
+        read += 1;
+        got.entry(sync.pod_uid.clone()).or_default().push(sync);
+    }
+    shutdown.cancel();
+    daemon.await.unwrap().unwrap();
+    api.await.unwrap().unwrap();
+    let fast: usize = reading.await.unwrap().values().sum();
+    eprintln!(
+        "burst of {burst} events on {PODS} pods: the stalled watcher read {read} syncs, the \
+         fast one {fast}"
+    );
+    assert!(read < burst / 4, "{read} syncs for {burst} events");
+    for (p, syncs) in &got {
+        assert!(syncs.len() <= 3, "{p}: {syncs:#?}");
+    }
+    assert!(
+        fast > read,
+        "the fast watcher got {fast}, the stalled one {read}"
+    );
 }
