@@ -217,31 +217,35 @@ struct Workers<H> {
 }
 
 impl<H: SyncHandler> Workers<H> {
-    /// Pokes the pod's worker, starting one if it has none (or its last one ended).
-    /// `event`: the sequence of the event that asks, if one does.
+    /// The pod's live worker, started if it has none (or its last one ended); `known`: the
+    /// pod as consumers already know it, for a worker started without a sync.
+    fn worker(&mut self, uid: &PodUid, known: Option<Known>) -> &mut Worker {
+        if self.pods.get(uid).is_none_or(|w| w.task.is_finished()) {
+            let mailbox = Arc::new(Mailbox::default());
+            let task = tokio::spawn(pod_worker(
+                uid.clone(),
+                known,
+                Arc::clone(&mailbox),
+                Arc::clone(&self.cache),
+                Arc::clone(&self.handler),
+                self.metrics.clone(),
+                self.shutdown.clone(),
+            ));
+            let worker = Worker {
+                mailbox,
+                task,
+                last_dispatch: Instant::now(),
+                last_event: 0,
+            };
+            self.pods.insert(uid.clone(), worker);
+        }
+        self.pods.get_mut(uid).expect("inserted above")
+    }
+
+    /// Pokes the pod's worker. `event`: the sequence of the event that asks, if one does.
     fn dispatch(&mut self, uid: &PodUid, reason: SyncReason, event: Option<u64>) {
         let now = Instant::now();
-        let worker = match self.pods.get_mut(uid) {
-            Some(worker) if !worker.task.is_finished() => worker,
-            _ => {
-                let mailbox = Arc::new(Mailbox::default());
-                let task = tokio::spawn(pod_worker(
-                    uid.clone(),
-                    Arc::clone(&mailbox),
-                    Arc::clone(&self.cache),
-                    Arc::clone(&self.handler),
-                    self.metrics.clone(),
-                    self.shutdown.clone(),
-                ));
-                let worker = Worker {
-                    mailbox,
-                    task,
-                    last_dispatch: now,
-                    last_event: 0,
-                };
-                self.pods.entry(uid.clone()).insert_entry(worker).into_mut()
-            }
-        };
+        let worker = self.worker(uid, None);
         worker.last_event = worker.last_event.max(event.unwrap_or_default());
         worker.last_dispatch = now;
         worker.mailbox.post(Poke {
@@ -261,8 +265,9 @@ impl<H: SyncHandler> Workers<H> {
     }
 
     /// kubelet's housekeeping: the workers of pods the cache no longer holds send their last
-    /// sync and are reaped; with `adopt`, cached pods without a (live) worker get one: after a
-    /// start that continued a saved run, an unchanged pod brings no event.
+    /// sync and are reaped; with `adopt`, cached pods without a (live) worker get one, for
+    /// their resyncs and their `removed` sync: after a start that continued a saved run, an
+    /// unchanged pod brings no event.
     fn housekeep(&mut self, adopt: bool) {
         let cached = self.cache.pods();
         let known: std::collections::HashSet<&PodUid> = cached
@@ -278,9 +283,18 @@ impl<H: SyncHandler> Workers<H> {
             });
         }
         if adopt {
-            for uid in known {
-                if self.pods.get(uid).is_none_or(|w| w.task.is_finished()) {
-                    self.dispatch(uid, SyncReason::Resync, None);
+            // Without a sync: its first comes at its resync, so a restart costs consumers no
+            // burst of every pod (they ask for `initial` syncs when they want one).
+            for (uid, pod) in &cached {
+                if let Some(record) = &pod.record {
+                    self.worker(
+                        uid,
+                        Some(Known {
+                            seen: pod.modified,
+                            namespace: record.namespace.clone(),
+                            name: record.name.clone(),
+                        }),
+                    );
                 }
             }
         }
@@ -376,18 +390,27 @@ pub async fn run<H: SyncHandler>(
     }
 }
 
-/// Syncs one pod each time it is poked, until it is gone (after its one `Removed` sync, if it
-/// was ever synced) or shutdown.
+/// A pod as its consumers know it: from its last sync, or from the cache when its worker was
+/// adopted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Known {
+    /// The cache time of that status.
+    seen: Option<Instant>,
+    namespace: String,
+    name: String,
+}
+
+/// Syncs one pod each time it is poked, until it is gone (after its one `Removed` sync, if
+/// consumers know it) or shutdown.
 async fn pod_worker<H: SyncHandler>(
     uid: PodUid,
+    mut last: Option<Known>,
     mailbox: Arc<Mailbox>,
     cache: Arc<PodCache>,
     handler: Arc<H>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    // The cache time of the last status synced, and the pod's name then.
-    let mut last: Option<(Option<Instant>, String, String)> = None;
     loop {
         let poke = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -397,7 +420,12 @@ async fn pod_worker<H: SyncHandler>(
             (SyncReason::Removed, _) => CachedPod::default(),
             // Wait for data newer than what the last sync acted on (kubelet's GetNewerThan),
             // unless another poke (housekeeping's `Removed`) comes first.
-            (SyncReason::Event, Some((Some(seen), ..))) => tokio::select! {
+            (
+                SyncReason::Event,
+                Some(Known {
+                    seen: Some(seen), ..
+                }),
+            ) => tokio::select! {
                 () = shutdown.cancelled() => return,
                 status = cache.get_newer_than(&uid, *seen) => status,
                 () = mailbox.posted.notified() => {
@@ -409,12 +437,20 @@ async fn pod_worker<H: SyncHandler>(
         };
         let (reason, namespace, name) = match (&status.record, last.take()) {
             (Some(record), previous) => {
-                let seen = status.modified.or(previous.and_then(|(seen, ..)| seen));
-                last = Some((seen, record.namespace.clone(), record.name.clone()));
+                last = Some(Known {
+                    seen: status.modified.or(previous.and_then(|known| known.seen)),
+                    namespace: record.namespace.clone(),
+                    name: record.name.clone(),
+                });
                 (poke.reason, record.namespace.clone(), record.name.clone())
             }
-            (None, Some((_, namespace, name))) => (SyncReason::Removed, namespace, name),
-            // Never synced: nothing to remove.
+            (
+                None,
+                Some(Known {
+                    namespace, name, ..
+                }),
+            ) => (SyncReason::Removed, namespace, name),
+            // Unknown to consumers: nothing to remove.
             (None, None) => return,
         };
         let sync = PodSync {
@@ -672,21 +708,35 @@ mod tests {
         l.stop().await;
     }
 
+    /// A cached pod that brings no event (a start that continued a saved run) is adopted at
+    /// housekeeping without a sync: no burst of every pod; its first sync is its resync, and
+    /// when it goes it gets its `removed` sync.
     #[tokio::test(start_paused = true)]
-    async fn cached_pods_without_events_are_adopted_at_housekeeping() {
+    async fn cached_pods_without_events_are_adopted_at_housekeeping_without_a_burst() {
         let l = Looping::healthy(4);
+        let start = Instant::now();
         let (cache, handler) = (&l.cache, &l.handler);
-        cache.set(
-            PodUid("quiet".into()),
-            Some(record("quiet")),
-            Instant::now(),
-        );
-        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD / 2).await;
-        assert!(handler.last("quiet").is_none(), "not before housekeeping");
-        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD).await;
-        let (synced, count) = handler.last("quiet").expect("adopted and synced");
-        assert_eq!((synced.record, count), (Some(record("quiet")), 1));
+        let uid = PodUid("quiet".into());
+        cache.set(uid.clone(), Some(record("quiet")), Instant::now());
+        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD * 2).await;
+        assert!(handler.last("quiet").is_none(), "synced at adoption");
+        let synced = l.synced("quiet", 1).await;
+        assert_eq!(synced.record, Some(record("quiet")));
         assert_eq!(handler.of("quiet")[0].reason, SyncReason::Resync);
+        assert!(
+            start.elapsed() >= DEFAULT_RESYNC_INTERVAL,
+            "{:?}",
+            start.elapsed()
+        );
+
+        // Another one, adopted, goes before any sync: consumers knew it, it gets `removed`.
+        let gone = PodUid("gone".into());
+        cache.set(gone.clone(), Some(record("gone")), Instant::now());
+        tokio::time::sleep(DEFAULT_HOUSEKEEPING_PERIOD * 2).await;
+        cache.delete(&gone);
+        let removed = l.synced("gone", 1).await;
+        assert_eq!(removed.record, None);
+        assert_eq!(handler.of("gone")[0].reason, SyncReason::Removed);
         l.stop().await;
     }
 
