@@ -122,6 +122,14 @@ struct WatchArgs {
     /// that confirms it (type KernelObservation; ObservationUnconfirmed when none does).
     #[arg(long)]
     kernel_observations: bool,
+    /// Stream pod syncs instead of events: each pod's whole status when it had events
+    /// (coalesced: the latest wins), at every resync, and once when it is gone. --from,
+    /// --type and --kernel-observations do not apply.
+    #[arg(long, conflicts_with_all = ["from", "types", "kernel_observations"])]
+    pod_syncs: bool,
+    /// With --pod-syncs: start with a sync of every pod (always done after a reconnection).
+    #[arg(long, requires = "pod_syncs")]
+    initial: bool,
 }
 
 /// Event types as `plegd watch --type` names them.
@@ -275,6 +283,7 @@ async fn run_daemon(
         push,
         &config,
         tokio::io::stdout(),
+        (),
         shutdown.clone(),
         Some(started),
     )
@@ -356,6 +365,8 @@ async fn watch(args: WatchArgs) -> anyhow::Result<()> {
         pod_uid: args.pod_uid.unwrap_or_default(),
         types: args.types.into_iter().map(Into::into).collect(),
         kernel_observations: args.kernel_observations,
+        pod_syncs: args.pod_syncs,
+        initial_syncs: args.initial,
     };
     let (mut out, mut notes) = (std::io::stdout().lock(), std::io::stderr());
     tokio::select! {

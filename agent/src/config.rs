@@ -31,6 +31,7 @@ use crate::{
         relist::DEFAULT_INSPECT_CONCURRENCY,
     },
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
+    sync_loop::DEFAULT_RESYNC_INTERVAL,
 };
 
 /// Default path of the API socket.
@@ -247,6 +248,18 @@ pub struct RunArgs {
     #[serde(deserialize_with = "duration")]
     pub runtime_timeout: Option<Duration>,
 
+    /// Every pod is synced to the API's sync watchers at least this often (a `resync`), even
+    /// without events: kubelet's --sync-frequency.
+    #[arg(
+        long,
+        env = "PLEGD_SYNC_FREQUENCY",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = human(DEFAULT_RESYNC_INTERVAL)
+    )]
+    #[serde(deserialize_with = "duration")]
+    pub sync_frequency: Option<Duration>,
+
     /// Events stdout and the sync loop may fall behind before their lag policy applies
     /// (stdout catches up from the event history; the sync loop resyncs every pod and counts
     /// the skipped events as discarded). The relist never waits or drops.
@@ -445,6 +458,8 @@ pub struct Config {
     pub mode: Mode,
     pub relist_threshold: Duration,
     pub runtime_timeout: Duration,
+    /// How often every pod is resynced.
+    pub sync_frequency: Duration,
     pub event_channel_capacity: usize,
     pub inspect_concurrency: usize,
     pub emit_changed: bool,
@@ -569,6 +584,7 @@ impl Config {
             mode,
             relist_threshold: first(a.relist_threshold, f.relist_threshold, d.relist_threshold),
             runtime_timeout: first(a.runtime_timeout, f.runtime_timeout, d.runtime_timeout),
+            sync_frequency: first(a.sync_frequency, f.sync_frequency, d.sync_frequency),
             event_channel_capacity: first(
                 a.event_channel_capacity,
                 f.event_channel_capacity,
@@ -608,6 +624,7 @@ impl Config {
             ("slow-relist-period", self.slow_relist_period.is_zero()),
             ("relist-threshold", self.relist_threshold.is_zero()),
             ("runtime-timeout", self.runtime_timeout.is_zero()),
+            ("sync-frequency", self.sync_frequency.is_zero()),
             ("event-channel-capacity", self.event_channel_capacity == 0),
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
@@ -638,6 +655,7 @@ impl Config {
             ("slow-relist-period", self.slow_relist_period),
             ("relist-threshold", self.relist_threshold),
             ("runtime-timeout", self.runtime_timeout),
+            ("sync-frequency", self.sync_frequency),
             ("event-heartbeat", self.event_heartbeat),
         ];
         if let Some((key, _)) = durations.into_iter().find(|(_, d)| *d > MAX_DURATION) {
@@ -1034,7 +1052,7 @@ mod tests {
 
     /// Read by the child process of
     /// `flags_beat_the_environment_which_beats_the_file_which_beats_defaults`.
-    const PRECEDENCE: [Row; 8] = [
+    const PRECEDENCE: [Row; 9] = [
         (
             "relist-period",
             Some("2s"),
@@ -1045,6 +1063,7 @@ mod tests {
         ("slow-relist-period", None, Some("3s"), Some("\"4s\""), "3s"),
         ("relist-threshold", None, None, Some("\"9s\""), "9s"),
         ("runtime-timeout", None, None, None, "10s"),
+        ("sync-frequency", None, Some("30s"), Some("\"45s\""), "30s"),
         ("event-history", Some("7"), Some("8"), Some("9"), "7"),
         ("watch-queue", None, Some("8"), Some("9"), "8"),
         ("inspect-concurrency", None, None, Some("9"), "9"),
@@ -1098,6 +1117,7 @@ mod tests {
                 "slow-relist-period" => human(config.slow_relist_period),
                 "relist-threshold" => human(config.relist_threshold),
                 "runtime-timeout" => human(config.runtime_timeout),
+                "sync-frequency" => human(config.sync_frequency),
                 "event-history" => config.event_history.to_string(),
                 "watch-queue" => config.watch_queue.to_string(),
                 "inspect-concurrency" => config.inspect_concurrency.to_string(),

@@ -41,7 +41,7 @@ use crate::{
         status::{SourceRegistry, SourceState},
     },
     state::{self, SavedRun},
-    sync_loop::{self, LoggingSyncHandler, SyncConfig},
+    sync_loop::{self, SyncConfig, SyncFeed, SyncHandler},
 };
 
 /// How long stdout may take, at shutdown, to take the events not yet written; a reader that
@@ -224,19 +224,22 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
 
 /// Runs the daemon on `runtime` until `shutdown`, writing one line per event to `out`;
 /// continues the run saved in `config.state_dir` if there is one for this runtime, and saves
-/// the run there when it stops cleanly. `started` receives the shared handles once everything
-/// is wired.
-pub async fn serve<R, W>(
+/// the run there when it stops cleanly. The sync loop hands each pod sync to the API's sync
+/// watchers ([`Shared::syncs`]) and then to `handler` (`()`: none of one's own). `started`
+/// receives the shared handles once everything is wired.
+pub async fn serve<R, W, H>(
     runtime: R,
     push: PushSources,
     config: &Config,
     out: W,
+    handler: H,
     shutdown: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<Shared>>,
 ) -> std::io::Result<()>
 where
     R: Runtime,
     W: AsyncWrite + Unpin + Send + 'static,
+    H: SyncHandler,
 {
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(config.relist_threshold));
@@ -314,14 +317,18 @@ where
         bus.consume(0, config.event_channel_capacity)
             .expect("a live-only subscription always starts")
     };
+    let syncs = SyncFeed::new();
     let sync = tokio::spawn(sync_loop::run(
         bus.clone(),
         live(),
         Arc::clone(&cache),
         Arc::clone(&health),
-        Arc::new(LoggingSyncHandler),
+        Arc::new((syncs.clone(), handler)),
         metrics.clone(),
-        SyncConfig::default(),
+        SyncConfig {
+            resync_interval: config.sync_frequency,
+            ..SyncConfig::default()
+        },
         shutdown.clone(),
     ));
     let mut stdout = tokio::spawn(output::write_events(
@@ -362,6 +369,7 @@ where
             sources: sources.clone(),
             bus: bus.clone(),
             observations,
+            syncs: syncs.clone(),
             metrics: metrics.clone(),
         });
     }
@@ -422,6 +430,7 @@ where
     if let Err(e) = sync.await {
         warn!(error = %e, "the sync loop ended abnormally");
     }
+    syncs.close();
     match generated {
         // Every event is in the bus's history, which is saved with the reading: the next
         // start continues the run whatever stdout managed to write.
@@ -694,6 +703,7 @@ mod tests {
                     push,
                     &config,
                     tokio::io::sink(),
+                    (),
                     shutdown,
                     Some(started),
                 )
@@ -758,7 +768,7 @@ mod tests {
                     ebpf: EbpfStart::Off,
                     plan: None,
                 };
-                serve(runtime, push, &config, stdout, shutdown, Some(started)).await
+                serve(runtime, push, &config, stdout, (), shutdown, Some(started)).await
             }
         });
         let shared = shared.await.unwrap();

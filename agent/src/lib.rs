@@ -31,16 +31,17 @@
 //! 3. `pleg::{relist, generator}`: the relist (list, diff, inspect, publish) and the loop that
 //!    runs it for the scheduler.
 //! 4. `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.
-//! 5. The consumers: `output` (events on stdout), `sync_loop` (kubelet's sync loop), and
+//! 5. The consumers: `output` (events on stdout), `sync_loop` (kubelet's sync loop, whose
+//!    `SyncHandler` embedders bring, and the feed of the API's pod syncs), and
 //!    `state` (the run saved at a clean shutdown and continued at the next start).
 //! 6. `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
 //! 7. `api`: the plegd.v1 gRPC API, grpc.health.v1, `/metrics`, and the CLI's client side.
 //! 8. `daemon` (everything wired for `plegd run`) and `check` (`plegd check`).
 //! 9. `cli`: the `plegd` command line.
 //!
-//! Modules are public only where the binary, the end-to-end tests or the benchmarks reach
-//! in (the daemon's wiring, the config, the runtime's fake, the core types); the rest is
-//! `pub(crate)`.
+//! Modules are public only where the binary, the end-to-end tests, the benchmarks or a
+//! program embedding plegd reach in (the daemon's wiring, the config, the runtime's fake, the
+//! core types, the sync loop's `SyncHandler`); the rest is `pub(crate)`.
 
 pub mod api;
 pub(crate) mod backoff;
@@ -56,4 +57,4 @@ pub mod pleg;
 pub mod runtime;
 pub mod sources;
 pub(crate) mod state;
-pub(crate) mod sync_loop;
+pub mod sync_loop;

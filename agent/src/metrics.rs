@@ -78,6 +78,12 @@ impl RuntimeCalls {
     }
 }
 
+/// Label of `plegd_pod_syncs_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Label of `plegd_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -120,6 +126,8 @@ struct Inner {
     answered_by_records: Counter,
     runtime_calls: RuntimeCalls,
     trigger_to_event: Histogram,
+    pod_syncs: Family<ReasonLabel, Counter>,
+    event_to_sync: Histogram,
     ringbuf_drops: Counter,
     untracked_cgroups: Counter,
     init_map_errors: Family<OpLabel, Counter>,
@@ -210,6 +218,18 @@ impl Metrics {
             "Time from a push source's observation to the event's emission (events some source pointed at)",
             trigger_to_event.clone(),
         );
+        let pod_syncs = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "plegd_pod_syncs",
+            "Pod syncs the sync loop handed to its handler (the API's sync watchers), by reason: event, resync or removed",
+            pod_syncs.clone(),
+        );
+        let event_to_sync = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "plegd_event_to_sync_seconds",
+            "Time from a pod's event reaching the sync loop to the pod's sync handed to its handler (for the API: queued for every sync watcher, which takes it when it reads)",
+            event_to_sync.clone(),
+        );
         let ringbuf_drops = Counter::default();
         registry.register(
             "plegd_ringbuf_drops",
@@ -272,6 +292,8 @@ impl Metrics {
                 answered_by_records,
                 runtime_calls,
                 trigger_to_event,
+                pod_syncs,
+                event_to_sync,
                 ringbuf_drops,
                 untracked_cgroups,
                 init_map_errors,
@@ -361,6 +383,18 @@ impl Metrics {
     /// An event was emitted `latency` after a push source observed its change.
     pub fn trigger_to_event(&self, latency: Duration) {
         self.inner.trigger_to_event.observe(latency.as_secs_f64());
+    }
+
+    /// The sync loop synced a pod for `reason`, `latency` after the earliest event it stands
+    /// for reached the loop (`None`: a sync no event asked for).
+    pub fn pod_synced(&self, reason: &'static str, latency: Option<Duration>) {
+        self.inner
+            .pod_syncs
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+        if let Some(latency) = latency {
+            self.inner.event_to_sync.observe(latency.as_secs_f64());
+        }
     }
 
     /// The eBPF ring buffer lost `count` kernel events.
@@ -552,6 +586,8 @@ mod tests {
         metrics.discarded_events(2);
         metrics.trigger(TriggerSource::Containerd);
         metrics.trigger_to_event(Duration::from_micros(350));
+        metrics.pod_synced("event", Some(Duration::from_micros(200)));
+        metrics.pod_synced("resync", None);
         metrics.ringbuf_drops(3);
         metrics.untracked_cgroups(4);
         metrics.init_map_errors("untrack", 5);
@@ -583,6 +619,11 @@ mod tests {
             1.0
         );
         assert_eq!(value(&text, "plegd_trigger_to_event_seconds_count"), 1.0);
+        assert_eq!(
+            value(&text, "plegd_pod_syncs_total{reason=\"resync\"}"),
+            1.0
+        );
+        assert_eq!(value(&text, "plegd_event_to_sync_seconds_count"), 1.0);
         assert_eq!(value(&text, "plegd_ringbuf_drops_total"), 3.0);
         assert_eq!(value(&text, "plegd_untracked_cgroups_total"), 4.0);
         assert_eq!(

@@ -101,6 +101,7 @@ async fn scenario(stalled: usize) -> Report {
                 push,
                 &config,
                 tokio::io::sink(),
+                (),
                 shutdown,
                 Some(started_tx),
             )

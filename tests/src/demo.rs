@@ -1,6 +1,7 @@
 //! The demo behind `cargo xtask demo`: plegd runs against a private containerd while real
 //! containers start, get killed, exit, run out of memory, restart and go. plegd's events go to
-//! stdout; the narration goes to stderr.
+//! stdout, and so do the pod syncs a `plegd watch --pod-syncs` beside it receives; the
+//! narration goes to stderr.
 
 use std::{
     path::Path,
@@ -38,12 +39,16 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
          where to look; a full relist every 1s, slowed to 30s while they are connected)",
         socket.display()
     ));
+    // The API on a socket of the demo's own, beside the private containerd's, not the node's.
+    let api = socket.with_file_name("plegd.sock");
     let _plegd = process::Terminating(
         Command::new(plegd)
             // Each demo starts afresh: no run saved by the last one.
             .args(["run", "--relist-period", "1s", "--state-dir", "none"])
             .arg("--runtime-endpoint")
             .arg(&socket)
+            .arg("--socket")
+            .arg(&api)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()
@@ -52,6 +57,20 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
     let cri = Cri::connect(&containerd).await?;
     let tasks = Native::connect_in(&containerd, CRI_NAMESPACE).await?;
     tokio::time::sleep(pause).await;
+
+    say(
+        "starting plegd watch --pod-syncs beside it: each pod's whole status when it changed \
+         (READ AT ... REASON event), every minute (resync), and once when it is gone (removed)",
+    );
+    let _syncs = process::Terminating(
+        Command::new(plegd)
+            .args(["watch", "--pod-syncs", "--socket"])
+            .arg(&api)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {} watch", plegd.display()))?,
+    );
 
     say("pod web: sandbox + containers app and sidecar start");
     let pod = cri.run_pod("web").await?;

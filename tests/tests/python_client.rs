@@ -1,6 +1,6 @@
 //! A Python grpcio client (C-core, Debian's python3-grpcio) on the unix socket with its
-//! default channel settings: ListPods, a Watch that sees a `kill -9` of a real container, and
-//! grpc.health.v1 Check. Stubs are generated from plegd.proto at test time with Debian's
+//! default channel settings: ListPods, a Watch that sees a `kill -9` of a real container,
+//! SyncPods showing the container's pod with it exited, and grpc.health.v1 Check. Stubs are generated from plegd.proto at test time with Debian's
 //! protoc and grpc_python_plugin (protobuf-compiler-grpc); google/protobuf/timestamp.proto
 //! comes from python3-grpc-tools. All are installed by `cargo xtask setup`.
 
@@ -60,7 +60,7 @@ fn generate_stubs(out: &Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_grpcio_client_lists_watches_a_kill_and_checks_health() {
+async fn a_python_grpcio_client_lists_watches_a_kill_syncs_and_checks_health() {
     let stubs = tempfile::tempdir().unwrap();
     generate_stubs(stubs.path());
 
@@ -116,6 +116,7 @@ async fn a_python_grpcio_client_lists_watches_a_kill_and_checks_health() {
     }
     tasks.kill_init(&app).await.unwrap();
     let died = next_line().await;
+    let synced = next_line().await;
     let health = next_line().await;
     let output = tokio::time::timeout(DEADLINE, client.wait_with_output())
         .await
@@ -142,6 +143,16 @@ async fn a_python_grpcio_client_lists_watches_a_kill_and_checks_health() {
         words[1],
         plegd.last_of(&app)["sequence"].to_string(),
         "the API and stdout number the death alike"
+    );
+    // The pod's level after the death: exited 137, reflecting the death's event or a later one.
+    let synced = synced.unwrap();
+    let level: Vec<&str> = synced.split(' ').collect();
+    assert_eq!(level[0], "synced", "{synced}");
+    assert!(["RESYNC", "EVENT"].contains(&level[1]), "{synced}");
+    assert_eq!((level[2], level[3]), ("EXITED", "137"), "{synced}");
+    assert!(
+        level[4].parse::<u64>().unwrap() >= words[1].parse::<u64>().unwrap(),
+        "{synced} after {died}"
     );
     assert_eq!(health.as_deref(), Some("health SERVING"));
     plegd.stop().await;

@@ -15,8 +15,8 @@ use serde::Serialize;
 use tonic::{Code, Status, transport::Channel};
 
 use crate::output::{
-    OutputFormat, event_type_name, from_timestamp, latency_ms, observation, rfc3339, short,
-    source_name,
+    OutputFormat, event_type_name, from_timestamp, latency_ms, layer_name, observation, rfc3339,
+    short, source_name,
 };
 
 /// How long a one-shot command waits for the daemon.
@@ -92,6 +92,11 @@ pub struct WatchOptions {
     pub types: Vec<pb::EventType>,
     /// Also stream the kernel's observations ahead of confirmation.
     pub kernel_observations: bool,
+    /// Stream pod syncs (levels) instead of events (edges).
+    pub pod_syncs: bool,
+    /// With `pod_syncs`: start with a sync of every pod (it always does after a reconnection:
+    /// syncs cannot be resumed).
+    pub initial_syncs: bool,
 }
 
 /// Where the watch stands: the run and the next sequence wanted.
@@ -115,7 +120,11 @@ pub async fn watch<W: Write, N: Write>(
     let mut delay = Duration::from_millis(200);
     let mut header = false;
     loop {
-        let outcome = watch_once(options, &mut position, out, notes, &mut header).await;
+        let outcome = if options.pod_syncs {
+            syncs_once(options, out, &mut header).await
+        } else {
+            watch_once(options, &mut position, out, notes, &mut header).await
+        };
         match outcome {
             Ok(()) => writeln!(notes, "# stream ended; reconnecting")?,
             Err(ClientError::Rpc(status)) if status.code() == Code::ResourceExhausted => {
@@ -204,6 +213,104 @@ async fn watch_once<W: Write, N: Write>(
         out.flush()?;
     }
     Ok(())
+}
+
+/// One `SyncPods` call: prints syncs until the stream ends. The first call asks for initial
+/// syncs as the options say, every later one (`header` set) always.
+async fn syncs_once<W: Write>(
+    options: &WatchOptions,
+    out: &mut W,
+    header: &mut bool,
+) -> Result<(), ClientError> {
+    let mut client = connect(&options.socket).await?;
+    let request = pb::SyncPodsRequest {
+        pod_namespace: options.pod_namespace.clone(),
+        pod_name: options.pod_name.clone(),
+        pod_uid: options.pod_uid.clone(),
+        initial: options.initial_syncs || *header,
+    };
+    let mut stream = client.sync_pods(request).await?.into_inner();
+    if !*header && options.output == OutputFormat::Text {
+        writeln!(out, "{}", sync_header())?;
+        out.flush()?;
+    }
+    *header = true;
+    while let Some(sync) = stream.message().await? {
+        let line = SyncLine::new(&sync);
+        match options.output {
+            OutputFormat::Text => writeln!(out, "{}", line.row())?,
+            OutputFormat::Json => writeln!(out, "{}", json(&line))?,
+        }
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn sync_header() -> String {
+    format!(
+        "{:<24} {:>6}  {:<8} {:<32} CONTAINERS",
+        "READ AT", "SEQ", "REASON", "POD"
+    )
+}
+
+/// One pod sync as `plegd watch --pod-syncs` prints it.
+#[derive(Debug, Serialize)]
+pub struct SyncLine {
+    pub reason: &'static str,
+    pub sequence: u64,
+    pub run_id: String,
+    pub pod_uid: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    /// The pod's cached status; `null` once it is removed.
+    pub status: Option<PodReport>,
+}
+
+impl SyncLine {
+    pub fn new(sync: &pb::PodSync) -> Self {
+        Self {
+            reason: sync_reason_name(sync.reason()),
+            sequence: sync.sequence,
+            run_id: format!("{:x}", sync.run_id),
+            pod_uid: sync.pod_uid.clone(),
+            pod_namespace: sync.pod_namespace.clone(),
+            pod_name: sync.pod_name.clone(),
+            status: sync.status.as_ref().map(PodReport::new),
+        }
+    }
+
+    /// The table row: each container as `name state [exit code and reason]`.
+    pub fn row(&self) -> String {
+        let (read_at, containers) = match &self.status {
+            Some(status) => (
+                status.read_at.as_str(),
+                status
+                    .containers
+                    .iter()
+                    .map(ContainerReport::summary)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            None => ("-", "-".to_owned()),
+        };
+        format!(
+            "{read_at:<24} {:>6}  {:<8} {:<32} {containers}",
+            self.sequence,
+            self.reason,
+            format!("{}/{}", self.pod_namespace, self.pod_name),
+        )
+        .trim_end()
+        .to_owned()
+    }
+}
+
+fn sync_reason_name(reason: pb::SyncReason) -> &'static str {
+    match reason {
+        pb::SyncReason::Event => "event",
+        pb::SyncReason::Resync => "resync",
+        pb::SyncReason::Removed => "removed",
+        pb::SyncReason::Unspecified => "unknown",
+    }
 }
 
 fn table_header() -> String {
@@ -422,7 +529,7 @@ struct PodsReport {
 }
 
 #[derive(Debug, Serialize)]
-struct PodReport {
+pub struct PodReport {
     uid: String,
     namespace: String,
     name: String,
@@ -432,7 +539,7 @@ struct PodReport {
 }
 
 #[derive(Debug, Serialize)]
-struct ContainerReport {
+pub struct ContainerReport {
     id: String,
     name: String,
     sandbox: bool,
@@ -441,6 +548,8 @@ struct ContainerReport {
     state: &'static str,
     exit_code: Option<i32>,
     reason: String,
+    /// Which of the runtime's records the state comes from (`cri`, `task`).
+    confirmed_by: Option<&'static str>,
     created_at: String,
     started_at: String,
     finished_at: String,
@@ -448,38 +557,55 @@ struct ContainerReport {
 
 impl PodsReport {
     fn new(listing: &pb::ListPodsResponse) -> Self {
-        let pods = listing
-            .pods
-            .iter()
-            .map(|pod| PodReport {
-                uid: pod.uid.clone(),
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                read_at: rfc3339(from_timestamp(pod.timestamp.as_ref())),
-                containers: pod
-                    .containers
-                    .iter()
-                    .map(|c| ContainerReport {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        sandbox: c.sandbox,
-                        attempt: c.attempt,
-                        image: c.image.clone(),
-                        state: container_state_name(c.state()),
-                        exit_code: c.has_exit_code.then_some(c.exit_code),
-                        reason: c.reason.clone(),
-                        created_at: rfc3339(from_timestamp(c.created_at.as_ref())),
-                        started_at: rfc3339(from_timestamp(c.started_at.as_ref())),
-                        finished_at: rfc3339(from_timestamp(c.finished_at.as_ref())),
-                    })
-                    .collect(),
-            })
-            .collect();
         Self {
             run_id: format!("{:x}", listing.run_id),
             sequence: listing.sequence,
-            pods,
+            pods: listing.pods.iter().map(PodReport::new).collect(),
         }
+    }
+}
+
+impl PodReport {
+    fn new(pod: &pb::PodStatus) -> Self {
+        Self {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            read_at: rfc3339(from_timestamp(pod.timestamp.as_ref())),
+            containers: pod
+                .containers
+                .iter()
+                .map(|c| ContainerReport {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    sandbox: c.sandbox,
+                    attempt: c.attempt,
+                    image: c.image.clone(),
+                    state: container_state_name(c.state()),
+                    exit_code: c.has_exit_code.then_some(c.exit_code),
+                    reason: c.reason.clone(),
+                    confirmed_by: layer_name(c.confirmed_by()),
+                    created_at: rfc3339(from_timestamp(c.created_at.as_ref())),
+                    started_at: rfc3339(from_timestamp(c.started_at.as_ref())),
+                    finished_at: rfc3339(from_timestamp(c.finished_at.as_ref())),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ContainerReport {
+    /// `name state [exit code and reason]`, sandboxes named `sandbox`.
+    fn summary(&self) -> String {
+        let name = if self.sandbox { "sandbox" } else { &self.name };
+        let mut summary = format!("{name} {}", self.state);
+        if let Some(code) = self.exit_code {
+            summary.push_str(&format!(" {code}"));
+        }
+        if !self.reason.is_empty() {
+            summary.push_str(&format!(" {}", self.reason));
+        }
+        summary
     }
 }
 
@@ -568,5 +694,62 @@ mod tests {
         assert_eq!(json["latency_ms"], 4);
         assert_eq!(json["run_id"], "abc");
         assert!(table_header().starts_with("TIME"));
+    }
+
+    #[test]
+    fn a_sync_row_shows_each_container_and_json_the_whole_status() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let container = |name: &str, sandbox, state: pb::ContainerState| pb::ContainerStatus {
+            id: format!("{name}-id"),
+            name: name.into(),
+            sandbox,
+            state: state as i32,
+            ..pb::ContainerStatus::default()
+        };
+        let sync = pb::PodSync {
+            pod_uid: "u".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            reason: pb::SyncReason::Event as i32,
+            status: Some(pb::PodStatus {
+                uid: "u".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+                containers: vec![
+                    container("", true, pb::ContainerState::Running),
+                    pb::ContainerStatus {
+                        exit_code: 137,
+                        has_exit_code: true,
+                        reason: "Error".into(),
+                        confirmed_by: pb::Layer::Task as i32,
+                        ..container("app", false, pb::ContainerState::Exited)
+                    },
+                ],
+                timestamp: Some(at.into()),
+            }),
+            sequence: 12,
+            run_id: 0xabc,
+        };
+        let line = SyncLine::new(&sync);
+        assert_eq!(
+            line.row(),
+            "2027-01-15T08:00:00.000Z     12  event    default/web                      sandbox running, app exited 137 Error"
+        );
+        assert!(sync_header().starts_with("READ AT"));
+        let json = serde_json::to_value(&line).unwrap();
+        assert_eq!(json["reason"], "event");
+        assert_eq!(json["status"]["containers"][1]["exit_code"], 137);
+        assert_eq!(json["status"]["containers"][1]["confirmed_by"], "task");
+        let removed = SyncLine::new(&pb::PodSync {
+            reason: pb::SyncReason::Removed as i32,
+            status: None,
+            ..sync
+        });
+        assert!(serde_json::to_value(&removed).unwrap()["status"].is_null());
+        assert!(
+            removed
+                .row()
+                .ends_with("removed  default/web                      -")
+        );
     }
 }

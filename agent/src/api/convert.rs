@@ -15,6 +15,7 @@ use crate::{
         record::{ContainerRecord, ContainerState, Layer, PodRecord},
     },
     sources::status::{SourceState, SourceStatus},
+    sync_loop::{PodSync, SyncReason},
 };
 
 /// A wall-clock time as a protobuf timestamp.
@@ -86,6 +87,27 @@ pub fn observation(o: &Observation) -> Option<pb::Observation> {
         source: source(o.source) as i32,
         kind: Some(kind),
     })
+}
+
+/// A pod sync as served.
+pub fn pod_sync(sync: &PodSync, run_id: u64) -> pb::PodSync {
+    pb::PodSync {
+        pod_uid: sync.pod.0.clone(),
+        pod_namespace: sync.namespace.clone(),
+        pod_name: sync.name.clone(),
+        reason: sync_reason(sync.reason) as i32,
+        status: pod_status(&sync.status),
+        sequence: sync.sequence,
+        run_id,
+    }
+}
+
+pub fn sync_reason(r: SyncReason) -> pb::SyncReason {
+    match r {
+        SyncReason::Event => pb::SyncReason::Event,
+        SyncReason::Resync => pb::SyncReason::Resync,
+        SyncReason::Removed => pb::SyncReason::Removed,
+    }
 }
 
 /// A cached pod, or `None` on a cache miss.

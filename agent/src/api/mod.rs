@@ -33,6 +33,7 @@ use crate::{
         sink::EventSink,
     },
     sources::status::SourceRegistry,
+    sync_loop::SyncFeed,
 };
 
 /// A new run id: random, so a client can tell a restarted daemon (whose sequences start
@@ -62,6 +63,8 @@ pub struct Shared {
     pub bus: ApiBus,
     /// Kernel observations ahead of confirmation, for the watchers that ask.
     pub observations: ObservationBus,
+    /// The sync loop's pod syncs, for the `SyncPods` watchers.
+    pub syncs: SyncFeed,
     pub metrics: Metrics,
 }
 

@@ -13,6 +13,7 @@ use crate::{
     api::{Shared, convert},
     bus::{Ended, SubscribeError, Subscription},
     pleg::record::PodUid,
+    sync_loop::{PodSync, SyncReason, SyncSubscription},
 };
 
 /// A `Watch` that cannot start.
@@ -37,12 +38,26 @@ pub enum PodStatusError {
     NotFound(String),
 }
 
-/// Which events a watcher wants.
+/// Which pods a watcher wants: the filters `Watch` and `SyncPods` share (empty: any).
 #[derive(Clone, Debug, Default)]
-pub struct Filter {
+pub struct PodSelector {
     namespace: String,
     name: String,
     uid: String,
+}
+
+impl PodSelector {
+    pub fn matches(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        (self.namespace.is_empty() || self.namespace == namespace)
+            && (self.name.is_empty() || self.name == name)
+            && (self.uid.is_empty() || self.uid == uid)
+    }
+}
+
+/// Which events a watcher wants.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pods: PodSelector,
     types: Vec<i32>,
     observations: bool,
 }
@@ -58,9 +73,11 @@ impl Filter {
             return Err(WatchError::UnknownType(*bad));
         }
         Ok(Self {
-            namespace: request.pod_namespace.clone(),
-            name: request.pod_name.clone(),
-            uid: request.pod_uid.clone(),
+            pods: PodSelector {
+                namespace: request.pod_namespace.clone(),
+                name: request.pod_name.clone(),
+                uid: request.pod_uid.clone(),
+            },
             types: request.types.clone(),
             observations: request.include_observations,
         })
@@ -68,9 +85,9 @@ impl Filter {
 
     /// The event as this watcher gets it, or `None` when filtered out.
     pub fn apply(&self, event: &pb::Event) -> Option<pb::Event> {
-        let wanted = (self.namespace.is_empty() || self.namespace == event.pod_namespace)
-            && (self.name.is_empty() || self.name == event.pod_name)
-            && (self.uid.is_empty() || self.uid == event.pod_uid)
+        let wanted = self
+            .pods
+            .matches(&event.pod_namespace, &event.pod_name, &event.pod_uid)
             && (self.types.is_empty() || self.types.contains(&event.r#type));
         if !wanted {
             return None;
@@ -97,6 +114,58 @@ pub fn watch(
         });
     }
     Ok((shared.bus.subscribe(request.from_sequence)?, filter))
+}
+
+/// Starts a sync stream: subscribes to the sync loop's feed with the request's filters,
+/// then, with `initial`, queues a sync of every cached pod they keep (subscribed first: a
+/// sync the loop sends meanwhile coalesces with it, none is missed).
+pub fn sync_pods(shared: &Shared, request: &pb::SyncPodsRequest) -> SyncSubscription {
+    let pods = PodSelector {
+        namespace: request.pod_namespace.clone(),
+        name: request.pod_name.clone(),
+        uid: request.pod_uid.clone(),
+    };
+    let subscription = shared.syncs.subscribe(Box::new(move |sync| {
+        pods.matches(&sync.namespace, &sync.name, &sync.pod.0)
+    }));
+    if request.initial {
+        // The pods with the stream position they reflect, as ListPods reads them.
+        let _listing = shared.cache.listing();
+        let sequence = shared.bus.last_sequence();
+        for (pod, status) in shared.cache.pods() {
+            let Some(record) = &status.record else {
+                continue;
+            };
+            subscription.offer(PodSync {
+                pod,
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+                reason: SyncReason::Resync,
+                status,
+                sequence,
+            });
+        }
+    }
+    subscription
+}
+
+/// The syncs of a subscription as a response stream, ending with UNAVAILABLE at shutdown.
+fn sync_stream(
+    subscription: SyncSubscription,
+    run_id: u64,
+) -> impl Stream<Item = Result<pb::PodSync, Status>> + Send + 'static {
+    futures::stream::unfold(Some(subscription), move |state| async move {
+        let mut subscription = state?;
+        Some(match subscription.next().await {
+            Some(sync) => (Ok(convert::pod_sync(&sync, run_id)), Some(subscription)),
+            None => (
+                Err(Status::unavailable(
+                    "plegd is shutting down; call SyncPods again",
+                )),
+                None,
+            ),
+        })
+    })
 }
 
 /// One pod's cached status.
@@ -244,10 +313,12 @@ impl PlegService {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
+type SyncStream = Pin<Box<dyn Stream<Item = Result<pb::PodSync, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Pleg for PlegService {
     type WatchStream = EventStream;
+    type SyncPodsStream = SyncStream;
 
     async fn watch(
         &self,
@@ -292,6 +363,17 @@ impl Pleg for PlegService {
         _request: Request<pb::GetHealthRequest>,
     ) -> Result<Response<pb::Health>, Status> {
         Ok(Response::new(health(&self.shared)))
+    }
+
+    async fn sync_pods(
+        &self,
+        request: Request<pb::SyncPodsRequest>,
+    ) -> Result<Response<Self::SyncPodsStream>, Status> {
+        let subscription = sync_pods(&self.shared, request.get_ref());
+        Ok(Response::new(Box::pin(sync_stream(
+            subscription,
+            self.shared.bus.run_id(),
+        ))))
     }
 }
 

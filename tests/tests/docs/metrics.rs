@@ -62,6 +62,7 @@ fn every_family() -> Metrics {
     metrics.stream_reconnect(TriggerSource::Containerd);
     metrics.silent_stream(TriggerSource::Containerd);
     metrics.unconfirmed_hint(TriggerSource::Ebpf);
+    metrics.pod_synced("event", None);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
     metrics
 }

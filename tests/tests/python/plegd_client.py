@@ -1,6 +1,7 @@
 """A plegd.v1 client in Python (grpcio, C-core) with the channel's defaults, run by
 tests/tests/python_client.rs: ListPods, a Watch resumed from the listing that sees the kill of
-CONTAINER, and grpc.health.v1 Check. Prints one line per step; exits non-zero on any failure.
+CONTAINER, SyncPods whose initial syncs show the container's pod with it exited, and
+grpc.health.v1 Check. Prints one line per step; exits non-zero on any failure.
 
 Usage: plegd_client.py SOCKET STUBS_DIR CONTAINER_ID
 """
@@ -43,6 +44,19 @@ for event in events:
         break
 else:
     sys.exit("the watch ended without the container's death")
+
+# The pod's level: SyncPods with initial syncs starts with every pod's current status (or
+# with the pod's event sync, if one came meanwhile: the latest wins).
+syncs = pleg.SyncPods(plegd_pb2.SyncPodsRequest(initial=True), timeout=60)
+for sync in syncs:
+    mine = [c for c in sync.status.containers if c.id == container]
+    if mine:
+        say("synced", plegd_pb2.SyncReason.Name(sync.reason),
+            plegd_pb2.ContainerState.Name(mine[0].state), mine[0].exit_code, sync.sequence)
+        syncs.cancel()
+        break
+else:
+    sys.exit("the sync stream ended without the container's pod")
 
 # grpc.health.v1 without its generated stubs: HealthCheckRequest{service: ""} is empty, and
 # HealthCheckResponse is field 1, a varint status (1: SERVING, 2: NOT_SERVING).

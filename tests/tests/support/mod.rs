@@ -246,7 +246,16 @@ impl RunningPlegd {
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
-                daemon::serve(runtime, push, &config, writer, shutdown, Some(started_tx)).await
+                daemon::serve(
+                    runtime,
+                    push,
+                    &config,
+                    writer,
+                    (),
+                    shutdown,
+                    Some(started_tx),
+                )
+                .await
             }
         });
         let shared = started_rx.await.expect("daemon started");
