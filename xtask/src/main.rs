@@ -6,6 +6,7 @@
 
 mod audit;
 mod bench;
+mod buf;
 mod cmd;
 mod containerd;
 mod demo;

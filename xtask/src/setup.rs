@@ -11,14 +11,17 @@
 //! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
 //! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
 //!    from Debian's archive with a private apt configuration and unpacked under
-//!    [`CONTAINERD_ROOT`], never installed over the system's.
+//!    [`CONTAINERD_ROOT`], never installed over the system's;
+//! 7. buf ([`buf::BUF_VERSION`], npm's `@bufbuild/buf`, for the API checks of `cargo xtask
+//!    test`) in an npm prefix of its own under `.xtask/` in the workspace (Debian's `npm`
+//!    installed first when no `npm` runs).
 //!
 //! With `--vm`, also what `cargo xtask kernels` needs to boot other kernels in a VM (its rows in
 //! the summary start with `kernels:`):
-//! 7. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
-//! 8. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
+//! 8. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
+//! 9. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
 //!    of that series is installed already;
-//! 9. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
+//! 10. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
 //!    workspace (Debian's python refuses system-wide `pip install` (PEP 668), and a venv keeps
 //!    the project's tools out of the node's Python).
 //!
@@ -38,6 +41,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
+    buf,
     cmd::{capture, failure, output, stream},
     workspace,
 };
@@ -270,6 +274,7 @@ fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>>
     cargo_fuzz(opts, &mut summary)?;
     tracefs(opts, &mut summary)?;
     containerd_releases(opts, &mut summary)?;
+    buf_cli(opts, &mut summary)?;
     let vm = if series.is_empty() {
         None
     } else {
@@ -977,6 +982,87 @@ fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
         format!("{wanted} ({})", vng.display()),
     );
     Ok(Some(vng))
+}
+
+/// The Debian package holding npm, installed only when no `npm` runs: NodeSource's `nodejs`
+/// carries its own npm and conflicts with Debian's, so it is not in [`APT_PACKAGES`].
+const NPM_PACKAGE: &str = "npm";
+
+/// buf in its npm prefix, installed with npm when missing or another version.
+fn buf_cli(opts: &Options, summary: &mut Summary) -> Result<()> {
+    const STEP: &str = "buf";
+    let prefix = workspace::root().join(buf::BUF_PREFIX);
+    let program = buf::program();
+    let wanted = buf::BUF_VERSION;
+    let found = if program.exists() {
+        buf::version(&program).ok()
+    } else {
+        None
+    };
+    let detail = format!("buf {wanted} ({})", program.display());
+    if found.as_deref() == Some(wanted) {
+        say(STEP, format!("already installed: {detail}"));
+        summary.add(STEP, State::Present, detail);
+        return Ok(());
+    }
+    let why = match &found {
+        Some(other) => format!("{} is buf {other}", program.display()),
+        None => format!("no {}", program.display()),
+    };
+    let npm = find_program("npm", &[]);
+    if opts.check {
+        let npm = if npm.is_some() { "" } else { " (and no npm)" };
+        say(STEP, format!("missing: {why}{npm}"));
+        summary.add(STEP, State::Missing, format!("{why}{npm}"));
+        return Ok(());
+    }
+    let npm = match npm {
+        Some(npm) => npm,
+        None => {
+            say(
+                STEP,
+                format!("no npm: installing apt package {NPM_PACKAGE}"),
+            );
+            install_packages(&[NPM_PACKAGE])?;
+            find_program("npm", &[]).with_context(|| {
+                format!("apt package {NPM_PACKAGE} is installed but npm is not found")
+            })?
+        }
+    };
+    say(
+        STEP,
+        format!(
+            "{why}: installing @bufbuild/buf@{wanted} from npm into {}",
+            prefix.display()
+        ),
+    );
+    stream(
+        Command::new(npm)
+            .arg("install")
+            .arg("--prefix")
+            .arg(&prefix)
+            .args([
+                "--no-audit",
+                "--no-fund",
+                "--save-exact",
+                // Its postinstall only swaps the node launcher for the binary; newer npm skips
+                // it unless approved, and buf runs the same without it.
+                "--ignore-scripts",
+                &format!("@bufbuild/buf@{wanted}"),
+            ])
+            // Out of the workspace: npm must not take its root for a package.
+            .current_dir(env::temp_dir()),
+    )
+    .context("npm install @bufbuild/buf failed")?;
+    let version = buf::version(&program).context("the freshly installed buf does not run")?;
+    if version != wanted {
+        bail!(
+            "npm installed {}, which says {version:?}, not {wanted:?}",
+            program.display()
+        );
+    }
+    summary.add(STEP, State::Installed, detail);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

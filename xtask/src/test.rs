@@ -1,8 +1,8 @@
-//! `cargo xtask test`: set the machine up, check format and lints, run every test, unit and
-//! end-to-end (the latter against a private containerd, runc and the real kernel; root), then
-//! the event-source and eBPF suites on containerd 1.7 and 2.1, then `cargo xtask kernels
-//! --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel, in a VM, and each fuzz
-//! target for a few seconds.
+//! `cargo xtask test`: set the machine up, check format, lints and the API's compatibility
+//! (buf), run every test, unit and end-to-end (the latter against a private containerd, runc
+//! and the real kernel; root), then the event-source and eBPF suites on containerd 1.7 and 2.1,
+//! then `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel,
+//! in a VM, and each fuzz target for a few seconds.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 use crate::{
-    audit,
+    audit, buf,
     cmd::{render, stream},
     fuzz, harness, kernels,
     setup::{self, KernelSeries},
@@ -21,7 +21,8 @@ use crate::{
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {
-    /// Skip `cargo fmt --check`, `cargo clippy` and `cargo deny` (licenses, bans, sources).
+    /// Skip `cargo fmt --check`, `cargo clippy`, `cargo deny` (licenses, bans, sources) and
+    /// the API checks (`buf lint`, `buf breaking`).
     #[arg(long)]
     pub no_lint: bool,
     /// Skip the quick eBPF check on Linux 6.1 in a VM (`cargo xtask kernels --kernel 6.1
@@ -68,6 +69,11 @@ pub fn run(opts: &Options) -> Result<()> {
             "dependencies (cargo deny: licenses, bans, sources; `cargo xtask audit` adds advisories)",
         );
         audit::offline()?;
+        step(&format!(
+            "API compatibility (buf lint; buf breaking against the proto at {})",
+            &buf::BASELINE[..7]
+        ));
+        buf::check()?;
     }
     step("tests");
     let mut test = Command::new(cargo);
