@@ -35,8 +35,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Install and check everything the build and the tests need on this machine (run as root):
-    /// apt packages, nightly rust-src, bpf-linker, tracefs; with `--vm` also QEMU, Debian's 6.1
-    /// and 6.12 kernels and virtme-ng for `kernels`. Idempotent.
+    /// apt packages, nightly rust-src, bpf-linker, tracefs, buf; with `--vm` also QEMU, Debian's
+    /// 6.1 and 6.12 kernels and virtme-ng for `kernels`. Idempotent.
     Setup(setup::Options),
     /// Start, stop or query a private containerd (never the node's own), for trying plegd by
     /// hand: `cargo xtask containerd start`.
@@ -59,8 +59,8 @@ enum Command {
     /// Regenerate the reference pages under docs/ (configuration, man pages, API, metrics)
     /// from the code; `cargo test` fails while they are out of date.
     Docs(docs::Options),
-    /// Set up, check format and lints, and run every test, unit and end-to-end (as root), then
-    /// the quick eBPF check on Linux 6.1 in a VM.
+    /// Set up, check format, lints and the API's compatibility (buf), and run every test, unit
+    /// and end-to-end (as root), then the quick eBPF check on Linux 6.1 in a VM.
     Test(test::Options),
     /// Build plegd's OCI image tarball (release binary and the shared libraries it loads) into
     /// the target directory and print its path; no registry or container engine needed.
