@@ -62,6 +62,16 @@ pub fn check() -> Result<()> {
     let root = workspace::root();
     let module = root.join(MODULE);
     lint(&buf, &module)?;
+    // A clone without the baseline (shallow, or not a git checkout) cannot compare: lint still
+    // ran, and the skip is said rather than failed, since nothing about the proto is wrong.
+    if !has_commit(&root, BASELINE) {
+        eprintln!(
+            "buf: breaking check skipped: this checkout lacks the baseline commit {} (a shallow \
+             clone? `git fetch --unshallow` brings it)",
+            &BASELINE[..7]
+        );
+        return Ok(());
+    }
     let baseline = tempfile::tempdir().context("creating a directory for the baseline proto")?;
     let against = export(&root, BASELINE, baseline.path())?;
     breaking(&buf, &module, &against).with_context(|| {
@@ -113,6 +123,17 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
     )
 }
 
+/// Whether the git checkout at `root` holds the commit `rev`.
+fn has_commit(root: &Path, rev: &str) -> bool {
+    Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["cat-file", "-e", &format!("{rev}^{{commit}}")])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
 /// Writes the proto module as it was at `rev` under `dir` (`git archive`, which works the same
 /// in a worktree, where `.git` is a file) and returns the module's directory there.
 fn export(root: &Path, rev: &str, dir: &Path) -> Result<PathBuf> {
@@ -149,6 +170,17 @@ fn export(root: &Path, rev: &str, dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_the_checkout_lacks_is_told_apart() {
+        let root = workspace::root();
+        assert!(has_commit(&root, "HEAD"));
+        assert!(!has_commit(
+            &root,
+            "0123456789abcdef0123456789abcdef01234567"
+        ));
+        assert!(!has_commit(Path::new("/nonexistent"), "HEAD"));
+    }
 
     /// buf when setup installed it; `None` (the test then says why it does nothing) otherwise.
     fn installed_buf() -> Option<PathBuf> {
