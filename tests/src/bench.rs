@@ -89,6 +89,8 @@ pub struct Plegd {
     /// The whole `run` command line, to start it again the same way.
     command: Vec<std::ffi::OsString>,
     dir: PathBuf,
+    /// The cgroup it is born in, if not the caller's.
+    cgroup: Option<PathBuf>,
 }
 
 impl Plegd {
@@ -111,6 +113,38 @@ impl Plegd {
         dir: &Path,
         args: &[String],
         stdout: Stdio,
+    ) -> anyhow::Result<Self> {
+        Self::start_in(binary, containerd, dir, args, stdout, None)
+    }
+
+    /// [`Plegd::start_with_stdout`] with the daemon born in `cgroup` (a directory of cgroupfs,
+    /// v1 or v2): everything it ever allocates is charged there, its start included. A
+    /// restart is born there too.
+    pub fn start_in_cgroup(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+        stdout: Stdio,
+        cgroup: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::start_in(
+            binary,
+            containerd,
+            dir,
+            args,
+            stdout,
+            Some(cgroup.to_owned()),
+        )
+    }
+
+    fn start_in(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+        stdout: Stdio,
+        cgroup: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("plegd.sock");
@@ -135,7 +169,7 @@ impl Plegd {
             command.extend(["--state-dir".into(), "none".into()]);
         }
         command.extend(args.iter().map(Into::into));
-        let process = Self::spawn(binary, &command, dir, stdout)?;
+        let process = Self::spawn(binary, &command, dir, stdout, cgroup.as_deref())?;
         let plegd = Self {
             process,
             socket,
@@ -143,6 +177,7 @@ impl Plegd {
             binary: binary.to_owned(),
             command,
             dir: dir.to_owned(),
+            cgroup,
         };
         plegd.await_healthy()?;
         Ok(plegd)
@@ -153,17 +188,23 @@ impl Plegd {
         command: &[std::ffi::OsString],
         dir: &Path,
         stdout: Stdio,
+        cgroup: Option<&Path>,
     ) -> anyhow::Result<Terminating> {
         // Appended to: a restarted daemon's log follows the one before.
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("plegd.log"))?;
-        let child = Command::new(binary)
+        let mut daemon = Command::new(binary);
+        daemon
             .args(command)
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(log)
+            .stderr(log);
+        if let Some(cgroup) = cgroup {
+            crate::process::born_in_cgroup(&mut daemon, cgroup)?;
+        }
+        let child = daemon
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
         Ok(Terminating(child))
@@ -195,7 +236,13 @@ impl Plegd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.process = Self::spawn(&self.binary, &self.command, &self.dir, Stdio::null())?;
+        self.process = Self::spawn(
+            &self.binary,
+            &self.command,
+            &self.dir,
+            Stdio::null(),
+            self.cgroup.as_deref(),
+        )?;
         self.await_healthy()
     }
 
@@ -501,11 +548,21 @@ fn clock_ticks() -> u64 {
 
 /// A process's resident memory in bytes (VmRSS).
 pub fn rss_bytes(pid: i32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The most resident memory a process has had, in bytes (VmHWM, its high-water mark).
+pub fn peak_rss_bytes(pid: i32) -> u64 {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A `kB` field of /proc/<pid>/status, in bytes (0 when the process is gone).
+fn status_bytes(pid: i32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .unwrap_or(0)

@@ -117,6 +117,23 @@ pub fn new_session(command: &mut Command) {
     }
 }
 
+/// Makes the child join `cgroup` (a cgroupfs directory, v1 or v2) before it runs anything, so
+/// all it allocates is charged there.
+pub fn born_in_cgroup(command: &mut Command, cgroup: &Path) -> std::io::Result<()> {
+    let procs = fs::OpenOptions::new()
+        .write(true)
+        .open(cgroup.join("cgroup.procs"))?;
+    // SAFETY: write(2) is async-signal-safe; the file was opened before the fork and the
+    // closure allocates nothing. "0" is the writing process itself.
+    unsafe {
+        command.pre_exec(move || {
+            nix::unistd::write(&procs, b"0").map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 /// Whether `binary` is an executable file in one of PATH's directories.
 pub fn in_path(binary: &str) -> bool {
     which(binary).is_some()

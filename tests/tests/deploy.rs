@@ -115,6 +115,20 @@ fn the_systemd_unit_matches_plegds_defaults_and_the_daemonset() {
         assert_eq!(unit_caps, pod_caps, "{key}");
     }
     assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
+    // One memory bound: the unit's MemoryMax= (M: MiB) is the pod's limit (Mi), the one
+    // tests/tests/memory_limit.rs runs plegd under.
+    let limits = container
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        limits.get("memory").map(|q| q.0.clone()),
+        unit_setting(&unit, "MemoryMax")
+            .strip_suffix('M')
+            .map(|mib| format!("{mib}Mi")),
+        "the DaemonSet's memory limit is the unit's MemoryMax="
+    );
 }
 
 /// The `plegd run` file keys: the flags' long names, less `config` (not a file key).

@@ -3,11 +3,16 @@
 //! SyncPods showing the container's pod with it exited, and grpc.health.v1 Check. Stubs are generated from plegd.proto at test time with Debian's
 //! protoc and grpc_python_plugin (protobuf-compiler-grpc); google/protobuf/timestamp.proto
 //! comes from python3-grpc-tools. All are installed by `cargo xtask setup`.
+//!
+//! README's snippet ("Clients in other languages") runs too, unchanged but for the socket's
+//! path, with Debian's grpcio and with the current grpcio from PyPI, installed by pip into a
+//! venv under the target directory (kept: reruns reuse it). Without the registry that run is
+//! skipped, and says so.
 
 mod support;
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -15,13 +20,18 @@ use std::{
 use plegd::runtime::RuntimeKind;
 use plegd_tests::{Node, cri::ContainerSpec};
 use support::{RunningPlegd, config};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 
 /// Debian's Python, where its python3-grpcio lives (a `python3` earlier in PATH, such as a
 /// pyenv shim, may not have it).
 const PYTHON: &str = "/usr/bin/python3";
 const GRPC_PYTHON_PLUGIN: &str = "/usr/bin/grpc_python_plugin";
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The venv holding PyPI's grpcio, kept across runs.
+const PYPI_VENV: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/python-grpcio-venv");
+/// The socket path README's snippet dials; the test's own replaces it.
+const README_SOCKET: &str = "/run/plegd/plegd.sock";
 
 /// Generates the Python stubs of plegd.v1 into `out`.
 fn generate_stubs(out: &Path) {
@@ -157,4 +167,201 @@ async fn a_python_grpcio_client_lists_watches_a_kill_syncs_and_checks_health() {
     assert_eq!(health.as_deref(), Some("health SERVING"));
     plegd.stop().await;
     api.stopped().await;
+}
+
+/// The venv's Python with PyPI's current grpcio and grpcio-tools: made, and pip-installed,
+/// once; pip's error output when it cannot install them.
+fn pypi_grpcio() -> Result<PathBuf, String> {
+    let venv = Path::new(PYPI_VENV);
+    let python = venv.join("bin/python");
+    let ready = || {
+        Command::new(&python)
+            .args(["-c", "import grpc, grpc_tools"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready() {
+        return Ok(python);
+    }
+    let made = Command::new(PYTHON)
+        .args(["-m", "venv", "--clear"])
+        .arg(venv)
+        .output()
+        .expect("running python3 -m venv");
+    assert!(
+        made.status.success(),
+        "python3 -m venv failed (python3-venv missing? run `cargo xtask setup`): {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--upgrade", "grpcio", "grpcio-tools"])
+        .output()
+        .expect("running the venv's pip");
+    if !installed.status.success() {
+        return Err(String::from_utf8_lossy(&installed.stderr).into_owned());
+    }
+    assert!(
+        ready(),
+        "grpcio installed but not importable in {}",
+        venv.display()
+    );
+    Ok(python)
+}
+
+/// Generates the stubs with `python`'s own grpcio-tools (stubs from Debian's protoc may be
+/// older than a current protobuf runtime accepts).
+fn generate_stubs_with(python: &Path, out: &Path) {
+    let protos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/proto");
+    let generated = Command::new(python)
+        .args(["-m", "grpc_tools.protoc", "-I"])
+        .arg(&protos)
+        .arg(format!("--python_out={}", out.display()))
+        .arg(format!("--grpc_python_out={}", out.display()))
+        .arg("plegd/v1/plegd.proto")
+        .output()
+        .expect("running grpc_tools.protoc");
+    assert!(
+        generated.status.success(),
+        "generating the Python stubs with grpc_tools.protoc: {}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+}
+
+/// README's Python snippet, as README has it.
+fn readme_snippet() -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let section = readme
+        .split_once("### Clients in other languages")
+        .expect("README has a section \"Clients in other languages\"")
+        .1;
+    let code = section
+        .split_once("```python\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the section has a Python snippet")
+        .0;
+    assert!(
+        code.contains(README_SOCKET),
+        "README's snippet dials {README_SOCKET}"
+    );
+    code.to_owned()
+}
+
+fn grpcio_version(python: &Path) -> String {
+    let output = Command::new(python)
+        .args(["-c", "import grpc; print(grpc.__version__)"])
+        .output()
+        .expect("running python");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// README's snippet under `python` (stubs in `stubs`) against a plegd on the harness: it must
+/// print the ContainerStarted of a container started after the snippet did. Containers are
+/// started one after another until one is printed: one started before the snippet's
+/// ListPods answered is in the listing, not in the watch.
+async fn readme_snippet_prints_events(python: &Path, stubs: &Path) {
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
+    let settings = config(
+        RuntimeKind::Cri,
+        &containerd.socket(),
+        Duration::from_millis(100),
+    );
+    let (plegd, api) = RunningPlegd::start_serving_api(settings).await;
+    let program = format!(
+        "import sys\nsys.path.insert(0, {stubs:?})\nimport grpc\n\
+         from plegd.v1 import plegd_pb2, plegd_pb2_grpc\n{}",
+        readme_snippet().replace(README_SOCKET, &api.socket.display().to_string()),
+        stubs = stubs.display().to_string(),
+    );
+    let mut client = tokio::process::Command::new(python)
+        .args(["-u", "-c", &program])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting README's snippet");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let (mut printed, mut event) = (String::new(), String::new());
+    let pod = cri.run_pod("snippet").await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut n = 0;
+    'containers: loop {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper(&format!("app-{n}")))
+            .await
+            .unwrap();
+        n += 1;
+        let this_one = (tokio::time::Instant::now() + Duration::from_secs(3)).min(deadline);
+        while let Ok(line) = tokio::time::timeout_at(this_one, lines.next_line()).await {
+            let Some(line) = line.unwrap() else {
+                let mut stderr = String::new();
+                client
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr)
+                    .await
+                    .unwrap();
+                panic!(
+                    "README's snippet (grpcio {}) ended: {stderr}",
+                    grpcio_version(python)
+                );
+            };
+            printed.push_str(&line);
+            printed.push('\n');
+            // print(event) ends each event with an empty line.
+            if line.is_empty() && event.contains(&id) {
+                break 'containers;
+            }
+            if line.is_empty() {
+                event.clear();
+            } else {
+                event.push_str(&line);
+                event.push('\n');
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "README's snippet (grpcio {}) printed no event of {n} containers started after \
+             it: {printed}",
+            grpcio_version(python)
+        );
+    }
+    eprintln!(
+        "README's snippet with grpcio {} printed: {printed}",
+        grpcio_version(python)
+    );
+    assert!(event.contains("type: CONTAINER_STARTED"), "{event}");
+    client.kill().await.unwrap();
+    plegd.stop().await;
+    api.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readmes_python_snippet_works_with_debians_grpcio() {
+    let stubs = tempfile::tempdir().unwrap();
+    generate_stubs(stubs.path());
+    readme_snippet_prints_events(Path::new(PYTHON), stubs.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readmes_python_snippet_works_with_current_grpcio_from_pypi() {
+    let python = match pypi_grpcio() {
+        Ok(python) => python,
+        Err(pip) => {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipping the PyPI grpcio run: pip cannot install grpcio from the registry: \
+                 {pip}"
+            );
+            return;
+        }
+    };
+    let stubs = tempfile::tempdir().unwrap();
+    generate_stubs_with(&python, stubs.path());
+    readme_snippet_prints_events(&python, stubs.path()).await;
 }

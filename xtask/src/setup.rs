@@ -48,7 +48,8 @@ use crate::{
 
 /// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the tests
 /// need: the harness (a private containerd, runc, a busybox image); the Python client test
-/// (grpcio; grpc_python_plugin for its stubs; grpc-tools for the well-known .protos);
+/// (grpcio; grpc_python_plugin for its stubs; grpc-tools for the well-known .protos;
+/// python3-venv for the venv it installs PyPI's current grpcio into);
 /// `systemd` for `systemd-analyze verify` of deploy/systemd/plegd.service (tests/tests/deploy.rs;
 /// the package installs without being PID 1); `binutils` for `strip` (the DaemonSet test's
 /// image). `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and
@@ -67,6 +68,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-grpcio",
     "python3-grpc-tools",
     "protobuf-compiler-grpc",
+    "python3-venv",
 ];
 
 /// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).

@@ -35,6 +35,7 @@ pub use crate::config::DEFAULT_SOCKET;
 use crate::{
     api::{
         Shared,
+        authority::AuthorityFix,
         cut::Cuttable,
         peers::{PeerAllowList, SocketAccess},
         server::PlegService,
@@ -214,7 +215,7 @@ impl Listeners {
                 UnixListenerStream::new(unix)
                     // A refused peer's connection is dropped here, closed before any gRPC.
                     .try_filter(move |io| std::future::ready(admit(&peers, io)))
-                    .map_ok(|io| Cuttable::new(io, &cut)),
+                    .map_ok(|io| Cuttable::new(AuthorityFix::new(io), &cut)),
                 stopping.clone(),
             );
         let tcp = async {

@@ -6,9 +6,12 @@
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
 //! - `peers`: who may use the unix socket (SO_PEERCRED allow-list) and its file modes.
 //! - `cut`: connections cut at shutdown when their watcher stopped reading.
+//! - `authority`: unix-socket requests whose `:authority` h2 would refuse (a socket path),
+//!   read as `localhost`.
 //! - `observations`: kernel observations streamed ahead of confirmation, on request.
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
+mod authority;
 pub mod client;
 pub(crate) mod convert;
 mod cut;

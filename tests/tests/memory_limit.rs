@@ -1,0 +1,327 @@
+//! plegd under the memory limit its systemd unit sets (deploy/systemd/plegd.service's
+//! `MemoryMax=`, read from the unit, never restated here), through a burst of container
+//! lifecycles with two consumers that never read (its own stdout and an API watcher): it stays
+//! alive, its memory cgroup saw no OOM kill, and a reading watcher got every transition of
+//! every container.
+//!
+//! plegd is born in a memory cgroup the test creates (cgroup2's `memory.max` where cgroup2 has
+//! the memory controller, else v1's `memory.limit_in_bytes`) and removes after, so its start
+//! is charged there too. The burst: [`CONTAINERS`] containers started (all running at once),
+//! killed with SIGKILL and removed, through CRI on the harness's containerd.
+//! `PLEGD_TEST_MEMORY_CONTAINERS` changes their number (README's measurement used 300) and
+//! `PLEGD_TEST_MEMORY_LIMIT` (bytes, or with K/M/G) the limit: a limit far below it shows the
+//! test fail.
+
+mod support;
+
+use std::{
+    io::PipeReader,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_cri::v1::ContainerState;
+use plegd_tests::{
+    Node,
+    bench::{Plegd, cpu_time, peak_rss_bytes},
+    cri::{ContainerSpec, Cri, Pod},
+    native::Native,
+    process::{Terminating, is_alive, plegd_binary},
+};
+use tokio::{sync::Semaphore, task::JoinSet};
+
+/// Containers in the burst, all running at once before they are killed.
+const CONTAINERS: usize = 100;
+/// Pods the containers share.
+const PODS: usize = 10;
+/// CRI calls in flight at once.
+const IN_FLIGHT: usize = 16;
+const DEADLINE: Duration = Duration::from_secs(120);
+const UNIT: &str = "../deploy/systemd/plegd.service";
+
+/// A memory size: digits with an optional K, M or G (powers of 1024), as systemd writes it.
+fn parse_size(text: &str) -> u64 {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last() {
+        Some((at, 'K')) => (&text[..at], 1 << 10),
+        Some((at, 'M')) => (&text[..at], 1 << 20),
+        Some((at, 'G')) => (&text[..at], 1 << 30),
+        _ => (text, 1),
+    };
+    digits
+        .parse::<u64>()
+        .unwrap_or_else(|e| panic!("memory size {text:?}: {e}"))
+        * unit
+}
+
+/// The unit's `MemoryMax=`, or `PLEGD_TEST_MEMORY_LIMIT`.
+fn memory_limit() -> u64 {
+    if let Ok(limit) = std::env::var("PLEGD_TEST_MEMORY_LIMIT") {
+        return parse_size(&limit);
+    }
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join(UNIT);
+    let text = std::fs::read_to_string(&unit).unwrap();
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemoryMax="))
+        .unwrap_or_else(|| panic!("{} sets no MemoryMax=", unit.display()));
+    parse_size(value)
+}
+
+fn containers() -> usize {
+    std::env::var("PLEGD_TEST_MEMORY_CONTAINERS").map_or(CONTAINERS, |n| {
+        n.parse().expect("PLEGD_TEST_MEMORY_CONTAINERS: a number")
+    })
+}
+
+/// Which memory controller holds the cgroup.
+#[derive(Clone, Copy, Debug)]
+enum Controller {
+    V1,
+    V2,
+}
+
+/// A memory cgroup of the test's, removed when dropped.
+struct MemoryCgroup {
+    dir: PathBuf,
+    controller: Controller,
+}
+
+impl MemoryCgroup {
+    /// Creates `name` with `limit` in cgroup2 if it has the memory controller, else in v1's
+    /// memory hierarchy.
+    fn create(name: &str, limit: u64) -> Self {
+        let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(Path::new)
+            .find(|root| {
+                std::fs::read_to_string(root.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+            });
+        let (root, controller) = match v2 {
+            Some(root) => (root.to_owned(), Controller::V2),
+            None => (PathBuf::from("/sys/fs/cgroup/memory"), Controller::V1),
+        };
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no memory controller: neither cgroup2 nor v1's /sys/fs/cgroup/memory"
+        );
+        if let Controller::V2 = controller {
+            std::fs::write(root.join("cgroup.subtree_control"), "+memory").unwrap();
+        }
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        let cgroup = Self { dir, controller };
+        let (file, swap) = match controller {
+            Controller::V2 => ("memory.max", Some("memory.swap.max")),
+            Controller::V1 => ("memory.limit_in_bytes", None),
+        };
+        cgroup.write(file, &limit.to_string());
+        // The limit is on memory, not memory and swap: no swapping around it.
+        if let Some(swap) = swap.filter(|s| cgroup.dir.join(s).exists()) {
+            cgroup.write(swap, "0");
+        }
+        assert_eq!(cgroup.read(file).trim(), limit.to_string(), "{file}");
+        cgroup
+    }
+
+    fn write(&self, file: &str, value: &str) {
+        std::fs::write(self.dir.join(file), value).unwrap_or_else(|e| {
+            panic!("writing {value} to {}: {e}", self.dir.join(file).display())
+        });
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_else(|e| panic!("reading {}: {e}", self.dir.join(file).display()))
+    }
+
+    /// A `key value` line of a flat-keyed file (memory.events, memory.oom_control).
+    fn key(&self, file: &str, key: &str) -> u64 {
+        self.read(file)
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{file} has no {key}"))
+    }
+
+    /// Processes the cgroup's memory controller OOM-killed.
+    fn oom_kills(&self) -> u64 {
+        match self.controller {
+            Controller::V2 => self.key("memory.events", "oom_kill"),
+            Controller::V1 => self.key("memory.oom_control", "oom_kill"),
+        }
+    }
+
+    /// The most memory charged to the cgroup at once.
+    fn peak(&self) -> u64 {
+        let file = match self.controller {
+            Controller::V2 => "memory.peak",
+            Controller::V1 => "memory.max_usage_in_bytes",
+        };
+        self.read(file).trim().parse().unwrap()
+    }
+
+    /// Times the usage reached the limit (and the kernel reclaimed, or failed to).
+    fn at_limit(&self) -> u64 {
+        match self.controller {
+            Controller::V2 => self.key("memory.events", "max"),
+            Controller::V1 => self.read("memory.failcnt").trim().parse().unwrap(),
+        }
+    }
+
+    fn holds(&self, pid: i32) -> bool {
+        self.read("cgroup.procs")
+            .lines()
+            .any(|l| l.trim() == pid.to_string())
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The daemon it held may still be exiting: an empty cgroup can go.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(e) = std::fs::remove_dir(&self.dir) {
+            if Instant::now() > deadline {
+                eprintln!("removing {}: {e}", self.dir.display());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A `plegd watch` on `socket` whose output nobody reads: its stream stalls once the pipe
+/// and HTTP/2's windows are full.
+fn stalled_watcher(binary: &Path, socket: &Path) -> (Terminating, PipeReader) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let child = Command::new(binary)
+        .arg("watch")
+        .arg("--socket")
+        .arg(socket)
+        .args(["--output", "json", "--from", "1"])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Terminating(child), reader)
+}
+
+/// Runs a sleeper per name, [`IN_FLIGHT`] at a time; returns the ids in order.
+async fn run_all(cri: &Cri, pods: &[Pod], count: usize) -> Vec<String> {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut started = JoinSet::new();
+    for n in 0..count {
+        let (cri, pod, permits) = (cri.clone(), pods[n % pods.len()].clone(), permits.clone());
+        started.spawn(async move {
+            let _permit = permits.acquire().await.unwrap();
+            let id = cri
+                .run_container(&pod, &ContainerSpec::sleeper(&format!("burst-{n}")))
+                .await
+                .unwrap();
+            (n, id)
+        });
+    }
+    let mut ids = started.join_all().await;
+    ids.sort();
+    ids.into_iter().map(|(_, id)| id).collect()
+}
+
+/// Kills each container's init with SIGKILL, waits for CRI to say exited, removes it.
+async fn kill_and_remove_all(cri: &Cri, tasks: &Native, ids: &[String]) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut ended = JoinSet::new();
+    for id in ids {
+        let (cri, tasks, permits, id) = (cri.clone(), tasks.clone(), permits.clone(), id.clone());
+        ended.spawn(async move {
+            let _permit = permits.acquire().await.unwrap();
+            tasks.kill_init(&id).await.unwrap();
+            cri.wait_state(&id, ContainerState::ContainerExited, DEADLINE)
+                .await
+                .unwrap();
+            cri.remove_container(&id).await.unwrap();
+        });
+    }
+    ended.join_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plegd_stays_alive_under_its_memory_limit_through_a_burst() {
+    let limit = memory_limit();
+    let count = containers();
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let binary = plegd_binary().unwrap();
+    let cgroup = MemoryCgroup::create(&format!("plegd-memory-test-{}", std::process::id()), limit);
+    let dir = tempfile::tempdir().unwrap();
+
+    // Its own stdout: a pipe nobody reads.
+    let (_unread_stdout, stdout) = std::io::pipe().unwrap();
+    let plegd = Plegd::start_in_cgroup(
+        &binary,
+        &containerd,
+        dir.path(),
+        &[],
+        stdout.into(),
+        &cgroup.dir,
+    )
+    .unwrap();
+    assert!(cgroup.holds(plegd.pid()), "plegd runs in the test's cgroup");
+    let watch = plegd.watch_from_start().unwrap();
+    let (_stalled, _unread_watch) = stalled_watcher(&binary, &plegd.socket);
+    let cpu_before = cpu_time(plegd.pid());
+    let began = Instant::now();
+
+    let mut pods = Vec::new();
+    for n in 0..PODS {
+        pods.push(cri.run_pod(&format!("memory-{n}")).await.unwrap());
+    }
+    let ids = run_all(&cri, &pods, count).await;
+    kill_and_remove_all(&cri, &tasks, &ids).await;
+    for pod in &pods {
+        cri.remove_pod(pod).await.unwrap();
+    }
+
+    let mut missing = Vec::new();
+    for id in &ids {
+        for what in ["ContainerStarted", "ContainerDied", "ContainerRemoved"] {
+            if watch.arrivals.wait(id, what, DEADLINE).await.is_none() {
+                missing.push(format!("{id} {what}"));
+            }
+        }
+    }
+    let (peak_rss, cpu) = (
+        peak_rss_bytes(plegd.pid()),
+        cpu_time(plegd.pid()).saturating_sub(cpu_before),
+    );
+    let elapsed = began.elapsed();
+    eprintln!(
+        "plegd under a {} MiB limit ({:?}), {count} containers: peak RSS (VmHWM) {:.1} MiB, \
+         cgroup peak {:.1} MiB, at the limit {} times, OOM kills {}, CPU {:.2} s in {:.1} s \
+         ({:.0}% of a core)",
+        limit >> 20,
+        cgroup.controller,
+        peak_rss as f64 / f64::from(1 << 20),
+        cgroup.peak() as f64 / f64::from(1 << 20),
+        cgroup.at_limit(),
+        cgroup.oom_kills(),
+        cpu.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64(),
+    );
+    assert!(is_alive(plegd.pid()), "plegd died under its memory limit");
+    assert_eq!(cgroup.oom_kills(), 0, "the memory cgroup OOM-killed plegd");
+    assert!(
+        missing.is_empty(),
+        "the watcher missed {} of {} transitions: {missing:?}",
+        missing.len(),
+        3 * ids.len()
+    );
+    watch.stop();
+    plegd.stop();
+}
