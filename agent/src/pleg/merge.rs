@@ -51,13 +51,17 @@ pub fn merge(
 
 /// Whether `shown` is behind `committed` in the container's life and comes from another of the
 /// runtime's layers: the CRI store that has not caught up with what the task service
-/// confirmed. Unknown states are in no order.
+/// confirmed. Unknown states are in no order, but an exit is final: a CRI store that lost
+/// track of a container (containerd restarted after its task service recorded the exit and
+/// before its CRI store did) does not undo the exit, which would be told again when the
+/// container goes.
 fn lags(shown: &ContainerRecord, committed: &ContainerRecord) -> bool {
     shown.confirmed_by != committed.confirmed_by
-        && matches!(
-            (shown.state.progress(), committed.state.progress()),
-            (Some(shown), Some(committed)) if shown < committed
-        )
+        && match (shown.state.progress(), committed.state.progress()) {
+            (Some(shown), Some(committed)) => shown < committed,
+            (None, _) => committed.state == ContainerState::Exited,
+            (Some(_), None) => false,
+        }
 }
 
 /// The record a container had while running, between `before` (short of running) and `after`
@@ -118,7 +122,7 @@ mod tests {
     #[test]
     fn the_record_furthest_on_wins_then_the_cri_stores() {
         let start = Some(TaskRecord::Started { at: Some(at(5)) });
-        let cases: [Case; 14] = [
+        let cases: [Case; 15] = [
             ("nothing known", None, None, Some(EXIT), None),
             (
                 "first reading",
@@ -206,10 +210,17 @@ mod tests {
             ),
             (
                 "unknown is in no order",
-                Some((Exited, Task)),
+                Some((Running, Task)),
                 Some((Unknown, Cri)),
                 None,
                 Some((Unknown, Cri)),
+            ),
+            (
+                "unknown does not undo an exit another layer confirmed",
+                Some((Exited, Task)),
+                Some((Unknown, Cri)),
+                None,
+                Some((Exited, Task)),
             ),
         ];
         for (name, committed, shown, task, want) in cases {
