@@ -51,6 +51,11 @@ fn differences(rows: &Value, a: &str, b: &str) -> Vec<f64> {
         .collect()
 }
 
+/// `value` with `places` decimals, or "n/a" where it was not measured.
+fn fixed(value: Option<f64>, places: usize) -> String {
+    value.map_or_else(|| "n/a".into(), |v| format!("{v:.places$}"))
+}
+
 fn ms(value: Option<f64>) -> String {
     match value {
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
@@ -188,7 +193,7 @@ fn goals(run: &Run) -> Vec<Goal> {
             text: "default: what plegd adds after /tasks/exit reaches a subscriber, p50 ≤ 0.5 ms",
             measured: format!(
                 "p50 {} ms (kill -9s and OOM kills; negative: plegd emitted first)",
-                added50.map_or("n/a".into(), |v| format!("{v:.2}"))
+                fixed(added50, 2)
             ),
             met: added50.map(|v| v <= 0.5),
         },
@@ -196,35 +201,28 @@ fn goals(run: &Run) -> Vec<Goal> {
             text: "default under churn (its lowest rate): ≤ 2 ms of plegd CPU and ≤ 3 relists per lifecycle",
             measured: format!(
                 "{} ms, {} relists per lifecycle at {}/s",
-                churn_cpu.map_or("n/a".into(), |v| format!("{v:.2}")),
-                churn_relists.map_or("n/a".into(), |v| format!("{v:.2}")),
+                fixed(churn_cpu, 2),
+                fixed(churn_relists, 2),
                 churn.map_or("n/a".into(), |row| row["rate"].to_string()),
             ),
             met: both(churn_cpu.map(|v| v <= 2.0), churn_relists.map(|v| v <= 3.0)),
         },
         Goal {
             text: "default p50 ≥ 50x faster than polling 1 s, ≥ 5x faster than polling 100 ms",
-            measured: format!(
-                "{}x, {}x",
-                r1.map_or("n/a".into(), |r| format!("{r:.1}")),
-                r100.map_or("n/a".into(), |r| format!("{r:.1}"))
-            ),
+            measured: format!("{}x, {}x", fixed(r1, 1), fixed(r100, 1)),
             met: both(r1.map(|r| r >= 50.0), r100.map(|r| r >= 5.0)),
         },
         Goal {
             text: "default: the kernel's observation of a death at a watcher p50 ≤ 0.5 ms",
-            measured: format!(
-                "p50 {} ms after the kill",
-                kernel50.map_or("n/a".into(), |v| format!("{v:.2}"))
-            ),
+            measured: format!("p50 {} ms after the kill", fixed(kernel50, 2)),
             met: kernel50.map(|v| v <= 0.5),
         },
         Goal {
             text: "idle CPU added (plegd + containerd's extra) ≤ 1/10 of polling 1 s's",
             measured: format!(
                 "{} % vs {} % of a core at {} containers",
-                idle_default.map_or("n/a".into(), |v| format!("{v:.2}")),
-                idle_polling.map_or("n/a".into(), |v| format!("{v:.2}")),
+                fixed(idle_default, 2),
+                fixed(idle_polling, 2),
                 biggest.unwrap_or(0)
             ),
             met: idle_default
@@ -237,7 +235,7 @@ fn goals(run: &Run) -> Vec<Goal> {
             text: "default: RSS < 50 MiB at 300 containers",
             measured: format!(
                 "{} MiB at {} containers",
-                rss.map_or("n/a".into(), |v| format!("{v:.1}")),
+                fixed(rss, 1),
                 biggest.unwrap_or(0)
             ),
             met: if biggest == Some(300) {
@@ -250,8 +248,8 @@ fn goals(run: &Run) -> Vec<Goal> {
             text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
             measured: format!(
                 "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x",
-                flat_steady.map_or("n/a".into(), |v| format!("{v:.2}")),
-                flat_changed.map_or("n/a".into(), |v| format!("{v:.2}"))
+                fixed(flat_steady, 2),
+                fixed(flat_changed, 2)
             ),
             met: both(
                 flat_steady.map(|v| v <= 1.5),
@@ -505,8 +503,7 @@ fn churn_table(m: &Value) -> String {
 
 /// A per-lifecycle figure, "n/a" in results written before the bench measured it.
 fn per_lifecycle(v: &Value) -> String {
-    v.as_f64()
-        .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"))
+    fixed(v.as_f64(), 2)
 }
 
 fn core_table(criterion: &Path) -> String {
