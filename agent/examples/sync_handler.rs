@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use plegd::{
     config::{Config, RunArgs, SourceName},
-    daemon::{self, EbpfStart, PushSources},
+    daemon::{self, PushSources},
     pleg::record::ContainerState,
     runtime::testing::{FakeRuntime, container},
     sync_loop::{PodSync, SyncHandler, SyncReason},
@@ -71,11 +71,7 @@ async fn run() -> anyhow::Result<Vec<String>> {
     let daemon = tokio::spawn({
         let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
         async move {
-            let push = PushSources {
-                runtime_socket: None,
-                ebpf: EbpfStart::Off,
-                plan: None,
-            };
+            let push = PushSources::none();
             let printer = Printer { syncs: tx };
             daemon::serve(
                 runtime,

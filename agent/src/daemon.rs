@@ -189,6 +189,18 @@ pub struct PushSources {
     pub plan: Option<fit::Plan>,
 }
 
+impl PushSources {
+    /// No push source: the periodic relist alone (a fake runtime, or an embedding of plegd's
+    /// core that has no runtime socket).
+    pub fn none() -> Self {
+        Self {
+            runtime_socket: None,
+            ebpf: EbpfStart::Off,
+            plan: None,
+        }
+    }
+}
+
 /// The eBPF source's start: loaded probes, or why there are none.
 pub enum EbpfStart {
     Loaded(Probes),
@@ -693,11 +705,7 @@ mod tests {
         let daemon = tokio::spawn({
             let (runtime, shutdown, config) = (runtime.clone(), shutdown.clone(), config.clone());
             async move {
-                let push = PushSources {
-                    runtime_socket: None,
-                    ebpf: EbpfStart::Off,
-                    plan: None,
-                };
+                let push = PushSources::none();
                 serve(
                     runtime,
                     push,
@@ -763,11 +771,7 @@ mod tests {
         let daemon = tokio::spawn({
             let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
             async move {
-                let push = PushSources {
-                    runtime_socket: None,
-                    ebpf: EbpfStart::Off,
-                    plan: None,
-                };
+                let push = PushSources::none();
                 serve(runtime, push, &config, stdout, (), shutdown, Some(started)).await
             }
         });

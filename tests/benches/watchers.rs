@@ -15,7 +15,7 @@ use std::{
 use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
-    daemon::{self, EbpfStart, PushSources},
+    daemon::{self, PushSources},
     pleg::record::ContainerState,
     runtime::testing::{FakeRuntime, container},
 };
@@ -91,11 +91,7 @@ async fn scenario(stalled: usize) -> Report {
     let daemon = tokio::spawn({
         let (runtime, config, shutdown) = (runtime.clone(), config.clone(), shutdown.clone());
         async move {
-            let push = PushSources {
-                runtime_socket: None,
-                ebpf: EbpfStart::Off,
-                plan: None,
-            };
+            let push = PushSources::none();
             daemon::serve(
                 runtime,
                 push,

@@ -14,7 +14,7 @@ use std::{
 use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
-    daemon::{self, EbpfStart, PushSources},
+    daemon::{self, PushSources},
     pleg::record::ContainerState,
     runtime::{
         RuntimeKind,
@@ -295,11 +295,7 @@ async fn a_sync_watcher_that_stops_reading_gets_fewer_newer_syncs() {
     let daemon = tokio::spawn({
         let (runtime, config, shutdown) = (runtime.clone(), config.clone(), shutdown.clone());
         async move {
-            let push = PushSources {
-                runtime_socket: None,
-                ebpf: EbpfStart::Off,
-                plan: None,
-            };
+            let push = PushSources::none();
             daemon::serve(
                 runtime,
                 push,
