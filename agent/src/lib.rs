@@ -51,6 +51,8 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod metrics;
 pub(crate) mod output;
 pub mod pleg;
