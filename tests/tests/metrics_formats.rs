@@ -1,7 +1,7 @@
 //! `/metrics` in both exposition formats, chosen by the scraper's `Accept` header: OpenMetrics
 //! (Prometheus 2.x, and without the header) and the classic Prometheus text
 //! (`text/plain; version=0.0.4`); and `promtool check metrics` on both where promtool is
-//! installed (Debian's `prometheus` package, not installed by setup: see APT_PACKAGES).
+//! installed (Debian's `prometheus` package, not installed by setup: see TEST_PACKAGES).
 
 mod support;
 

@@ -17,7 +17,10 @@ pub struct Options {}
 const OFFLINE_CHECKS: [&str; 3] = ["licenses", "bans", "sources"];
 
 pub fn run(_opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
+    setup::install(setup::Extras {
+        cargo_deny: true,
+        ..setup::Extras::NONE
+    })?;
     stream(deny().arg("check")).context("cargo deny (advisories need the RustSec database)")
 }
 

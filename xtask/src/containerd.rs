@@ -27,7 +27,7 @@ pub struct Options {
 
 pub fn run(opts: &Options) -> Result<()> {
     if opts.action == Action::Start {
-        setup::run(&setup::Options::default())?;
+        setup::install(setup::Extras::releases_for(&opts.containerd))?;
     }
     let action = match opts.action {
         Action::Start => "start",

@@ -18,7 +18,7 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
+    setup::install(setup::Extras::releases_for(&opts.containerd))?;
     stream(Command::new(env!("CARGO")).args(["build", "--quiet", "--package", "plegd"]))?;
     let plegd = target_dir().join("debug").join("plegd");
     harness::run(

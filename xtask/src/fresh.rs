@@ -40,7 +40,9 @@ use clap::Args;
 
 use crate::{
     cmd::{capture, render, stream},
-    setup, workspace,
+    setup,
+    steps::Steps,
+    workspace,
 };
 
 /// The Debian release of the fresh root: the one README promises.
@@ -95,7 +97,7 @@ pub fn run(opts: &Options) -> Result<()> {
     catch_signals();
     private_mount_namespace()?;
 
-    let mut timings = Timings::default();
+    let mut timings = Steps::new("fresh");
     let result = run_steps(opts, &dir, &mut timings);
     timings.print();
     if let Some(signal) = interrupted() {
@@ -104,7 +106,7 @@ pub fn run(opts: &Options) -> Result<()> {
     result
 }
 
-fn run_steps(opts: &Options, dir: &Path, timings: &mut Timings) -> Result<()> {
+fn run_steps(opts: &Options, dir: &Path, timings: &mut Steps) -> Result<()> {
     let base = dir.join("base");
     let base_ok = dir.join(BASE_OK);
     let run = dir.join("run");
@@ -839,44 +841,6 @@ fn unescape_mountinfo(field: &str) -> String {
     out
 }
 
-// ---------------------------------------------------------------------------------------------
-// Reporting
-
-#[derive(Debug, Default)]
-struct Timings {
-    steps: Vec<(String, Duration, bool)>,
-}
-
-impl Timings {
-    fn time<T>(&mut self, name: &str, step: impl FnOnce() -> Result<T>) -> Result<T> {
-        let start = Instant::now();
-        let result = step();
-        let elapsed = start.elapsed();
-        eprintln!(
-            "fresh: {name} {} after {}",
-            if result.is_ok() { "done" } else { "FAILED" },
-            minutes(elapsed)
-        );
-        self.steps.push((name.to_owned(), elapsed, result.is_ok()));
-        result
-    }
-
-    fn print(&self) {
-        eprintln!("fresh: steps");
-        for (name, elapsed, ok) in &self.steps {
-            let state = if *ok { "ok" } else { "FAILED" };
-            eprintln!("  {name:<22} {state:<7} {}", minutes(*elapsed));
-        }
-        let total: Duration = self.steps.iter().map(|(_, d, _)| *d).sum();
-        eprintln!("  {:<22} {:<7} {}", "total", "", minutes(total));
-    }
-}
-
-fn minutes(d: Duration) -> String {
-    let secs = d.as_secs();
-    format!("{}m{:02}s", secs / 60, secs % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -946,11 +910,5 @@ mod tests {
             [root.to_owned(), root.join("sys"), root.join("a b"),]
         );
         assert_eq!(unescape_mountinfo(r"a\134b\011c\0"), "a\\b\tc\\0");
-    }
-
-    #[test]
-    fn minutes_reads_well() {
-        assert_eq!(minutes(Duration::from_secs(0)), "0m00s");
-        assert_eq!(minutes(Duration::from_secs(1234)), "20m34s");
     }
 }

@@ -1,5 +1,7 @@
 //! `cargo xtask fuzz`: runs the fuzz targets (libFuzzer through cargo-fuzz, nightly) for a
-//! while each; `cargo xtask test` runs them briefly through [`run_targets`].
+//! while each. Their properties live in the agent (`plegd::fuzz`), where `cargo test` also runs
+//! them on a few thousand generated inputs each: that is the suite's share, without this
+//! separate nightly build (4 min 42 s on 2 cores, even unoptimised).
 
 use std::process::Command;
 
@@ -24,25 +26,18 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
-    run_targets(opts.seconds, Build::Optimized)
+    setup::install(setup::Extras {
+        cargo_fuzz: true,
+        ..setup::Extras::NONE
+    })?;
+    run_targets(opts.seconds)
 }
 
-/// How the targets are built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Build {
-    /// cargo-fuzz's default: release with one codegen unit and AddressSanitizer, for the most
-    /// inputs a second. Its first build instruments and optimises every dependency (tokio,
-    /// tonic, aya): 12 min 42 s in a clean clone on a 2-core machine.
-    Optimized,
-    /// Unoptimised, without AddressSanitizer or debug info: 4 min 42 s there. A panic is
-    /// what a short run looks for, and 5 s of it still run some 65,000 inputs a target.
-    Quick,
-}
-
-/// Fuzzes each target for `seconds` (setup has installed cargo-fuzz). A crash stops here with
+/// Fuzzes each target for `seconds`, built as cargo-fuzz builds by default: release with
+/// AddressSanitizer, for the most inputs a second (its first build instruments and optimises
+/// every dependency: 12 min 42 s in a clean clone on a 2-core machine). A crash stops here with
 /// the input libFuzzer saved under agent/fuzz/artifacts/.
-pub fn run_targets(seconds: u32, build: Build) -> Result<()> {
+fn run_targets(seconds: u32) -> Result<()> {
     let fuzz_dir = workspace::root().join("agent/fuzz");
     for target in TARGETS {
         eprintln!("fuzz: {target} for {seconds} s");
@@ -51,11 +46,6 @@ pub fn run_targets(seconds: u32, build: Build) -> Result<()> {
                 .args(["run", "nightly", "cargo", "fuzz", "run", "--fuzz-dir"])
                 .arg(&fuzz_dir)
                 .arg(target)
-                .args(match build {
-                    Build::Optimized => &[][..],
-                    Build::Quick => &["--dev", "--sanitizer", "none"][..],
-                })
-                .envs((build == Build::Quick).then_some(("CARGO_PROFILE_DEV_DEBUG", "0")))
                 .arg("--")
                 .arg(format!("-max_total_time={seconds}")),
         )

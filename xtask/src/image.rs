@@ -18,7 +18,7 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
+    setup::install(setup::Extras::NONE)?;
     stream(Command::new(env!("CARGO")).args(["build", "--release", "--package", "plegd"]))?;
     let plegd = target_dir().join("release").join("plegd");
     let out = opts

@@ -89,7 +89,7 @@ impl Choice {
 
 /// Sets up (installing the kernels asked for), builds, and boots each kernel.
 pub fn run(opts: &Options) -> Result<()> {
-    let tools = setup::run_for_kernels(opts.kernel.series())?;
+    let tools = setup::install_for_kernels(setup::Extras::NONE, opts.kernel.series())?;
     run_with(opts, &tools)
 }
 

@@ -2,7 +2,7 @@
 //!
 //! One module per subcommand; each exposes an `Options` struct (its clap arguments) and
 //! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
-//! `demo` start with `setup::run`).
+//! `demo` start with `setup::install`, naming the tools they use).
 
 mod audit;
 mod bench;
@@ -18,6 +18,7 @@ mod image;
 mod kernels;
 mod setup;
 mod soak;
+mod steps;
 mod test;
 mod workspace;
 

@@ -1,32 +1,38 @@
 //! `cargo xtask setup`: make this machine able to build and test plegd (Debian 12, as root).
 //!
 //! Steps, each checked first and acted on only when something is missing, so a second run
-//! changes nothing and takes a few seconds:
+//! changes nothing and takes a few seconds. What every command needs, to build plegd and run
+//! it against a private containerd:
 //! 1. refuse to run unless root;
-//! 2. apt packages ([`APT_PACKAGES`]), then check the programs the build and the harness run;
+//! 2. apt packages ([`BUILD_PACKAGES`]), then check the programs the build and the harness run;
 //! 3. the nightly toolchain with `rust-src` (aya-build uses `-Z build-std=core`);
-//! 4. `bpf-linker` built against the system LLVM 22, `cargo-deny` ([`CARGO_DENY_VERSION`], for
-//!    the dependency checks of `cargo xtask test` and `cargo xtask audit`) and `cargo-fuzz` (the
-//!    fuzz targets);
-//! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints);
-//! 6. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
+//! 4. `bpf-linker` built against the system LLVM 22;
+//! 5. tracefs mounted at `/sys/kernel/tracing` (the agent attaches to tracepoints).
+//!
+//! Then the [`Extras`] a command asks for, so that `cargo xtask demo` on a fresh machine
+//! installs no tool only the tests use:
+//! 6. the test suite's own apt packages ([`TEST_PACKAGES`]), in the same apt run as step 2;
+//! 7. `cargo-deny` ([`CARGO_DENY_VERSION`], the dependency checks of `cargo xtask test` and
+//!    `cargo xtask audit`) and `cargo-fuzz` (`cargo xtask fuzz`);
+//! 8. the other containerd releases the harness can run ([`CONTAINERD_RELEASES`]), downloaded
 //!    from Debian's archive with a private apt configuration and unpacked under
 //!    [`CONTAINERD_ROOT`], never installed over the system's;
-//! 7. buf ([`buf::BUF_VERSION`], npm's `@bufbuild/buf`, for the API checks of `cargo xtask
+//! 9. buf ([`buf::BUF_VERSION`], npm's `@bufbuild/buf`, for the API checks of `cargo xtask
 //!    test`) in an npm prefix of its own under `.xtask/` in the workspace (Debian's `npm`
 //!    installed first when no `npm` runs).
 //!
 //! With `--vm`, also what `cargo xtask kernels` needs to boot other kernels in a VM (its rows in
 //! the summary start with `kernels:`):
-//! 8. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
-//! 9. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
+//! 10. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
+//! 11. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
 //!    of that series is installed already;
-//! 10. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
+//! 12. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
 //!    workspace (Debian's python refuses system-wide `pip install` (PEP 668), and a venv keeps
 //!    the project's tools out of the node's Python).
 //!
-//! Other tasks (`test`, `demo`) call [`run`] first; `kernels` calls [`run_for_kernels`] with the
-//! kernels it boots. `--check` only reports what is missing.
+//! `cargo xtask setup` installs all of it but the VM's (`--vm` adds those). The other commands
+//! call [`install`] first with the extras they use; `kernels` calls [`install_for_kernels`]
+//! with the kernels it boots. `--check` only reports what is missing.
 
 use std::{
     collections::BTreeSet,
@@ -46,15 +52,10 @@ use crate::{
     workspace,
 };
 
-/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the tests
-/// need: the harness (a private containerd, runc, a busybox image); the Python client test
-/// (grpcio; grpc_python_plugin for its stubs; grpc-tools for the well-known .protos;
-/// python3-venv for the venv it installs PyPI's current grpcio into);
-/// `systemd` for `systemd-analyze verify` of deploy/systemd/plegd.service (tests/tests/deploy.rs;
-/// the package installs without being PID 1); `binutils` for `strip` (the DaemonSet test's
-/// image). `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and
-/// enable a Prometheus server; the metrics format test runs promtool only where it is installed.
-pub const APT_PACKAGES: &[&str] = &[
+/// Debian packages the build (LLVM for bpf-linker, protoc for the proto crates) and the
+/// harness (a private containerd, runc, a busybox image) need; `binutils` for `strip` (the
+/// image of `cargo xtask image` and of the DaemonSet test).
+pub const BUILD_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
     "busybox-static",
@@ -63,8 +64,17 @@ pub const APT_PACKAGES: &[&str] = &[
     "libpolly-22-dev",
     "libzstd-dev",
     "zlib1g-dev",
-    "systemd",
     "binutils",
+];
+
+/// Debian packages only the tests need: the Python client test (grpcio; grpc_python_plugin for
+/// its stubs; grpc-tools for the well-known .protos; python3-venv for the venv it installs
+/// PyPI's current grpcio into); `systemd` for `systemd-analyze verify` of
+/// deploy/systemd/plegd.service (tests/tests/deploy.rs; the package installs without being PID
+/// 1). `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and enable a
+/// Prometheus server; the metrics format test runs promtool only where it is installed.
+pub const TEST_PACKAGES: &[&str] = &[
+    "systemd",
     "python3-grpcio",
     "python3-grpc-tools",
     "protobuf-compiler-grpc",
@@ -83,17 +93,11 @@ const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
 /// The Python that creates the venv: Debian's, whatever `python3` comes first in `PATH`.
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
-/// Programs that must be runnable once the apt packages are in.
-const REQUIRED_PROGRAMS: &[&str] = &[
-    "containerd",
-    "ctr",
-    "runc",
-    "protoc",
-    "busybox",
-    "systemd-analyze",
-    "strip",
-    "grpc_python_plugin",
-];
+/// Programs that must be runnable once [`BUILD_PACKAGES`] are in.
+const BUILD_PROGRAMS: &[&str] = &["containerd", "ctr", "runc", "protoc", "busybox", "strip"];
+
+/// Programs that must be runnable once [`TEST_PACKAGES`] are in.
+const TEST_PROGRAMS: &[&str] = &["systemd-analyze", "grpc_python_plugin"];
 
 /// The cargo-deny release `cargo xtask setup` installs (0.20 needs Rust 1.88).
 pub const CARGO_DENY_VERSION: &str = "0.20.2";
@@ -252,31 +256,96 @@ pub struct VmTools {
 /// Installs (or, with `check`, only checks) everything the build and the tests need.
 ///
 /// Idempotent: whatever is already present is left alone.
-pub fn run(opts: &Options) -> Result<()> {
-    let series = if opts.vm { KernelSeries::ALL } else { &[] };
-    run_steps(opts, series).map(drop)
+/// What a command needs besides the build's tools, which every command gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// The tests' own apt packages ([`TEST_PACKAGES`]).
+    pub test_packages: bool,
+    /// cargo-deny: `cargo xtask test`'s dependency checks and `cargo xtask audit`.
+    pub cargo_deny: bool,
+    /// buf: `cargo xtask test`'s API checks.
+    pub buf: bool,
+    /// cargo-fuzz: `cargo xtask fuzz`.
+    pub cargo_fuzz: bool,
+    /// The containerd releases besides the system's ([`CONTAINERD_RELEASES`]).
+    pub releases: bool,
 }
 
-/// [`run`], plus what `cargo xtask kernels` needs to boot the kernels of `series` (only those).
-pub fn run_for_kernels(series: &[KernelSeries]) -> Result<VmTools> {
-    run_steps(&Options::default(), series)?
+impl Extras {
+    /// The build's tools only: `demo`, `image`, `bench`.
+    pub const NONE: Self = Self {
+        test_packages: false,
+        cargo_deny: false,
+        buf: false,
+        cargo_fuzz: false,
+        releases: false,
+    };
+    /// What a whole `cargo xtask test` runs.
+    pub const TEST: Self = Self {
+        test_packages: true,
+        cargo_deny: true,
+        buf: true,
+        cargo_fuzz: false,
+        releases: true,
+    };
+    /// Everything: `cargo xtask setup`.
+    pub const ALL: Self = Self {
+        test_packages: true,
+        cargo_deny: true,
+        buf: true,
+        cargo_fuzz: true,
+        releases: true,
+    };
+
+    /// The releases when a command runs one of them (`--containerd`).
+    pub fn releases_for(release: &crate::harness::Release) -> Self {
+        Self {
+            releases: release.containerd.is_some(),
+            ..Self::NONE
+        }
+    }
+}
+
+/// `cargo xtask setup`: everything, and the VM's tools with `--vm`.
+pub fn run(opts: &Options) -> Result<()> {
+    let series = if opts.vm { KernelSeries::ALL } else { &[] };
+    run_steps(opts, Extras::ALL, series).map(drop)
+}
+
+/// The build's tools and `extras`, for a command about to use them.
+pub fn install(extras: Extras) -> Result<()> {
+    run_steps(&Options::default(), extras, &[]).map(drop)
+}
+
+/// [`install`], plus what `cargo xtask kernels` needs to boot the kernels of `series` (only
+/// those).
+pub fn install_for_kernels(extras: Extras, series: &[KernelSeries]) -> Result<VmTools> {
+    run_steps(&Options::default(), extras, series)?
         .context("setup installed the VM tools but did not find them afterwards")
 }
 
-fn run_steps(opts: &Options, series: &[KernelSeries]) -> Result<Option<VmTools>> {
+fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<Option<VmTools>> {
     let start = Instant::now();
     if !opts.check {
         require_root()?;
     }
     let mut summary = Summary::default();
-    apt_packages(opts, &mut summary)?;
+    apt_packages(opts, extras, &mut summary)?;
     rust_src(opts, &mut summary)?;
     bpf_linker(opts, &mut summary)?;
-    cargo_deny(opts, &mut summary)?;
-    cargo_fuzz(opts, &mut summary)?;
+    if extras.cargo_deny {
+        cargo_deny(opts, &mut summary)?;
+    }
+    if extras.cargo_fuzz {
+        cargo_fuzz(opts, &mut summary)?;
+    }
     tracefs(opts, &mut summary)?;
-    containerd_releases(opts, &mut summary)?;
-    buf_cli(opts, &mut summary)?;
+    if extras.releases {
+        containerd_releases(opts, &mut summary)?;
+    }
+    if extras.buf {
+        buf_cli(opts, &mut summary)?;
+    }
     let vm = if series.is_empty() {
         None
     } else {
@@ -304,12 +373,20 @@ fn require_root() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Steps
 
-fn apt_packages(opts: &Options, summary: &mut Summary) -> Result<()> {
+fn apt_packages(opts: &Options, extras: Extras, summary: &mut Summary) -> Result<()> {
     const STEP: &str = "apt packages";
-    let missing = missing_packages(APT_PACKAGES)?;
+    let (packages, programs) = if extras.test_packages {
+        (
+            [BUILD_PACKAGES, TEST_PACKAGES].concat(),
+            [BUILD_PROGRAMS, TEST_PROGRAMS].concat(),
+        )
+    } else {
+        (BUILD_PACKAGES.to_vec(), BUILD_PROGRAMS.to_vec())
+    };
+    let missing = missing_packages(&packages)?;
     if missing.is_empty() {
         say(STEP, "already installed");
-        summary.add(STEP, State::Present, APT_PACKAGES.join(" "));
+        summary.add(STEP, State::Present, packages.join(" "));
     } else if opts.check {
         say(STEP, format!("missing: {}", missing.join(" ")));
         summary.add(STEP, State::Missing, missing.join(" "));
@@ -331,10 +408,10 @@ fn apt_packages(opts: &Options, summary: &mut Summary) -> Result<()> {
     const PROGRAMS: &str = "programs";
     let mut found = Vec::new();
     let mut absent = Vec::new();
-    for name in REQUIRED_PROGRAMS {
+    for name in programs {
         match find_program(name, &[]) {
             Some(path) => found.push(path.display().to_string()),
-            None => absent.push(*name),
+            None => absent.push(name),
         }
     }
     let llvm_config = Path::new(LLVM_PREFIX).join("bin/llvm-config");
@@ -360,7 +437,7 @@ fn apt_packages(opts: &Options, summary: &mut Summary) -> Result<()> {
     } else {
         bail!(
             "apt packages {} are installed but these programs are not found in PATH or {}: {}",
-            APT_PACKAGES.join(" "),
+            packages.join(" "),
             SYSTEM_DIRS.join(":"),
             absent.join(" ")
         );
@@ -467,7 +544,7 @@ fn cargo_deny(opts: &Options, summary: &mut Summary) -> Result<()> {
     )
 }
 
-/// cargo-fuzz, which `cargo xtask fuzz` and `cargo xtask test` run (with nightly).
+/// cargo-fuzz, which `cargo xtask fuzz` runs (with nightly).
 fn cargo_fuzz(opts: &Options, summary: &mut Summary) -> Result<()> {
     cargo_tool(
         opts,
@@ -987,7 +1064,7 @@ fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
 }
 
 /// The Debian package holding npm, installed only when no `npm` runs: NodeSource's `nodejs`
-/// carries its own npm and conflicts with Debian's, so it is not in [`APT_PACKAGES`].
+/// carries its own npm and conflicts with Debian's, so it is not in [`BUILD_PACKAGES`].
 const NPM_PACKAGE: &str = "npm";
 
 /// buf in its npm prefix, installed with npm when missing or another version.

@@ -114,7 +114,7 @@ fn command(opts: &Options) -> Command {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
-    setup::run(&setup::Options::default())?;
+    setup::install(setup::Extras::releases_for(&opts.containerd))?;
     stream(&mut command(opts))
 }
 

@@ -2,7 +2,8 @@
 //! (buf), run every test, unit and end-to-end (the latter against a private containerd, runc
 //! and the real kernel; root), then the event-source and eBPF suites on containerd 1.7 and 2.1,
 //! then `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel,
-//! in a VM, and each fuzz target for a few seconds.
+//! in a VM. The fuzz targets' properties run within `cargo test` (`plegd::fuzz`); real
+//! fuzzing is `cargo xtask fuzz`. Prints a table of the steps and their times at the end.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -15,8 +16,9 @@ use clap::Args;
 use crate::{
     audit, buf,
     cmd::{render, stream},
-    fuzz, harness, kernels,
+    harness, kernels,
     setup::{self, KernelSeries},
+    steps::Steps,
 };
 
 #[derive(Debug, Clone, Args)]
@@ -33,9 +35,6 @@ pub struct Options {
     /// Also skipped when a filter or `--containerd` is given.
     #[arg(long)]
     pub no_matrix: bool,
-    /// Skip fuzzing each target for a few seconds. Also skipped when a filter is given.
-    #[arg(long)]
-    pub no_fuzz: bool,
     /// Only run tests whose name contains this (passed to `cargo test`).
     pub filter: Option<String>,
     #[command(flatten)]
@@ -43,56 +42,70 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options) -> Result<()> {
+    let mut steps = Steps::new("xtask test");
+    let result = run_steps(opts, &mut steps);
+    steps.print();
+    result
+}
+
+fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
+    let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
+    let extras = setup::Extras {
+        cargo_deny: !opts.no_lint,
+        buf: !opts.no_lint,
+        releases: matrix || opts.containerd.containerd.is_some(),
+        ..setup::Extras::TEST
+    };
     let vm = if opts.no_kernels || opts.filter.is_some() {
-        setup::run(&setup::Options::default())?;
+        steps.time("setup", || setup::install(extras))?;
         None
     } else {
-        Some(setup::run_for_kernels(&[KernelSeries::V6_1])?)
+        Some(steps.time("setup", || {
+            setup::install_for_kernels(extras, &[KernelSeries::V6_1])
+        })?)
     };
     let cargo = env!("CARGO");
     if !opts.no_lint {
-        step("format");
         // The shared rustfmt.toml uses nightly-only import options.
-        stream(
-            Command::new("rustup").args(["run", "nightly", "cargo", "fmt", "--all", "--check"]),
-        )?;
-        step("lints");
-        stream(Command::new(cargo).args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
-        step(
+        steps.time("format", || {
+            stream(
+                Command::new("rustup").args(["run", "nightly", "cargo", "fmt", "--all", "--check"]),
+            )
+        })?;
+        steps.time("lints", || {
+            stream(Command::new(cargo).args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        })?;
+        steps.time(
             "dependencies (cargo deny: licenses, bans, sources; `cargo xtask audit` adds advisories)",
-        );
-        audit::offline()?;
-        step(&format!(
-            "API compatibility (buf lint; buf breaking against the proto at {})",
-            &buf::BASELINE[..7]
-        ));
-        buf::check()?;
+            audit::offline,
+        )?;
+        steps.time(
+            &format!(
+                "API compatibility (buf lint; buf breaking against the proto at {})",
+                &buf::BASELINE[..7]
+            ),
+            buf::check,
+        )?;
     }
-    step("tests");
+    // The later checks run even when a test failed here: CI then tells everything at once.
+    let mut failures = Vec::new();
     let mut test = Command::new(cargo);
     test.args(["test", "--workspace", "--no-fail-fast"]);
     opts.containerd.apply(&mut test);
     if let Some(filter) = &opts.filter {
         test.arg(filter);
     }
-    // The later checks run even when a test failed here: CI then tells everything at once.
-    let mut failures = Vec::new();
-    if let Err(e) = stream_tests(&mut test) {
+    if let Err(e) = steps.time("tests", || stream_tests(&mut test)) {
         failures.push(e);
     }
-    let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
     for release in MATRIX_RELEASES.iter().filter(|_| matrix) {
-        step(&format!(
-            "event sources and eBPF on containerd {release} ({})",
-            MATRIX_SUITES.join(", ")
-        ));
         let mut suites = Command::new(cargo);
         // `--workspace` as above, not `--package plegd-tests`: features unify over the same
         // packages (by package, CI rebuilt for 3 min 11 s). Selecting three test targets still
@@ -102,36 +115,28 @@ pub fn run(opts: &Options) -> Result<()> {
             suites.args(["--test", suite]);
         }
         suites.env(harness::RELEASE_ENV, release);
-        if let Err(e) = stream_tests(&mut suites) {
+        let name = format!(
+            "event sources and eBPF on containerd {release} ({})",
+            MATRIX_SUITES.join(", ")
+        );
+        if let Err(e) = steps.time(&name, || stream_tests(&mut suites)) {
             failures.push(e.context(format!("containerd {release}")));
         }
     }
-    if !opts.no_fuzz && opts.filter.is_none() {
-        step(&format!("fuzz targets, {FUZZ_SECONDS} s each"));
-        let started = std::time::Instant::now();
-        if let Err(e) = fuzz::run_targets(FUZZ_SECONDS, fuzz::Build::Quick) {
-            failures.push(e);
-        }
-        step(&format!(
-            "fuzzing took {:.0} s",
-            started.elapsed().as_secs_f64()
-        ));
-    }
     if let Some(vm) = vm {
-        step("eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)");
-        let started = std::time::Instant::now();
-        let kernels = kernels::run_with(
-            &kernels::Options {
-                kernel: kernels::Choice::V6_1,
-                quick: true,
-                filter: None,
+        let kernels = steps.time(
+            "eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)",
+            || {
+                kernels::run_with(
+                    &kernels::Options {
+                        kernel: kernels::Choice::V6_1,
+                        quick: true,
+                        filter: None,
+                    },
+                    &vm,
+                )
             },
-            &vm,
         );
-        step(&format!(
-            "kernels took {:.0} s",
-            started.elapsed().as_secs_f64()
-        ));
         if let Err(e) = kernels {
             failures.push(e);
         }
@@ -145,10 +150,6 @@ pub fn run(opts: &Options) -> Result<()> {
     }
 }
 
-/// Seconds each fuzz target runs in a full `cargo xtask test`: enough to catch a parser that
-/// panics on common shapes; `cargo xtask fuzz` runs longer.
-const FUZZ_SECONDS: u32 = 5;
-
 /// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
 
@@ -161,10 +162,6 @@ const MATRIX_SUITES: &[&str] = &[
     "ebpf_events",
     "good_neighbour",
 ];
-
-fn step(name: &str) {
-    eprintln!("xtask test: {name}");
-}
 
 /// Runs `cargo test` with its output shown as it goes; a failure names the tests that failed,
 /// so the last lines of a long run (all CI shows of it) say which.
