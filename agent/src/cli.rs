@@ -200,7 +200,7 @@ fn describe(error: &(dyn std::error::Error + 'static)) -> String {
 /// The log filter without `RUST_LOG`: info, and the requests h2 refuses (at h2's debug level,
 /// the only events of `h2::server` there), so a client whose request is malformed, such as a
 /// gRPC client that sends the socket's path as `:authority`, shows up in the log with the
-/// reason instead of as a bare `RST_STREAM` on its side (see README, "Clients in other
+/// reason instead of as a bare `RST_STREAM` on its side (see docs/consuming.md, "Clients in other
 /// languages").
 const DEFAULT_LOG_FILTER: &str = "info,h2::server=debug";
 

@@ -8,7 +8,7 @@
 //! the memory controller, else v1's `memory.limit_in_bytes`) and removes after, so its start
 //! is charged there too. The burst: [`CONTAINERS`] containers started (all running at once),
 //! killed with SIGKILL and removed, through CRI on the harness's containerd.
-//! `PLEGD_TEST_MEMORY_CONTAINERS` changes their number (README's measurement used 300) and
+//! `PLEGD_TEST_MEMORY_CONTAINERS` changes their number (docs/install.md's measurement used 300) and
 //! `PLEGD_TEST_MEMORY_LIMIT` (bytes, or with K/M/G) the limit: a limit far below it shows the
 //! test fail.
 

@@ -6,7 +6,7 @@
 //! process against the harness's private containerd: kill and start latency per mode with
 //! containerd's and CRI's anchors, idle and churn cost, in-kernel cost during an exec storm).
 //! This module then writes `report.md` and PNG plots into `target/bench/<timestamp>/` (and
-//! `target/bench/latest`), and the summary table into README.md between its markers.
+//! `target/bench/latest`), and the summary table into docs/benchmarks.md between its markers.
 //! Numbers are reported, with the goals they are read against; nothing is asserted.
 
 mod plot;
@@ -103,7 +103,7 @@ pub fn run(opts: &Options) -> Result<()> {
             &command_line,
         );
     }
-    setup::run(&setup::Options::default())?;
+    setup::install(setup::Extras::NONE)?;
     let stamp = capture(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]))?;
     let stamp = stamp.trim();
     let out = bench_dir.join(stamp);
@@ -179,7 +179,7 @@ pub fn run(opts: &Options) -> Result<()> {
 }
 
 /// `report.md` and the plots in `out` from its results.json and criterion's estimates; the
-/// summary into README.md.
+/// summary into docs/benchmarks.md.
 fn write_report(
     opts: &Options,
     root: &Path,
@@ -211,12 +211,13 @@ fn write_report(
     plot::idle_cpu(&measured, &out.join("idle_cpu.png"))?;
     let (full, summary) = report::write(&run)?;
     std::fs::write(out.join("report.md"), full)?;
-    let readme = root.join("README.md");
-    let text = std::fs::read_to_string(&readme)?;
-    std::fs::write(&readme, report::splice_summary(&text, &summary)?)?;
+    let page = root.join(report::SUMMARY_PAGE);
+    let text = std::fs::read_to_string(&page)?;
+    std::fs::write(&page, report::splice_summary(&text, &summary)?)?;
     println!(
-        "bench: report in {}; README.md's summary table updated",
-        out.join("report.md").display()
+        "bench: report in {}; {}'s summary table updated",
+        out.join("report.md").display(),
+        report::SUMMARY_PAGE
     );
     Ok(())
 }

@@ -43,7 +43,7 @@ enum Command {
     /// hand: `cargo xtask containerd start`.
     Containerd(containerd::Options),
     /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
-    /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into README.md.
+    /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into docs/benchmarks.md.
     Bench(bench::Options),
     /// Every `cargo deny` check of deny.toml, RustSec advisories included (fetches their
     /// database from GitHub); `test` runs the offline ones (licenses, bans, sources).

@@ -75,13 +75,9 @@ fn paragraphs(text: &str) -> String {
 /// A type name as the page writes it: a link for plegd.v1's own types.
 fn type_link(name: &str) -> String {
     match name.strip_prefix(".plegd.v1.") {
-        Some(local) => format!("[`{local}`](#{})", anchor(local)),
+        Some(local) => format!("[`{local}`](#{})", crate::links::anchor(local)),
         None => format!("`{}`", name.trim_start_matches('.')),
     }
-}
-
-fn anchor(name: &str) -> String {
-    name.to_ascii_lowercase().replace('.', "")
 }
 
 fn scalar(t: Type) -> &'static str {
@@ -135,7 +131,7 @@ fn write_enum(
     path: &[i32],
     comments: &Comments,
 ) {
-    let _ = write!(out, "\n### `{name}` (enum)\n\n{}\n\n", comments.of(path));
+    let _ = write!(out, "\n### `{name}`\n\n(enum) {}\n\n", comments.of(path));
     out.push_str("| Value | Number | Description |\n|---|---|---|\n");
     for (j, value) in e.value.iter().enumerate() {
         let value_path = [path, &[ENUM_VALUE, j as i32]].concat();

@@ -9,6 +9,7 @@
 
 mod api;
 mod config;
+mod links;
 mod metrics;
 
 use std::path::{Path, PathBuf};

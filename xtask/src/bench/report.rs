@@ -1,6 +1,6 @@
 //! The report: `results.json` of the `node` bench and criterion's estimates turned into
 //! Markdown, with the goals each number is read against (met / not met: reported, never
-//! asserted), and the summary that goes into README.md between its markers.
+//! asserted), and the summary that goes into docs/benchmarks.md between its markers.
 
 use std::{fmt::Write as _, path::Path};
 
@@ -9,6 +9,8 @@ use serde_json::Value;
 
 pub const SUMMARY_START: &str = "<!-- bench:summary:start -->";
 pub const SUMMARY_END: &str = "<!-- bench:summary:end -->";
+/// The page whose summary table `cargo xtask bench` rewrites, relative to the workspace root.
+pub const SUMMARY_PAGE: &str = "docs/benchmarks.md";
 
 /// The criterion pod counts of the `relist` bench's `relist_core` group.
 const CORE_PODS: [u64; 3] = [100, 1_000, 10_000];
@@ -560,7 +562,7 @@ fn goals_table(run: &Run) -> String {
     t
 }
 
-/// The whole report and the README summary.
+/// The whole report and the summary of docs/benchmarks.md.
 pub fn write(run: &Run) -> Result<(String, String)> {
     let m = run.measured;
     let kind = if run.quick {
@@ -661,13 +663,13 @@ pub fn write(run: &Run) -> Result<(String, String)> {
     Ok((r, summary))
 }
 
-/// `readme` with what lies between the summary markers replaced by `summary`.
+/// `page` with what lies between the summary markers replaced by `summary`.
 pub fn splice_summary(readme: &str, summary: &str) -> Result<String> {
     let (Some(start), Some(end)) = (readme.find(SUMMARY_START), readme.find(SUMMARY_END)) else {
-        bail!("README.md lacks the markers {SUMMARY_START} and {SUMMARY_END}");
+        bail!("{SUMMARY_PAGE} lacks the markers {SUMMARY_START} and {SUMMARY_END}");
     };
     if end < start {
-        bail!("README.md's bench summary markers are out of order");
+        bail!("{SUMMARY_PAGE}'s bench summary markers are out of order");
     }
     let head = &readme[..start + SUMMARY_START.len()];
     Ok(format!(
