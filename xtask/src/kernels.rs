@@ -188,20 +188,20 @@ fn build(test_binaries: &[&str]) -> Result<Built> {
 
 /// An executable cargo built.
 #[derive(Debug, PartialEq, Eq)]
-struct Artifact {
+pub(crate) struct Artifact {
     /// The target's name (`plegd`, `ebpf_events`).
-    name: String,
+    pub(crate) name: String,
     /// Its first kind: `bin`, `test`, `lib` (the unit tests of a library)...
-    kind: String,
+    pub(crate) kind: String,
     /// Built with the test harness (`cargo test` builds a bin twice: itself, for integration
     /// tests, and its unit tests).
-    harness: bool,
-    executable: PathBuf,
+    pub(crate) harness: bool,
+    pub(crate) executable: PathBuf,
 }
 
 /// Runs a cargo build with `--message-format json` (diagnostics shown as usual on stderr) and
 /// returns the executables it produced.
-fn cargo_artifacts(cmd: &mut Command) -> Result<Vec<Artifact>> {
+pub(crate) fn cargo_artifacts(cmd: &mut Command) -> Result<Vec<Artifact>> {
     cmd.arg("--message-format=json-render-diagnostics")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -366,7 +366,7 @@ fn boot(vng: &Path, kernel: &Kernel, script: &Path, timeout: Duration) -> Result
 }
 
 /// Sends each line `from` prints (lossily decoded, without the guest console's `\r`).
-fn read_lines(
+pub(crate) fn read_lines(
     from: impl Read + Send + 'static,
     to: mpsc::Sender<String>,
 ) -> thread::JoinHandle<()> {

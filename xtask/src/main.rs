@@ -16,6 +16,7 @@ mod fuzz;
 mod harness;
 mod image;
 mod kernels;
+mod node;
 mod setup;
 mod soak;
 mod test;
@@ -68,6 +69,11 @@ enum Command {
     /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
     /// and the eBPF end-to-end tests inside each.
     Kernels(kernels::Options),
+    /// A real node in a VM (QEMU TCG): systemd as PID 1, pure cgroup2, containerd as its
+    /// service on the systemd cgroup driver, plegd installed as README says; runs the node
+    /// check (readiness, lifecycles in every pid mode, eBPF-only, kill and restart, hardening)
+    /// and prints each check's pass or FAIL.
+    Node(node::Options),
     /// Prove README's `demo` and `test` work on a fresh machine: bootstrap a minimal Debian 12
     /// root, copy in only the Rust toolchain and a clone of HEAD, run both in a chroot (root;
     /// slow: a full build on top of the bootstrap).
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
         Command::Test(opts) => test::run(&opts),
         Command::Image(opts) => image::run(&opts),
         Command::Kernels(opts) => kernels::run(&opts),
+        Command::Node(opts) => node::run(&opts),
         Command::Fresh(opts) => fresh::run(&opts),
     };
     match result {

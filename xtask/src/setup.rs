@@ -71,8 +71,16 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-venv",
 ];
 
-/// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
-pub const VM_APT_PACKAGES: &[&str] = &["qemu-system-x86", "python3-venv"];
+/// Debian packages `cargo xtask kernels` and `cargo xtask node` need: QEMU (the VM, TCG), venv
+/// (for virtme-ng); for `node`'s own Debian root: mmdebstrap, e2fsprogs (`mke2fs -d` makes its
+/// disk images without a loop device) and cpio (its initramfs).
+pub const VM_APT_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "python3-venv",
+    "mmdebstrap",
+    "e2fsprogs",
+    "cpio",
+];
 
 /// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
 pub const VIRTME_NG_VERSION: &str = "1.42";
@@ -139,7 +147,7 @@ const CONTAINERD_RELEASES: &[ContainerdRelease] = &[
 /// worktree and cargo target directory, so all checkouts share one copy and `cargo clean`
 /// keeps it; not in any `PATH`, so nothing shadows the system's containerd. The harness
 /// (tests/src/release.rs) looks there.
-const CONTAINERD_ROOT: &str = "/opt/plegd/containerd";
+pub(crate) const CONTAINERD_ROOT: &str = "/opt/plegd/containerd";
 /// The private apt configuration's sources, lists and package cache: the system's apt lists
 /// stay as they are.
 const PRIVATE_APT: &str = "/opt/plegd/apt";
