@@ -47,6 +47,10 @@ const API_SOCKET: &str = "/run/plegd/plegd.sock";
 /// What plegd's READY=1 comes with (agent/src/daemon/notify.rs).
 const READY_STATUS: &str = "first full relist done";
 
+/// Debian's kernels set it to 3 (CONFIG_SECURITY_PERF_EVENTS_RESTRICT): perf_event_open then
+/// needs CAP_SYS_ADMIN, whatever CAP_PERFMON says.
+const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+
 /// Longest wait for one event or one state of a unit.
 const STEP: Duration = Duration::from_secs(30);
 /// The full relist period of the eBPF-only run: removals are found by it alone.
@@ -140,6 +144,17 @@ pub async fn check(plan: Plan) -> anyhow::Result<()> {
     let imported_ok = imported.is_ok();
     report.result("images", imported);
     report.result("plegd-ready", plegd_ready());
+    let paranoid = perf_event_paranoid()?;
+    // The journal is read from here on: what plegd logged without its probes is expected.
+    let mut since = unix_now();
+    if paranoid > 2 {
+        report.result("paranoid-degrades", paranoid_degrades(paranoid));
+        std::fs::write(PERF_EVENT_PARANOID, "2\n")
+            .with_context(|| format!("writing {PERF_EVENT_PARANOID}"))?;
+        since = unix_now();
+        run("systemctl", &["restart", UNIT])?;
+        println!("{MARK} note kernel.perf_event_paranoid {paranoid} -> 2, plegd restarted");
+    }
     report.result("plegd-check", plegd_check_sandboxed());
     report.result("hardening", hardening());
     let cri = Cri::connect_socket(Path::new(CONTAINERD_SOCKET), CgroupDriver::Systemd).await;
@@ -156,8 +171,8 @@ pub async fn check(plan: Plan) -> anyhow::Result<()> {
             if plan.churn > 0 {
                 report.result("churn", churn(&cri, plan.churn, plan.seed).await);
             }
-            report.result("kill-restart", kill_restart().await);
-            report.result("journal", journal());
+            report.result("kill-restart", kill_restart(&cri).await);
+            report.result("journal", journal(since));
         }
         (Err(e), _) => report.result("cri", Err(e)),
         (_, false) => report.result("cri", Err(anyhow::anyhow!("no images: no pods"))),
@@ -310,9 +325,9 @@ fn plegd_ready() -> anyhow::Result<String> {
     ))
 }
 
-/// `plegd check` under the unit's own sandbox (its capabilities, filters, protections read from
-/// the installed unit file) loads and attaches every probe.
-fn plegd_check_sandboxed() -> anyhow::Result<String> {
+/// What `plegd check` printed under the unit's own sandbox (its capabilities, filters,
+/// protections read from the installed unit file): its `ok`/`NO` lines, its stderr.
+fn sandboxed_check() -> anyhow::Result<(Vec<String>, String)> {
     let unit = std::fs::read_to_string(UNIT_FILE)?;
     let mut cmd = Command::new("systemd-run");
     cmd.args(["--wait", "--pipe", "--quiet", "--collect"]);
@@ -321,41 +336,43 @@ fn plegd_check_sandboxed() -> anyhow::Result<String> {
     }
     cmd.args([PLEGD, "check"]);
     let out = cmd.output().context("systemd-run plegd check")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text
+    let lines = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with("ok ") || l.starts_with("NO "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect();
-    let probes: Vec<&str> = lines
+    Ok((lines, String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+}
+
+/// The `plegd check` line about `subject` ("eBPF probes", "probe ").
+fn check_lines<'a>(lines: &'a [String], subject: &str) -> Vec<&'a String> {
+    lines
         .iter()
-        .filter(|l| l[3..].trim_start().starts_with("probe "))
-        .copied()
-        .collect();
-    let bad: Vec<&str> = probes
-        .iter()
-        .filter(|l| l.starts_with("NO "))
-        .copied()
-        .collect();
-    let summary = lines
-        .iter()
-        .find(|l| l[3..].trim_start().starts_with("eBPF probes"))
-        .copied()
-        .unwrap_or("no eBPF probes line");
-    let compact = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+        .filter(|l| l[3..].starts_with(subject))
+        .collect()
+}
+
+/// `plegd check` under the unit's sandbox loads and attaches every probe.
+fn plegd_check_sandboxed() -> anyhow::Result<String> {
+    let (lines, stderr) = sandboxed_check()?;
+    let probes = check_lines(&lines, "probe ");
+    let summary = check_lines(&lines, "eBPF probes");
+    let all_ok = !probes.is_empty()
+        && probes.iter().all(|l| l.starts_with("ok "))
+        && summary.first().is_some_and(|l| l.starts_with("ok "));
     ensure!(
-        !probes.is_empty() && bad.is_empty() && summary.starts_with("ok "),
-        "under the unit's sandbox: {} (stderr: {})",
-        lines.iter().map(|l| compact(l)).collect::<Vec<_>>().join("; "),
-        String::from_utf8_lossy(&out.stderr).trim()
+        all_ok,
+        "under the unit's sandbox: {} (stderr: {stderr})",
+        lines.join("; ")
     );
-    let optional: Vec<String> = lines
+    let optional: Vec<&str> = lines
         .iter()
         .filter(|l| l.starts_with("NO "))
-        .map(|l| compact(l))
+        .map(String::as_str)
         .collect();
     Ok(format!(
         "{}; {} probe lines ok; not ok (optional): {}",
-        compact(summary),
+        summary[0],
         probes.len(),
         if optional.is_empty() {
             "none".to_owned()
@@ -363,6 +380,53 @@ fn plegd_check_sandboxed() -> anyhow::Result<String> {
             optional.join("; ")
         }
     ))
+}
+
+/// On a kernel that restricts perf events (`perf_event_paranoid` above 2, Debian's default),
+/// the unit's capabilities cannot attach a tracepoint: plegd must say so and run on without
+/// eBPF (READY, holding no capability), as the design's degradation promises.
+fn paranoid_degrades(paranoid: u32) -> anyhow::Result<String> {
+    let (lines, _) = sandboxed_check()?;
+    let summary = check_lines(&lines, "eBPF probes");
+    let mode = check_lines(&lines, "--mode auto");
+    let unit = show(UNIT, &["ActiveState", "SubState"])?;
+    ensure!(
+        unit["ActiveState"] == "active" && unit["SubState"] == "running",
+        "plegd is {}/{} without eBPF",
+        unit["ActiveState"],
+        unit["SubState"]
+    );
+    let pid = main_pid()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim)
+        .unwrap_or("?")
+        .to_owned();
+    ensure!(
+        eff == "0000000000000000",
+        "without its probes plegd still holds CapEff {eff}"
+    );
+    Ok(format!(
+        "perf_event_paranoid {paranoid}: under the unit's capabilities `plegd check` says {} / {}; \
+         plegd active without eBPF, CapEff {eff}. The checks below run with \
+         kernel.perf_event_paranoid=2",
+        summary.first().map_or("no eBPF line", |l| l.as_str()),
+        mode.first().map_or("no mode line", |l| l.as_str()),
+    ))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn perf_event_paranoid() -> anyhow::Result<u32> {
+    let text = std::fs::read_to_string(PERF_EVENT_PARANOID)
+        .with_context(|| format!("reading {PERF_EVENT_PARANOID}"))?;
+    Ok(text.trim().parse()?)
 }
 
 /// The `[Service]` lines of `unit` that are part of its sandbox ([`SANDBOX_KEYS`]).
@@ -427,7 +491,8 @@ fn hardening() -> anyhow::Result<String> {
 /// No system call was refused: the kernel logged no seccomp action and plegd's journal has no
 /// refused call (the unit's filter answers EPERM: a refused call shows as an error there) and
 /// no SIGSYS.
-fn journal() -> anyhow::Result<String> {
+fn journal(since: u64) -> anyhow::Result<String> {
+    let since = format!("@{since}");
     let kernel = run("journalctl", &["-k", "-b", "--no-pager", "-o", "cat"])?;
     let seccomp: Vec<&str> = kernel
         .lines()
@@ -436,7 +501,7 @@ fn journal() -> anyhow::Result<String> {
     ensure!(seccomp.is_empty(), "kernel log: {}", seccomp.join(" | "));
     let plegd = run(
         "journalctl",
-        &["-u", UNIT, "-b", "--no-pager", "-o", "cat"],
+        &["-u", UNIT, "--since", &since, "--no-pager", "-o", "cat"],
     )?;
     let refused: Vec<&str> = plegd
         .lines()
@@ -453,9 +518,19 @@ fn journal() -> anyhow::Result<String> {
 
 /// `systemctl kill -s KILL plegd`: the unit starts it again (a new main pid, READY again) and
 /// a watcher that was connected is told to resync.
-async fn kill_restart() -> anyhow::Result<String> {
+async fn kill_restart(cri: &Cri) -> anyhow::Result<String> {
     let watcher = Watcher::start()?;
-    let first = watcher.connected().await?;
+    let pod = cri.run_pod_in("node-kill-restart", PidMode::Container).await?;
+    let result = kill_restart_with(cri, &pod, &watcher).await;
+    let _ = cri.remove_pod(&pod).await;
+    watcher.stop();
+    result
+}
+
+async fn kill_restart_with(cri: &Cri, pod: &Pod, watcher: &Watcher) -> anyhow::Result<String> {
+    // The watcher follows the daemon once it has the sleeper's start.
+    let sleeper = cri.run_container(pod, &ContainerSpec::sleeper("sleeper")).await?;
+    let started = watcher.event(&sleeper, "ContainerStarted", STEP).await?;
     let before = show(UNIT, &["MainPID", "NRestarts"])?;
     let killed_at = Instant::now();
     run("systemctl", &["kill", "-s", "KILL", UNIT])?;
@@ -468,15 +543,26 @@ async fn kill_restart() -> anyhow::Result<String> {
         Ok(restarted.then_some(now))
     })?;
     let restarted_in = killed_at.elapsed();
-    let old_run = first["resync"]["run_id"].clone();
+    let old_run = started["run_id"].clone();
     let resync = watcher
         .wait("a resync to the new run", STEP, |v| {
             v.get("resync").is_some() && v["resync"]["run_id"] != old_run
         })
         .await?;
-    watcher.stop();
+    let listed = resync["resync"]["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["containers"].as_array().into_iter().flatten())
+        .find(|c| c["id"] == sleeper.as_str())
+        .map(|c| c["state"].clone());
+    ensure!(
+        listed.as_ref().is_some_and(|s| s == "running"),
+        "the resync lists the running sleeper as {listed:?}"
+    );
     Ok(format!(
-        "main pid {} -> {} (NRestarts {} -> {}) in {:.1} s; the watcher resynced from run {} to {}",
+        "main pid {} -> {} (NRestarts {} -> {}) in {:.1} s; the watcher resynced from run {} to {}, \
+         the sleeper listed running",
         before["MainPID"],
         after["MainPID"],
         before["NRestarts"],
@@ -502,7 +588,6 @@ const CHURN_IN_FLIGHT: usize = 8;
 async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String> {
     let began = Instant::now();
     let watcher = Watcher::start()?;
-    watcher.connected().await?;
     let socket = Path::new(CONTAINERD_SOCKET);
     let prefix = format!("churn-{seed:x}");
     let mut pods = Vec::new();
@@ -622,7 +707,6 @@ async fn ebpf_only(cri: &Cri, report: &mut Reporter) -> anyhow::Result<String> {
 /// the node's plegd, for the right pod, in the container's systemd scope.
 async fn lifecycles(cri: &Cri, pid_mode: PidMode, round: Round) -> anyhow::Result<String> {
     let watcher = Watcher::start()?;
-    watcher.connected().await?;
     let pod = cri
         .run_pod_in(
             &format!("node-{}-{}", round_key(round), pid_key(pid_mode)),
@@ -776,8 +860,9 @@ fn round_key(round: Round) -> &'static str {
 // ---------------------------------------------------------------------------------------------
 // A watcher of the node's plegd
 
-/// `plegd watch --output json` on the unit's socket from the run's first event, each line kept
-/// as JSON.
+/// `plegd watch --output json --from 1` on the unit's socket: the run's events from its first
+/// (none missed before it connects), a resync line when the run changes, each line kept as
+/// JSON.
 struct Watcher {
     process: Terminating,
     lines: Arc<(Mutex<Vec<Value>>, Notify)>,
@@ -843,12 +928,6 @@ impl Watcher {
                 bail!("the watcher got no {what} within {} s", timeout.as_secs());
             }
         }
-    }
-
-    /// The listing the watcher starts from: from then on it gets every event.
-    async fn connected(&self) -> anyhow::Result<Value> {
-        self.wait("first listing (connected)", STEP, |v| v.get("resync").is_some())
-            .await
     }
 
     async fn event(&self, id: &str, event_type: &str, timeout: Duration) -> anyhow::Result<Value> {
