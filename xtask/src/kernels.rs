@@ -1,4 +1,4 @@
-//! `cargo xtask kernels`: boot Debian 12's other kernels (6.1, 6.12) in VMs and run `plegd
+//! `cargo xtask kernels`: boot Debian's other kernels (11's 5.10, 12's 6.1 and 6.12) in VMs and run `plegd
 //! check` and the eBPF end-to-end tests inside each, against the private containerd the tests'
 //! harness starts inside the VM.
 //!
@@ -70,6 +70,8 @@ pub struct Options {
 /// `--kernel`: one series or all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Choice {
+    #[value(name = "5.10")]
+    V5_10,
     #[value(name = "6.1")]
     V6_1,
     #[value(name = "6.12")]
@@ -80,6 +82,7 @@ pub enum Choice {
 impl Choice {
     pub fn series(self) -> &'static [KernelSeries] {
         match self {
+            Self::V5_10 => &[KernelSeries::V5_10],
             Self::V6_1 => &[KernelSeries::V6_1],
             Self::V6_12 => &[KernelSeries::V6_12],
             Self::All => KernelSeries::ALL,

@@ -66,8 +66,8 @@ enum Command {
     /// Build plegd's OCI image tarball (release binary and the shared libraries it loads) into
     /// the target directory and print its path; no registry or container engine needed.
     Image(image::Options),
-    /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
-    /// and the eBPF end-to-end tests inside each.
+    /// Boot Debian's 5.10, 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd
+    /// check` and the eBPF end-to-end tests inside each.
     Kernels(kernels::Options),
     /// A real node in a VM (QEMU TCG): systemd as PID 1, pure cgroup2, containerd as its
     /// service on the systemd cgroup driver, plegd installed as README says; runs the node
@@ -143,6 +143,33 @@ mod tests {
             panic!("not kernels: {cli:?}");
         };
         assert_eq!(opts.kernel, kernels::Choice::All);
+    }
+
+    #[test]
+    fn node_parses() {
+        let cli = Cli::try_parse_from([
+            "cargo xtask",
+            "node",
+            "--kernel",
+            "5.10",
+            "--containerd",
+            "2.1",
+            "--quick",
+        ])
+        .unwrap();
+        let Command::Node(opts) = cli.command else {
+            panic!("not node: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::V5_10);
+        assert_eq!(opts.containerd, node::Containerd::V2_1);
+        assert!(opts.quick && !opts.all);
+        let cli = Cli::try_parse_from(["cargo xtask", "node"]).unwrap();
+        let Command::Node(opts) = cli.command else {
+            panic!("not node: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::V6_1);
+        assert_eq!(opts.containerd, node::Containerd::V1_7);
+        assert_eq!(opts.churn, 60);
     }
 
     #[test]

@@ -72,6 +72,11 @@ TTYPath=/dev/ttyS1
 WantedBy=multi-user.target
 ";
 
+/// /etc/hosts of the root (minbase has none; containerd copies it into every host-network
+/// sandbox).
+const HOSTS: &str =
+    "127.0.0.1\tlocalhost\n127.0.1.1\tnode\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
 /// Modules the initramfs loads (with what they need) to mount ext4 on virtio disks.
 const INITRAMFS_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "crc32c_generic", "ext4"];
 
@@ -259,7 +264,7 @@ fn root_image(dir: &Path) -> Result<PathBuf> {
     let marker = dir.join("root.ok");
     let sources = fresh::host_sources()?;
     let mut wanted = format!(
-        "Debian bookworm minbase + {}\n{HOOK_UNIT}",
+        "Debian bookworm minbase + {}\n{HOOK_UNIT}{HOSTS}",
         ROOT_PACKAGES.join(" ")
     );
     for source in &sources {
@@ -288,6 +293,7 @@ fn root_image(dir: &Path) -> Result<PathBuf> {
     )
     .context("enabling node-check.service")?;
     fs::write(base.join("etc/hostname"), "node\n")?;
+    fs::write(base.join("etc/hosts"), HOSTS)?;
     make_ext4(&base, &image, "2G")?;
     fs::remove_dir_all(&base).with_context(|| format!("removing {}", base.display()))?;
     fs::write(&marker, wanted)?;
@@ -483,7 +489,10 @@ fn build() -> Result<Built> {
         "--bin",
         "plegd-harness",
     ]);
-    eprintln!("node: building plegd and plegd-harness (`{}`)", render(&cmd));
+    eprintln!(
+        "node: building plegd and plegd-harness (`{}`)",
+        render(&cmd)
+    );
     let artifacts = kernels::cargo_artifacts(&mut cmd)?;
     let find = |name: &str| {
         artifacts
@@ -499,7 +508,12 @@ fn build() -> Result<Built> {
 }
 
 /// The payload disk of one run.
-fn payload(run_dir: &Path, built: &Built, containerd: Containerd, opts: &Options) -> Result<PathBuf> {
+fn payload(
+    run_dir: &Path,
+    built: &Built,
+    containerd: Containerd,
+    opts: &Options,
+) -> Result<PathBuf> {
     let tree = run_dir.join("payload");
     if tree.exists() {
         fs::remove_dir_all(&tree)?;
@@ -597,16 +611,33 @@ struct Vm<'a> {
 impl Vm<'_> {
     fn command(&self) -> Command {
         let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(["-machine", "q35,accel=tcg", "-cpu", "max", "-smp", CPUS, "-m", MEMORY])
-            .args(["-no-reboot", "-monitor", "none", "-display", "none", "-nic", "none"])
-            .arg("-kernel")
-            .arg(&self.kernel.vmlinuz)
-            .arg("-initrd")
-            .arg(self.initramfs)
-            .args([
-                "-append",
-                "console=ttyS0 panic=-1 rw systemd.unified_cgroup_hierarchy=1",
-            ]);
+        cmd.args([
+            "-machine",
+            "q35,accel=tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            CPUS,
+            "-m",
+            MEMORY,
+        ])
+        .args([
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-display",
+            "none",
+            "-nic",
+            "none",
+        ])
+        .arg("-kernel")
+        .arg(&self.kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(self.initramfs)
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 rw systemd.unified_cgroup_hierarchy=1",
+        ]);
         for (i, disk) in self.disks.iter().enumerate() {
             let mode = if i == 0 { "snapshot=on" } else { "readonly=on" };
             cmd.arg("-drive").arg(format!(
@@ -642,7 +673,10 @@ impl Vm<'_> {
             .with_context(|| format!("could not run `{}`", render(&cmd)))?;
         let (tx, lines) = mpsc::channel();
         let readers = [
-            child.stdout.take().map(|out| kernels::read_lines(out, tx.clone())),
+            child
+                .stdout
+                .take()
+                .map(|out| kernels::read_lines(out, tx.clone())),
             child.stderr.take().map(|err| kernels::read_lines(err, tx)),
         ];
         let mut report = Report::default();
@@ -833,7 +867,11 @@ mod tests {
             report.line(&format!("@@xtask check {name} pass fine"), at);
         }
         report.line("@@xtask done", at);
-        assert!(report.verdict(true, false).is_empty(), "{:?}", report.verdict(true, false));
+        assert!(
+            report.verdict(true, false).is_empty(),
+            "{:?}",
+            report.verdict(true, false)
+        );
         assert_eq!(
             report.verdict(false, false),
             [format!("never reported: {}", EBPF_ONLY_CHECKS.join(", "))]
