@@ -660,6 +660,10 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
             );
             run("systemctl", &["restart", UNIT])?;
             outage = Some((down, SystemTime::now()));
+            println!(
+                "{MARK} note churn: {} lifecycles in, containerd and plegd restarted",
+                n + 1
+            );
         }
         tokio::time::sleep(jitter.below(Duration::from_millis(300))).await;
     }
@@ -667,17 +671,25 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
         results.push(result);
     }
     let mut truths = Vec::new();
-    let mut abandoned = 0;
+    let mut why = Vec::new();
     for result in results {
         match result {
             Ok(Ok(truth)) => truths.push(truth),
-            _ => abandoned += 1,
+            Ok(Err(e)) => why.push(format!("{e:#}")),
+            Err(e) => why.push(e.to_string()),
         }
     }
-    // Every removal reached the watcher (bounded: what is still missing is reported).
+    let abandoned = why.len();
+    // Every removal reached the watcher, within one bound for all: what is still missing
+    // then is the audit's to report.
+    let deadline = Instant::now() + STEP;
     for truth in truths.iter().filter(|t| t.removed) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
         let _ = watcher
-            .event(&truth.container_id, "ContainerRemoved", STEP)
+            .event(&truth.container_id, "ContainerRemoved", left)
             .await;
     }
     let folding = Folding {
@@ -690,12 +702,16 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
         let _ = clients.0.remove_pod(pod).await;
     }
     let summary = report.to_string();
+    // Only lifecycles in flight during the restarts may fail (their runtime calls broke).
+    let first = why
+        .first()
+        .map_or(String::new(), |w| format!("; first: {w}"));
     ensure!(
-        report.expected > 0 && report.is_clean(),
-        "seed {seed}, {abandoned} abandoned: {summary}"
+        report.expected > 0 && report.is_clean() && abandoned <= CHURN_IN_FLIGHT,
+        "seed {seed}, {abandoned} abandoned{first}: {summary}"
     );
     Ok(format!(
-        "seed {seed}, {:.0} s, {abandoned} lifecycles abandoned (in flight during the restarts): {}",
+        "seed {seed}, {:.0} s, {abandoned} lifecycles abandoned (in flight during the restarts{first}): {}",
         began.elapsed().as_secs_f64(),
         summary.lines().next().unwrap_or_default()
     ))
