@@ -1,7 +1,7 @@
 //! Test support through CRI v1, as kubelet would drive containerd: pod sandboxes with host
 //! networking and containers in them.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use anyhow::Context as _;
 use k8s_cri::v1::{
@@ -22,7 +22,30 @@ use crate::{
 #[derive(Clone)]
 pub struct Cri {
     runtime: RuntimeServiceClient<Channel>,
-    instance: InstancePaths,
+    /// The harness's containerd, which records pod cgroups for its cleanup (none for a node's
+    /// own runtime).
+    instance: Option<InstancePaths>,
+    driver: CgroupDriver,
+}
+
+/// How kubelet names a pod's cgroup parent, as its `--cgroup-driver` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupDriver {
+    /// `/kubepods/besteffort/pod<uid>` (runc makes the cgroups).
+    Cgroupfs,
+    /// `kubepods-besteffort-pod<uid, dashes as underscores>.slice` (systemd makes the slices
+    /// and the containers' `cri-containerd-<id>.scope`; containerd needs `SystemdCgroup = true`).
+    Systemd,
+}
+
+impl CgroupDriver {
+    /// The cgroup parent kubelet gives a best-effort pod's sandbox.
+    pub fn pod_parent(self, uid: &str) -> String {
+        match self {
+            Self::Cgroupfs => format!("/kubepods/besteffort/pod{uid}"),
+            Self::Systemd => format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
+        }
+    }
 }
 
 /// A running pod sandbox.
@@ -130,13 +153,27 @@ impl Cri {
             .with_context(|| format!("connecting to {}", containerd.socket().display()))?;
         Ok(Self {
             runtime: RuntimeServiceClient::new(channel),
-            instance: containerd.paths().clone(),
+            instance: Some(containerd.paths().clone()),
+            driver: CgroupDriver::Cgroupfs,
+        })
+    }
+
+    /// A client of the runtime at `socket` (a node's own, not the harness's), making pods the
+    /// way kubelet with `driver` does.
+    pub async fn connect_socket(socket: &Path, driver: CgroupDriver) -> anyhow::Result<Self> {
+        let channel = unix_channel(socket)
+            .await
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        Ok(Self {
+            runtime: RuntimeServiceClient::new(channel),
+            instance: None,
+            driver,
         })
     }
 
     /// Runs a pod sandbox with host networking (no CNI here) in namespace `plegd-test`, under
-    /// kubelet's cgroupfs layout (`/kubepods/besteffort/pod<uid>`), each container in its own
-    /// pid namespace.
+    /// kubelet's layout for the client's cgroup driver ([`CgroupDriver::pod_parent`]), each
+    /// container in its own pid namespace.
     pub async fn run_pod(&self, name: &str) -> anyhow::Result<Pod> {
         self.run_pod_in(name, PidMode::Container).await
     }
@@ -156,10 +193,12 @@ impl Cri {
     ) -> anyhow::Result<Pod> {
         let uid = pod_uid();
         let namespace = "plegd-test".to_owned();
-        let cgroup_parent = format!("/kubepods/besteffort/pod{uid}");
-        self.instance
-            .record_cgroup_parent(&cgroup_parent)
-            .context("recording the pod cgroup for cleanup")?;
+        let cgroup_parent = self.driver.pod_parent(&uid);
+        if let Some(instance) = &self.instance {
+            instance
+                .record_cgroup_parent(&cgroup_parent)
+                .context("recording the pod cgroup for cleanup")?;
+        }
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name: name.to_owned(),

@@ -9,6 +9,8 @@
 //! - `demo`: what `cargo xtask demo` shows.
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
 //! - `native`: test-support calls through containerd's own API (containers and tasks).
+//! - `node`: the node check `cargo xtask node` runs in its VM (systemd, cgroup2, the systemd
+//!   cgroup driver, plegd installed from deploy/), against the node's own containerd and plegd.
 //! - `neighbours`: other agents' subscriptions (CRI `GetContainerEvents`, containerd
 //!   `Events.Subscribe`) recording what they receive, and barriers, for the coexistence tests.
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
@@ -30,6 +32,7 @@ pub mod fake_cri;
 pub mod image;
 pub mod native;
 pub mod neighbours;
+pub mod node;
 pub mod process;
 pub mod proxy;
 pub mod release;

@@ -1,7 +1,11 @@
 //! Test support through containerd's own API (no CRI): containers, snapshots and tasks in the
 //! harness's plain namespace.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{Context as _, bail};
 use containerd_client::{
@@ -72,6 +76,21 @@ impl Native {
     /// Connects to the harness's containerd, in the harness's plain namespace.
     pub async fn connect(containerd: &PrivateContainerd) -> anyhow::Result<Self> {
         Self::connect_in(containerd, NATIVE_NAMESPACE).await
+    }
+
+    /// A client of the containerd at `socket` (a node's own, not the harness's) in `namespace`,
+    /// for its tasks (init pids, kills); it cannot create containers (no harness image or runc
+    /// root there).
+    pub async fn connect_socket(socket: &Path, namespace: &str) -> anyhow::Result<Self> {
+        let channel = unix_channel(socket)
+            .await
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        Ok(Self {
+            channel,
+            namespace: namespace.to_owned(),
+            instance: InstancePaths::new(PathBuf::new()),
+            snapshot_parent: String::new(),
+        })
     }
 
     /// Connects in another namespace (e.g. `k8s.io` to look at CRI-made containers).

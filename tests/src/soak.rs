@@ -39,7 +39,7 @@ pub const BURST: usize = 20;
 /// Lifecycles in flight at most: beyond it, a burst waits for earlier ones to end.
 const IN_FLIGHT: usize = 40;
 /// Long-lived pods per pid-namespace mode.
-const PODS_PER_MODE: usize = 2;
+pub(crate) const PODS_PER_MODE: usize = 2;
 /// The relist period of the polling mode.
 const POLLING_PERIOD: Duration = Duration::from_secs(1);
 /// What polling mode's folding window adds to its relist period: the time a relist takes on
@@ -224,7 +224,7 @@ pub struct Outcome {
 
 /// One lifecycle, drawn before it runs.
 #[derive(Clone, Debug)]
-struct Draw {
+pub(crate) struct Draw {
     name: String,
     action: Action,
     /// How long it runs before the harness ends it.
@@ -232,12 +232,12 @@ struct Draw {
     /// How long it stays exited before removal.
     lingers: Duration,
     /// Which long-lived pod (ignored by [`Action::StopPod`], which gets its own).
-    pod: usize,
+    pub(crate) pod: usize,
     pid_mode: PidMode,
 }
 
 impl Draw {
-    fn new(n: usize, jitter: &mut Jitter) -> Self {
+    pub(crate) fn new(n: usize, jitter: &mut Jitter) -> Self {
         let action = match jitter.pick(6) {
             0 => Action::Kill,
             1 => Action::Exit(1 + jitter.pick(120) as u8),
@@ -701,7 +701,7 @@ async fn await_quiet(plegd: &Plegd, watch: &crate::bench::Watch, truths: &[Truth
 }
 
 /// Runs one lifecycle; its ground truth.
-async fn lifecycle(
+pub(crate) async fn lifecycle(
     cri: &Cri,
     tasks: &Native,
     pod: &Pod,

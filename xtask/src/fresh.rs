@@ -254,14 +254,14 @@ fn private_mount_namespace() -> Result<()> {
 
 /// One `deb` line of the host's apt sources.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Source {
+pub(crate) struct Source {
     uri: String,
     suite: String,
     components: Vec<String>,
 }
 
 impl Source {
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "deb {} {} {}",
             self.uri,
@@ -273,7 +273,7 @@ impl Source {
 
 /// The host's `deb` sources for [`SUITE`] and its updates/security suites, from
 /// /etc/apt/sources.list and the `.list`/`.sources` files of sources.list.d (the ones apt reads).
-fn host_sources() -> Result<Vec<Source>> {
+pub(crate) fn host_sources() -> Result<Vec<Source>> {
     let mut sources = Vec::new();
     let list = Path::new("/etc/apt/sources.list");
     if let Ok(text) = fs::read_to_string(list) {
@@ -382,14 +382,25 @@ fn describe(sources: &[Source]) -> String {
     text
 }
 
-/// `mmdebstrap --variant=minbase` into `base`, installing mmdebstrap first if it is missing.
+/// `mmdebstrap --variant=minbase` of [`SUITE`] with [`PREREQUISITES`] into `base`.
 fn bootstrap(base: &Path, sources: &[Source]) -> Result<()> {
+    debian_root(base, sources, PREREQUISITES, "fresh")
+}
+
+/// `mmdebstrap --variant=minbase` of [`SUITE`] with `include` into `base` (also for `cargo xtask
+/// node`'s VM root), installing mmdebstrap first if it is missing; `who` prefixes what it says.
+pub(crate) fn debian_root(
+    base: &Path,
+    sources: &[Source],
+    include: &[&str],
+    who: &str,
+) -> Result<()> {
     if !setup::missing_packages(&["mmdebstrap"])?.is_empty() {
-        eprintln!("fresh: installing mmdebstrap");
+        eprintln!("{who}: installing mmdebstrap");
         setup::install_packages(&["mmdebstrap"])?;
     }
     eprintln!(
-        "fresh: mmdebstrap {SUITE} into {} from {}",
+        "{who}: mmdebstrap {SUITE} into {} from {}",
         base.display(),
         sources
             .iter()
@@ -399,11 +410,11 @@ fn bootstrap(base: &Path, sources: &[Source]) -> Result<()> {
     );
     let mut cmd = Command::new("mmdebstrap");
     cmd.args(["--variant=minbase", "--mode=root"])
-        .arg(format!("--include={}", PREREQUISITES.join(",")))
+        .arg(format!("--include={}", include.join(",")))
         .arg(SUITE)
         .arg(base)
         .args(sources.iter().map(Source::line));
-    stream(&mut cmd).context("bootstrapping the fresh root failed")
+    stream(&mut cmd).with_context(|| format!("{who}: bootstrapping a Debian root failed"))
 }
 
 /// Copies rustup, its proxies and the stable and nightly toolchains into the base root's

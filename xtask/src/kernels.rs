@@ -1,4 +1,4 @@
-//! `cargo xtask kernels`: boot Debian 12's other kernels (6.1, 6.12) in VMs and run `plegd
+//! `cargo xtask kernels`: boot Debian's other kernels (11's 5.10, 12's 6.1 and 6.12) in VMs and run `plegd
 //! check` and the eBPF end-to-end tests inside each, against the private containerd the tests'
 //! harness starts inside the VM.
 //!
@@ -70,6 +70,8 @@ pub struct Options {
 /// `--kernel`: one series or all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Choice {
+    #[value(name = "5.10")]
+    V5_10,
     #[value(name = "6.1")]
     V6_1,
     #[value(name = "6.12")]
@@ -80,6 +82,7 @@ pub enum Choice {
 impl Choice {
     pub fn series(self) -> &'static [KernelSeries] {
         match self {
+            Self::V5_10 => &[KernelSeries::V5_10],
             Self::V6_1 => &[KernelSeries::V6_1],
             Self::V6_12 => &[KernelSeries::V6_12],
             Self::All => KernelSeries::ALL,
@@ -188,20 +191,20 @@ fn build(test_binaries: &[&str]) -> Result<Built> {
 
 /// An executable cargo built.
 #[derive(Debug, PartialEq, Eq)]
-struct Artifact {
+pub(crate) struct Artifact {
     /// The target's name (`plegd`, `ebpf_events`).
-    name: String,
+    pub(crate) name: String,
     /// Its first kind: `bin`, `test`, `lib` (the unit tests of a library)...
-    kind: String,
+    pub(crate) kind: String,
     /// Built with the test harness (`cargo test` builds a bin twice: itself, for integration
     /// tests, and its unit tests).
-    harness: bool,
-    executable: PathBuf,
+    pub(crate) harness: bool,
+    pub(crate) executable: PathBuf,
 }
 
 /// Runs a cargo build with `--message-format json` (diagnostics shown as usual on stderr) and
 /// returns the executables it produced.
-fn cargo_artifacts(cmd: &mut Command) -> Result<Vec<Artifact>> {
+pub(crate) fn cargo_artifacts(cmd: &mut Command) -> Result<Vec<Artifact>> {
     cmd.arg("--message-format=json-render-diagnostics")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -366,7 +369,7 @@ fn boot(vng: &Path, kernel: &Kernel, script: &Path, timeout: Duration) -> Result
 }
 
 /// Sends each line `from` prints (lossily decoded, without the guest console's `\r`).
-fn read_lines(
+pub(crate) fn read_lines(
     from: impl Read + Send + 'static,
     to: mpsc::Sender<String>,
 ) -> thread::JoinHandle<()> {

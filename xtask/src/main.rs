@@ -16,6 +16,7 @@ mod fuzz;
 mod harness;
 mod image;
 mod kernels;
+mod node;
 mod setup;
 mod soak;
 mod steps;
@@ -66,9 +67,14 @@ enum Command {
     /// Build plegd's OCI image tarball (release binary and the shared libraries it loads) into
     /// the target directory and print its path; no registry or container engine needed.
     Image(image::Options),
-    /// Boot Debian's 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd check`
-    /// and the eBPF end-to-end tests inside each.
+    /// Boot Debian's 5.10, 6.1 and 6.12 kernels in VMs (QEMU TCG, virtme-ng) and run `plegd
+    /// check` and the eBPF end-to-end tests inside each.
     Kernels(kernels::Options),
+    /// A real node in a VM (QEMU TCG): systemd as PID 1, pure cgroup2, containerd as its
+    /// service on the systemd cgroup driver, plegd installed as README says; runs the node
+    /// check (readiness, lifecycles in every pid mode, eBPF-only, kill and restart, hardening)
+    /// and prints each check's pass or FAIL.
+    Node(node::Options),
     /// Prove README's `demo` and `test` work on a fresh machine: bootstrap a minimal Debian 12
     /// root, copy in only the Rust toolchain and a clone of HEAD, run both in a chroot (root;
     /// slow: a full build on top of the bootstrap).
@@ -89,6 +95,7 @@ fn main() -> ExitCode {
         Command::Test(opts) => test::run(&opts),
         Command::Image(opts) => image::run(&opts),
         Command::Kernels(opts) => kernels::run(&opts),
+        Command::Node(opts) => node::run(&opts),
         Command::Fresh(opts) => fresh::run(&opts),
     };
     match result {
@@ -137,6 +144,33 @@ mod tests {
             panic!("not kernels: {cli:?}");
         };
         assert_eq!(opts.kernel, kernels::Choice::All);
+    }
+
+    #[test]
+    fn node_parses() {
+        let cli = Cli::try_parse_from([
+            "cargo xtask",
+            "node",
+            "--kernel",
+            "5.10",
+            "--containerd",
+            "2.1",
+            "--quick",
+        ])
+        .unwrap();
+        let Command::Node(opts) = cli.command else {
+            panic!("not node: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::V5_10);
+        assert_eq!(opts.containerd, node::Containerd::V2_1);
+        assert!(opts.quick && !opts.all);
+        let cli = Cli::try_parse_from(["cargo xtask", "node"]).unwrap();
+        let Command::Node(opts) = cli.command else {
+            panic!("not node: {cli:?}");
+        };
+        assert_eq!(opts.kernel, kernels::Choice::V6_1);
+        assert_eq!(opts.containerd, node::Containerd::V1_7);
+        assert_eq!(opts.churn, 60);
     }
 
     #[test]

@@ -21,11 +21,12 @@
 //!    test`) in an npm prefix of its own under `.xtask/` in the workspace (Debian's `npm`
 //!    installed first when no `npm` runs).
 //!
-//! With `--vm`, also what `cargo xtask kernels` needs to boot other kernels in a VM (its rows in
-//! the summary start with `kernels:`):
-//! 10. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv);
+//! With `--vm`, also what `cargo xtask kernels` and `cargo xtask node` need to boot other
+//! kernels in a VM (its rows in the summary start with `kernels:`):
+//! 10. apt packages [`VM_APT_PACKAGES`] (QEMU, python3-venv, mmdebstrap, e2fsprogs, cpio);
 //! 11. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
-//!    of that series is installed already;
+//!    of that series is installed already (5.10 from bullseye, through the private apt
+//!    configuration, then installed from its file with the system's apt);
 //! 12. virtme-ng ([`VIRTME_NG_VERSION`]) from PyPI in a venv of its own under `.xtask/` in the
 //!    workspace (Debian's python refuses system-wide `pip install` (PEP 668), and a venv keeps
 //!    the project's tools out of the node's Python).
@@ -81,8 +82,16 @@ pub const TEST_PACKAGES: &[&str] = &[
     "python3-venv",
 ];
 
-/// Debian packages `cargo xtask kernels` needs: QEMU (the VM, TCG) and venv (for virtme-ng).
-pub const VM_APT_PACKAGES: &[&str] = &["qemu-system-x86", "python3-venv"];
+/// Debian packages `cargo xtask kernels` and `cargo xtask node` need: QEMU (the VM, TCG), venv
+/// (for virtme-ng); for `node`'s own Debian root: mmdebstrap, e2fsprogs (`mke2fs -d` makes its
+/// disk images without a loop device) and cpio (its initramfs).
+pub const VM_APT_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "python3-venv",
+    "mmdebstrap",
+    "e2fsprogs",
+    "cpio",
+];
 
 /// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
 pub const VIRTME_NG_VERSION: &str = "1.42";
@@ -143,7 +152,7 @@ const CONTAINERD_RELEASES: &[ContainerdRelease] = &[
 /// worktree and cargo target directory, so all checkouts share one copy and `cargo clean`
 /// keeps it; not in any `PATH`, so nothing shadows the system's containerd. The harness
 /// (tests/src/release.rs) looks there.
-const CONTAINERD_ROOT: &str = "/opt/plegd/containerd";
+pub(crate) const CONTAINERD_ROOT: &str = "/opt/plegd/containerd";
 /// The private apt configuration's sources, lists and package cache: the system's apt lists
 /// stay as they are.
 const PRIVATE_APT: &str = "/opt/plegd/apt";
@@ -174,8 +183,9 @@ pub struct Options {
     /// need root, though tracefs may not be readable without it).
     #[arg(long)]
     pub check: bool,
-    /// Also install what `cargo xtask kernels` needs: QEMU, Debian's 6.1 and 6.12 kernel
-    /// packages (they write /boot and /lib/modules) and virtme-ng from PyPI.
+    /// Also install what `cargo xtask kernels` and `node` need: QEMU, Debian's 5.10, 6.1 and
+    /// 6.12 kernel packages (they write /boot and /lib/modules), virtme-ng from PyPI,
+    /// mmdebstrap.
     #[arg(long)]
     pub vm: bool,
 }
@@ -183,6 +193,10 @@ pub struct Options {
 /// A Debian 12 kernel series `cargo xtask kernels` boots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelSeries {
+    /// Debian 11's kernel, `linux-image-5.10.0-<N>-amd64-unsigned` (suite bullseye, fetched
+    /// with a private apt configuration: the system's sources have no bullseye).
+    #[value(name = "5.10")]
+    V5_10,
     /// bookworm's own kernel, `linux-image-6.1.0-<N>-amd64`.
     #[value(name = "6.1")]
     V6_1,
@@ -192,10 +206,11 @@ pub enum KernelSeries {
 }
 
 impl KernelSeries {
-    pub const ALL: &[Self] = &[Self::V6_1, Self::V6_12];
+    pub const ALL: &[Self] = &[Self::V5_10, Self::V6_1, Self::V6_12];
 
     pub fn name(self) -> &'static str {
         match self {
+            Self::V5_10 => "5.10",
             Self::V6_1 => "6.1",
             Self::V6_12 => "6.12",
         }
@@ -204,6 +219,7 @@ impl KernelSeries {
     /// The package name around the build number `N`.
     fn affixes(self) -> (&'static str, &'static str) {
         match self {
+            Self::V5_10 => ("linux-image-5.10.0-", "-amd64-unsigned"),
             Self::V6_1 => ("linux-image-6.1.0-", "-amd64"),
             Self::V6_12 => ("linux-image-6.12.", "+deb12-amd64"),
         }
@@ -229,8 +245,18 @@ impl KernelSeries {
             .map(|(_, name)| name)
     }
 
+    /// The Debian suite to fetch it from with a private apt configuration, when the system's
+    /// sources do not have it.
+    fn private_suite(self) -> Option<&'static str> {
+        match self {
+            Self::V5_10 => Some("bullseye"),
+            Self::V6_1 | Self::V6_12 => None,
+        }
+    }
+
     fn summary_step(self) -> &'static str {
         match self {
+            Self::V5_10 => "kernels: 5.10",
             Self::V6_1 => "kernels: 6.1",
             Self::V6_12 => "kernels: 6.12",
         }
@@ -920,6 +946,16 @@ fn kernel(opts: &Options, series: KernelSeries, summary: &mut Summary) -> Result
             say(step, format!("already installed: {package}"));
             (package, State::Present)
         }
+        None if series.private_suite().is_some() => {
+            let suite = series.private_suite().unwrap_or_default();
+            if opts.check {
+                say(step, format!("missing: no {pattern} installed"));
+                summary.add(step, State::Missing, format!("no {pattern} installed"));
+                return Ok(None);
+            }
+            let package = install_private_kernel(series, suite, step)?;
+            (package, State::Installed)
+        }
         None => {
             let mut candidate = available_kernel_package(series, prefix)?;
             if candidate.is_none() && !opts.check {
@@ -952,9 +988,11 @@ fn kernel(opts: &Options, series: KernelSeries, summary: &mut Summary) -> Result
             (package, State::Installed)
         }
     };
-    let release = package
-        .strip_prefix("linux-image-")
-        .unwrap_or(&package)
+    let release = package.strip_prefix("linux-image-").unwrap_or(&package);
+    // The -unsigned flavour installs the same kernel as the signed one.
+    let release = release
+        .strip_suffix("-unsigned")
+        .unwrap_or(release)
         .to_owned();
     let vmlinuz = PathBuf::from(format!("/boot/vmlinuz-{release}"));
     let modules = PathBuf::from(format!("/lib/modules/{release}"));
@@ -973,6 +1011,49 @@ fn kernel(opts: &Options, series: KernelSeries, summary: &mut Summary) -> Result
         release,
         vmlinuz,
     }))
+}
+
+/// Downloads the newest kernel of `series` from Debian `suite` with the private apt
+/// configuration and installs the package file with the system's apt (its dependencies, kmod,
+/// linux-base and initramfs-tools, come from the system's sources); returns its name.
+fn install_private_kernel(series: KernelSeries, suite: &str, step: &str) -> Result<String> {
+    let (prefix, _) = series.affixes();
+    say(
+        step,
+        format!(
+            "downloading from Debian {suite} with a private apt configuration in {PRIVATE_APT}"
+        ),
+    );
+    let apt = PrivateApt::update([suite].into_iter())?;
+    let names = capture(apt.command("apt-cache").args(["pkgnames", prefix]))?;
+    let package = series
+        .newest(names.lines().map(str::trim))
+        .map(str::to_owned)
+        .with_context(|| format!("Debian {suite} offers no {prefix}*"))?;
+    let debs = Path::new(PRIVATE_APT).join("debs").join(series.name());
+    if debs.exists() {
+        fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+    }
+    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+    stream(
+        apt.command("apt-get")
+            .args(["-q", "download"])
+            .arg(&package)
+            .current_dir(&debs),
+    )
+    .with_context(|| format!("downloading {package}"))?;
+    let deb = fs::read_dir(&debs)
+        .with_context(|| format!("reading {}", debs.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .with_context(|| format!("apt-get download left no .deb in {}", debs.display()))?;
+    say(
+        step,
+        format!("installing {package} (writes /boot and /lib/modules)"),
+    );
+    install_packages(&[deb.to_str().context("the .deb's path is not UTF-8")?])?;
+    Ok(package)
 }
 
 fn installed_kernel_package(series: KernelSeries, pattern: &str) -> Result<Option<String>> {

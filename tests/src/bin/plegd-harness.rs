@@ -1,4 +1,5 @@
-//! `plegd-harness`: the private containerd and the demo, for `cargo xtask containerd|demo`.
+//! `plegd-harness`: the private containerd and the demo, for `cargo xtask containerd|demo`;
+//! `node prepare|check` inside `cargo xtask node`'s VM.
 //! (xtask itself stays free of gRPC dependencies so it builds before `cargo xtask setup`.)
 
 use std::process::ExitCode;
@@ -32,6 +33,13 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = parse_seconds)]
         pause: std::time::Duration,
     },
+    /// Inside `cargo xtask node`'s VM only: `prepare` writes the node containerd's config (the
+    /// systemd cgroup driver), `check` runs the node check against the node's containerd and
+    /// the plegd its unit runs.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+    },
     /// Build plegd's OCI image tarball (for `ctr images import`) from a plegd binary.
     Image {
         /// The plegd binary to put in it.
@@ -52,6 +60,24 @@ fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
         .ok()
         .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
         .ok_or_else(|| format!("invalid duration {text:?}: expected seconds, e.g. 2s"))
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeAction {
+    /// Write /etc/containerd/config.toml for the containerd in PATH.
+    Prepare,
+    /// Run the checks, one `@@xtask check` line each.
+    Check {
+        /// Skip the eBPF-only round.
+        #[arg(long)]
+        quick: bool,
+        /// Lifecycles of the churn audit (0: none).
+        #[arg(long, default_value_t = 60)]
+        churn: usize,
+        /// The churn's seed (default: the clock's).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +111,20 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo { plegd, pause } => plegd_tests::demo::run(&plegd, pause).await?,
+        Command::Node { action } => match action {
+            NodeAction::Prepare => {
+                let version = plegd_tests::node::prepare()?;
+                println!("containerd {version}: wrote its config (SystemdCgroup = true)");
+            }
+            NodeAction::Check { quick, churn, seed } => {
+                let seed = match seed {
+                    Some(seed) => seed,
+                    None => plegd_tests::soak::seed_from_env()?,
+                };
+                let plan = plegd_tests::node::Plan { quick, churn, seed };
+                plegd_tests::node::check(plan).await?;
+            }
+        },
         Command::Image { plegd, out, name } => {
             let built = plegd_tests::image::build_plegd_image(&plegd, &name, &out)?;
             let libraries: Vec<String> = built

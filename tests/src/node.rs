@@ -1,0 +1,1158 @@
+//! The node check: what `cargo xtask node` runs inside its VM, a node as most Kubernetes nodes
+//! are (systemd as PID 1, a pure cgroup2 tree, containerd as its systemd service on the systemd
+//! cgroup driver, plegd installed from deploy/ as README says), against that node's own
+//! containerd and plegd, never the harness's private ones.
+//!
+//! [`prepare`] writes containerd's config before the guest restarts it; [`check`] runs the checks
+//! and prints one `@@xtask check <name> pass|FAIL <detail>` line per check, which xtask reads
+//! from the VM's serial port.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_cri::v1::ContainerState;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::{
+    Version,
+    audit::{self, Folding, Record},
+    bench::Jitter,
+    containerd::CRI_NAMESPACE,
+    cri::{CgroupDriver, ContainerSpec, Cri, PidMode, Pod},
+    image,
+    native::Native,
+    process::Terminating,
+    soak,
+};
+
+/// What the guest's output lines start with.
+pub const MARK: &str = "@@xtask";
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+/// Where README's Install section puts plegd, its unit and its config.
+pub const PLEGD: &str = "/usr/local/bin/plegd";
+const UNIT: &str = "plegd.service";
+const UNIT_FILE: &str = "/etc/systemd/system/plegd.service";
+const CONFIG: &str = "/etc/plegd/plegd.toml";
+/// The unit's default API socket (RuntimeDirectory=plegd).
+const API_SOCKET: &str = "/run/plegd/plegd.sock";
+/// What plegd's READY=1 comes with (agent/src/daemon/notify.rs).
+const READY_STATUS: &str = "first full relist done";
+
+/// Debian's kernels set it to 3 (CONFIG_SECURITY_PERF_EVENTS_RESTRICT): perf_event_open then
+/// needs CAP_SYS_ADMIN, whatever CAP_PERFMON says.
+const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+
+/// Longest wait for one event or one state of a unit.
+const STEP: Duration = Duration::from_secs(30);
+/// The full relist period of the eBPF-only run: removals are found by it alone.
+const EBPF_ONLY_RELIST: &str = "10s";
+
+/// The capabilities the unit hands plegd and the one it keeps (README, "Install").
+const CAP_SETPCAP: u32 = 8;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// `[Service]` settings of the unit that make up its sandbox: `plegd check` runs under them.
+const SANDBOX_KEYS: &[&str] = &[
+    "User",
+    "CapabilityBoundingSet",
+    "AmbientCapabilities",
+    "LimitMEMLOCK",
+    "NoNewPrivileges",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "PrivateDevices",
+    "ProtectHostname",
+    "ProtectClock",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+    "ProtectControlGroups",
+    "ProtectKernelTunables",
+    "RestrictNamespaces",
+    "RestrictRealtime",
+    "RestrictSUIDSGID",
+    "LockPersonality",
+    "MemoryDenyWriteExecute",
+    "RestrictAddressFamilies",
+    "SystemCallArchitectures",
+    "SystemCallFilter",
+    "SystemCallErrorNumber",
+];
+
+/// containerd's config on the node: the CRI plugin's runc on the systemd cgroup driver, the
+/// sandbox image the harness imports (no registry here); everything else containerd's default.
+pub fn containerd_config(version: Version) -> String {
+    let pause = image::PAUSE_IMAGE;
+    if version.wants_config_v3() {
+        format!(
+            "version = 3\n\n\
+             [plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = \"{pause}\"\n\n\
+             [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\n\
+             [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"
+        )
+    } else {
+        format!(
+            "version = 2\n\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{pause}\"\n\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"
+        )
+    }
+}
+
+/// Writes [`containerd_config`] for the `containerd` first in `PATH` (the guest restarts
+/// containerd afterwards); returns its version.
+pub fn prepare() -> anyhow::Result<Version> {
+    let out = run("containerd", &["--version"])?;
+    let version = Version::parse_version_output(&out)
+        .with_context(|| format!("containerd --version said {out:?}"))?;
+    if let Some(dir) = Path::new(CONTAINERD_CONFIG).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(CONTAINERD_CONFIG, containerd_config(version))
+        .with_context(|| format!("writing {CONTAINERD_CONFIG}"))?;
+    Ok(version)
+}
+
+/// Which checks to run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Plan {
+    /// Skip the eBPF-only round (the quick check).
+    pub quick: bool,
+    /// Lifecycles of the churn audit (0: none).
+    pub churn: usize,
+    pub seed: u64,
+}
+
+/// Runs every check on the node, printing each result as it comes; fails if one failed.
+pub async fn check(plan: Plan) -> anyhow::Result<()> {
+    let mut report = Reporter::default();
+    report.result("init", init());
+    report.result("containerd", containerd());
+    let images = std::env::temp_dir().join("plegd-node-images");
+    let imported = import_images(&images);
+    let imported_ok = imported.is_ok();
+    report.result("images", imported);
+    report.result("plegd-ready", plegd_ready());
+    let paranoid = perf_event_paranoid()?;
+    // The journal is read from here on: what plegd logged without its probes is expected.
+    let mut since = unix_now();
+    if paranoid > 2 {
+        report.result("paranoid-degrades", paranoid_degrades(paranoid));
+        std::fs::write(PERF_EVENT_PARANOID, "2\n")
+            .with_context(|| format!("writing {PERF_EVENT_PARANOID}"))?;
+        since = unix_now();
+        run("systemctl", &["restart", UNIT])?;
+        println!("{MARK} note kernel.perf_event_paranoid {paranoid} -> 2, plegd restarted");
+    }
+    report.result("plegd-check", plegd_check_sandboxed());
+    report.result("hardening", hardening());
+    let cri = Cri::connect_socket(Path::new(CONTAINERD_SOCKET), CgroupDriver::Systemd).await;
+    match (cri, imported_ok) {
+        (Ok(cri), true) => {
+            for pid_mode in PidMode::ALL {
+                let name = format!("lifecycle-default-{}", pid_key(pid_mode));
+                report.result(&name, lifecycles(&cri, pid_mode, Round::Default).await);
+            }
+            if !plan.quick {
+                let result = ebpf_only(&cri, &mut report).await;
+                report.result("ebpf-only", result);
+            }
+            if plan.churn > 0 {
+                report.result("churn", churn(&cri, plan.churn, plan.seed).await);
+            }
+            report.result("kill-restart", kill_restart(&cri).await);
+            report.result("journal", journal(since));
+        }
+        (Err(e), _) => report.result("cri", Err(e)),
+        (_, false) => report.result("cri", Err(anyhow::anyhow!("no images: no pods"))),
+    }
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "{} checks failed: {}",
+            report.failed.len(),
+            report.failed.join(", ")
+        )
+    }
+}
+
+/// Prints one line per check.
+#[derive(Default)]
+struct Reporter {
+    failed: Vec<String>,
+}
+
+impl Reporter {
+    fn result(&mut self, name: &str, result: anyhow::Result<String>) {
+        let (verdict, detail) = match result {
+            Ok(detail) => ("pass", detail),
+            Err(e) => {
+                self.failed.push(name.to_owned());
+                ("FAIL", format!("{e:#}"))
+            }
+        };
+        // One line each: the host reads them line by line.
+        let detail = detail.replace('\n', " | ");
+        println!("{MARK} check {name} {verdict} {detail}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node itself
+
+/// systemd is PID 1 and cgroup2 at /sys/fs/cgroup is the only cgroup mount.
+fn init() -> anyhow::Result<String> {
+    let comm = std::fs::read_to_string("/proc/1/comm")?;
+    ensure!(
+        comm.trim() == "systemd",
+        "PID 1 is {:?}, not systemd",
+        comm.trim()
+    );
+    let version = run("systemctl", &["--version"])?;
+    let version = version.lines().next().unwrap_or_default().to_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    let cgroups: Vec<(&str, &str)> = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, at, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            kind.starts_with("cgroup").then_some((at, kind))
+        })
+        .collect();
+    ensure!(
+        cgroups == [("/sys/fs/cgroup", "cgroup2")],
+        "cgroup mounts are {cgroups:?}, not cgroup2 at /sys/fs/cgroup alone"
+    );
+    Ok(format!("PID 1 {version}; cgroup2 alone at /sys/fs/cgroup"))
+}
+
+/// containerd runs as its unit, its CRI runc on the systemd cgroup driver.
+fn containerd() -> anyhow::Result<String> {
+    let unit = show(
+        "containerd.service",
+        &["ActiveState", "SubState", "ExecStart"],
+    )?;
+    ensure!(
+        unit["ActiveState"] == "active" && unit["SubState"] == "running",
+        "containerd.service is {}/{}",
+        unit["ActiveState"],
+        unit["SubState"]
+    );
+    let config = std::fs::read_to_string(CONTAINERD_CONFIG)?;
+    ensure!(
+        config.contains("SystemdCgroup = true"),
+        "{CONTAINERD_CONFIG} does not set SystemdCgroup"
+    );
+    let version = run("containerd", &["--version"])?;
+    Ok(format!(
+        "containerd.service active/running: {}; SystemdCgroup = true",
+        version.trim()
+    ))
+}
+
+/// The harness's busybox and pause images, imported into CRI's namespace.
+fn import_images(dir: &Path) -> anyhow::Result<String> {
+    let images = image::build_images(dir)?;
+    for tarball in [&images.busybox, &images.pause] {
+        let tarball = tarball.to_str().context("image path")?;
+        run(
+            "ctr",
+            &[
+                "--address",
+                CONTAINERD_SOCKET,
+                "--namespace",
+                crate::containerd::CRI_NAMESPACE,
+                "images",
+                "import",
+                tarball,
+            ],
+        )?;
+    }
+    Ok(format!(
+        "{} and {}",
+        image::BUSYBOX_IMAGE,
+        image::PAUSE_IMAGE
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// plegd's unit
+
+/// systemd shows plegd active only once READY=1 came (its status text is READY's), and plegd's
+/// health shows the full relist READY waited for.
+fn plegd_ready() -> anyhow::Result<String> {
+    let unit = show(
+        UNIT,
+        &[
+            "Type",
+            "ActiveState",
+            "SubState",
+            "StatusText",
+            "ExecMainStartTimestampMonotonic",
+            "ActiveEnterTimestampMonotonic",
+        ],
+    )?;
+    ensure!(
+        unit["Type"] == "notify",
+        "the unit's Type is {}",
+        unit["Type"]
+    );
+    ensure!(
+        unit["ActiveState"] == "active" && unit["SubState"] == "running",
+        "plegd is {}/{}",
+        unit["ActiveState"],
+        unit["SubState"]
+    );
+    ensure!(
+        unit["StatusText"].starts_with(READY_STATUS),
+        "active with status {:?}: not READY's",
+        unit["StatusText"]
+    );
+    let micros = |key: &str| unit[key].parse::<u64>().unwrap_or(0);
+    let (started, active) = (
+        micros("ExecMainStartTimestampMonotonic"),
+        micros("ActiveEnterTimestampMonotonic"),
+    );
+    ensure!(
+        active > started,
+        "active at {active} µs, not after the start at {started} µs"
+    );
+    let health = health()?;
+    ensure!(
+        health["healthy"] == true,
+        "plegd health says unhealthy: {}",
+        health["message"]
+    );
+    Ok(format!(
+        "active/running {:.2} s after exec (READY=1: \"{}\"); health: {}",
+        (active - started) as f64 / 1e6,
+        unit["StatusText"],
+        health["message"].as_str().unwrap_or_default()
+    ))
+}
+
+/// What `plegd check` printed under the unit's own sandbox (its capabilities, filters,
+/// protections read from the installed unit file): its `ok`/`NO` lines, its stderr.
+fn sandboxed_check() -> anyhow::Result<(Vec<String>, String)> {
+    let unit = std::fs::read_to_string(UNIT_FILE)?;
+    let mut cmd = Command::new("systemd-run");
+    cmd.args(["--wait", "--pipe", "--quiet", "--collect"]);
+    for (key, value) in sandbox_settings(&unit) {
+        cmd.arg("-p").arg(format!("{key}={value}"));
+    }
+    cmd.args([PLEGD, "check"]);
+    let out = cmd.output().context("systemd-run plegd check")?;
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("ok ") || l.starts_with("NO "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    Ok((
+        lines,
+        String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    ))
+}
+
+/// The `plegd check` line about `subject` ("eBPF probes", "probe ").
+fn check_lines<'a>(lines: &'a [String], subject: &str) -> Vec<&'a String> {
+    lines
+        .iter()
+        .filter(|l| l[3..].starts_with(subject))
+        .collect()
+}
+
+/// `plegd check` under the unit's sandbox loads and attaches every probe.
+fn plegd_check_sandboxed() -> anyhow::Result<String> {
+    let (lines, stderr) = sandboxed_check()?;
+    let probes = check_lines(&lines, "probe ");
+    let summary = check_lines(&lines, "eBPF probes");
+    let all_ok = !probes.is_empty()
+        && probes.iter().all(|l| l.starts_with("ok "))
+        && summary.first().is_some_and(|l| l.starts_with("ok "));
+    ensure!(
+        all_ok,
+        "under the unit's sandbox: {} (stderr: {stderr})",
+        lines.join("; ")
+    );
+    let optional: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("NO "))
+        .map(String::as_str)
+        .collect();
+    Ok(format!(
+        "{}; {} probe lines ok; not ok (optional): {}",
+        summary[0],
+        probes.len(),
+        if optional.is_empty() {
+            "none".to_owned()
+        } else {
+            optional.join("; ")
+        }
+    ))
+}
+
+/// On a kernel that restricts perf events (`perf_event_paranoid` above 2, Debian's default),
+/// the unit's capabilities cannot attach a tracepoint: plegd must say so and run on without
+/// eBPF (READY, holding no capability), as the design's degradation promises.
+fn paranoid_degrades(paranoid: u32) -> anyhow::Result<String> {
+    let (lines, _) = sandboxed_check()?;
+    let summary = check_lines(&lines, "eBPF probes");
+    let mode = check_lines(&lines, "--mode auto");
+    let unit = show(UNIT, &["ActiveState", "SubState"])?;
+    ensure!(
+        unit["ActiveState"] == "active" && unit["SubState"] == "running",
+        "plegd is {}/{} without eBPF",
+        unit["ActiveState"],
+        unit["SubState"]
+    );
+    let pid = main_pid()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim)
+        .unwrap_or("?")
+        .to_owned();
+    ensure!(
+        eff == "0000000000000000",
+        "without its probes plegd still holds CapEff {eff}"
+    );
+    Ok(format!(
+        "perf_event_paranoid {paranoid}: under the unit's capabilities `plegd check` says {} / {}; \
+         plegd active without eBPF, CapEff {eff}. The checks below run with \
+         kernel.perf_event_paranoid=2",
+        summary.first().map_or("no eBPF line", |l| l.as_str()),
+        mode.first().map_or("no mode line", |l| l.as_str()),
+    ))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn perf_event_paranoid() -> anyhow::Result<u32> {
+    let text = std::fs::read_to_string(PERF_EVENT_PARANOID)
+        .with_context(|| format!("reading {PERF_EVENT_PARANOID}"))?;
+    Ok(text.trim().parse()?)
+}
+
+/// The `[Service]` lines of `unit` that are part of its sandbox ([`SANDBOX_KEYS`]).
+fn sandbox_settings(unit: &str) -> Vec<(&str, &str)> {
+    let mut in_service = false;
+    let mut settings = Vec::new();
+    for line in unit.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_service = line == "[Service]";
+        } else if in_service
+            && !line.starts_with('#')
+            && let Some((key, value)) = line.split_once('=')
+            && SANDBOX_KEYS.contains(&key.trim())
+        {
+            settings.push((key.trim(), value.trim()));
+        }
+    }
+    settings
+}
+
+/// The running plegd holds only CAP_BPF (README: three at start, one kept), its bounding and
+/// ambient sets hold nothing else, no new privileges, a seccomp filter.
+fn hardening() -> anyhow::Result<String> {
+    let pid = main_pid()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+            .with_context(|| format!("/proc/{pid}/status has no {name}"))
+    };
+    let caps = |name: &str| -> anyhow::Result<u64> { Ok(u64::from_str_radix(field(name)?, 16)?) };
+    let bpf = 1u64 << CAP_BPF;
+    let unit_set = bpf | 1 << CAP_PERFMON | 1 << CAP_SETPCAP;
+    let (eff, prm, inh, bnd, amb) = (
+        caps("CapEff")?,
+        caps("CapPrm")?,
+        caps("CapInh")?,
+        caps("CapBnd")?,
+        caps("CapAmb")?,
+    );
+    ensure!(
+        eff == bpf && prm == bpf,
+        "CapEff {eff:016x} CapPrm {prm:016x}: not CAP_BPF alone"
+    );
+    ensure!(
+        inh & !bpf == 0 && bnd & !bpf == 0 && amb & !bpf == 0,
+        "CapInh {inh:016x} CapBnd {bnd:016x} CapAmb {amb:016x} hold more than CAP_BPF"
+    );
+    ensure!(bnd & !unit_set == 0, "bounding set beyond the unit's");
+    ensure!(field("NoNewPrivs")? == "1", "NoNewPrivs is not set");
+    ensure!(
+        field("Seccomp")? == "2",
+        "no seccomp filter (Seccomp: {})",
+        field("Seccomp")?
+    );
+    Ok(format!(
+        "pid {pid}: CapEff {eff:016x} CapPrm {prm:016x} CapInh {inh:016x} CapBnd {bnd:016x} \
+         CapAmb {amb:016x} (CAP_BPF only), NoNewPrivs 1, Seccomp 2 (filter)"
+    ))
+}
+
+/// No system call was refused: the kernel logged no seccomp action and plegd's journal has no
+/// refused call (the unit's filter answers EPERM: a refused call shows as an error there) and
+/// no SIGSYS.
+fn journal(since: u64) -> anyhow::Result<String> {
+    let since = format!("@{since}");
+    let kernel = run("journalctl", &["-k", "-b", "--no-pager", "-o", "cat"])?;
+    let seccomp: Vec<&str> = kernel
+        .lines()
+        .filter(|l| l.contains("seccomp") || l.contains("type=1326"))
+        .collect();
+    ensure!(seccomp.is_empty(), "kernel log: {}", seccomp.join(" | "));
+    let plegd = run(
+        "journalctl",
+        &["-u", UNIT, "--since", &since, "--no-pager", "-o", "cat"],
+    )?;
+    let refused: Vec<&str> = plegd
+        .lines()
+        .filter(|l| {
+            l.contains("Operation not permitted") || l.contains("SIGSYS") || l.contains("EPERM")
+        })
+        .collect();
+    ensure!(
+        refused.is_empty(),
+        "plegd's journal: {}",
+        refused.join(" | ")
+    );
+    Ok(format!(
+        "no seccomp action in the kernel log; {} lines of plegd's journal, none refused",
+        plegd.lines().count()
+    ))
+}
+
+/// `systemctl kill -s KILL plegd`: the unit starts it again (a new main pid, READY again) and
+/// a watcher that was connected is told to resync.
+async fn kill_restart(cri: &Cri) -> anyhow::Result<String> {
+    let watcher = Watcher::start()?;
+    let pod = cri
+        .run_pod_in("node-kill-restart", PidMode::Container)
+        .await?;
+    let result = kill_restart_with(cri, &pod, &watcher).await;
+    let _ = cri.remove_pod(&pod).await;
+    watcher.stop();
+    result
+}
+
+async fn kill_restart_with(cri: &Cri, pod: &Pod, watcher: &Watcher) -> anyhow::Result<String> {
+    // The watcher follows the daemon once it has the sleeper's start.
+    let sleeper = cri
+        .run_container(pod, &ContainerSpec::sleeper("sleeper"))
+        .await?;
+    let started = watcher.event(&sleeper, "ContainerStarted", STEP).await?;
+    let before = show(UNIT, &["MainPID", "NRestarts"])?;
+    let killed_at = Instant::now();
+    run("systemctl", &["kill", "-s", "KILL", UNIT])?;
+    let after = wait_for(
+        "plegd restarted by its unit",
+        Duration::from_secs(60),
+        || {
+            let now = show(UNIT, &["MainPID", "NRestarts", "ActiveState", "SubState"])?;
+            let restarted = now["MainPID"] != before["MainPID"]
+                && now["MainPID"] != "0"
+                && now["ActiveState"] == "active"
+                && now["SubState"] == "running";
+            Ok(restarted.then_some(now))
+        },
+    )?;
+    let restarted_in = killed_at.elapsed();
+    let old_run = started["run_id"].clone();
+    let resync = watcher
+        .wait("a resync to the new run", STEP, |v| {
+            v.get("resync").is_some() && v["resync"]["run_id"] != old_run
+        })
+        .await?;
+    let listed = resync["resync"]["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["containers"].as_array().into_iter().flatten())
+        .find(|c| c["id"] == sleeper.as_str())
+        .map(|c| c["state"].clone());
+    ensure!(
+        listed.as_ref().is_some_and(|s| s == "running"),
+        "the resync lists the running sleeper as {listed:?}"
+    );
+    Ok(format!(
+        "main pid {} -> {} (NRestarts {} -> {}) in {:.1} s; the watcher resynced from run {} to {}, \
+         the sleeper listed running",
+        before["MainPID"],
+        after["MainPID"],
+        before["NRestarts"],
+        after["NRestarts"],
+        restarted_in.as_secs_f64(),
+        old_run.as_str().unwrap_or("?"),
+        resync["resync"]["run_id"].as_str().unwrap_or("?")
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycles
+
+/// Lifecycles of the churn in flight at most (TCG is slow).
+const CHURN_IN_FLIGHT: usize = 8;
+
+/// The soak's churn, short, against the node's plegd: `lifecycles` lifecycles drawn from
+/// `seed` (kill -9, exit codes, OOM, brief runs, CRI stops, whole pods stopped) in pods of
+/// every pid mode, with `systemctl restart containerd` and `systemctl restart plegd` halfway;
+/// the soak's checker ([`audit::check`]) on what a watcher received: nothing lost, duplicated,
+/// reordered or with a wrong exit. What changed during the two restarts folds as the soak's
+/// containerd-restart fault allows (the outage).
+async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String> {
+    let began = Instant::now();
+    let watcher = Watcher::start()?;
+    let socket = Path::new(CONTAINERD_SOCKET);
+    let prefix = format!("churn-{seed:x}");
+    let mut pods = Vec::new();
+    for (i, pid_mode) in PidMode::ALL
+        .iter()
+        .cycle()
+        .take(PidMode::ALL.len() * soak::PODS_PER_MODE)
+        .enumerate()
+    {
+        pods.push(cri.run_pod_in(&format!("{prefix}-{i}"), *pid_mode).await?);
+    }
+    let mut clients = (
+        cri.clone(),
+        Native::connect_socket(socket, CRI_NAMESPACE).await?,
+    );
+    let mut jitter = Jitter::new(seed);
+    let mut running = tokio::task::JoinSet::new();
+    let mut results = Vec::new();
+    let mut outage = None;
+    for n in 0..lifecycles {
+        while running.len() >= CHURN_IN_FLIGHT {
+            results.extend(running.join_next().await);
+        }
+        let draw = soak::Draw::new(n, &mut jitter);
+        let pod: Pod = pods[draw.pod % pods.len()].clone();
+        let (cri, tasks, prefix) = (clients.0.clone(), clients.1.clone(), prefix.clone());
+        running.spawn(async move { soak::lifecycle(&cri, &tasks, &pod, &prefix, draw).await });
+        if n + 1 == lifecycles / 2 {
+            let down = SystemTime::now();
+            run("systemctl", &["restart", "containerd"])?;
+            clients = (
+                Cri::connect_socket(socket, CgroupDriver::Systemd).await?,
+                Native::connect_socket(socket, CRI_NAMESPACE).await?,
+            );
+            run("systemctl", &["restart", UNIT])?;
+            outage = Some((down, SystemTime::now()));
+            println!(
+                "{MARK} note churn: {} lifecycles in, containerd and plegd restarted",
+                n + 1
+            );
+        }
+        tokio::time::sleep(jitter.below(Duration::from_millis(300))).await;
+    }
+    while let Some(result) = running.join_next().await {
+        results.push(result);
+    }
+    let mut truths = Vec::new();
+    let mut why = Vec::new();
+    for result in results {
+        match result {
+            Ok(Ok(truth)) => truths.push(truth),
+            Ok(Err(e)) => why.push(format!("{e:#}")),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    let abandoned = why.len();
+    // Every removal reached the watcher, within one bound for all: what is still missing
+    // then is the audit's to report.
+    let deadline = Instant::now() + STEP;
+    for truth in truths.iter().filter(|t| t.removed) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = watcher
+            .event(&truth.container_id, "ContainerRemoved", left)
+            .await;
+    }
+    let folding = Folding {
+        outage,
+        ..soak::Mode::Default.folding()
+    };
+    let report = audit::check(&truths, &watcher.records(), folding);
+    watcher.stop();
+    for pod in &pods {
+        let _ = clients.0.remove_pod(pod).await;
+    }
+    let summary = report.to_string();
+    // Only lifecycles in flight during the restarts may fail (their runtime calls broke).
+    let first = why
+        .first()
+        .map_or(String::new(), |w| format!("; first: {w}"));
+    ensure!(
+        report.expected > 0 && report.is_clean() && abandoned <= CHURN_IN_FLIGHT,
+        "seed {seed}, {abandoned} abandoned{first}: {summary}"
+    );
+    Ok(format!(
+        "seed {seed}, {:.0} s, {abandoned} lifecycles abandoned (in flight during the restarts{first}): {}",
+        began.elapsed().as_secs_f64(),
+        summary.lines().next().unwrap_or_default()
+    ))
+}
+
+/// How plegd runs for a round of lifecycles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// deploy/plegd.toml as installed.
+    Default,
+    /// eBPF hints alone (`mode = "ebpf"`, `sources = ["ebpf"]`), full relists slowed: starts
+    /// and deaths must come through eBPF, removals through a slow full relist.
+    EbpfOnly,
+}
+
+/// eBPF-only: plegd's config switched, the unit restarted, a round of lifecycles per pid mode,
+/// and the installed config back.
+async fn ebpf_only(cri: &Cri, report: &mut Reporter) -> anyhow::Result<String> {
+    let installed = std::fs::read_to_string(CONFIG)?;
+    let ebpf = format!(
+        "{installed}\n# cargo xtask node: the eBPF-only round.\nmode = \"ebpf\"\nsources = [\"ebpf\"]\n\
+         relist-period = \"{EBPF_ONLY_RELIST}\"\nslow-relist-period = \"{EBPF_ONLY_RELIST}\"\n"
+    );
+    std::fs::write(CONFIG, ebpf)?;
+    let restarted = run("systemctl", &["restart", UNIT]);
+    let mut passed = 0;
+    if restarted.is_ok() {
+        for pid_mode in PidMode::ALL {
+            let name = format!("lifecycle-ebpf-only-{}", pid_key(pid_mode));
+            let result = lifecycles(cri, pid_mode, Round::EbpfOnly).await;
+            passed += usize::from(result.is_ok());
+            report.result(&name, result);
+        }
+    }
+    std::fs::write(CONFIG, installed)?;
+    run("systemctl", &["restart", UNIT])?;
+    restarted.context("restarting plegd in eBPF-only mode")?;
+    ensure!(
+        passed == PidMode::ALL.len(),
+        "{passed} of {} pid modes passed",
+        PidMode::ALL.len()
+    );
+    Ok(format!(
+        "all {passed} pid modes; installed config restored, plegd restarted"
+    ))
+}
+
+/// In a pod of `pid_mode` made as kubelet's systemd driver makes it: a container killed with
+/// kill -9, one exiting 3, one OOM-killed, each removed; each transition seen by a watcher of
+/// the node's plegd, for the right pod, in the container's systemd scope.
+async fn lifecycles(cri: &Cri, pid_mode: PidMode, round: Round) -> anyhow::Result<String> {
+    let watcher = Watcher::start()?;
+    let pod = cri
+        .run_pod_in(
+            &format!("node-{}-{}", round_key(round), pid_key(pid_mode)),
+            pid_mode,
+        )
+        .await?;
+    let result = lifecycles_in(cri, &pod, &watcher, round).await;
+    let _ = cri.remove_pod(&pod).await;
+    watcher.stop();
+    result
+}
+
+async fn lifecycles_in(
+    cri: &Cri,
+    pod: &Pod,
+    watcher: &Watcher,
+    round: Round,
+) -> anyhow::Result<String> {
+    let mut notes = Vec::new();
+    // kill -9 of a sleeper, from outside the runtime.
+    let sleeper = cri
+        .run_container(pod, &ContainerSpec::sleeper("sleeper"))
+        .await?;
+    let started = watcher.event(&sleeper, "ContainerStarted", STEP).await?;
+    check_event(&started, pod, round)?;
+    let scope = scope_of(pod, &sleeper)?;
+    let pids = procs(&scope)?;
+    ensure!(!pids.is_empty(), "{} holds no process", scope.display());
+    for pid in &pids {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+    }
+    let died = watcher.event(&sleeper, "ContainerDied", STEP).await?;
+    check_event(&died, pod, round)?;
+    ensure!(
+        died["exit_code"] == 137,
+        "kill -9: exit {}",
+        died["exit_code"]
+    );
+    let observations = died["observations"].to_string();
+    ensure!(
+        round == Round::Default || observations.contains("signal=9"),
+        "kill -9: no signal 9 observed ({observations})"
+    );
+    notes.push(format!(
+        "kill -9 -> exit 137 {} via {} ({} ms)",
+        observations, died["sources"], died["latency_ms"]
+    ));
+
+    // An exit with a code.
+    let exiting = cri
+        .run_container(pod, &ContainerSpec::exiting("exiting", 3))
+        .await?;
+    let died = watcher.event(&exiting, "ContainerDied", STEP).await?;
+    check_event(&died, pod, round)?;
+    ensure!(died["exit_code"] == 3, "exit 3: exit {}", died["exit_code"]);
+    notes.push(format!("exit 3 via {}", died["sources"]));
+
+    // The kernel's OOM killer, under a 32 MiB limit. An exit the task service confirmed
+    // carries no reason (only the CRI store has one, later: audit.rs); the kernel's OOM-kill
+    // observation says it instead. CRI's own record must say OOMKilled.
+    let oom = cri.run_container(pod, &ContainerSpec::oom("oom")).await?;
+    let died = watcher.event(&oom, "ContainerDied", STEP).await?;
+    check_event(&died, pod, round)?;
+    let observations = died["observations"].to_string();
+    let observed = observations.contains("ebpf:oom_killed");
+    let told = died["reason"] == "OOMKilled" || (died["reason"] == "" && observed);
+    ensure!(
+        died["exit_code"] == 137 && told && (round == Round::Default || observed),
+        "OOM: exit {} reason {} confirmed by {} observations {observations}",
+        died["exit_code"],
+        died["reason"],
+        died["confirmed_by"]
+    );
+    let status = cri
+        .wait_state(&oom, ContainerState::ContainerExited, STEP)
+        .await?;
+    ensure!(
+        status.reason == "OOMKilled",
+        "OOM: CRI says reason {:?}",
+        status.reason
+    );
+    notes.push(format!(
+        "OOM -> {} {} {observations} (confirmed by {}; CRI: OOMKilled) via {}",
+        died["exit_code"], died["reason"], died["confirmed_by"], died["sources"]
+    ));
+
+    // Removal: the kernel sees nothing of it, so eBPF-only finds it in a slow full relist.
+    let removal = match round {
+        Round::Default => STEP,
+        Round::EbpfOnly => STEP + Duration::from_secs(10),
+    };
+    for id in [&sleeper, &exiting, &oom] {
+        cri.wait_state(id, ContainerState::ContainerExited, STEP)
+            .await?;
+        cri.remove_container(id).await?;
+    }
+    for id in [&sleeper, &exiting, &oom] {
+        let removed = watcher.event(id, "ContainerRemoved", removal).await?;
+        ensure!(
+            removed["pod_uid"] == pod.uid.as_str(),
+            "removal for pod {}",
+            removed["pod_uid"]
+        );
+    }
+    notes.push("3 removals".into());
+    Ok(format!(
+        "pod {} in {} (scope {}): {}",
+        pod.name,
+        CgroupDriver::Systemd.pod_parent(&pod.uid),
+        scope.file_name().unwrap_or_default().to_string_lossy(),
+        notes.join("; ")
+    ))
+}
+
+/// The event belongs to `pod`; in eBPF-only rounds it came through eBPF.
+fn check_event(event: &Value, pod: &Pod, round: Round) -> anyhow::Result<()> {
+    ensure!(
+        event["pod_uid"] == pod.uid.as_str() && event["pod_name"] == pod.name.as_str(),
+        "{} for pod {}/{}, not {}/{}",
+        event["type"],
+        event["pod_name"],
+        event["pod_uid"],
+        pod.name,
+        pod.uid
+    );
+    let sources = event["sources"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        round == Round::Default || sources.iter().any(|s| s == "ebpf"),
+        "{} via {:?}, not eBPF",
+        event["type"],
+        sources
+    );
+    Ok(())
+}
+
+/// The systemd scope a container of `pod` runs in:
+/// `kubepods.slice/kubepods-besteffort.slice/<pod slice>/cri-containerd-<id>.scope`.
+fn scope_of(pod: &Pod, id: &str) -> anyhow::Result<PathBuf> {
+    let slice = CgroupDriver::Systemd.pod_parent(&pod.uid);
+    let scope = Path::new("/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice")
+        .join(slice)
+        .join(format!("cri-containerd-{id}.scope"));
+    ensure!(
+        scope.is_dir(),
+        "no systemd scope {} for container {id}",
+        scope.display()
+    );
+    Ok(scope)
+}
+
+fn procs(cgroup: &Path) -> anyhow::Result<Vec<i32>> {
+    let text = std::fs::read_to_string(cgroup.join("cgroup.procs"))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+fn pid_key(mode: PidMode) -> &'static str {
+    match mode {
+        PidMode::Container => "container",
+        PidMode::Pod => "pod",
+        PidMode::Node => "node",
+    }
+}
+
+fn round_key(round: Round) -> &'static str {
+    match round {
+        Round::Default => "default",
+        Round::EbpfOnly => "ebpf",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A watcher of the node's plegd
+
+/// `plegd watch --output json --from 1` on the unit's socket: the run's events from its first
+/// (none missed before it connects), a resync line when the run changes, each line kept as
+/// JSON.
+struct Watcher {
+    process: Terminating,
+    lines: Arc<(Mutex<Vec<Value>>, Notify)>,
+    /// The same lines as the churn audit reads them.
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+impl Watcher {
+    fn start() -> anyhow::Result<Self> {
+        let mut child = Command::new(PLEGD)
+            .args([
+                "watch", "--socket", API_SOCKET, "--output", "json", "--from", "1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting plegd watch")?;
+        let stdout = child.stdout.take().context("watch stdout")?;
+        let lines = Arc::new((Mutex::new(Vec::new()), Notify::new()));
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let (kept, recorded) = (lines.clone(), records.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(record) = Record::from_watch_line(&line, SystemTime::now()) {
+                    recorded.lock().expect("watch records lock").push(record);
+                }
+                if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                    kept.0.lock().expect("watch lines lock").push(value);
+                    kept.1.notify_waiters();
+                }
+            }
+        });
+        Ok(Self {
+            process: Terminating(child),
+            lines,
+            records,
+        })
+    }
+
+    /// The first line `matches` accepts, waiting up to `timeout` for it.
+    async fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        matches: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.lines.1.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(found) = self
+                .lines
+                .0
+                .lock()
+                .expect("watch lines lock")
+                .iter()
+                .find(|v| matches(v))
+            {
+                return Ok(found.clone());
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                bail!("the watcher got no {what} within {} s", timeout.as_secs());
+            }
+        }
+    }
+
+    async fn event(&self, id: &str, event_type: &str, timeout: Duration) -> anyhow::Result<Value> {
+        self.wait(&format!("{event_type} of {id:.12}"), timeout, |v| {
+            v["type"] == event_type && v["container_id"] == id
+        })
+        .await
+    }
+
+    fn records(&self) -> Vec<Record> {
+        self.records.lock().expect("watch records lock").clone()
+    }
+
+    fn stop(self) {
+        let _ = self.process.stop(Duration::from_secs(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// `plegd health --output json` on the unit's socket.
+fn health() -> anyhow::Result<Value> {
+    let out = run(
+        PLEGD,
+        &["health", "--socket", API_SOCKET, "--output", "json"],
+    )?;
+    Ok(serde_json::from_str(&out)?)
+}
+
+fn main_pid() -> anyhow::Result<i32> {
+    let pid: i32 = show(UNIT, &["MainPID"])?["MainPID"].parse()?;
+    ensure!(pid > 0, "plegd has no main pid");
+    Ok(pid)
+}
+
+/// `systemctl show UNIT -p ...` as a map (every asked property present, maybe empty).
+fn show(unit: &str, properties: &[&str]) -> anyhow::Result<HashMap<String, String>> {
+    let mut args = vec!["show", unit];
+    for p in properties {
+        args.extend(["-p", p]);
+    }
+    let out = run("systemctl", &args)?;
+    let mut map: HashMap<String, String> = properties
+        .iter()
+        .map(|p| ((*p).to_owned(), String::new()))
+        .collect();
+    for line in out.lines() {
+        if let Some((key, value)) = line.split_once('=') {
+            map.insert(key.to_owned(), value.to_owned());
+        }
+    }
+    Ok(map)
+}
+
+/// Polls `probe` (a systemd property, which has no event to await here) until it gives a value
+/// or `timeout` passes.
+fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe()? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {} s waiting for {what}", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs `program args`; its stdout, or an error with its stderr.
+fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    ensure!(
+        out.status.success(),
+        "`{program} {}` failed ({}): {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_is_read_from_the_service_section() {
+        let unit = "[Unit]\nUser=nobody\n[Service]\n# CapabilityBoundingSet=x\nType=notify\n\
+                    CapabilityBoundingSet=CAP_BPF CAP_PERFMON\nSystemCallFilter=@system-service bpf\n\
+                    [Install]\nUser=other\n";
+        assert_eq!(
+            sandbox_settings(unit),
+            [
+                ("CapabilityBoundingSet", "CAP_BPF CAP_PERFMON"),
+                ("SystemCallFilter", "@system-service bpf")
+            ]
+        );
+    }
+
+    #[test]
+    fn the_deployed_unit_gives_its_whole_sandbox() {
+        let unit = include_str!("../../deploy/systemd/plegd.service");
+        let keys: Vec<&str> = sandbox_settings(unit).iter().map(|(k, _)| *k).collect();
+        for key in [
+            "CapabilityBoundingSet",
+            "AmbientCapabilities",
+            "SystemCallFilter",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {keys:?}");
+        }
+    }
+
+    #[test]
+    fn containerd_config_sets_the_systemd_driver_in_each_layout() {
+        for (version, plugin) in [
+            (Version::new(1, 7, 24), "io.containerd.grpc.v1.cri"),
+            (Version::new(2, 1, 9), "io.containerd.cri.v1.runtime"),
+        ] {
+            let config: toml::Value = toml::from_str(&containerd_config(version)).unwrap();
+            let runc = &config["plugins"][plugin]["containerd"]["runtimes"]["runc"];
+            assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
+        }
+    }
+
+    #[test]
+    fn kubelet_systemd_pod_slices() {
+        assert_eq!(
+            CgroupDriver::Systemd.pod_parent("1a2b-3c"),
+            "kubepods-besteffort-pod1a2b_3c.slice"
+        );
+        assert_eq!(
+            CgroupDriver::Cgroupfs.pod_parent("1a2b-3c"),
+            "/kubepods/besteffort/pod1a2b-3c"
+        );
+    }
+}
