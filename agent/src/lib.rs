@@ -34,7 +34,8 @@
 //! 5. The consumers: `output` (events on stdout), `sync_loop` (kubelet's sync loop, whose
 //!    `SyncHandler` embedders bring, and the feed of the API's pod syncs), and
 //!    `state` (the run saved at a clean shutdown and continued at the next start).
-//! 6. `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
+//! 6. `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file; `fuzz`:
+//!    the fuzz targets' properties (over the parsers of `config` and `sources`).
 //! 7. `api`: the plegd.v1 gRPC API, grpc.health.v1, `/metrics`, and the CLI's client side.
 //! 8. `daemon` (everything wired for `plegd run`) and `check` (`plegd check`).
 //! 9. `cli`: the `plegd` command line.

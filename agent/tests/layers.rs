@@ -29,7 +29,7 @@ const LAYERS: &[&[&str]] = &[
     &["pleg::relist", "pleg::generator"],
     &["sources"],
     &["output", "sync_loop", "state"],
-    &["config"],
+    &["config", "fuzz"],
     &["api"],
     &["daemon", "check"],
     &["cli"],
