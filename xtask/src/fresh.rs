@@ -54,7 +54,25 @@ const SUITE: &str = "bookworm";
 const PREREQUISITES: &[&str] = &["ca-certificates", "gcc", "libc6-dev"];
 
 /// The README's commands, in order, run in the root's clone.
-const COMMANDS: &[&str] = &["demo", "test"];
+const COMMANDS: [Readme; 2] = [Readme::Demo, Readme::Test];
+
+/// One of README's two commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Readme {
+    /// `cargo xtask demo`.
+    Demo,
+    /// `cargo xtask test`.
+    Test,
+}
+
+impl Readme {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Demo => "demo",
+            Self::Test => "test",
+        }
+    }
+}
 
 /// Where the clone goes inside the root.
 const REPO_IN_ROOT: &str = "root/plegd";
@@ -81,6 +99,10 @@ pub struct Options {
     /// `--keep`: in the previous run's root, to look at a failure).
     #[arg(long)]
     pub shell: bool,
+    /// Run only this one of README's commands (to time it on a fresh root; both run in order
+    /// otherwise).
+    #[arg(long, value_enum)]
+    pub only: Option<Readme>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -157,7 +179,11 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Steps) -> Result<()> {
         return shell(&root);
     }
     let mut failed = Vec::new();
-    for command in COMMANDS {
+    for command in COMMANDS
+        .into_iter()
+        .filter(|c| opts.only.is_none_or(|only| only == *c))
+        .map(Readme::name)
+    {
         if interrupted().is_some() {
             break;
         }
@@ -165,7 +191,7 @@ fn run_steps(opts: &Options, dir: &Path, timings: &mut Steps) -> Result<()> {
             in_chroot(&root, command)
         }) {
             eprintln!("fresh: {e:#}");
-            failed.push(*command);
+            failed.push(command);
         }
     }
     drop(mounts);
