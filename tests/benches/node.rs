@@ -9,11 +9,13 @@
 //!   for the same kill; `StartContainer` returned and `/tasks/start` to `ContainerStarted`.
 //! - idle: plegd's and containerd's CPU over a window with N idle containers, containerd's
 //!   without plegd as the baseline, plegd's RSS.
-//! - churn: containers started and killed at a rate; plegd's CPU and the kill latency then.
+//! - churn: containers started and killed at a rate; plegd's CPU, relists and runtime calls (by
+//!   method) per container lifecycle, and the kill latency then.
 //! - kernel: run time per run of each eBPF program (kernel bpf_stats) during an exec storm in
 //!   containers, and the ring buffer's lost events (`plegd_ringbuf_drops`).
 //!
-//! Nothing here asserts a timing: it measures and reports.
+//! Nothing here asserts a timing: it measures and reports. `PLEGD_BENCH_KEEP=1` keeps the
+//! bench's directory (each mode's `plegd.log`, at the level `RUST_LOG` sets) for a look.
 
 use std::{
     path::{Path, PathBuf},
@@ -373,7 +375,7 @@ impl Bench {
         let starting = Arc::new(tokio::sync::Semaphore::new(CHURN_STARTS_IN_FLIGHT));
         let cpu_before = bench::cpu_time(plegd.pid());
         let relists_before = plegd.metric("plegd_relists_total")?;
-        let calls_before = plegd.metric("plegd_runtime_calls_total")?;
+        let calls_before = plegd.metric_series("plegd_runtime_calls_total")?;
         let began = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         let (mut ticks, mut saturated) = (0u32, 0u32);
@@ -433,7 +435,11 @@ impl Bench {
         // What the lifecycles cost plegd, each from its start to its removal.
         let lifecycle_cpu = bench::cpu_time(plegd.pid()).saturating_sub(cpu_before);
         let relists = plegd.metric("plegd_relists_total")? - relists_before;
-        let calls = plegd.metric("plegd_runtime_calls_total")? - calls_before;
+        let mut calls_by_method = plegd.metric_series("plegd_runtime_calls_total")?;
+        for (series, calls) in &mut calls_by_method {
+            *calls -= calls_before.get(series).copied().unwrap_or_default();
+        }
+        let calls: f64 = calls_by_method.values().sum();
         let mut late = Vec::new();
         let last_look = tokio::time::Instant::now() + DEADLINE;
         for (id, killed) in &untimed {
@@ -468,6 +474,13 @@ impl Bench {
             "cpu_ms_per_lifecycle": lifecycle_cpu.as_secs_f64() * 1e3 / started.max(1) as f64,
             "relists_per_lifecycle": relists / started.max(1) as f64,
             "calls_per_lifecycle": calls / started.max(1) as f64,
+            "calls_per_lifecycle_by_method": calls_by_method
+                .iter()
+                .map(|(series, calls)| {
+                    let method = series.trim_start_matches("{call=\"").trim_end_matches("\"}");
+                    (method.to_owned(), json!(calls / started.max(1) as f64))
+                })
+                .collect::<serde_json::Map<_, _>>(),
             "died_ms": died,
             "late_ms": late,
             "lost": lost,
@@ -579,7 +592,9 @@ async fn main() -> Result<()> {
         args,
         node,
         events,
-        dir: tempfile::tempdir()?,
+        dir: tempfile::Builder::new()
+            .disable_cleanup(std::env::var_os("PLEGD_BENCH_KEEP").is_some())
+            .tempdir()?,
         jitter: Jitter::new(seed),
     };
     let available: Vec<&Mode> = modes.iter().filter(|m| m.unavailable.is_none()).collect();

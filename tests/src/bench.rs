@@ -316,6 +316,14 @@ impl Plegd {
         metric_at(self.metrics, name)
     }
 
+    /// Each series of a metric, by its labels ([`metric_series_at`]).
+    pub fn metric_series(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
+        metric_series_at(self.metrics, name)
+    }
+
     pub fn stop(self) {
         let _ = self.process.stop(Duration::from_secs(10));
     }
@@ -323,6 +331,15 @@ impl Plegd {
 
 /// A counter or gauge of the /metrics served at `address` (the sum of its series).
 pub fn metric_at(address: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    Ok(metric_series_at(address, name)?.values().sum())
+}
+
+/// Each series of a counter or gauge of the /metrics served at `address`, by its labels as
+/// written (`{call="ListContainers"}`; empty for a series without labels).
+pub fn metric_series_at(
+    address: SocketAddr,
+    name: &str,
+) -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
     let mut stream = TcpStream::connect(address)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
@@ -330,12 +347,15 @@ pub fn metric_at(address: SocketAddr, name: &str) -> anyhow::Result<f64> {
     stream.read_to_string(&mut text)?;
     Ok(text
         .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = rest.rsplit_once(' ')?;
+            if !(labels.is_empty() || labels.starts_with('{')) {
+                return None;
+            }
+            Some((labels.to_owned(), value.parse::<f64>().ok()?))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+        .collect())
 }
 
 /// A local TCP port free a moment ago.
