@@ -44,8 +44,8 @@ pub enum Covers {
     Node,
     /// One pod, read whole.
     Pod(PodUid),
-    /// One container looked for, with its pod when it was found (read whole).
-    Container(ContainerId, Option<PodUid>),
+    /// These containers, each read by its id.
+    Containers(Vec<ContainerId>),
 }
 
 /// What the runtime showed of one pod.
@@ -53,12 +53,25 @@ pub enum Covers {
 pub enum PodReading {
     /// Inspected: every container with its status.
     Inspected(PodRecord),
+    /// Some of its containers, each read by its id: `pod` holds those found (with the pod's
+    /// identity), `gone` those the runtime no longer has; the others stay as committed.
+    Containers {
+        pod: PodRecord,
+        gone: Vec<ContainerId>,
+    },
     /// Listed as committed, state for state: not inspected.
     Unchanged,
     /// The runtime does not have it.
     Gone,
     /// Its inspection failed: it stays as committed and is read again.
     Failed,
+}
+
+impl PodReading {
+    /// Whether the runtime's statuses were read (the pod whole or some of its containers).
+    pub fn is_read(&self) -> bool {
+        matches!(self, Self::Inspected(_) | Self::Containers { .. })
+    }
 }
 
 /// What a relist read.
@@ -156,9 +169,9 @@ pub fn reconcile(
         let Some(new) = new_pod(old, pod_reading, &records) else {
             continue;
         };
-        // An inspection unchanged is still written to the cache (fresher, and after a
-        // restart the first); nothing else unchanged is.
-        let inspected = matches!(pod_reading, Some(PodReading::Inspected(_)));
+        // A reading unchanged is still written to the cache (fresher, and after a restart the
+        // first); nothing else unchanged is.
+        let inspected = pod_reading.is_some_and(PodReading::is_read);
         if new.as_ref() == old && (new.is_none() || !inspected) {
             continue;
         }
@@ -284,25 +297,33 @@ fn new_pod(
     records: &Records<'_>,
 ) -> Option<Option<PodRecord>> {
     let (identity, shown) = match reading {
-        Some(PodReading::Inspected(pod)) => (pod, Some(&pod.containers)),
+        Some(PodReading::Inspected(pod)) => (pod, Shown::Whole(&pod.containers)),
+        Some(PodReading::Containers { pod, gone }) => (
+            pod,
+            Shown::Some {
+                shown: &pod.containers,
+                gone,
+            },
+        ),
         Some(PodReading::Gone) => return Some(None),
         Some(PodReading::Unchanged) | None => {
             let old = old?;
             if !old.containers.keys().any(|id| records.speak_of(id)) {
                 return None;
             }
-            (old, None)
+            (old, Shown::Nothing)
         }
         Some(PodReading::Failed) => return None,
     };
-    let containers: Containers = container_ids(old, shown)
+    let containers: Containers = container_ids(old, shown.containers())
         .into_iter()
         .filter(|id| !records.is_deleted(id))
         .filter_map(|id| {
             let old = old.and_then(|p| p.containers.get(id));
-            let shown = match shown {
-                Some(shown) => Some(shown.get(id)?),
-                None => None,
+            let shown = match shown.of(id) {
+                Read::Shown(record) => Some(record),
+                Read::Absent => return None,
+                Read::Unread => None,
             };
             let record = merge(old, shown, records.tasks.get(id).copied())?;
             Some((id.clone(), record))
@@ -312,6 +333,46 @@ fn new_pod(
         containers,
         ..identity_of(identity)
     }))
+}
+
+/// What a reading showed of a pod's containers.
+#[derive(Clone, Copy)]
+enum Shown<'a> {
+    /// Nothing: the pod was not read.
+    Nothing,
+    /// Every container: one it does not hold is gone.
+    Whole(&'a Containers),
+    /// Some containers, each read by its id: `shown` found, `gone` not.
+    Some {
+        shown: &'a Containers,
+        gone: &'a [ContainerId],
+    },
+}
+
+/// What a reading said of one container.
+enum Read<'a> {
+    Shown(&'a ContainerRecord),
+    Absent,
+    Unread,
+}
+
+impl<'a> Shown<'a> {
+    fn containers(self) -> Option<&'a Containers> {
+        match self {
+            Self::Nothing => None,
+            Self::Whole(shown) | Self::Some { shown, .. } => Some(shown),
+        }
+    }
+
+    fn of(self, id: &ContainerId) -> Read<'a> {
+        let found = self.containers().and_then(|shown| shown.get(id));
+        match (self, found) {
+            (_, Some(record)) => Read::Shown(record),
+            (Self::Whole(_), None) => Read::Absent,
+            (Self::Some { gone, .. }, None) if gone.contains(id) => Read::Absent,
+            _ => Read::Unread,
+        }
+    }
 }
 
 /// A pod's identity with no containers.
@@ -425,6 +486,11 @@ fn again(
             None
         };
         match why {
+            Some(Why::Unreflected) => again.push(Again {
+                target: target.clone(),
+                hint: world.unreflected(target, hint),
+                why: Why::Unreflected,
+            }),
             Some(why) => again.push(Again {
                 target: target.clone(),
                 hint: hint.clone(),
@@ -441,7 +507,7 @@ fn again(
         reading
             .pods
             .iter()
-            .filter(|(_, r)| matches!(r, PodReading::Inspected(_)))
+            .filter(|(_, r)| r.is_read())
             .map(|(uid, _)| uid),
     );
     looked_at.sort();
@@ -504,14 +570,7 @@ impl World<'_> {
     fn pod_of_target<'t>(&'t self, target: &'t Target) -> Option<&'t PodUid> {
         match target {
             Target::Pod(uid) => Some(uid),
-            Target::Container(id) => {
-                self.find(id)
-                    .map(|(uid, _)| uid)
-                    .or_else(|| match &self.reading.covers {
-                        Covers::Container(looked, found) if looked == id => found.as_ref(),
-                        _ => None,
-                    })
-            }
+            Target::Container(id) => self.find(id).map(|(uid, _)| uid),
         }
     }
 
@@ -524,13 +583,7 @@ impl World<'_> {
                 self.committed.pod_of(id) == Some(uid)
                     || self.find(id).is_some_and(|(p, _)| p == uid)
             }
-            Covers::Container(looked, found) => {
-                looked == id
-                    || found.as_ref().is_some_and(|found| {
-                        self.committed.pod_of(id) == Some(found)
-                            || self.find(id).is_some_and(|(p, _)| p == found)
-                    })
-            }
+            Covers::Containers(read) => read.contains(id),
         }
     }
 
@@ -539,7 +592,7 @@ impl World<'_> {
             (_, Covers::Nothing) => false,
             (_, Covers::Node) => true,
             (Target::Pod(uid), Covers::Pod(read)) => uid == read,
-            (Target::Pod(uid), Covers::Container(_, found)) => found.as_ref() == Some(uid),
+            (Target::Pod(_), Covers::Containers(_)) => false,
             (Target::Container(id), _) => self.covers(id),
         }
     }
@@ -552,6 +605,29 @@ impl World<'_> {
                 .observations
                 .iter()
                 .any(|(id, _)| failed(self.committed.pod_of(id)))
+    }
+
+    /// What of `hint` the node does not show yet: a pod's hint gathers the observations of
+    /// several containers, and those shown already are not read again.
+    fn unreflected(&self, target: &Target, hint: &Hint) -> Hint {
+        let observations: Vec<_> = hint
+            .observations
+            .iter()
+            .filter(|(id, observation)| !self.shows(id, observation.kind.says()))
+            .cloned()
+            .collect();
+        // A trigger without observations is a source's too.
+        let sources = if hint.unspecific {
+            hint.sources.clone()
+        } else {
+            observations.iter().map(|(_, o)| o.source).collect()
+        };
+        Hint {
+            sources,
+            observed_at: hint.observed_at,
+            observations,
+            unspecific: hint.unspecific && !self.covers_target(target),
+        }
     }
 
     /// Whether the node shows what `hint`'s sources saw.
@@ -590,6 +666,38 @@ impl World<'_> {
             Says::Deleted => state.is_none() && (deleted || self.covers(id)),
         }
     }
+}
+
+/// What a targeted relist of a pod reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodRead {
+    /// The pod whole (a listing of it and the statuses of what moved on).
+    Whole,
+    /// These containers, each by its id.
+    Containers(Vec<ContainerId>),
+}
+
+/// What a targeted relist of a pod reads: the containers its hints name, each by its id; the
+/// pod whole when a hint names none (it said only that something in the pod changed). With no
+/// hint at all (a settling read, for the CRI store's status and reason), the containers only
+/// the task layer confirmed in `committed`.
+pub fn pod_read(committed: Option<&PodRecord>, hints: &Hints) -> PodRead {
+    if hints.is_empty() {
+        let unsettled = committed.into_iter().flat_map(|pod| {
+            pod.containers
+                .values()
+                .filter(|c| c.confirmed_by == Layer::Task)
+                .map(|c| c.id.clone())
+        });
+        return PodRead::Containers(unsettled.collect());
+    }
+    if hints.iter().any(|(_, hint)| hint.unspecific) {
+        return PodRead::Whole;
+    }
+    let mut ids: Vec<ContainerId> = hints.observations().map(|(id, _)| id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    PodRead::Containers(ids)
 }
 
 /// Whether a full relist must inspect a pod it listed: it is new, its containers changed, or
@@ -650,7 +758,7 @@ mod tests {
     use std::{collections::BTreeSet, time::Duration};
 
     use ContainerState::{Created, Exited, Running};
-    use ObservationKind::{Deleted, Exec, OomKilled, Present, TaskExited, TaskStarted};
+    use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
     use PodLifecycleEventType::{ContainerDied, ContainerRemoved, ContainerStarted};
     use TriggerSource::{Containerd, Ebpf};
 
@@ -734,6 +842,19 @@ mod tests {
 
     fn inspected(state: ContainerState) -> PodReading {
         PodReading::Inspected(pod("p", "web", [record(state)]))
+    }
+
+    /// Pod "p" read by container ids: "c" in `state`, unless `gone` holds it.
+    fn read_alone(state: ContainerState, gone: &[&str]) -> PodReading {
+        let gone: Vec<ContainerId> = gone.iter().map(|g| id(g)).collect();
+        let shown: Vec<ContainerRecord> = Some(record(state))
+            .filter(|r| !gone.contains(&r.id))
+            .into_iter()
+            .collect();
+        PodReading::Containers {
+            pod: pod("p", "web", shown),
+            gone,
+        }
     }
 
     /// (type, exit code, confirmed by) of each event.
@@ -857,11 +978,11 @@ mod tests {
                 settles: false,
             },
             Case {
-                name: "a new container is its pod's news",
+                name: "a new container read by its id is its pod's news",
                 committed: None,
                 reading: reading(
-                    Covers::Container(id("c"), Some(uid("p"))),
-                    vec![("p", inspected(Running))],
+                    Covers::Containers(vec![id("c")]),
+                    vec![("p", read_alone(Running, &[]))],
                 ),
                 hints: hints(true, Ebpf, &[Exec("/bin/sleep".into())]),
                 settings: TASK,
@@ -872,11 +993,37 @@ mod tests {
             Case {
                 name: "a container not found is no news, and nothing is left to read",
                 committed: None,
-                reading: reading(Covers::Container(id("c"), None), vec![]),
+                reading: reading(Covers::Containers(vec![id("c")]), vec![]),
                 hints: hints(true, Ebpf, &[Present]),
                 settings: TASK,
                 events: vec![],
                 again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a container its status read finds gone died and went",
+                committed: Some(Running),
+                reading: reading(
+                    Covers::Containers(vec![id("c")]),
+                    vec![("p", read_alone(Running, &["c"]))],
+                ),
+                hints: hints(false, Ebpf, &[Signal(9)]),
+                settings: TASK,
+                events: vec![(ContainerDied, None, cri), (ContainerRemoved, None, cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
+                name: "a container read by its id that does not show the exit yet is read again",
+                committed: Some(Running),
+                reading: reading(
+                    Covers::Containers(vec![id("c")]),
+                    vec![("p", read_alone(Running, &[]))],
+                ),
+                hints: hints(false, Ebpf, &[Signal(9)]),
+                settings: TASK,
+                events: vec![],
+                again: vec![Why::Unreflected],
                 settles: false,
             },
             Case {
@@ -1021,6 +1168,130 @@ mod tests {
             inspection_needed(Some(&by_task), &died, &none),
             "the CRI store caught up with the task service"
         );
+    }
+
+    #[test]
+    fn a_targeted_relist_reads_the_containers_its_hints_name() {
+        let mut settling = record(Exited);
+        settling.confirmed_by = Layer::Task;
+        let by_task = pod("p", "web", [settling, container("d", "side", Running)]);
+        let cases = [
+            (
+                "hints naming containers",
+                hints(false, Containerd, &[exit(137)]),
+                PodRead::Containers(vec![id("c")]),
+            ),
+            (
+                "a hint naming none",
+                hints(false, Containerd, &[]),
+                PodRead::Whole,
+            ),
+            (
+                "no hint: what only the task layer confirmed",
+                Hints::default(),
+                PodRead::Containers(vec![id("c")]),
+            ),
+        ];
+        for (name, hints, read) in cases {
+            assert_eq!(pod_read(Some(&by_task), &hints), read, "{name}");
+        }
+        let settled = pod("p", "web", [record(Exited)]);
+        assert_eq!(
+            pod_read(Some(&settled), &Hints::default()),
+            PodRead::Containers(vec![]),
+            "nothing left to settle"
+        );
+    }
+
+    #[test]
+    fn a_container_read_by_its_id_leaves_the_rest_of_its_pod_as_committed() {
+        let mut committed = Committed::default();
+        committed.commit(
+            &uid("p"),
+            Some(pod(
+                "p",
+                "web",
+                [record(Running), container("d", "side", Running)],
+            )),
+        );
+        let read = reading(
+            Covers::Containers(vec![id("c")]),
+            vec![("p", read_alone(Exited, &[]))],
+        );
+        let plan = reconcile(
+            &committed,
+            &read,
+            &hints(false, Ebpf, &[Signal(9)]),
+            &HashSet::new(),
+            TASK,
+        );
+        assert_eq!(
+            rows(&plan),
+            vec![(ContainerDied, Some(2), Some(Layer::Cri))]
+        );
+        let record = plan.pods[0].record.as_ref().expect("the pod stays");
+        let states: Vec<_> = record.containers.values().map(|c| c.state).collect();
+        assert_eq!(states, vec![Exited, Running], "d is as committed");
+        assert_eq!(whys(&plan), vec![]);
+    }
+
+    #[test]
+    fn only_what_the_node_does_not_show_yet_is_read_again() {
+        let mut committed = Committed::default();
+        committed.commit(
+            &uid("p"),
+            Some(pod(
+                "p",
+                "web",
+                [record(Running), container("d", "side", Running)],
+            )),
+        );
+        let observation = |source, kind| Observation { source, kind };
+        let mut hints = Hints::default();
+        hints.insert(
+            Target::Pod(uid("p")),
+            Hint {
+                sources: BTreeSet::from([Ebpf, Containerd]),
+                observed_at: at(10),
+                observations: vec![
+                    (id("c"), observation(Ebpf, Signal(9))),
+                    (id("d"), observation(Containerd, exit(1))),
+                ],
+                unspecific: false,
+            },
+        );
+        let plan = reconcile(
+            &committed,
+            &Reading::none(at(50)),
+            &hints,
+            &HashSet::new(),
+            TASK,
+        );
+        assert_eq!(
+            rows(&plan),
+            vec![(ContainerDied, Some(1), Some(Layer::Task))]
+        );
+        let [again] = plan.again.as_slice() else {
+            panic!("one target to read again: {:?}", plan.again);
+        };
+        assert_eq!(
+            again.hint.observations,
+            vec![(id("c"), observation(Ebpf, Signal(9)))],
+            "d's exit is shown"
+        );
+        assert_eq!(again.hint.sources, BTreeSet::from([Ebpf]));
+        assert_eq!(
+            pod_read(committed.get(&uid("p")), &unanswered_hints(&plan)),
+            PodRead::Containers(vec![id("c")])
+        );
+    }
+
+    fn unanswered_hints(plan: &Plan) -> Hints {
+        let mut hints = Hints::default();
+        for again in &plan.again {
+            hints.insert(again.target.clone(), again.hint.clone());
+        }
+        hints
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! `reconcile`, not here.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -29,13 +29,16 @@ use crate::{
         health::Health,
         hints::Hints,
         reconcile::{
-            Again, Covers, Plan, PodReading, Reading, Settings, inspection_needed, reconcile,
-            tasks_to_read,
+            Again, Covers, Plan, PodRead, PodReading, Reading, Settings, inspection_needed,
+            pod_read, reconcile, tasks_to_read,
         },
-        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecords},
+        record::{
+            ContainerId, ContainerState, Containers, Layer, PodRecord, PodRecords, PodUid,
+            TaskRecords,
+        },
         sink::EventSink,
     },
-    runtime::{Runtime, RuntimeError},
+    runtime::{ContainerRead, Runtime, RuntimeError},
 };
 
 /// Default number of pod inspections in flight at once.
@@ -256,7 +259,7 @@ impl<R: Runtime> Relister<R> {
             if *pod != PodReading::Failed {
                 self.to_reinspect.remove(uid);
             }
-            if matches!(pod, PodReading::Inspected(_)) {
+            if pod.is_read() {
                 outcome.inspected.push(uid.clone());
             }
         }
@@ -319,39 +322,66 @@ impl<R: Runtime> Relister<R> {
         self.busy_tasks.retain(|_, until| *until > now);
         match scope {
             Scope::All => self.read_node(hints).await,
-            Scope::Pod(uid) => {
-                let committed = &self.committed;
-                let to_read =
-                    self.tasks_to_read(hints, |id| committed.container(id).map(|c| c.state));
-                let (tasks, pod) =
-                    futures::join!(read_tasks(&self.runtime, to_read), self.inspect(uid));
-                let tasks = self.note_busy(tasks);
-                Ok(self.reading(Covers::Pod(uid.clone()), vec![(uid.clone(), pod)], tasks))
-            }
+            Scope::Pod(uid) => Ok(self.read_pod(uid, hints).await),
             Scope::Container(id) => {
-                let Some(uid) = self.runtime.pod_of(id).await? else {
-                    return Ok(self.reading(
-                        Covers::Container(id.clone(), None),
-                        Vec::new(),
-                        TaskRecords::new(),
-                    ));
+                // Not committed: its pod is the one its record names.
+                let reads = self
+                    .runtime
+                    .read_containers(std::slice::from_ref(id), None)
+                    .await?;
+                let pods = by_pod(reads, None);
+                // Its kernel hints' task statuses are asked by what the reading shows (an
+                // exec while CRI still says created).
+                let state = |id: &ContainerId| {
+                    pods.iter().find_map(|(_, pod)| match pod {
+                        PodReading::Containers { pod, .. } => {
+                            pod.containers.get(id).map(|c| c.state)
+                        }
+                        _ => None,
+                    })
                 };
-                let pod = self.inspect(&uid).await;
-                // A container first read is not committed: its kernel hints' task statuses
-                // are asked by what the inspection shows (an exec while CRI still says
-                // created).
-                let to_read = match &pod {
-                    PodReading::Inspected(record) => {
-                        self.tasks_to_read(hints, |id| record.containers.get(id).map(|c| c.state))
-                    }
-                    _ => Vec::new(),
-                };
+                let to_read = self.tasks_to_read(hints, state);
                 let tasks = read_tasks(&self.runtime, to_read).await;
                 let tasks = self.note_busy(tasks);
-                let covers = Covers::Container(id.clone(), Some(uid.clone()));
-                Ok(self.reading(covers, vec![(uid, pod)], tasks))
+                Ok(self.reading(Covers::Containers(vec![id.clone()]), pods, tasks))
             }
         }
+    }
+
+    /// A committed pod's reading: the containers its hints name, each by its id, or the pod
+    /// whole ([`pod_read`]); a failure is the pod's, read again.
+    async fn read_pod(&mut self, uid: &PodUid, hints: &Hints) -> Reading {
+        let committed = &self.committed;
+        let to_read = self.tasks_to_read(hints, |id| committed.container(id).map(|c| c.state));
+        let pod = committed.get(uid);
+        let (tasks, covers, pods) = match pod_read(pod, hints) {
+            PodRead::Whole => {
+                let (tasks, read) =
+                    futures::join!(read_tasks(&self.runtime, to_read), self.inspect(uid));
+                (tasks, Covers::Pod(uid.clone()), vec![(uid.clone(), read)])
+            }
+            PodRead::Containers(ids) if ids.is_empty() => (
+                read_tasks(&self.runtime, to_read).await,
+                Covers::Containers(ids),
+                Vec::new(),
+            ),
+            PodRead::Containers(ids) => {
+                let (tasks, read) = futures::join!(
+                    read_tasks(&self.runtime, to_read),
+                    self.runtime.read_containers(&ids, pod)
+                );
+                let pods = match read {
+                    Ok(reads) => by_pod(reads, pod),
+                    Err(error) => {
+                        debug!(%error, "reading containers failed");
+                        vec![(uid.clone(), PodReading::Failed)]
+                    }
+                };
+                (tasks, Covers::Containers(ids), pods)
+            }
+        };
+        let tasks = self.note_busy(tasks);
+        self.reading(covers, pods, tasks)
     }
 
     /// A full relist's reading: the node listed, the pods whose listing moved on inspected.
@@ -535,6 +565,34 @@ fn inspection(result: Result<Option<PodRecord>, RuntimeError>) -> PodReading {
             PodReading::Failed
         }
     }
+}
+
+/// Containers read by id as pod readings, ascending: each found one in its pod, those gone in
+/// `home` (the pod they were committed in, if any).
+fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, PodReading)> {
+    let mut pods: BTreeMap<PodUid, (PodRecord, Vec<ContainerId>)> = BTreeMap::new();
+    for read in reads {
+        let (identity, found) = match (read.found, home) {
+            (Some(found), _) => (found, true),
+            (None, Some(home)) => (home.clone(), false),
+            (None, None) => continue,
+        };
+        let (pod, gone) = pods.entry(identity.uid.clone()).or_insert_with(|| {
+            let mut pod = identity.clone();
+            pod.containers = Containers::new();
+            (pod, Vec::new())
+        });
+        if !found {
+            gone.push(read.id);
+            continue;
+        }
+        for (id, record) in identity.containers.iter() {
+            pod.containers.insert(id.clone(), record.clone());
+        }
+    }
+    pods.into_iter()
+        .map(|(uid, (pod, gone))| (uid, PodReading::Containers { pod, gone }))
+        .collect()
 }
 
 /// The pods of a full relist's reading, ascending: every pod committed, listed or awaiting

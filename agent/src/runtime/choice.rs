@@ -14,7 +14,8 @@ use crate::{
     metrics::RuntimeCalls,
     pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord},
     runtime::{
-        CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion, Scope,
+        CRI_NAMESPACE, ContainerRead, DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion,
+        Scope,
         containerd::{ConnectError, ContainerdRuntime},
         cri::CriRuntime,
     },
@@ -211,10 +212,14 @@ impl Runtime for AnyRuntime {
         }
     }
 
-    async fn pod_of(&self, container: &ContainerId) -> Result<Option<PodUid>, RuntimeError> {
+    async fn read_containers(
+        &self,
+        ids: &[ContainerId],
+        committed: Option<&PodRecord>,
+    ) -> Result<Vec<ContainerRead>, RuntimeError> {
         match self {
-            Self::Cri(runtime) => runtime.pod_of(container).await,
-            Self::Containerd(runtime) => runtime.pod_of(container).await,
+            Self::Cri(runtime) => runtime.read_containers(ids, committed).await,
+            Self::Containerd(runtime) => runtime.read_containers(ids, committed).await,
         }
     }
 

@@ -26,7 +26,7 @@ use crate::{
         TaskRecord,
     },
     runtime::{
-        Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
+        ContainerRead, Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
         transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name, found},
@@ -202,6 +202,61 @@ impl CriRuntime {
         })
     }
 
+    /// One container or sandbox by id: `sandbox` says which it is when known, else the
+    /// container's status is asked first (containers outnumber sandboxes), then the sandbox's.
+    /// Its pod is `committed`'s, else the one its record names (kubelet's labels, a sandbox's
+    /// metadata), else the one its listing finds (a container without labels).
+    async fn read_container(
+        &self,
+        id: &ContainerId,
+        committed: Option<&PodRecord>,
+    ) -> Result<ContainerRead, RuntimeError> {
+        let sandbox = committed
+            .and_then(|pod| pod.containers.get(id))
+            .map(|c| c.sandbox);
+        let status = match sandbox {
+            Some(true) => None,
+            _ => self.container_status(&id.0).await?,
+        };
+        let found = match status {
+            Some(status) => {
+                let record = status_record(&status);
+                let identity = match committed {
+                    Some(pod) => Some(PodIdentity::of(pod)),
+                    None => labelled_pod(&status.labels),
+                };
+                match identity {
+                    Some(identity) => Some(identity.with(record)),
+                    None => self
+                        .listed_pod(id)
+                        .await?
+                        .map(|pod| PodIdentity::of(&pod).with(record)),
+                }
+            }
+            None if sandbox == Some(false) => None,
+            None => self.sandbox_status(&id.0).await?.map(|status| {
+                let identity = committed.map_or_else(
+                    || sandbox_identity(status.metadata.as_ref()),
+                    PodIdentity::of,
+                );
+                identity.with(sandbox_status_record(&status))
+            }),
+        };
+        Ok(ContainerRead {
+            id: id.clone(),
+            found,
+        })
+    }
+
+    /// The pod a listing finds `id` in.
+    async fn listed_pod(&self, id: &ContainerId) -> Result<Option<PodRecord>, RuntimeError> {
+        Ok(self
+            .list_container_pod(id)
+            .await?
+            .into_iter()
+            .find(|pod| pod.containers.contains_key(id)))
+    }
+
     async fn list_container_pod(&self, id: &ContainerId) -> Result<Vec<PodRecord>, RuntimeError> {
         match self.find_pod(id).await? {
             Found::Pod(uid) => self.list_pod(&uid).await,
@@ -241,12 +296,12 @@ impl Runtime for CriRuntime {
         }
     }
 
-    async fn pod_of(&self, container: &ContainerId) -> Result<Option<PodUid>, RuntimeError> {
-        Ok(match self.find_pod(container).await? {
-            Found::Pod(uid) => Some(uid),
-            Found::Orphan(container) => Some(container_pod(&container, &HashMap::new()).uid),
-            Found::Nothing => None,
-        })
+    async fn read_containers(
+        &self,
+        ids: &[ContainerId],
+        committed: Option<&PodRecord>,
+    ) -> Result<Vec<ContainerRead>, RuntimeError> {
+        try_join_all(ids.iter().map(|id| self.read_container(id, committed))).await
     }
 
     async fn task_record(
@@ -342,6 +397,45 @@ pub(crate) fn apply_status(record: &mut ContainerRecord, status: &cri::Container
     }
 }
 
+/// A container's record from its `ContainerStatus` alone.
+fn status_record(status: &cri::ContainerStatus) -> ContainerRecord {
+    let metadata = status.metadata.clone().unwrap_or_default();
+    let mut record = ContainerRecord {
+        id: ContainerId(status.id.clone()),
+        name: metadata.name,
+        attempt: metadata.attempt,
+        image: String::new(),
+        state: ContainerState::Unknown,
+        sandbox: false,
+        created_at: None,
+        started_at: None,
+        finished_at: None,
+        exit_code: None,
+        reason: String::new(),
+        confirmed_by: Layer::Cri,
+    };
+    apply_status(&mut record, status);
+    record
+}
+
+/// A sandbox's record from its `PodSandboxStatus` alone.
+fn sandbox_status_record(status: &cri::PodSandboxStatus) -> ContainerRecord {
+    ContainerRecord {
+        id: ContainerId(status.id.clone()),
+        name: String::new(),
+        attempt: status.metadata.as_ref().map_or(0, |m| m.attempt),
+        image: String::new(),
+        state: sandbox_state(status.state),
+        sandbox: true,
+        created_at: time_from_nanos(status.created_at),
+        started_at: None,
+        finished_at: None,
+        exit_code: None,
+        reason: String::new(),
+        confirmed_by: Layer::Cri,
+    }
+}
+
 /// A pod's identity, before its records are attached.
 #[derive(Debug, PartialEq, Eq)]
 struct PodIdentity {
@@ -350,13 +444,49 @@ struct PodIdentity {
     name: String,
 }
 
+impl PodIdentity {
+    fn of(pod: &PodRecord) -> Self {
+        Self {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+        }
+    }
+
+    /// The pod holding `record` alone.
+    fn with(self, record: ContainerRecord) -> PodRecord {
+        let mut containers = Containers::new();
+        containers.insert(record.id.clone(), record);
+        PodRecord {
+            uid: self.uid,
+            namespace: self.namespace,
+            name: self.name,
+            containers,
+        }
+    }
+}
+
 fn sandbox_pod(sandbox: &cri::PodSandbox) -> PodIdentity {
-    let metadata = sandbox.metadata.clone().unwrap_or_default();
+    sandbox_identity(sandbox.metadata.as_ref())
+}
+
+fn sandbox_identity(metadata: Option<&cri::PodSandboxMetadata>) -> PodIdentity {
+    let metadata = metadata.cloned().unwrap_or_default();
     PodIdentity {
         uid: PodUid(metadata.uid),
         namespace: metadata.namespace,
         name: metadata.name,
     }
+}
+
+/// The pod kubelet's labels on a container name.
+fn labelled_pod(labels: &HashMap<String, String>) -> Option<PodIdentity> {
+    let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+    labels.get(POD_UID_LABEL).map(|uid| PodIdentity {
+        uid: PodUid(uid.clone()),
+        namespace: label(POD_NAMESPACE_LABEL),
+        name: label(POD_NAME_LABEL),
+    })
 }
 
 /// The pod of a container: its sandbox's, else kubelet's labels, else (a container made by a
@@ -368,19 +498,11 @@ fn container_pod(
     if let Some(sandbox) = sandboxes.get(container.pod_sandbox_id.as_str()) {
         return sandbox_pod(sandbox);
     }
-    let label = |key: &str| container.labels.get(key).cloned().unwrap_or_default();
-    match container.labels.get(POD_UID_LABEL) {
-        Some(uid) => PodIdentity {
-            uid: PodUid(uid.clone()),
-            namespace: label(POD_NAMESPACE_LABEL),
-            name: label(POD_NAME_LABEL),
-        },
-        None => PodIdentity {
-            uid: PodUid(container.pod_sandbox_id.clone()),
-            namespace: String::new(),
-            name: String::new(),
-        },
-    }
+    labelled_pod(&container.labels).unwrap_or_else(|| PodIdentity {
+        uid: PodUid(container.pod_sandbox_id.clone()),
+        namespace: String::new(),
+        name: String::new(),
+    })
 }
 
 fn sandbox_record(sandbox: &cri::PodSandbox) -> ContainerRecord {

@@ -30,7 +30,9 @@ pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
 pub use crate::pleg::event::Scope;
 use crate::{
     metrics::RuntimeCalls,
-    pleg::record::{ContainerId, ContainerRecord, Layer, PodRecord, PodUid, TaskRecord},
+    pleg::record::{
+        ContainerId, ContainerRecord, Containers, Layer, PodRecord, PodUid, TaskRecord,
+    },
 };
 
 /// Default deadline of one runtime call.
@@ -110,18 +112,40 @@ pub trait Runtime: Send + Sync + 'static {
         known: Option<&PodRecord>,
     ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
 
-    /// The pod holding a container or sandbox id (kernel hints know only the cgroup's id);
-    /// `None` when the runtime has no such container.
-    fn pod_of(
+    /// Reads containers or sandboxes by id, each on its own (kubelet's `ContainerStatus`,
+    /// `PodSandboxStatus`): its complete record and the pod holding it, or nothing when the
+    /// runtime no longer has it. A hint names the containers it is about, and reading just
+    /// those costs a call each, where a pod's inspection lists the pod (three calls on CRI)
+    /// and decodes every container of it.
+    ///
+    /// `committed` is the pod they were last committed in, if any: it says which ids are
+    /// sandboxes. The default reads their pod whole ([`Runtime::inspect_pod`]), found with a
+    /// listing when `committed` is `None`.
+    fn read_containers(
         &self,
-        container: &ContainerId,
-    ) -> impl Future<Output = Result<Option<PodUid>, RuntimeError>> + Send {
+        ids: &[ContainerId],
+        committed: Option<&PodRecord>,
+    ) -> impl Future<Output = Result<Vec<ContainerRead>, RuntimeError>> + Send {
         async move {
-            let pods = self.list_pods(&Scope::Container(container.clone())).await?;
-            Ok(pods
-                .into_iter()
-                .find(|pod| pod.containers.contains_key(container))
-                .map(|pod| pod.uid))
+            let uid = match committed {
+                Some(pod) => Some(pod.uid.clone()),
+                None => {
+                    let id = ids.first().map(|id| Scope::Container(id.clone()));
+                    let listed = match id {
+                        Some(scope) => self.list_pods(&scope).await?,
+                        None => Vec::new(),
+                    };
+                    listed.into_iter().next().map(|pod| pod.uid)
+                }
+            };
+            let pod = match uid {
+                Some(uid) => self.inspect_pod(&uid, committed).await?,
+                None => None,
+            };
+            Ok(ids
+                .iter()
+                .map(|id| ContainerRead::in_pod(id, pod.as_ref()))
+                .collect())
         }
     }
 
@@ -134,6 +158,35 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<TaskRecord>, RuntimeError>> + Send {
         let _ = container;
         async { Ok(None) }
+    }
+}
+
+/// One container or sandbox read by its id ([`Runtime::read_containers`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRead {
+    pub id: ContainerId,
+    /// Its pod (identity and this one record), or `None`: the runtime does not have it.
+    pub found: Option<PodRecord>,
+}
+
+impl ContainerRead {
+    /// `id` as `pod` (a whole inspection, `None`: gone) holds it.
+    pub fn in_pod(id: &ContainerId, pod: Option<&PodRecord>) -> Self {
+        let found = pod.and_then(|pod| {
+            let record = pod.containers.get(id)?;
+            let mut containers = Containers::new();
+            containers.insert(id.clone(), record.clone());
+            Some(PodRecord {
+                uid: pod.uid.clone(),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                containers,
+            })
+        });
+        Self {
+            id: id.clone(),
+            found,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::{
         ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
         TaskRecord,
     },
-    runtime::{Runtime, RuntimeError, Scope},
+    runtime::{ContainerRead, Runtime, RuntimeError, Scope},
 };
 
 const ENDPOINT: &str = "fake";
@@ -41,6 +41,8 @@ struct State {
     /// The task service's records, ahead of the pods' (CRI) records.
     tasks: BTreeMap<ContainerId, TaskRecord>,
     task_calls: Vec<ContainerId>,
+    /// Containers of every `read_containers` call, in call order.
+    read_calls: Vec<ContainerId>,
 }
 
 /// An exited container, as CRI shows it after its status call: its exit code and reason.
@@ -131,7 +133,7 @@ impl FakeRuntime {
         self.lock().pods.remove(&PodUid(uid.to_owned()));
     }
 
-    /// Makes `inspect_pod` of this pod fail (or succeed again).
+    /// Makes `inspect_pod` of this pod, and reads of its containers, fail (or succeed again).
     pub fn fail_inspection(&self, uid: &str, fail: bool) {
         let uid = PodUid(uid.to_owned());
         let mut state = self.lock();
@@ -182,6 +184,11 @@ impl FakeRuntime {
         self.lock().inspect_calls.clone()
     }
 
+    /// Containers of every `read_containers` call so far, in call order.
+    pub fn read_calls(&self) -> Vec<ContainerId> {
+        self.lock().read_calls.clone()
+    }
+
     /// Forgets the calls recorded so far: a benchmark making thousands of relists would
     /// otherwise keep every call it made, and measure its own growing heap.
     pub fn forget_calls(&self) {
@@ -189,9 +196,10 @@ impl FakeRuntime {
         state.list_calls = Vec::new();
         state.inspect_calls = Vec::new();
         state.task_calls = Vec::new();
+        state.read_calls = Vec::new();
     }
 
-    /// Makes the next inspection of `uid` return `record`, as a runtime whose status call
+    /// Makes the next inspection of `uid` (or read of its containers) return `record`, as a runtime whose status call
     /// lags its list call does (containerd's task deleted before the CRI store is updated).
     pub fn lag_next_inspection(&self, uid: &str, record: PodRecord) {
         self.lock()
@@ -281,6 +289,35 @@ impl Runtime for FakeRuntime {
             return Ok(Some(stale));
         }
         Ok(state.pods.get(uid).cloned())
+    }
+
+    /// Reads each container from the pod holding it, as set (or as queued by
+    /// [`FakeRuntime::lag_next_inspection`]).
+    async fn read_containers(
+        &self,
+        ids: &[ContainerId],
+        _committed: Option<&PodRecord>,
+    ) -> Result<Vec<ContainerRead>, RuntimeError> {
+        self.lock().read_calls.extend(ids.iter().cloned());
+        self.wait().await;
+        let mut state = self.lock();
+        let mut reads = Vec::new();
+        for id in ids {
+            let holder = state.pods.values().find(|p| p.containers.contains_key(id));
+            let Some(uid) = holder.map(|p| p.uid.clone()) else {
+                reads.push(ContainerRead::in_pod(id, None));
+                continue;
+            };
+            if state.failing_inspections.contains(&uid) {
+                return Err(injected("read_containers"));
+            }
+            let pod = match state.stale_inspections.remove(&uid) {
+                Some(stale) => stale,
+                None => state.pods[&uid].clone(),
+            };
+            reads.push(ContainerRead::in_pod(id, Some(&pod)));
+        }
+        Ok(reads)
     }
 
     async fn task_record(
