@@ -301,8 +301,10 @@ where
         tokio::time::Instant::now(),
     );
     let observations = ObservationBus::new(Arc::clone(&cache), bus.run_id());
-    let (triggers, trigger_rx) =
-        generator::observed_trigger_channel(Some(Arc::new(observations.clone())));
+    let (triggers, trigger_rx) = generator::observed_trigger_channel(
+        Some(Arc::new(observations.clone())),
+        config.emit_changed,
+    );
     let sources = SourceRegistry::with_metrics(metrics.clone());
     let (period_tx, period_rx) = watch::channel(config.relist_period);
     let adaptive_period = tokio::spawn(sources.clone().drive_relist_period(
@@ -650,6 +652,7 @@ fn start_stream_sources(
                         namespaces,
                         timeout: config.runtime_timeout,
                         heartbeat: config.event_heartbeat,
+                        presence: config.emit_changed,
                     },
                     triggers,
                     registry,

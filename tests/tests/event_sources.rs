@@ -434,6 +434,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
             namespaces: vec![CRI_NAMESPACE.into()],
             timeout: TIMEOUT,
             heartbeat: HEARTBEAT,
+            presence: false,
         },
         sender,
         registry.clone(),

@@ -204,6 +204,19 @@ pub struct Trigger {
     pub observations: Vec<Observation>,
 }
 
+impl Trigger {
+    /// Whether it says only that its container exists: news only where a created container
+    /// is (`ContainerChanged`). One with no observation says something changed, which only a
+    /// reading answers.
+    pub fn only_presence(&self) -> bool {
+        !self.observations.is_empty()
+            && self
+                .observations
+                .iter()
+                .all(|o| o.kind.says() == Says::Present)
+    }
+}
+
 /// One lifecycle event, as kubelet's PLEG would emit it plus plegd's provenance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodLifecycleEvent {

@@ -36,12 +36,21 @@ pub struct TriggerSender {
     triggers: mpsc::Sender<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
     observations: Option<Arc<dyn ObservationSink>>,
+    /// Whether a container's presence alone is news (`--emit-changed`: a created container's
+    /// `ContainerChanged`).
+    presence: bool,
 }
 
 impl TriggerSender {
     /// Hands a trigger to the generator; a kernel trigger's observations go to the
-    /// observation sink first, ahead of any relist.
+    /// observation sink first, ahead of any relist. A trigger that says only that containers
+    /// exist is dropped unless presence is news: no event can come of it, and under churn
+    /// such triggers were a third of all (a cgroup made, containerd's `/containers/create`
+    /// and `/tasks/create` for every container).
     pub fn send(&self, trigger: Trigger) {
+        if !self.presence && trigger.only_presence() {
+            return;
+        }
         if let Some(sink) = &self.observations
             && trigger.source == TriggerSource::Ebpf
             && !trigger.observations.is_empty()
@@ -82,15 +91,18 @@ impl TriggerReceiver {
     }
 }
 
-/// A trigger channel for the sources and the generator.
+/// A trigger channel for the sources and the generator, passing every trigger.
 pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
-    observed_trigger_channel(None)
+    observed_trigger_channel(None, true)
 }
 
 /// [`trigger_channel`] whose kernel observations also go to `observations` (ahead of their
-/// relist), and whose unconfirmed ones are said there when the runtime never confirms them.
+/// relist), and whose unconfirmed ones are said there when the runtime never confirms them;
+/// `presence`: whether triggers saying only that containers exist pass (see
+/// [`TriggerSender::send`]).
 pub fn observed_trigger_channel(
     observations: Option<Arc<dyn ObservationSink>>,
+    presence: bool,
 ) -> (TriggerSender, TriggerReceiver) {
     let (tx, rx) = mpsc::channel(TRIGGER_CHANNEL_CAPACITY);
     let full_relist = Arc::new(tokio::sync::Notify::new());
@@ -99,6 +111,7 @@ pub fn observed_trigger_channel(
             triggers: tx,
             full_relist: Arc::clone(&full_relist),
             observations: observations.clone(),
+            presence,
         },
         TriggerReceiver {
             triggers: rx,
@@ -319,7 +332,7 @@ mod tests {
             },
             Instant::now(),
         );
-        let (triggers, receiver) = observed_trigger_channel(sink);
+        let (triggers, receiver) = observed_trigger_channel(sink, true);
         let (period_tx, period_rx) = watch::channel(period);
         let (_, grace_rx) = watch::channel(Duration::ZERO);
         let shutdown = CancellationToken::new();
@@ -354,6 +367,45 @@ mod tests {
             source: TriggerSource::Containerd,
             observed_at: SystemTime::now(),
             observations: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn triggers_saying_only_presence_pass_only_where_presence_is_news() {
+        let with = |kinds: &[ObservationKind]| Trigger {
+            observations: kinds
+                .iter()
+                .map(|kind| Observation {
+                    source: TriggerSource::Containerd,
+                    kind: kind.clone(),
+                })
+                .collect(),
+            ..trigger("c")
+        };
+        let started = ObservationKind::TaskStarted {
+            at: SystemTime::now(),
+        };
+        let cases = [
+            ("presence alone", vec![ObservationKind::Present], false),
+            (
+                "presence and a start",
+                vec![ObservationKind::Present, started],
+                true,
+            ),
+            ("no observation: something changed", vec![], true),
+        ];
+        for (name, kinds, passes) in cases {
+            for presence in [false, true] {
+                let (tx, mut rx) = observed_trigger_channel(None, presence);
+                tx.send(with(&kinds));
+                drop(tx);
+                let passed = rx.recv().await.is_some();
+                assert_eq!(
+                    passed,
+                    passes || presence,
+                    "{name}, presence news: {presence}"
+                );
+            }
         }
     }
 
@@ -446,7 +498,7 @@ mod tests {
         let counted = "plegd_unconfirmed_hints_total{source=\"containerd\"} 1";
         assert!(!h.metrics.encode().contains(counted));
         // A source says c died; the runtime keeps showing it running.
-        let reads_before = h.runtime.inspect_calls().len();
+        let reads_before = h.runtime.read_calls().len();
         h.triggers.send(Trigger {
             observations: vec![Observation {
                 source: TriggerSource::Containerd,
@@ -456,7 +508,7 @@ mod tests {
         });
         // Well past the whole retry budget (about 4.5 s), in paused time.
         tokio::time::sleep(Duration::from_secs(30)).await;
-        let retries = h.runtime.inspect_calls().len() - reads_before;
+        let retries = h.runtime.read_calls().len() - reads_before;
         assert_eq!(retries, 1 + DEFAULT_MAX_RETRIES as usize);
         assert!(
             h.metrics.encode().contains(counted),

@@ -54,17 +54,23 @@ use crate::{
 };
 
 /// The topics that say a container's lifecycle may have changed.
-pub const TOPICS: [&str; 10] = [
-    "/tasks/create",
+pub const TOPICS: [&str; 5] = [
     "/tasks/start",
     "/tasks/exit",
     "/tasks/oom",
     "/tasks/delete",
+    "/containers/delete",
+];
+
+/// The topics that say only that a container exists: subscribed to only where a created
+/// container is news ([`ContainerdEventsConfig::presence`]); otherwise containerd need not
+/// send them, two per container.
+pub const PRESENCE_TOPICS: [&str; 5] = [
+    "/tasks/create",
     "/tasks/paused",
     "/tasks/resumed",
     "/containers/create",
     "/containers/update",
-    "/containers/delete",
 ];
 
 /// Default period of the heartbeat (`--event-heartbeat`).
@@ -87,15 +93,19 @@ pub struct ContainerdEventsConfig {
     pub timeout: Duration,
     /// Period of the heartbeat, and how long each has to come back; zero: no heartbeat.
     pub heartbeat: Duration,
+    /// Whether a container's presence alone is news (`--emit-changed`).
+    pub presence: bool,
 }
 
 impl ContainerdEventsConfig {
     /// Subscribe filters: one per (namespace, topic), ORed by containerd, and the heartbeat's.
     pub fn filters(&self) -> Vec<String> {
+        let presence = PRESENCE_TOPICS.iter().filter(|_| self.presence);
+        let topics: Vec<&str> = TOPICS.iter().chain(presence).copied().collect();
         self.namespaces
             .iter()
             .flat_map(|ns| {
-                TOPICS
+                topics
                     .iter()
                     .map(move |topic| format!("namespace=={ns:?},topic=={topic:?}"))
             })
@@ -610,20 +620,26 @@ mod tests {
 
     #[test]
     fn filters_cover_every_topic_of_every_namespace() {
-        let config = ContainerdEventsConfig {
+        let mut config = ContainerdEventsConfig {
             socket: PathBuf::new(),
             namespaces: vec!["k8s.io".into(), "other".into()],
             timeout: Duration::from_secs(1),
             heartbeat: DEFAULT_HEARTBEAT,
+            presence: false,
         };
         let filters = config.filters();
-        assert_eq!(filters.len(), 21);
-        assert_eq!(filters[0], r#"namespace=="k8s.io",topic=="/tasks/create""#);
+        assert_eq!(filters.len(), 11);
+        assert_eq!(filters[0], r#"namespace=="k8s.io",topic=="/tasks/start""#);
         assert!(filters.contains(&r#"namespace=="other",topic=="/containers/delete""#.to_owned()));
+        assert!(!filters.iter().any(|f| f.contains("/containers/create")));
         assert_eq!(
-            filters[20],
+            filters[10],
             r#"namespace=="plegd",topic=="/plegd/heartbeat""#
         );
+        config.presence = true;
+        let filters = config.filters();
+        assert_eq!(filters.len(), 21);
+        assert!(filters.contains(&r#"namespace=="other",topic=="/containers/create""#.to_owned()));
     }
 
     fn beat(payload: &str) -> Envelope {
