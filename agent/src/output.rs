@@ -117,8 +117,8 @@ impl EventLine {
     }
 }
 
-/// Writes the events of `events`, a subscription to `bus`, to `out`, one flushed line each,
-/// until the bus closes; returns the first write error. A writer that falls a whole queue
+/// Writes the events of `events`, a subscription to `bus`, to `out`, a line each, until the
+/// bus closes, then flushes; returns the first write error. A writer that falls a whole queue
 /// behind (a pipe nobody reads fast enough) catches up from the bus's history; what the
 /// history no longer holds is skipped with a warning. Nothing here can delay the publisher.
 pub async fn write_events<W: AsyncWrite + Unpin>(
@@ -139,9 +139,12 @@ pub async fn write_events<W: AsyncWrite + Unpin>(
                 next = event.sequence + 1;
                 let mut line = EventLine::new(&event).render(format);
                 line.push('\n');
+                // Not flushed here: tokio's stdout hands each write to a blocking thread at once
+                // and std's stdout writes a whole line through, so a consumer piping stdout
+                // sees each event as it happens; waiting for that thread to finish woke the
+                // runtime once more per event (churn bench: a tenth of plegd's CPU went to
+                // stdout). The next write, or the end, waits for it.
                 out.write_all(line.as_bytes()).await?;
-                // One line at a time: a consumer piping stdout sees each event as it happens.
-                out.flush().await?;
             }
             Err(Ended::Lagged { .. }) => {
                 events = match bus.consume(next, queue) {
@@ -156,7 +159,7 @@ pub async fn write_events<W: AsyncWrite + Unpin>(
                     }
                 };
             }
-            Err(Ended::Closed) => return Ok(()),
+            Err(Ended::Closed) => return out.flush().await,
         }
     }
 }
