@@ -22,14 +22,15 @@
 //!    `capabilities`: what `plegd run` keeps once its privileged start is over.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
-//!    confirm, scheduler, provenance, sink}`: what changed, what the triggers said (and
-//!    whether a reading reflects it), the runtime's task records laid over its CRI store,
-//!    when to relist, who saw a change first, where events go.
+//!    merge, committed, reconcile, scheduler, provenance, sink}`: what changed, what the
+//!    triggers said, one container's record by the lifecycle's order, what was committed, the
+//!    plan a reading makes (and what it leaves to read again), when to relist, who saw a
+//!    change first, where events go.
 //! 2. `runtime`: the `Runtime` trait and its CRI and containerd backends; inside it, imports
 //!    point one way: `transport` (gRPC over a unix socket) <- `cri`, `containerd` <- `choice`
 //!    (which backend, at which endpoint).
-//! 3. `pleg::{relist, generator}`: the relist (list, diff, inspect, publish) and the loop that
-//!    runs it for the scheduler.
+//! 3. `pleg::{relist, generator}`: the relist (read, reconcile, act) and the loop that runs
+//!    it for the scheduler.
 //! 4. `sources`: where triggers come from; `sources::ebpf` loads the kernel probes.
 //! 5. The consumers: `output` (events on stdout), `sync_loop` (kubelet's sync loop, whose
 //!    `SyncHandler` embedders bring, and the feed of the API's pod syncs), and

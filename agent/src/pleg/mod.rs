@@ -1,8 +1,9 @@
 //! The PLEG core: what the runtime holds, what changed, and when to look again.
 //!
 //! A relist reads, decides and acts. `relist` gathers a *reading* of the runtime (a targeted
-//! relist inspects one pod; a full one lists the node and inspects what moved on) beside the
-//! runtime's own records that the triggers carried (`hints`). `reconcile`, a pure function,
+//! relist reads the containers its hints name, each by its id, or a pod whole when a hint
+//! names none; a full one lists the node and inspects what moved on) beside the runtime's own
+//! records that the triggers carried (`hints`), and reads only what those leave unanswered. `reconcile`, a pure function,
 //! merges each container by the one lifecycle order (`merge`) against what was `committed`,
 //! and returns a *plan*: complete events (kubelet's transitions, `diff`), the records to
 //! commit and cache, and what to read again with why. The relist carries the plan out; the

@@ -4,8 +4,9 @@
 //! [`Relister::relist`] first reconciles the hints against what it committed, without reading
 //! anything: the runtime's own records that triggers carry (containerd's `/tasks/exit`,
 //! `/tasks/start`, `/containers/delete`) often answer them in full. Only what is left is read:
-//! a targeted relist inspects its pod (one listing of it and the status calls of what
-//! changed), a full relist lists the node and inspects the pods whose listing moved on. The
+//! a targeted relist reads the containers the hints left name, each by its id (one status call
+//! each; [`pod_read`] decides), or its pod whole when a hint names none; a full relist lists
+//! the node and inspects the pods whose listing moved on. The
 //! reading goes through [`reconcile`] once more, and the plan is carried out: the cache
 //! written, the events published, the records committed; for a full relist the cache's
 //! timestamp is raised last. New features belong in the sources, the scheduler or
