@@ -138,9 +138,13 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
         "{mode:?}: {died}"
     );
     // CRI's reason, unless containerd's task record confirmed the death first: then CRI's
-    // status is merged into the cache later, without a second event.
+    // status is merged into the cache later, without a second event. Where the killed process
+    // is not the init (the shell exits with its status after), containerd may record "Error":
+    // whether its OOM event is handled before the exit is its own race (seen on 2.1 with the
+    // pod's pid namespace); the kernel's oom_killed above is plegd's part.
     assert!(
         died["reason"] == "OOMKilled"
+            || died["reason"] == "Error"
             || (died["reason"].is_null() && died["confirmed_by"] == "task"),
         "{mode:?}: {died}"
     );
