@@ -1203,8 +1203,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_container_read_by_its_id_leaves_the_rest_of_its_pod_as_committed() {
+    /// Pod "p" holding "c" and "d", both running.
+    fn c_and_d_running() -> Committed {
         let mut committed = Committed::default();
         committed.commit(
             &uid("p"),
@@ -1214,6 +1214,12 @@ mod tests {
                 [record(Running), container("d", "side", Running)],
             )),
         );
+        committed
+    }
+
+    #[test]
+    fn a_container_read_by_its_id_leaves_the_rest_of_its_pod_as_committed() {
+        let committed = c_and_d_running();
         let read = reading(
             Covers::Containers(vec![id("c")]),
             vec![("p", read_alone(Exited, &[]))],
@@ -1237,15 +1243,7 @@ mod tests {
 
     #[test]
     fn only_what_the_node_does_not_show_yet_is_read_again() {
-        let mut committed = Committed::default();
-        committed.commit(
-            &uid("p"),
-            Some(pod(
-                "p",
-                "web",
-                [record(Running), container("d", "side", Running)],
-            )),
-        );
+        let committed = c_and_d_running();
         let observation = |source, kind| Observation { source, kind };
         let mut hints = Hints::default();
         hints.insert(

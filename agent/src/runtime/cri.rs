@@ -420,20 +420,12 @@ fn status_record(status: &cri::ContainerStatus) -> ContainerRecord {
 
 /// A sandbox's record from its `PodSandboxStatus` alone.
 fn sandbox_status_record(status: &cri::PodSandboxStatus) -> ContainerRecord {
-    ContainerRecord {
-        id: ContainerId(status.id.clone()),
-        name: String::new(),
-        attempt: status.metadata.as_ref().map_or(0, |m| m.attempt),
-        image: String::new(),
-        state: sandbox_state(status.state),
-        sandbox: true,
-        created_at: time_from_nanos(status.created_at),
-        started_at: None,
-        finished_at: None,
-        exit_code: None,
-        reason: String::new(),
-        confirmed_by: Layer::Cri,
-    }
+    sandbox_of(
+        &status.id,
+        status.metadata.as_ref(),
+        status.state,
+        status.created_at,
+    )
 }
 
 /// A pod's identity, before its records are attached.
@@ -506,14 +498,29 @@ fn container_pod(
 }
 
 fn sandbox_record(sandbox: &cri::PodSandbox) -> ContainerRecord {
+    sandbox_of(
+        &sandbox.id,
+        sandbox.metadata.as_ref(),
+        sandbox.state,
+        sandbox.created_at,
+    )
+}
+
+/// A sandbox's record, as a listing or a status call gives it.
+fn sandbox_of(
+    id: &str,
+    metadata: Option<&cri::PodSandboxMetadata>,
+    state: i32,
+    created_at: i64,
+) -> ContainerRecord {
     ContainerRecord {
-        id: ContainerId(sandbox.id.clone()),
+        id: ContainerId(id.to_owned()),
         name: String::new(),
-        attempt: sandbox.metadata.as_ref().map_or(0, |m| m.attempt),
+        attempt: metadata.map_or(0, |m| m.attempt),
         image: String::new(),
-        state: sandbox_state(sandbox.state),
+        state: sandbox_state(state),
         sandbox: true,
-        created_at: time_from_nanos(sandbox.created_at),
+        created_at: time_from_nanos(created_at),
         started_at: None,
         finished_at: None,
         exit_code: None,
