@@ -24,6 +24,10 @@ use crate::{
     runtime::Runtime,
 };
 
+/// How soon after a relist failed on a runtime error the node is read whole (again while the
+/// runtime keeps failing: a failed listing costs little).
+pub const FULL_RELIST_AFTER_ERROR: Duration = Duration::from_secs(1);
+
 /// Capacity of the trigger channel shared by every source. A full channel means the loop is
 /// behind; sources then fall back to asking for a full relist (see [`TriggerSender`]).
 pub const TRIGGER_CHANNEL_CAPACITY: usize = 4096;
@@ -250,9 +254,13 @@ async fn run_batch<R: Runtime>(
             retry
         }
         Err(RelistError::List(error)) => {
-            // The hints it carried are retried; a full relist without any waits for the next
-            // period, and health reports it if it lasts.
+            // The hints it carried are retried, and the node is read whole once the runtime
+            // answers again: what changed while it did not (a restart) may have no hint left
+            // by then, and the periodic full relist can be minutes away (eBPF-only mode). The
+            // soak lost a start that way: its hint's retries ran out during a containerd
+            // restart. Health reports a runtime that keeps failing.
             warn!(scope = ?batch.scope, %error, "relist failed");
+            scheduler.request_full_relist(now + FULL_RELIST_AFTER_ERROR);
             batch.hints.clone()
         }
     };
@@ -407,6 +415,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_that_failed_is_read_whole_once_it_answers_again() {
+        let mut h = start(Duration::from_secs(3600));
+        // The first full relist, and every one while the runtime keeps failing, fails.
+        h.runtime.fail_lists(true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(h.events.try_recv().is_err());
+        // It answers again, with a container no hint is left about.
+        h.runtime.fail_lists(false);
+        add_running(&h.runtime, "p", "c");
+        let event = tokio::time::timeout(2 * FULL_RELIST_AFTER_ERROR, h.events.recv())
+            .await
+            .expect("a full relist soon after the runtime answers, not at the next period")
+            .unwrap();
+        assert_eq!(event.container_id, Some(ContainerId("c".into())));
+        assert_eq!(event.sources, vec![TriggerSource::Relist]);
+        h.shutdown.cancel();
+        h.task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
