@@ -331,7 +331,7 @@ fn new_pod(
         .collect();
     Some((!containers.is_empty()).then(|| PodRecord {
         containers,
-        ..identity_of(identity)
+        ..identity.identity()
     }))
 }
 
@@ -372,16 +372,6 @@ impl<'a> Shown<'a> {
             (Self::Some { gone, .. }, None) if gone.contains(id) => Read::Absent,
             _ => Read::Unread,
         }
-    }
-}
-
-/// A pod's identity with no containers.
-fn identity_of(pod: &PodRecord) -> PodRecord {
-    PodRecord {
-        uid: pod.uid.clone(),
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        containers: Containers::new(),
     }
 }
 

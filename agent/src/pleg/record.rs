@@ -124,6 +124,18 @@ pub struct PodRecord {
     pub containers: Containers,
 }
 
+impl PodRecord {
+    /// The pod's identity with no containers: the shell a partial reading fills.
+    pub fn identity(&self) -> PodRecord {
+        PodRecord {
+            uid: self.uid.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            containers: Containers::new(),
+        }
+    }
+}
+
 /// A pod's containers by id, sorted: a map over a sorted vector. A pod has a handful of
 /// containers, and the relist copies every pod's record several times (listing, committed
 /// reading, cache): a `BTreeMap` node holds eleven 160-byte records whatever the count, some

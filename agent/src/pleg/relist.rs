@@ -33,10 +33,7 @@ use crate::{
             Again, Covers, Plan, PodRead, PodReading, Reading, Settings, inspection_needed,
             pod_read, reconcile, tasks_to_read,
         },
-        record::{
-            ContainerId, ContainerState, Containers, Layer, PodRecord, PodRecords, PodUid,
-            TaskRecords,
-        },
+        record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecords},
         sink::EventSink,
     },
     runtime::{ContainerRead, Runtime, RuntimeError},
@@ -573,22 +570,19 @@ fn inspection(result: Result<Option<PodRecord>, RuntimeError>) -> PodReading {
 fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, PodReading)> {
     let mut pods: BTreeMap<PodUid, (PodRecord, Vec<ContainerId>)> = BTreeMap::new();
     for read in reads {
-        let (identity, found) = match (read.found, home) {
-            (Some(found), _) => (found, true),
-            (None, Some(home)) => (home.clone(), false),
-            (None, None) => continue,
-        };
-        let (pod, gone) = pods.entry(identity.uid.clone()).or_insert_with(|| {
-            let mut pod = identity.clone();
-            pod.containers = Containers::new();
-            (pod, Vec::new())
-        });
-        if !found {
-            gone.push(read.id);
+        let Some(identity) = read.found.as_ref().or(home) else {
             continue;
-        }
-        for (id, record) in identity.containers.iter() {
-            pod.containers.insert(id.clone(), record.clone());
+        };
+        let (pod, gone) = pods
+            .entry(identity.uid.clone())
+            .or_insert_with(|| (identity.identity(), Vec::new()));
+        match read.found {
+            Some(found) => {
+                for (id, record) in found.containers.iter() {
+                    pod.containers.insert(id.clone(), record.clone());
+                }
+            }
+            None => gone.push(read.id),
         }
     }
     pods.into_iter()

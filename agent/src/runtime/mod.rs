@@ -30,9 +30,7 @@ pub use tasks::{CRI_NAMESPACE, InvalidNamespace};
 pub use crate::pleg::event::Scope;
 use crate::{
     metrics::RuntimeCalls,
-    pleg::record::{
-        ContainerId, ContainerRecord, Containers, Layer, PodRecord, PodUid, TaskRecord,
-    },
+    pleg::record::{ContainerId, ContainerRecord, Layer, PodRecord, PodUid, TaskRecord},
 };
 
 /// Default deadline of one runtime call.
@@ -174,14 +172,9 @@ impl ContainerRead {
     pub fn in_pod(id: &ContainerId, pod: Option<&PodRecord>) -> Self {
         let found = pod.and_then(|pod| {
             let record = pod.containers.get(id)?;
-            let mut containers = Containers::new();
-            containers.insert(id.clone(), record.clone());
-            Some(PodRecord {
-                uid: pod.uid.clone(),
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                containers,
-            })
+            let mut found = pod.identity();
+            found.containers.insert(id.clone(), record.clone());
+            Some(found)
         });
         Self {
             id: id.clone(),
