@@ -49,6 +49,13 @@ pub fn merge(
     Some(record)
 }
 
+/// Whether `shown` would change `committed`'s state or the layer confirming it (what
+/// [`merge`] without a task record decides, without building the record).
+pub fn moves_on(committed: &ContainerRecord, shown: &ContainerRecord) -> bool {
+    !lags(shown, committed)
+        && (shown.state, shown.confirmed_by) != (committed.state, committed.confirmed_by)
+}
+
 /// Whether `shown` is behind `committed` in the container's life and comes from another of the
 /// runtime's layers: the CRI store that has not caught up with what the task service
 /// confirmed. Unknown states are in no order, but an exit is final: a CRI store that lost

@@ -23,4 +23,4 @@ pub mod reconcile;
 pub mod record;
 pub mod relist;
 pub(crate) mod scheduler;
-pub(crate) mod sink;
+pub mod sink;

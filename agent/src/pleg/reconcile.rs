@@ -16,7 +16,7 @@ use crate::pleg::{
     diff::transition,
     event::{ObservationKind, PodLifecycleEvent, PodLifecycleEventType, Says},
     hints::{Hint, Hints, Target},
-    merge::{merge, while_running},
+    merge::{merge, moves_on, while_running},
     provenance::{Change, event},
     record::{
         ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
@@ -257,8 +257,9 @@ impl<'a> Records<'a> {
     }
 }
 
-/// The pods to reconcile, ascending: those read, and those of committed containers a runtime
-/// record speaks of (unread: as committed).
+/// The pods to reconcile, ascending: those read (but those listed unchanged that no runtime
+/// record speaks of), and those of committed containers a runtime record speaks of (unread: as
+/// committed).
 fn considered<'a>(
     committed: &'a Committed,
     reading: &'a Reading,
@@ -272,19 +273,23 @@ fn considered<'a>(
         .collect();
     spoken.sort();
     spoken.dedup();
-    spoken.retain(|uid| {
-        reading
-            .pods
-            .binary_search_by(|(read, _)| read.cmp(uid))
-            .is_err()
-    });
-    // Two ascending runs: the stable sort merges them.
-    let mut pods: Vec<(&PodUid, Option<&PodReading>)> = reading
+    let is_spoken = |uid: &PodUid| spoken.binary_search(&uid).is_ok();
+    let read = reading
         .pods
         .iter()
-        .map(|(uid, r)| (uid, Some(r)))
-        .chain(spoken.into_iter().map(|uid| (uid, None)))
-        .collect();
+        .filter(|(uid, r)| *r != PodReading::Unchanged || is_spoken(uid))
+        .map(|(uid, r)| (uid, Some(r)));
+    let unread = spoken
+        .iter()
+        .filter(|uid| {
+            reading
+                .pods
+                .binary_search_by(|(read, _)| read.cmp(uid))
+                .is_err()
+        })
+        .map(|uid| (*uid, None));
+    // Two ascending runs: the stable sort merges them.
+    let mut pods: Vec<(&PodUid, Option<&PodReading>)> = read.chain(unread).collect();
     pods.sort_by(|a, b| a.0.cmp(b.0));
     pods
 }
@@ -708,11 +713,10 @@ pub fn inspection_needed(
     if !listed_ids.eq(committed.containers.keys()) {
         return true;
     }
-    committed.containers.values().any(|old| {
-        let listed = &listed.containers[&old.id];
-        merge(Some(old), Some(listed), None)
-            .is_none_or(|new| (new.state, new.confirmed_by) != (old.state, old.confirmed_by))
-    })
+    committed
+        .containers
+        .values()
+        .any(|old| moves_on(old, &listed.containers[&old.id]))
 }
 
 /// The containers whose task status is worth reading: a kernel hint says their init started
