@@ -11,12 +11,8 @@
 use std::{
     fmt::Write as _,
     fs,
-    io::{BufRead as _, BufReader, Read},
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::mpsc,
-    thread,
     time::{Duration, Instant},
 };
 
@@ -26,6 +22,7 @@ use clap::Args;
 use crate::{
     cmd::{quote, render},
     setup::{self, Kernel, KernelSeries, VmTools},
+    vm,
     workspace::{self, format_duration},
 };
 
@@ -47,8 +44,6 @@ const MEMORY: &str = "2G";
 /// on an idle machine, several times that on a busy one).
 const QUICK_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 const FULL_TIMEOUT: Duration = Duration::from_secs(40 * 60);
-/// Say that the VM is still running after this long without output.
-const QUIET_NOTICE: Duration = Duration::from_secs(60);
 
 const MARK: &str = "@@xtask";
 
@@ -302,88 +297,34 @@ fn boot(vng: &Path, kernel: &Kernel, script: &Path, timeout: Duration) -> Result
         .arg(format!("sh {}", quote(script.as_os_str())))
         // vng runs virtme-run, beside it in the venv.
         .env("PATH", path_with(vng.parent().unwrap_or(Path::new("/")))?)
-        .current_dir(workspace::root())
-        // QEMU reopens its stdout and stderr itself: pipes survive that, files get truncated.
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout kills QEMU and whatever vng started.
-        .process_group(0);
+        .current_dir(workspace::root());
     eprintln!(
         "kernels: [{name}] booting {} under QEMU TCG (timeout {}): {}",
         kernel.release,
         format_duration(timeout),
         render(&cmd)
     );
-    let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("could not run `{}`", render(&cmd)))?;
-    let (tx, lines) = mpsc::channel();
-    let readers = [
-        child.stdout.take().map(|out| read_lines(out, tx.clone())),
-        child.stderr.take().map(|err| read_lines(err, tx)),
-    ];
-
     let mut report = Report::default();
-    let deadline = start + timeout;
-    let mut last_output = Instant::now();
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            // SAFETY: kill has no memory-safety preconditions; the group is the child's own.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            report.problem = Some(format!(
-                "timed out after {} (killed the VM)",
-                format_duration(timeout)
-            ));
-            break;
-        }
-        match lines.recv_timeout(QUIET_NOTICE.min(deadline - now)) {
-            Ok(line) => {
-                last_output = Instant::now();
-                eprintln!("[{name}] {line}");
-                report.line(&line, start.elapsed());
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if last_output.elapsed() >= QUIET_NOTICE {
-                    eprintln!(
-                        "kernels: [{name}] still running ({} so far)",
-                        format_duration(start.elapsed())
-                    );
-                    last_output = Instant::now();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    let status = child.wait().context("waiting for vng")?;
-    for reader in readers.into_iter().flatten() {
-        let _ = reader.join();
-    }
-    report.total = start.elapsed();
-    if report.problem.is_none() && !status.success() {
-        report.problem = Some(format!("vng exited with {status}"));
+    let run = vm::Run {
+        tool: "kernels",
+        name,
+        timeout,
+        poweroff: timeout,
+    };
+    let ended = run.watch(&mut cmd, |line, at| {
+        report.line(line, at);
+        false
+    })?;
+    report.total = ended.total;
+    if ended.timed_out {
+        report.problem = Some(format!(
+            "timed out after {} (killed the VM)",
+            format_duration(timeout)
+        ));
+    } else if !ended.status.success() {
+        report.problem = Some(format!("vng exited with {}", ended.status));
     }
     Ok(report)
-}
-
-/// Sends each line `from` prints (lossily decoded, without the guest console's `\r`).
-pub(crate) fn read_lines(
-    from: impl Read + Send + 'static,
-    to: mpsc::Sender<String>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        for line in BufReader::new(from).split(b'\n') {
-            let Ok(line) = line else { break };
-            let line = String::from_utf8_lossy(&line)
-                .trim_end_matches('\r')
-                .to_owned();
-            if to.send(line).is_err() {
-                break;
-            }
-        }
-    })
 }
 
 fn path_with(dir: &Path) -> Result<std::ffi::OsString> {

@@ -21,6 +21,7 @@ mod setup;
 mod soak;
 mod steps;
 mod test;
+mod vm;
 mod workspace;
 
 use std::process::ExitCode;

@@ -7,7 +7,7 @@
 //! booting a Debian kernel with three virtio disks, all made with `mke2fs -d` (no loop device,
 //! no mount on the host):
 //! - the root: Debian 12 minbase + systemd, dbus, udev, containerd, runc, busybox-static
-//!   (mmdebstrap, built once under `.xtask/node/`, rebuilt when [`ROOT_PACKAGES`] or the hook
+//!   (mmdebstrap, built once under [`IMAGES`], rebuilt when [`ROOT_PACKAGES`] or the hook
 //!   unit change), opened as a QEMU snapshot so every run starts from the same root;
 //! - the kernel's modules (`/lib/modules/<release>`, once per kernel);
 //! - the payload of this run: plegd and plegd-harness as built here, deploy/'s unit and
@@ -22,10 +22,9 @@ use std::{
     collections::{BTreeMap, HashSet},
     fmt::Write as _,
     fs,
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
-    sync::mpsc,
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -36,9 +35,14 @@ use crate::{
     cmd::{capture, render},
     fresh,
     kernels::{self, Choice},
-    setup::{self, Kernel},
+    setup::{self, Kernel, VmTools},
+    vm,
     workspace::{self, format_duration},
 };
+
+/// Where the root's and the kernels' modules' disk images are kept: outside the workspace, as
+/// setup's containerd releases are, so that a fresh clone (CI's) reuses them.
+const IMAGES: &str = "/opt/plegd/node";
 
 /// What the VM's root holds besides minbase.
 const ROOT_PACKAGES: &[&str] = &[
@@ -107,7 +111,6 @@ const QUICK_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 const FULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// How long the guest may take to power off once its script is done.
 const POWEROFF: Duration = Duration::from_secs(60);
-const QUIET_NOTICE: Duration = Duration::from_secs(60);
 const MARK: &str = "@@xtask";
 
 /// Checks every run must report, besides the eBPF-only ones (not with `--quick`).
@@ -198,14 +201,20 @@ pub fn run(opts: &Options) -> Result<()> {
         },
         kernel.series(),
     )?;
+    run_with(opts, &tools)
+}
+
+/// The node check on each kernel of `tools` (setup installed them, and the containerd
+/// releases).
+pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
     let runtimes = if opts.all {
         vec![Containerd::V1_7, Containerd::V2_1]
     } else {
         vec![opts.containerd]
     };
     let start = Instant::now();
-    let dir = workspace::root().join(".xtask/node");
-    let root = root_image(&dir)?;
+    let dir = Path::new(IMAGES);
+    let root = root_image(dir)?;
     let built = build()?;
     let timeout = if opts.quick {
         QUICK_TIMEOUT
@@ -214,7 +223,7 @@ pub fn run(opts: &Options) -> Result<()> {
     };
     let mut results = Vec::new();
     for kernel in &tools.kernels {
-        let modules = modules_image(&dir, kernel)?;
+        let modules = modules_image(dir, kernel)?;
         for &containerd in &runtimes {
             let name = format!("{}+containerd-{}", kernel.series.name(), containerd.label());
             let run_dir = workspace::target_dir().join("xtask/node").join(&name);
@@ -661,10 +670,6 @@ impl Vm<'_> {
     /// started; what happened inside is in the report.
     fn boot(&self, timeout: Duration) -> Result<Report> {
         let mut cmd = self.command();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
         eprintln!(
             "node: [{}] booting {} under QEMU TCG (timeout {}; console {}): {}",
             self.name,
@@ -673,64 +678,28 @@ impl Vm<'_> {
             self.console.display(),
             render(&cmd)
         );
-        let start = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("could not run `{}`", render(&cmd)))?;
-        let (tx, lines) = mpsc::channel();
-        let readers = [
-            child
-                .stdout
-                .take()
-                .map(|out| kernels::read_lines(out, tx.clone())),
-            child.stderr.take().map(|err| kernels::read_lines(err, tx)),
-        ];
         let mut report = Report::default();
-        let mut deadline = start + timeout;
-        let mut last_output = Instant::now();
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                // SAFETY: kill has no memory-safety preconditions; the group is the child's own.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                if !report.done {
-                    report.problem = Some(format!(
-                        "timed out after {} (killed the VM)",
-                        format_duration(timeout)
-                    ));
-                }
-                break;
+        let run = vm::Run {
+            tool: "node",
+            name: self.name,
+            timeout,
+            poweroff: POWEROFF,
+        };
+        let ended = run.watch(&mut cmd, |line, at| {
+            report.line(line, at);
+            report.done
+        })?;
+        report.total = ended.total;
+        // A guest done with its script may be killed powering off: that is no problem.
+        if !report.done {
+            if ended.timed_out {
+                report.problem = Some(format!(
+                    "timed out after {} (killed the VM)",
+                    format_duration(timeout)
+                ));
+            } else if !ended.status.success() {
+                report.problem = Some(format!("QEMU exited with {}", ended.status));
             }
-            match lines.recv_timeout(QUIET_NOTICE.min(deadline - now)) {
-                Ok(line) => {
-                    last_output = Instant::now();
-                    eprintln!("[{}] {line}", self.name);
-                    let was_done = report.done;
-                    report.line(&line, start.elapsed());
-                    if report.done && !was_done {
-                        deadline = deadline.min(Instant::now() + POWEROFF);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if last_output.elapsed() >= QUIET_NOTICE {
-                        eprintln!(
-                            "node: [{}] still running ({} so far)",
-                            self.name,
-                            format_duration(start.elapsed())
-                        );
-                        last_output = Instant::now();
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        let status = child.wait().context("waiting for QEMU")?;
-        for reader in readers.into_iter().flatten() {
-            let _ = reader.join();
-        }
-        report.total = start.elapsed();
-        if report.problem.is_none() && !report.done && !status.success() {
-            report.problem = Some(format!("QEMU exited with {status}"));
         }
         Ok(report)
     }

@@ -2,7 +2,8 @@
 //! (buf), run every test, unit and end-to-end (the latter against a private containerd, runc
 //! and the real kernel; root), then the event-source and eBPF suites on containerd 1.7 and 2.1,
 //! then `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel,
-//! in a VM. The fuzz targets' properties run within `cargo test` (`plegd::fuzz`); real
+//! in a VM, and `cargo xtask node --quick`: plegd installed as README says on a real node
+//! (systemd, pure cgroup2, containerd 1.7 on the systemd driver), in a VM. The fuzz targets' properties run within `cargo test` (`plegd::fuzz`); real
 //! fuzzing is `cargo xtask fuzz`. Prints a table of the steps and their times at the end.
 
 use std::{
@@ -16,7 +17,7 @@ use clap::Args;
 use crate::{
     audit, buf,
     cmd::{render, stream},
-    harness, kernels,
+    harness, kernels, node,
     setup::{self, KernelSeries},
     steps::Steps,
 };
@@ -31,6 +32,10 @@ pub struct Options {
     /// --quick`, a few minutes). Also skipped when a filter is given.
     #[arg(long)]
     pub no_kernels: bool,
+    /// Skip the short node check in a VM (`cargo xtask node --kernel 6.1 --containerd 1.7
+    /// --quick`, about five minutes). Also skipped when a filter is given.
+    #[arg(long)]
+    pub no_node: bool,
     /// Skip the event-source and eBPF suites on the other containerd releases (1.7, 2.1).
     /// Also skipped when a filter or `--containerd` is given.
     #[arg(long)]
@@ -50,13 +55,14 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
     let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
+    let node = !opts.no_node && opts.filter.is_none();
     let extras = setup::Extras {
         cargo_deny: !opts.no_lint,
         buf: !opts.no_lint,
-        releases: matrix || opts.containerd.containerd.is_some(),
+        releases: matrix || node || opts.containerd.containerd.is_some(),
         ..setup::Extras::TEST
     };
-    let vm = if opts.no_kernels || opts.filter.is_some() {
+    let vm = if (opts.no_kernels && !node) || opts.filter.is_some() {
         steps.time("setup", || setup::install(extras))?;
         None
     } else {
@@ -123,7 +129,7 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
             failures.push(e.context(format!("containerd {release}")));
         }
     }
-    if let Some(vm) = vm {
+    if let Some(vm) = vm.as_ref().filter(|_| !opts.no_kernels) {
         let kernels = steps.time(
             "eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)",
             || {
@@ -133,11 +139,26 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
                         quick: true,
                         filter: None,
                     },
-                    &vm,
+                    vm,
                 )
             },
         );
         if let Err(e) = kernels {
+            failures.push(e);
+        }
+    }
+    if let Some(vm) = vm.as_ref().filter(|_| node) {
+        let check = node::Options {
+            kernel: kernels::Choice::V6_1,
+            containerd: node::Containerd::V1_7,
+            all: false,
+            quick: true,
+            churn: NODE_CHURN,
+        };
+        let name = format!(
+            "a real node in a VM (cargo xtask node --kernel 6.1 --containerd 1.7 --quick --churn {NODE_CHURN})"
+        );
+        if let Err(e) = steps.time(&name, || node::run_with(&check, vm)) {
             failures.push(e);
         }
     }
@@ -149,6 +170,9 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
         None => Ok(()),
     }
 }
+
+/// Lifecycles of the short node check's churn audit.
+const NODE_CHURN: usize = 20;
 
 /// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
