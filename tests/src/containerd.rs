@@ -380,6 +380,22 @@ pub fn instance_status(options: &ContainerdOptions) -> Option<(i32, PathBuf)> {
     Some((pid, paths.socket()))
 }
 
+/// Waits until the CRI plugin at `socket` reports the runtime ready, for up to `timeout`: a
+/// containerd restarted by its service manager serves its socket before its CRI plugin has
+/// loaded its state, and calls made meanwhile fail.
+pub async fn wait_cri_ready(socket: &Path, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match cri_ready(socket).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                anyhow::bail!("containerd's CRI was not ready within {timeout:?}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
 /// Asks the CRI plugin whether the runtime is ready (`NetworkReady` is ignored: pods use the
 /// host network, so no CNI is installed).
 async fn cri_ready(socket: &Path) -> Result<(), String> {

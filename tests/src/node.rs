@@ -25,7 +25,7 @@ use crate::{
     Version,
     audit::{self, Folding, Record},
     bench::Jitter,
-    containerd::CRI_NAMESPACE,
+    containerd::{self, CRI_NAMESPACE},
     cri::{CgroupDriver, ContainerSpec, Cri, PidMode, Pod},
     image,
     native::Native,
@@ -654,6 +654,8 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
         if n + 1 == lifecycles / 2 {
             let down = SystemTime::now();
             run("systemctl", &["restart", "containerd"])?;
+            // Lifecycles started before its CRI is back would fail, not test plegd.
+            containerd::wait_cri_ready(socket, STEP).await?;
             clients = (
                 Cri::connect_socket(socket, CgroupDriver::Systemd).await?,
                 Native::connect_socket(socket, CRI_NAMESPACE).await?,
