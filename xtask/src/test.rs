@@ -172,7 +172,7 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
 }
 
 /// Lifecycles of the short node check's churn audit.
-const NODE_CHURN: usize = 20;
+const NODE_CHURN: usize = 12;
 
 /// The containerd releases besides the system's 1.6 that every `cargo xtask test` checks.
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
