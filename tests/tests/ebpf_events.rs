@@ -262,13 +262,20 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
             !sources.is_empty() && sources.iter().all(|s| *s == "ebpf" || *s == "containerd"),
             "{died}"
         );
+        // Each source named saw the death. The kernel saw it twice, the signal and the cgroup's
+        // removal: under load (a full `cargo xtask test`) the event once carried the removal
+        // alone, the signal's observation having left with a relist before the CRI store
+        // showed the exit.
         if confirm == Confirm::Cri {
-            for (source, observation) in [
-                ("ebpf", "ebpf:signal=9"),
-                ("containerd", "containerd:exit_code=137"),
+            for (source, observations) in [
+                ("ebpf", &["ebpf:signal=9", "ebpf:cgroup_removed"][..]),
+                ("containerd", &["containerd:exit_code=137"][..]),
             ] {
                 if sources.iter().any(|s| *s == source) {
-                    assert!(seen.contains(&observation.to_owned()), "{died}");
+                    assert!(
+                        observations.iter().any(|o| seen.contains(&(*o).to_owned())),
+                        "{died}"
+                    );
                 }
             }
         }
