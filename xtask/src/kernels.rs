@@ -316,14 +316,7 @@ fn boot(vng: &Path, kernel: &Kernel, script: &Path, timeout: Duration) -> Result
         false
     })?;
     report.total = ended.total;
-    if ended.timed_out {
-        report.problem = Some(format!(
-            "timed out after {} (killed the VM)",
-            format_duration(timeout)
-        ));
-    } else if !ended.status.success() {
-        report.problem = Some(format!("vng exited with {}", ended.status));
-    }
+    report.problem = ended.problem("vng");
     Ok(report)
 }
 

@@ -692,14 +692,7 @@ impl Vm<'_> {
         report.total = ended.total;
         // A guest done with its script may be killed powering off: that is no problem.
         if !report.done {
-            if ended.timed_out {
-                report.problem = Some(format!(
-                    "timed out after {} (killed the VM)",
-                    format_duration(timeout)
-                ));
-            } else if !ended.status.success() {
-                report.problem = Some(format!("QEMU exited with {}", ended.status));
-            }
+            report.problem = ended.problem("QEMU");
         }
         Ok(report)
     }

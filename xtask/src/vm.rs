@@ -23,9 +23,26 @@ const QUIET_NOTICE: Duration = Duration::from_secs(60);
 pub struct Ended {
     /// From the start to the end (or the kill).
     pub total: Duration,
-    /// Killed at its deadline.
-    pub timed_out: bool,
+    /// Killed at its deadline (its timeout).
+    pub timed_out: Option<Duration>,
     pub status: ExitStatus,
+}
+
+impl Ended {
+    /// What went wrong with the VM itself, if anything: killed at its deadline, or `program`
+    /// failed.
+    pub fn problem(&self, program: &str) -> Option<String> {
+        match self.timed_out {
+            Some(timeout) => Some(format!(
+                "timed out after {} (killed the VM)",
+                format_duration(timeout)
+            )),
+            None if !self.status.success() => {
+                Some(format!("{program} exited with {}", self.status))
+            }
+            None => None,
+        }
+    }
 }
 
 /// What to run and how long it may take.
@@ -64,13 +81,13 @@ impl Run<'_> {
         ];
         let mut deadline = start + self.timeout;
         let mut last_output = Instant::now();
-        let mut timed_out = false;
+        let mut timed_out = None;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 // SAFETY: kill has no memory-safety preconditions; the group is the child's own.
                 unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                timed_out = true;
+                timed_out = Some(self.timeout);
                 break;
             }
             match lines.recv_timeout(QUIET_NOTICE.min(deadline - now)) {
