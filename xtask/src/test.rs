@@ -3,8 +3,9 @@
 //! and the real kernel; root), then the event-source and eBPF suites on containerd 1.7 and 2.1,
 //! then `cargo xtask kernels --kernel 6.1 --quick`: the eBPF probes on Debian 12's own kernel,
 //! in a VM, and `cargo xtask node --quick`: plegd installed as README says on a real node
-//! (systemd, pure cgroup2, containerd 1.7 on the systemd driver), in a VM. The fuzz targets' properties run within `cargo test` (`plegd::fuzz`); real
-//! fuzzing is `cargo xtask fuzz`. Prints a table of the steps and their times at the end.
+//! (systemd, pure cgroup2, containerd 1.7 on the systemd driver), in a VM. The fuzz targets'
+//! properties run within `cargo test` (`plegd::fuzz`); real fuzzing is `cargo xtask fuzz`.
+//! Prints a table of the steps and their times at the end.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -55,6 +56,7 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
     let matrix = !opts.no_matrix && opts.filter.is_none() && opts.containerd.containerd.is_none();
+    let kernels = !opts.no_kernels && opts.filter.is_none();
     let node = !opts.no_node && opts.filter.is_none();
     let extras = setup::Extras {
         cargo_deny: !opts.no_lint,
@@ -62,7 +64,7 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
         releases: matrix || node || opts.containerd.containerd.is_some(),
         ..setup::Extras::TEST
     };
-    let vm = if (opts.no_kernels && !node) || opts.filter.is_some() {
+    let vm = if !kernels && !node {
         steps.time("setup", || setup::install(extras))?;
         None
     } else {
@@ -129,8 +131,8 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
             failures.push(e.context(format!("containerd {release}")));
         }
     }
-    if let Some(vm) = vm.as_ref().filter(|_| !opts.no_kernels) {
-        let kernels = steps.time(
+    if let Some(vm) = vm.as_ref().filter(|_| kernels) {
+        let check = steps.time(
             "eBPF on Linux 6.1 in a VM (cargo xtask kernels --kernel 6.1 --quick)",
             || {
                 kernels::run_with(
@@ -143,7 +145,7 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
                 )
             },
         );
-        if let Err(e) = kernels {
+        if let Err(e) = check {
             failures.push(e);
         }
     }
