@@ -262,10 +262,9 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
             !sources.is_empty() && sources.iter().all(|s| *s == "ebpf" || *s == "containerd"),
             "{died}"
         );
-        // Each source named saw the death. The kernel saw it twice, the signal and the cgroup's
+        // Each source named saw the death. The kernel sees it twice, the signal and the cgroup's
         // removal: under load (a full `cargo xtask test`) the event once carried the removal
-        // alone, the signal's observation having left with a relist before the CRI store
-        // showed the exit.
+        // alone, why is not known yet (the signal's observation never reached it).
         if confirm == Confirm::Cri {
             for (source, observations) in [
                 ("ebpf", &["ebpf:signal=9", "ebpf:cgroup_removed"][..]),
