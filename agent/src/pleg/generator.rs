@@ -17,8 +17,8 @@ use crate::{
         event::{Scope, Trigger, TriggerSource},
         hints::{Hints, Target},
         reconcile::Again,
-        relist::{Read, RelistError, Relister},
-        scheduler::{Batch, RelistScheduler},
+        relist::{Read, RelistError, RelistOutcome, Relister},
+        scheduler::{Batch, Exhausted, RelistScheduler},
         sink::ObservationSink,
     },
     runtime::Runtime,
@@ -236,23 +236,7 @@ async fn run_batch<R: Runtime>(
     }
     let now = Instant::now();
     let retry = match result {
-        Ok(outcome) => {
-            for uid in &outcome.inspected {
-                if !outcome.settling.contains(uid) {
-                    scheduler.settled(uid);
-                }
-            }
-            for uid in outcome.settling {
-                if !scheduler.settle(&batch, uid.clone(), now) {
-                    debug!(pod = %uid, "the CRI store still lags the task layer; the next full relist reads it");
-                }
-            }
-            let mut retry = Hints::default();
-            for Again { target, hint, .. } in outcome.again {
-                retry.insert(target, hint);
-            }
-            retry
-        }
+        Ok(outcome) => follow_up(scheduler, &batch, outcome, now),
         Err(RelistError::List(error)) => {
             // The hints it carried are retried, and the node is read whole once the runtime
             // answers again: what changed while it did not (a restart) may have no hint left
@@ -267,11 +251,43 @@ async fn run_batch<R: Runtime>(
     if retry.is_empty() {
         return;
     }
-    let Err(exhausted) = scheduler.retry(batch.with_hints(retry), now) else {
-        return;
-    };
-    // Never silent: a hint the runtime never confirmed is either a source's false alarm or a
-    // runtime that lags badly, and either is worth knowing.
+    if let Err(exhausted) = scheduler.retry(batch.with_hints(retry), now) {
+        report_unconfirmed(&exhausted, metrics, observations);
+    }
+}
+
+/// Hands a relist's outcome to the scheduler: which pods settled, which still await the CRI
+/// store; returns the hints to retry.
+fn follow_up(
+    scheduler: &mut RelistScheduler,
+    batch: &Batch,
+    outcome: RelistOutcome,
+    now: Instant,
+) -> Hints {
+    for uid in &outcome.inspected {
+        if !outcome.settling.contains(uid) {
+            scheduler.settled(uid);
+        }
+    }
+    for uid in outcome.settling {
+        if !scheduler.settle(batch, uid.clone(), now) {
+            debug!(pod = %uid, "the CRI store still lags the task layer; the next full relist reads it");
+        }
+    }
+    let mut retry = Hints::default();
+    for Again { target, hint, .. } in outcome.again {
+        retry.insert(target, hint);
+    }
+    retry
+}
+
+/// Never silent: a hint the runtime never confirmed is either a source's false alarm or a
+/// runtime that lags badly, and either is worth knowing.
+fn report_unconfirmed(
+    exhausted: &Exhausted,
+    metrics: &Metrics,
+    observations: Option<&dyn ObservationSink>,
+) {
     let targets: Vec<&Target> = exhausted.hints.targets().collect();
     let sources = exhausted.hints.sources();
     warn!(?targets, ?sources, %exhausted, "hint not confirmed by the runtime");

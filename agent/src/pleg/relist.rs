@@ -253,26 +253,7 @@ impl<R: Runtime> Relister<R> {
 
         // 3. Reconcile the reading, and act.
         let plan = self.reconcile(&reading, &left);
-        for (uid, pod) in &reading.pods {
-            if *pod != PodReading::Failed {
-                self.to_reinspect.remove(uid);
-            }
-            if pod.is_read() {
-                outcome.inspected.push(uid.clone());
-            }
-        }
-        outcome.failed_inspections = plan.failed.len();
-        for uid in &plan.failed {
-            warn!(pod = %uid, "inspection failed; reading it again");
-        }
-        // What the records alone left settling, unless the reading has read it since.
-        outcome
-            .settling
-            .retain(|uid| !outcome.inspected.contains(uid));
-        outcome.settling.extend(plan.settling.iter().cloned());
-        outcome.settling.sort();
-        outcome.settling.dedup();
-        outcome.again = plan.again.clone();
+        self.note_read(&reading, &plan, &mut outcome);
         outcome.events_sent += self.act(plan, read_started);
 
         // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
@@ -293,6 +274,31 @@ impl<R: Runtime> Relister<R> {
         );
         trace!(?hints, ?left, again = ?outcome.again, "relisted on");
         Ok(outcome)
+    }
+
+    /// Notes in `outcome` what a reading read and what its plan leaves to do; a pod read is no
+    /// longer to be inspected again.
+    fn note_read(&mut self, reading: &Reading, plan: &Plan, outcome: &mut RelistOutcome) {
+        for (uid, pod) in &reading.pods {
+            if *pod != PodReading::Failed {
+                self.to_reinspect.remove(uid);
+            }
+            if pod.is_read() {
+                outcome.inspected.push(uid.clone());
+            }
+        }
+        outcome.failed_inspections = plan.failed.len();
+        for uid in &plan.failed {
+            warn!(pod = %uid, "inspection failed; reading it again");
+        }
+        // What the records alone left settling, unless the reading has read it since.
+        outcome
+            .settling
+            .retain(|uid| !outcome.inspected.contains(uid));
+        outcome.settling.extend(plan.settling.iter().cloned());
+        outcome.settling.sort();
+        outcome.settling.dedup();
+        outcome.again = plan.again.clone();
     }
 
     fn reconcile(&self, reading: &Reading, hints: &Hints) -> Plan {
