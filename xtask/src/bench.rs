@@ -108,6 +108,8 @@ pub fn run(opts: &Options) -> Result<()> {
     let stamp = stamp.trim();
     let out = bench_dir.join(stamp);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // The report names the revision measured, even when written again later (`--from`).
+    std::fs::write(out.join(REVISION_FILE), git_revision(&root))?;
 
     stream(Command::new(env!("CARGO")).current_dir(&root).args([
         "build",
@@ -178,6 +180,21 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
+/// The file of a run's directory that names the revision it measured.
+const REVISION_FILE: &str = "revision";
+
+/// `git describe` of the checkout at `root` ("-dirty" with uncommitted changes); empty if git
+/// cannot tell.
+fn git_revision(root: &Path) -> String {
+    capture(
+        Command::new("git")
+            .current_dir(root)
+            .args(["describe", "--always", "--dirty"]),
+    )
+    .map(|r| r.trim().to_owned())
+    .unwrap_or_default()
+}
+
 /// `report.md` and the plots in `out` from its results.json and criterion's estimates; the
 /// summary into docs/benchmarks.md.
 fn write_report(
@@ -193,12 +210,9 @@ fn write_report(
         &std::fs::read_to_string(&results)
             .with_context(|| format!("reading {}", results.display()))?,
     )?;
-    let revision = capture(
-        Command::new("git")
-            .current_dir(root)
-            .args(["describe", "--always", "--dirty"]),
-    )
-    .unwrap_or_default();
+    // Runs from before the file was written name the revision that writes the report.
+    let revision =
+        std::fs::read_to_string(out.join(REVISION_FILE)).unwrap_or_else(|_| git_revision(root));
     let run = report::Run {
         measured: &measured,
         criterion: &criterion_home,
