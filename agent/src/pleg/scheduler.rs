@@ -12,7 +12,8 @@
 //! - Fresh triggers run before due retries, but a due retry is passed over once at most.
 //! - A kernel trigger waits a short grace while the runtime's own event stream is connected
 //!   (see [`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change
-//!   follows within milliseconds and answers it without a CRI read.
+//!   follows within milliseconds and answers it without a CRI read. It waits by container:
+//!   the runtime's event about another container of the pod does not carry it along.
 //! - A trigger can beat the runtime (containerd's exit event before CRI says exited); the driver
 //!   hands the hints the reading did not reflect back with [`RelistScheduler::retry`], which
 //!   backs off exponentially a bounded number of times per target, whether the relist was
@@ -142,6 +143,16 @@ struct Pending {
     hint: Hint,
 }
 
+/// A kernel hint about one container, waiting for the runtime's own event about it.
+#[derive(Debug)]
+struct Waiting {
+    /// When its grace ends.
+    due: Instant,
+    /// Where it goes then: its pod, or the container if no relist has seen it yet.
+    target: Target,
+    hint: Hint,
+}
+
 /// A pod's settling read to come.
 #[derive(Debug)]
 struct Settling {
@@ -155,6 +166,8 @@ struct Settling {
 pub struct RelistScheduler {
     config: SchedulerConfig,
     pending: BTreeMap<Target, Pending>,
+    /// Kernel hints in their grace, by container ([`RelistScheduler::set_kernel_grace`]).
+    waiting: BTreeMap<ContainerId, Waiting>,
     /// Pods to read once the CRI store has caught up with the task layer. Apart from
     /// `pending`: a settling read needs a reading, and merged into a pod's hints it made every
     /// trigger of the pod read, records or not.
@@ -177,6 +190,7 @@ impl RelistScheduler {
         Self {
             config,
             pending: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             settling: BTreeMap::new(),
             last_full: None,
             periodic_due: now,
@@ -200,7 +214,7 @@ impl RelistScheduler {
             observed_at,
             observations,
         } = trigger;
-        let (target, observations) = match scope {
+        let (target, container, observations) = match scope {
             Scope::All => {
                 debug!(?source, "node-wide trigger: full relist requested");
                 self.request_full_relist(now);
@@ -210,20 +224,16 @@ impl RelistScheduler {
                 if !observations.is_empty() {
                     debug!(%uid, ?observations, "pod-wide observations dropped: no container to attach them to");
                 }
-                (Target::Pod(uid), Vec::new())
+                (Target::Pod(uid), None, Vec::new())
             }
             Scope::Container(id) => {
                 let observations = observations.into_iter().map(|o| (id.clone(), o)).collect();
                 let target = match pod_of(&id) {
                     Some(uid) => Target::Pod(uid),
-                    None => Target::Container(id),
+                    None => Target::Container(id.clone()),
                 };
-                (target, observations)
+                (target, Some(id), observations)
             }
-        };
-        let due = match source {
-            TriggerSource::Ebpf => now + self.kernel_grace,
-            _ => now,
         };
         let hint = Hint {
             sources: BTreeSet::from([source]),
@@ -231,7 +241,75 @@ impl RelistScheduler {
             unspecific: observations.is_empty(),
             observations,
         };
-        self.enqueue(target, hint, due, 0);
+        if source != TriggerSource::Ebpf {
+            // The runtime's own event: the kernel's hints it answers ride along.
+            for waited in self.answered_waits(&target, container.as_ref()) {
+                self.enqueue(target.clone(), waited.hint, now, 0);
+            }
+            self.enqueue(target, hint, now, 0);
+            return;
+        }
+        let due = now + self.kernel_grace;
+        match container {
+            Some(id) if !self.kernel_grace.is_zero() => self.wait(id, target, hint, due),
+            _ => self.enqueue(target, hint, due, 0),
+        }
+    }
+
+    /// Holds a kernel hint about `container` for its grace, apart from `pending`: merged into
+    /// its pod's pending relist, the runtime's event about another container of the pod (a
+    /// start beside a death) ran it at once, before containerd had recorded the death, and
+    /// the read found nothing and was retried (churn bench: a quarter more runtime calls).
+    fn wait(&mut self, container: ContainerId, target: Target, hint: Hint, due: Instant) {
+        match self.waiting.get_mut(&container) {
+            Some(waiting) => {
+                waiting.hint.merge(hint);
+                waiting.due = waiting.due.min(due);
+                waiting.target = target;
+            }
+            None => {
+                self.waiting
+                    .insert(container, Waiting { due, target, hint });
+            }
+        }
+    }
+
+    /// The kernel hints waiting for a runtime event about `container` (a container's event),
+    /// or about any container of `target` (a pod's event), taken out.
+    fn answered_waits(&mut self, target: &Target, container: Option<&ContainerId>) -> Vec<Waiting> {
+        let answered: Vec<ContainerId> = match container {
+            Some(id) => self
+                .waiting
+                .contains_key(id)
+                .then(|| id.clone())
+                .into_iter()
+                .collect(),
+            None => self
+                .waiting
+                .iter()
+                .filter(|(_, w)| w.target == *target)
+                .map(|(id, _)| id.clone())
+                .collect(),
+        };
+        answered
+            .iter()
+            .filter_map(|id| self.waiting.remove(id))
+            .collect()
+    }
+
+    /// Moves the kernel hints whose grace ended by `now` (all of them: `None`) to `pending`.
+    fn end_waits(&mut self, now: Option<Instant>) {
+        let ended: Vec<ContainerId> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| now.is_none_or(|now| w.due <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ended {
+            if let Some(Waiting { due, target, hint }) = self.waiting.remove(&id) {
+                self.enqueue(target, hint, due, 0);
+            }
+        }
     }
 
     /// Makes kernel triggers from now on wait `grace` for the runtime's own event before their
@@ -265,10 +343,13 @@ impl RelistScheduler {
     /// else the targeted relist due the earliest.
     pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
         if self.full_relist_due(now) {
+            // The node is read whole: the kernel's hints still waiting are read with it.
+            self.end_waits(None);
             let every: Vec<Target> = self.pending.keys().cloned().collect();
             self.full_relisted(now);
             return Some(self.full_batch(every, true));
         }
+        self.end_waits(Some(now));
         let due: Vec<Target> = self
             .pending
             .iter()
@@ -366,6 +447,7 @@ impl RelistScheduler {
         self.pending
             .values()
             .map(|p| p.due)
+            .chain(self.waiting.values().map(|w| w.due))
             .chain(self.settling.values().map(|s| s.due))
             .fold(self.full_deadline(), Instant::min)
     }
@@ -570,6 +652,61 @@ mod tests {
         scheduler.set_kernel_grace(Duration::ZERO);
         scheduler.push(kernel(), t0, pod_of);
         assert!(scheduler.next_due(t0).is_some(), "no grace: at once");
+    }
+
+    /// The runtime's event about one container of a pod leaves the kernel's hint about another
+    /// container of the pod waiting: read with it, before the runtime had recorded that
+    /// other change, the read found nothing and was retried.
+    #[test]
+    fn a_kernel_hint_waits_for_the_runtimes_event_about_its_own_container() {
+        let t0 = Instant::now();
+        let grace = 20 * MS;
+        let in_pod = |_: &ContainerId| Some(uid("p"));
+        let container = |id: &str, source| {
+            let mut t = trigger(Scope::Container(cid(id)), source, 1);
+            t.observations = vec![exit_code(source, 137)];
+            t
+        };
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_kernel_grace(grace);
+        scheduler.push(container("c1", TriggerSource::Ebpf), t0, in_pod);
+
+        scheduler.push(container("c2", TriggerSource::Containerd), t0 + MS, in_pod);
+        let other = scheduler
+            .next_due(t0 + MS)
+            .expect("c2's event runs at once");
+        assert_eq!(
+            other
+                .hints
+                .observations()
+                .map(|(id, _)| id)
+                .collect::<Vec<_>>(),
+            [&cid("c2")],
+            "without c1's kernel hint"
+        );
+        assert_eq!(scheduler.next_deadline(), t0 + grace, "c1's still waits");
+
+        scheduler.push(
+            container("c1", TriggerSource::Containerd),
+            t0 + 5 * MS,
+            in_pod,
+        );
+        let own = scheduler
+            .next_due(t0 + 5 * MS)
+            .expect("c1's event runs at once");
+        assert_eq!(
+            own.hints.sources(),
+            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd]),
+            "with c1's kernel hint"
+        );
+        assert_eq!(scheduler.next_due(t0 + grace), None, "nothing left waiting");
+
+        scheduler.push(container("c3", TriggerSource::Ebpf), t0, in_pod);
+        assert_eq!(scheduler.next_due(t0 + grace - MS), None);
+        let alone = scheduler
+            .next_due(t0 + grace)
+            .expect("alone, after the grace");
+        assert_eq!(alone.scope, Scope::Pod(uid("p")));
     }
 
     #[test]
