@@ -706,17 +706,24 @@ pub fn inspection_needed(
     let Some(committed) = committed else {
         return true;
     };
-    let listed_ids = listed
-        .containers
-        .keys()
-        .filter(|id| !tombstones.contains(*id));
-    if !listed_ids.eq(committed.containers.keys()) {
-        return true;
-    }
-    committed
+    // One walk over both, ascending: each id compared once (at 10,000 pods every compare of
+    // two ids is two cache misses).
+    let mut listed = listed
         .containers
         .values()
-        .any(|old| moves_on(old, &listed.containers[&old.id]))
+        .filter(|c| !tombstones.contains(&c.id));
+    let mut committed = committed.containers.values();
+    loop {
+        match (committed.next(), listed.next()) {
+            (None, None) => return false,
+            (Some(old), Some(shown)) if old.id == shown.id => {
+                if moves_on(old, shown) {
+                    return true;
+                }
+            }
+            _ => return true,
+        }
+    }
 }
 
 /// The containers whose task status is worth reading: a kernel hint says their init started
@@ -1154,6 +1161,15 @@ mod tests {
         assert!(
             !inspection_needed(Some(&old), &more, &tombstones),
             "a deleted one lingering in the listing"
+        );
+        assert!(
+            inspection_needed(Some(&more), &old, &none),
+            "a container fewer"
+        );
+        let other = pod("p", "web", [container("b", "app", Running)]);
+        assert!(
+            inspection_needed(Some(&old), &other, &none),
+            "another container in its place"
         );
         let mut confirmed = record(Exited);
         confirmed.confirmed_by = Layer::Task;

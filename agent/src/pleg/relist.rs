@@ -13,6 +13,7 @@
 //! `reconcile`, not here.
 
 use std::{
+    cmp::Ordering,
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
@@ -606,12 +607,19 @@ fn node_pods(
     let mut committed = committed.iter().peekable();
     let not_listed = |uid: &PodUid| (uid.clone(), PodReading::Gone);
     for pod in listed {
-        while let Some((uid, _)) = committed.next_if(|(uid, _)| **uid < pod.uid) {
-            pods.push(not_listed(uid));
+        // One compare of two uids a step.
+        let mut old = None;
+        while let Some(&(uid, record)) = committed.peek() {
+            match uid.cmp(&pod.uid) {
+                Ordering::Less => pods.push(not_listed(uid)),
+                Ordering::Equal => old = Some(record),
+                Ordering::Greater => break,
+            }
+            committed.next();
+            if old.is_some() {
+                break;
+            }
         }
-        let old = committed
-            .next_if(|(uid, _)| **uid == pod.uid)
-            .map(|(_, old)| old);
         let reading = if to_reinspect.contains(&pod.uid) || inspection_needed(old, &pod, tombstones)
         {
             to_inspect.push(pod.uid.clone());
