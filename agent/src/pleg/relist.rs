@@ -607,19 +607,24 @@ fn node_pods(
     let mut committed = committed.iter().peekable();
     let not_listed = |uid: &PodUid| (uid.clone(), PodReading::Gone);
     for pod in listed {
-        // One compare of two uids a step.
-        let mut old = None;
-        while let Some(&(uid, record)) = committed.peek() {
+        // The committed pod of the same uid, those before it not listed; one compare of two
+        // uids a step.
+        let old = loop {
+            let Some(&(uid, record)) = committed.peek() else {
+                break None;
+            };
             match uid.cmp(&pod.uid) {
-                Ordering::Less => pods.push(not_listed(uid)),
-                Ordering::Equal => old = Some(record),
-                Ordering::Greater => break,
+                Ordering::Greater => break None,
+                Ordering::Equal => {
+                    committed.next();
+                    break Some(record);
+                }
+                Ordering::Less => {
+                    pods.push(not_listed(uid));
+                    committed.next();
+                }
             }
-            committed.next();
-            if old.is_some() {
-                break;
-            }
-        }
+        };
         let reading = if to_reinspect.contains(&pod.uid) || inspection_needed(old, &pod, tombstones)
         {
             to_inspect.push(pod.uid.clone());
