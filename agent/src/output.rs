@@ -36,9 +36,8 @@ pub struct EventLine {
     pub pod_name: String,
     pub container_id: Option<String>,
     pub container_name: String,
-    /// RFC 3339, milliseconds.
-    pub observed_at: String,
-    pub emitted_at: String,
+    pub observed_at: Stamp,
+    pub emitted_at: Stamp,
     /// emitted_at - observed_at, in milliseconds.
     pub latency_ms: u64,
     pub sources: Vec<&'static str>,
@@ -63,8 +62,8 @@ impl EventLine {
             pod_name: event.pod_name.clone(),
             container_id: Some(event.container_id.clone()).filter(|id| !id.is_empty()),
             container_name: event.container_name.clone(),
-            observed_at: rfc3339(observed),
-            emitted_at: rfc3339(emitted),
+            observed_at: Stamp(observed),
+            emitted_at: Stamp(emitted),
             latency_ms: latency_ms(observed, emitted),
             sources: event.sources().map(source_name).collect(),
             exit_code: event.exit_code,
@@ -225,6 +224,27 @@ pub fn from_timestamp(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> 
     SystemTime::try_from(*t?).ok()
 }
 
+/// An event's time as printed: RFC 3339 in UTC, `-` when unknown; to the microsecond in JSON,
+/// which consumers time plegd with (a delivery takes about a millisecond), and to the
+/// millisecond in text, which people read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp(pub Option<SystemTime>);
+
+impl Serialize for Stamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(t) => serializer.collect_str(&humantime::format_rfc3339_micros(t)),
+            None => serializer.serialize_str("-"),
+        }
+    }
+}
+
+impl std::fmt::Display for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&rfc3339(self.0))
+    }
+}
+
 /// RFC 3339 with milliseconds, `-` when unknown.
 pub(crate) fn rfc3339(t: Option<SystemTime>) -> String {
     t.map_or_else(
@@ -304,7 +324,8 @@ mod tests {
         assert_eq!(value["confirmed_by"], "cri");
         assert_eq!(value["latency_ms"], 42);
         assert_eq!(value["sources"], serde_json::json!(["ebpf", "containerd"]));
-        assert_eq!(value["observed_at"], "2027-01-15T08:00:00.000Z");
+        assert_eq!(value["observed_at"], "2027-01-15T08:00:00.000000Z");
+        assert_eq!(value["emitted_at"], "2027-01-15T08:00:00.042000Z");
         assert_eq!(value["container_id"], "0123456789abcdef");
     }
 

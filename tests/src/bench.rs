@@ -401,13 +401,13 @@ impl Watch {
                     continue;
                 };
                 if let Record::Event(event) = &record {
-                    arrived.record(&event.container_id, &event.event_type, at);
                     // When plegd sent it: what it took inside plegd, and what the way to a client
-                    // added.
+                    // added. Recorded before the arrival, which wakes whoever waits for it.
                     if let Some(emitted) = emitted_at(&line) {
                         let what = format!("{} emitted", event.event_type);
                         arrived.record(&event.container_id, &what, emitted);
                     }
+                    arrived.record(&event.container_id, &event.event_type, at);
                     // Only observation lines are read a second time.
                     if event.event_type == "KernelObservation" && is_kernel_death(&line) {
                         arrived.record(&event.container_id, KERNEL_DEATH, at);
@@ -470,7 +470,7 @@ fn is_kernel_death(line: &str) -> bool {
             })
 }
 
-/// The `emitted_at` of a `plegd watch --output json` line (milliseconds).
+/// The `emitted_at` of a `plegd watch --output json` line (microseconds).
 fn emitted_at(line: &str) -> Option<SystemTime> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     humantime::parse_rfc3339_weak(value["emitted_at"].as_str()?).ok()

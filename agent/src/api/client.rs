@@ -15,8 +15,8 @@ use serde::Serialize;
 use tonic::{Code, Status, transport::Channel};
 
 use crate::output::{
-    OutputFormat, event_type_name, from_timestamp, latency_ms, layer_name, observation, rfc3339,
-    short, source_name,
+    OutputFormat, Stamp, event_type_name, from_timestamp, latency_ms, layer_name, observation,
+    rfc3339, short, source_name,
 };
 
 /// How long a one-shot command waits for the daemon.
@@ -332,8 +332,8 @@ pub struct WatchLine {
     pub pod_name: String,
     pub container_id: String,
     pub container_name: String,
-    pub observed_at: String,
-    pub emitted_at: String,
+    pub observed_at: Stamp,
+    pub emitted_at: Stamp,
     pub latency_ms: u64,
     pub sources: Vec<String>,
     pub exit_code: Option<i32>,
@@ -354,8 +354,8 @@ impl WatchLine {
             pod_name: event.pod_name.clone(),
             container_id: event.container_id.clone(),
             container_name: event.container_name.clone(),
-            observed_at: rfc3339(observed),
-            emitted_at: rfc3339(emitted),
+            observed_at: Stamp(observed),
+            emitted_at: Stamp(emitted),
             latency_ms: latency_ms(observed, emitted),
             sources: event.sources().map(|s| source_name(s).to_owned()).collect(),
             exit_code: event.exit_code,
@@ -693,6 +693,7 @@ mod tests {
         assert_eq!(json["type"], "ContainerDied");
         assert_eq!(json["latency_ms"], 4);
         assert_eq!(json["run_id"], "abc");
+        assert_eq!(json["emitted_at"], "2027-01-15T08:00:00.004000Z");
         assert!(table_header().starts_with("TIME"));
     }
 

@@ -66,6 +66,19 @@ fn ms(value: Option<f64>) -> String {
     }
 }
 
+/// A time relative to another, with its sign: `+1.3`, `-0.4`, never `-0.0`.
+fn signed_ms(value: Option<f64>) -> String {
+    match value {
+        Some(v) if v.abs() >= 100.0 => format!("{v:+.0}"),
+        // A small negative value rounds to zero, which has no sign.
+        Some(v) => match format!("{v:+.1}") {
+            zero if zero == "-0.0" => "+0.0".into(),
+            signed => signed,
+        },
+        None => "n/a".into(),
+    }
+}
+
 fn mode<'a>(measured: &'a Value, key: &str) -> Option<&'a Value> {
     measured["latency"]
         .as_array()?
@@ -187,22 +200,22 @@ fn goals(run: &Run) -> Vec<Goal> {
         Goal {
             text: "default: kill -9 → ContainerDied p50 within 2 ms of containerd's /tasks/exit, p99 within 10 ms",
             measured: format!(
-                "p50 +{} ms, p99 +{} ms (emitted by plegd: p50 +{}, p99 +{})",
-                ms(over50),
-                ms(over99),
-                ms(emitted50),
-                ms(emitted99)
+                "p50 {} ms, p99 {} ms (emitted by plegd: p50 {}, p99 {})",
+                signed_ms(over50),
+                signed_ms(over99),
+                signed_ms(emitted50),
+                signed_ms(emitted99)
             ),
             met: both(over50.map(|v| v <= 2.0), over99.map(|v| v <= 10.0)),
         },
         Goal {
             text: "default: OOM kill → ContainerDied p50 within 2 ms of containerd's /tasks/exit, p99 within 10 ms",
             measured: format!(
-                "p50 +{} ms, p99 +{} ms (emitted by plegd: p50 +{}, p99 +{})",
-                ms(oom50),
-                ms(oom99),
-                ms(oom_emitted50),
-                ms(oom_emitted99)
+                "p50 {} ms, p99 {} ms (emitted by plegd: p50 {}, p99 {})",
+                signed_ms(oom50),
+                signed_ms(oom99),
+                signed_ms(oom_emitted50),
+                signed_ms(oom_emitted99)
             ),
             met: both(oom50.map(|v| v <= 2.0), oom99.map(|v| v <= 10.0)),
         },
@@ -702,6 +715,22 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), Some(100.0));
         assert_eq!(percentile(&[3.0], 90.0), Some(3.0));
         assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn a_relative_time_keeps_its_sign_and_no_negative_zero() {
+        let signed: Vec<String> = [
+            Some(1.26),
+            Some(-0.42),
+            Some(-0.04),
+            Some(0.0),
+            Some(-130.2),
+            None,
+        ]
+        .into_iter()
+        .map(signed_ms)
+        .collect();
+        assert_eq!(signed, ["+1.3", "-0.4", "+0.0", "+0.0", "-130", "n/a"]);
     }
 
     #[test]
