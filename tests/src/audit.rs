@@ -57,8 +57,9 @@
 //!   the hints lost unknown until then).
 //!
 //! What the first relist after an outage cannot see:
-//! - `ContainerStarted` of a container that started and died then (`non-existent -> exited`
-//!   is one `ContainerDied`);
+//! - `ContainerStarted` of a container that started then, or within the window before (the
+//!   look that would have found it running fell in the outage), and died then
+//!   (`non-existent -> exited` is one `ContainerDied`);
 //! - all three transitions of a container started and removed then (created before or
 //!   after plegd stopped: a created container has no event): never seen;
 //! - the exit code of a container that exited and was removed then: the restarted plegd finds
@@ -547,12 +548,32 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
             None => report.lost.push(finding(
                 Some(transition),
                 format!(
-                    "never received ({}, {:?} pid ns)",
-                    truth.action, truth.pid_mode
+                    "never received ({}, {:?} pid ns{})",
+                    truth.action,
+                    truth.pid_mode,
+                    against_outage(&truth.timing, folding)
                 ),
             )),
         }
     }
+}
+
+/// Where a container's run fell against the outage, for a report (empty without one).
+fn against_outage(timing: &Timing, folding: Folding) -> String {
+    let Some((down, up)) = folding.outage else {
+        return String::new();
+    };
+    let from_down = |t: Option<SystemTime>| match t.map(|t| t.duration_since(down)) {
+        Some(Ok(after)) => format!("+{:.2} s", after.as_secs_f64()),
+        Some(Err(before)) => format!("-{:.2} s", before.duration().as_secs_f64()),
+        None => "unknown".to_owned(),
+    };
+    format!(
+        "; from the outage's start: started {}, finished {}, the outage {:.2} s long",
+        from_down(timing.started),
+        from_down(timing.finished),
+        up.duration_since(down).unwrap_or_default().as_secs_f64()
+    )
 }
 
 /// Why a transition never received may be folded (`None`: it may not).
@@ -593,13 +614,18 @@ fn fold(
     {
         return Some("started and removed while plegd could not follow the runtime".to_owned());
     }
+    // A start within the window before the outage is as unseen: the look that would have
+    // found it running fell in the outage (containerd killed right after it started a task).
     if transition == Transition::Started
         && account.got[Transition::Died as usize]
         && let Some((down, up)) = folding.outage
-        && started.is_some_and(|t| t >= down)
+        && started.is_some_and(|t| t + folding.window >= down)
         && finished.is_some_and(|t| t <= up + folding.window)
     {
-        return Some("started and died while plegd could not follow the runtime".to_owned());
+        return Some(
+            "started then or just before, and died while plegd could not follow the runtime"
+                .to_owned(),
+        );
     }
     None
 }
@@ -934,28 +960,34 @@ mod tests {
         );
     }
 
-    /// A container that started and died while no plegd ran owes only its death; one that
-    /// started before plegd stopped still owes its start.
+    /// A container that started and died while no plegd ran, or started within the window
+    /// before, owes only its death; one that started longer before plegd stopped still owes
+    /// its start.
     #[test]
     fn a_start_folds_into_a_death_while_no_plegd_ran() {
-        // Started at 100, died at 3000 (longer than the window): only the outage folds it.
-        let truths = [truth("meanwhile", 1, "Error", 3000, 5000)];
+        // Started at 100, died at 4000 (longer than the window): only the outage folds it.
+        let truths = [truth("meanwhile", 1, "Error", 4000, 6000)];
         let mut list = lifecycle("meanwhile", 1, "Error");
         list.retain(|(_, kind, ..)| *kind != "ContainerStarted");
         let outage = |from: u64| Folding {
-            outage: Some((at(from), at(2500))),
+            outage: Some((at(from), at(3500))),
             ..WINDOW
         };
-        let report = check(&truths, &events(&list), outage(50));
-        assert_eq!(
-            transitions(&report.folded),
-            [("meanwhile", Some(Transition::Started))]
-        );
-        let report = check(&truths, &events(&list), outage(150));
-        assert_eq!(
-            transitions(&report.lost),
-            [("meanwhile", Some(Transition::Started))]
-        );
+        for (from, folded) in [(50, true), (1600, true), (1700, false)] {
+            let report = check(&truths, &events(&list), outage(from));
+            let (expected, other) = if folded {
+                (&report.folded, &report.lost)
+            } else {
+                (&report.lost, &report.folded)
+            };
+            let what = format!("outage from {from} ms");
+            assert_eq!(
+                transitions(expected),
+                [("meanwhile", Some(Transition::Started))],
+                "{what}"
+            );
+            assert!(other.is_empty(), "{what}");
+        }
     }
 
     /// The window for a missing exit code runs from when the runtime first showed the exit.
