@@ -241,16 +241,11 @@ impl Serialize for Stamp {
 
 impl std::fmt::Display for Stamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(&rfc3339(self.0))
+        match self.0 {
+            Some(t) => f.pad(&humantime::format_rfc3339_millis(t).to_string()),
+            None => f.pad("-"),
+        }
     }
-}
-
-/// RFC 3339 with milliseconds, `-` when unknown.
-pub(crate) fn rfc3339(t: Option<SystemTime>) -> String {
-    t.map_or_else(
-        || "-".to_owned(),
-        |t| humantime::format_rfc3339_millis(t).to_string(),
-    )
 }
 
 /// `emitted - observed` in whole milliseconds.

@@ -16,7 +16,7 @@ use tonic::{Code, Status, transport::Channel};
 
 use crate::output::{
     OutputFormat, Stamp, event_type_name, from_timestamp, latency_ms, layer_name, observation,
-    rfc3339, short, source_name,
+    short, source_name,
 };
 
 /// How long a one-shot command waits for the daemon.
@@ -283,7 +283,7 @@ impl SyncLine {
     pub fn row(&self) -> String {
         let (read_at, containers) = match &self.status {
             Some(status) => (
-                status.read_at.as_str(),
+                status.read_at,
                 status
                     .containers
                     .iter()
@@ -291,7 +291,7 @@ impl SyncLine {
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
-            None => ("-", "-".to_owned()),
+            None => (Stamp(None), "-".to_owned()),
         };
         format!(
             "{read_at:<24} {:>6}  {:<8} {:<32} {containers}",
@@ -534,7 +534,7 @@ pub struct PodReport {
     namespace: String,
     name: String,
     /// When the runtime was read for this status.
-    read_at: String,
+    read_at: Stamp,
     containers: Vec<ContainerReport>,
 }
 
@@ -550,9 +550,9 @@ pub struct ContainerReport {
     reason: String,
     /// Which of the runtime's records the state comes from (`cri`, `task`).
     confirmed_by: Option<&'static str>,
-    created_at: String,
-    started_at: String,
-    finished_at: String,
+    created_at: Stamp,
+    started_at: Stamp,
+    finished_at: Stamp,
 }
 
 impl PodsReport {
@@ -571,7 +571,7 @@ impl PodReport {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
-            read_at: rfc3339(from_timestamp(pod.timestamp.as_ref())),
+            read_at: Stamp(from_timestamp(pod.timestamp.as_ref())),
             containers: pod
                 .containers
                 .iter()
@@ -585,9 +585,9 @@ impl PodReport {
                     exit_code: c.has_exit_code.then_some(c.exit_code),
                     reason: c.reason.clone(),
                     confirmed_by: layer_name(c.confirmed_by()),
-                    created_at: rfc3339(from_timestamp(c.created_at.as_ref())),
-                    started_at: rfc3339(from_timestamp(c.started_at.as_ref())),
-                    finished_at: rfc3339(from_timestamp(c.finished_at.as_ref())),
+                    created_at: Stamp(from_timestamp(c.created_at.as_ref())),
+                    started_at: Stamp(from_timestamp(c.started_at.as_ref())),
+                    finished_at: Stamp(from_timestamp(c.finished_at.as_ref())),
                 })
                 .collect(),
         }
@@ -638,7 +638,7 @@ struct SourceReport {
     source: &'static str,
     state: &'static str,
     detail: String,
-    last_delivered: String,
+    last_delivered: Stamp,
 }
 
 impl HealthReport {
@@ -655,7 +655,7 @@ impl HealthReport {
                     source: source_name(s.source()),
                     state: source_state_name(s.state()),
                     detail: s.detail.clone(),
-                    last_delivered: rfc3339(from_timestamp(s.last_delivered.as_ref())),
+                    last_delivered: Stamp(from_timestamp(s.last_delivered.as_ref())),
                 })
                 .collect(),
         }
@@ -741,6 +741,8 @@ mod tests {
         assert_eq!(json["reason"], "event");
         assert_eq!(json["status"]["containers"][1]["exit_code"], 137);
         assert_eq!(json["status"]["containers"][1]["confirmed_by"], "task");
+        assert_eq!(json["status"]["read_at"], "2027-01-15T08:00:00.000000Z");
+        assert_eq!(json["status"]["containers"][1]["finished_at"], "-");
         let removed = SyncLine::new(&pb::PodSync {
             reason: pb::SyncReason::Removed as i32,
             status: None,
