@@ -41,7 +41,9 @@
 //!   waits for its first full relist (SIGTERM: the saved reading; after a SIGKILL the watcher
 //!   resyncs on a listing taken after that relist, see below);
 //! - containerd killed and restarted, or frozen (SIGSTOP): from the signal to containerd
-//!   answering again (nothing can be read meanwhile);
+//!   answering again (nothing can be read meanwhile); killed, where its event stream is the
+//!   only push source (full relists minutes apart), on to plegd's first full relist of the new
+//!   one (the stream replays nothing, and that relist follows its reconnect, after a backoff);
 //! - containerd's event stream silent, the only push source: from the silence to the first
 //!   full relist after plegd found it (the stream still looks connected until its heartbeat
 //!   fails to come back).

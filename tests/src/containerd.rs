@@ -14,7 +14,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::{Mutex, Once},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use k8s_cri::v1::{StatusRequest, VersionRequest, runtime_service_client::RuntimeServiceClient};
@@ -280,12 +280,15 @@ impl PrivateContainerd {
     }
 
     /// Kills the daemon (SIGKILL: a crash, nothing flushed), leaving its containers' shims
-    /// running, and starts it again on the same state.
-    pub async fn crash_and_restart(&self) -> Result<(), HarnessError> {
+    /// running, and starts it again on the same state. Returns when the killed one was gone:
+    /// whatever answers after that is the new one.
+    pub async fn crash_and_restart(&self) -> Result<SystemTime, HarnessError> {
         if let Some(pid) = self.paths.daemon_pid() {
             process::kill_all(&[pid], STOP_TIMEOUT);
         }
-        self.spawn_daemon().await
+        let gone = SystemTime::now();
+        self.spawn_daemon().await?;
+        Ok(gone)
     }
 
     async fn spawn_daemon(&self) -> Result<(), HarnessError> {

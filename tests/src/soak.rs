@@ -345,6 +345,7 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
             faulted = true;
             let injection = Injection {
                 node,
+                mode: plan.mode,
                 plegd: &mut plegd,
                 proxy: proxy.as_ref(),
                 prefix: &prefix,
@@ -444,11 +445,14 @@ fn set(args: &mut Vec<String>, flag: &str, value: impl ToString) {
 
 const DROPS: &str = "plegd_ringbuf_drops_total";
 const FULL_RELISTS: &str = "plegd_relists_total{scope=\"full\"}";
+/// When plegd's last successful full relist began (Unix seconds).
+const LAST_FULL_RELIST: &str = "kubelet_pleg_last_seen_seconds";
 const SILENT_STREAMS: &str = "plegd_silent_streams_total";
 
 /// What a fault is done with.
 struct Injection<'a> {
     node: &'a Node,
+    mode: Mode,
     plegd: &'a mut Plegd,
     proxy: Option<&'a MutingProxy>,
     prefix: &'a str,
@@ -473,7 +477,7 @@ impl Injection<'_> {
     async fn inject(self, fault: Fault) -> anyhow::Result<Injected> {
         let down = SystemTime::now();
         match fault {
-            Fault::ContainerdRestart => self.node.containerd.crash_and_restart().await?,
+            Fault::ContainerdRestart => return self.restart_containerd(down).await,
             Fault::PlegdKill => self.plegd.restart(Signal::SIGKILL)?,
             Fault::PlegdTerm => self.plegd.restart(Signal::SIGTERM)?,
             Fault::ContainerdHang => self.hang().await?,
@@ -490,6 +494,47 @@ impl Injection<'_> {
         }
         Ok(Injected {
             outage: Some((down, SystemTime::now())),
+            ..Injected::default()
+        })
+    }
+
+    /// Kills containerd and starts it again. Its event stream breaks with it and replays
+    /// nothing: where the stream is plegd's only push source (full relists minutes apart),
+    /// plegd cannot follow the runtime until its first full relist of the new containerd,
+    /// which the stream's reconnect schedules after its backoff; a container that exited then
+    /// and was removed before that relist left no status to read its exit from. Elsewhere
+    /// plegd follows it again once it answers: kernel hints read it, or polling does.
+    async fn restart_containerd(&self, down: SystemTime) -> anyhow::Result<Injected> {
+        let gone = self.node.containerd.crash_and_restart().await?;
+        let up = SystemTime::now();
+        if self.mode != Mode::Events {
+            return Ok(Injected {
+                outage: Some((down, up)),
+                ..Injected::default()
+            });
+        }
+        let plegd = &*self.plegd;
+        let relisted = until(
+            "plegd's first full relist of the new containerd",
+            STEP,
+            || async {
+                let began = SystemTime::UNIX_EPOCH
+                    + Duration::try_from_secs_f64(plegd.metric(LAST_FULL_RELIST)?)?;
+                anyhow::Ok((began > gone).then_some(began))
+            },
+        )
+        .await?;
+        let seconds = |from: SystemTime, to: SystemTime| {
+            to.duration_since(from).unwrap_or_default().as_secs_f64()
+        };
+        Ok(Injected {
+            outage: Some((down, relisted.max(up))),
+            notes: vec![format!(
+                "containerd answered {:.1} s after the kill; plegd's first full relist of it \
+                 began {:.1} s after that",
+                seconds(down, up),
+                seconds(up, relisted)
+            )],
             ..Injected::default()
         })
     }
