@@ -18,10 +18,10 @@ use crate::bus::{ApiBus, Ended, Subscription};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
-    /// One human-readable line per event.
+    /// For people: a line per event, or a table.
     #[default]
     Text,
-    /// One JSON object per line.
+    /// For scripts: a JSON object per line (per event, or the whole listing or report).
     Json,
 }
 
