@@ -215,7 +215,7 @@ async fn run_batch<R: Runtime>(
 ) {
     let started = Instant::now();
     let result = relister
-        .relist(&batch.scope, &batch.hints, batch.required)
+        .relist_crediting(&batch.scope, &batch.hints, &batch.riders, batch.required)
         .await;
     let read = match &result {
         Ok(outcome) => outcome.read,

@@ -2,10 +2,10 @@
 //! when, and what they observed. Dressing one with the other is pure, so it is table-tested
 //! here rather than through whole relists.
 
-use std::time::SystemTime;
+use std::{collections::BTreeSet, time::SystemTime};
 
 use crate::pleg::{
-    event::{PodLifecycleEvent, PodLifecycleEventType, TriggerSource},
+    event::{PodLifecycleEvent, PodLifecycleEventType, Says, TriggerSource},
     hints::Hints,
     record::{ContainerRecord, PodRecord},
 };
@@ -59,6 +59,42 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
         reason: record.reason.clone(),
         confirmed_by: Some(record.confirmed_by),
     }
+}
+
+/// Credits an event its relist found with no hint about its container (`[Relist]`) to a hint
+/// still queued for that container (`riders`, see `Batch::riders`), when that hint saw what
+/// the event announces: its sources, its time, and those of its observations that say so (a
+/// queued start's exec does not ride on a death).
+pub fn credit(event: &mut PodLifecycleEvent, riders: &Hints) {
+    if riders.is_empty() || event.sources != [TriggerSource::Relist] {
+        return;
+    }
+    let says = match event.event_type {
+        PodLifecycleEventType::ContainerStarted => Says::Started,
+        PodLifecycleEventType::ContainerDied => Says::Died,
+        PodLifecycleEventType::ContainerRemoved => Says::Deleted,
+        PodLifecycleEventType::ContainerChanged | PodLifecycleEventType::PodSync => return,
+    };
+    let Some(hint) = event
+        .container_id
+        .as_ref()
+        .and_then(|id| riders.for_container(&event.pod, id))
+    else {
+        return;
+    };
+    let saw: Vec<_> = hint
+        .observations
+        .into_iter()
+        .map(|(_, o)| o)
+        .filter(|o| o.kind.says() == says)
+        .collect();
+    if saw.is_empty() {
+        return;
+    }
+    let sources: BTreeSet<TriggerSource> = saw.iter().map(|o| o.source).collect();
+    event.sources = sources.into_iter().collect();
+    event.observed_at = event.observed_at.min(hint.observed_at);
+    event.observations = saw.into_iter().filter(|o| o.kind.is_shown()).collect();
 }
 
 #[cfg(test)]
@@ -200,6 +236,104 @@ mod tests {
                 "{name}"
             );
             assert_eq!(got.container_name, "app", "{name}");
+        }
+    }
+
+    #[test]
+    fn a_change_found_with_no_hint_is_credited_to_a_queued_one_that_saw_it() {
+        let read_at_ms = 1_000;
+        let pod = testing::pod("p", "web", [exited("a", "app", 137, "Error")]);
+        let pod_target = || Target::Pod(PodUid("p".into()));
+        let died_hint = || {
+            hint(
+                &[Ebpf],
+                300,
+                vec![
+                    observation("a", Ebpf, ObservationKind::Signal(9)),
+                    observation("a", Ebpf, ObservationKind::CgroupRemoved),
+                    observation("b", Ebpf, ObservationKind::Exited),
+                ],
+            )
+        };
+        // (name, the batch's own hints, the riders, the event's row)
+        type Riding = (&'static str, Vec<(Target, Hint)>, Vec<(Target, Hint)>, Row);
+        let cases: Vec<Riding> = vec![
+            (
+                "no rider: the relist's own",
+                vec![],
+                vec![],
+                (vec![Relist], read_at_ms, 0),
+            ),
+            (
+                "a queued death: its sources, time and observations of this container",
+                vec![],
+                vec![(pod_target(), died_hint())],
+                (vec![Ebpf], 300, 2),
+            ),
+            (
+                "a queued start says nothing of a death",
+                vec![],
+                vec![(
+                    pod_target(),
+                    hint(
+                        &[Ebpf],
+                        200,
+                        vec![observation(
+                            "a",
+                            Ebpf,
+                            ObservationKind::Exec("/bin/sh".into()),
+                        )],
+                    ),
+                )],
+                (vec![Relist], read_at_ms, 0),
+            ),
+            (
+                "a queued death rides only with its own observations among others",
+                vec![],
+                vec![(
+                    pod_target(),
+                    hint(
+                        &[Ebpf, Containerd],
+                        100,
+                        vec![
+                            observation("a", Ebpf, ObservationKind::Exec("/bin/sh".into())),
+                            observation("a", Containerd, ObservationKind::TaskDeleted),
+                        ],
+                    ),
+                )],
+                (vec![Containerd], 100, 0),
+            ),
+            (
+                "an event its batch's hints credited keeps them",
+                vec![(
+                    Target::Container(ContainerId("a".into())),
+                    hint(
+                        &[Containerd],
+                        400,
+                        vec![observation("a", Containerd, ObservationKind::ExitCode(137))],
+                    ),
+                )],
+                vec![(pod_target(), died_hint())],
+                (vec![Containerd], 400, 1),
+            ),
+        ];
+        for (name, own, riding, want) in cases {
+            let collect = |targets: Vec<(Target, Hint)>| {
+                let mut hints = Hints::default();
+                for (target, h) in targets {
+                    hints.insert(target, h);
+                }
+                hints
+            };
+            let (own, riders) = (collect(own), collect(riding));
+            let change = Change {
+                pod: &pod,
+                event_type: ContainerDied,
+                record: &pod.containers[&ContainerId("a".into())],
+            };
+            let mut got = event(change, &own, at(read_at_ms));
+            credit(&mut got, &riders);
+            assert_eq!(row(&got), want, "{name}");
         }
     }
 

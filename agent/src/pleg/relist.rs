@@ -30,6 +30,7 @@ use crate::{
         event::{PodLifecycleEvent, Scope},
         health::Health,
         hints::Hints,
+        provenance,
         reconcile::{
             Again, Covers, Plan, PodRead, PodReading, Reading, Settings, inspection_needed,
             pod_read, reconcile, tasks_to_read,
@@ -219,6 +220,19 @@ impl<R: Runtime> Relister<R> {
         hints: &Hints,
         required: bool,
     ) -> Result<RelistOutcome, RelistError> {
+        self.relist_crediting(scope, hints, &Hints::default(), required)
+            .await
+    }
+
+    /// [`Self::relist`], crediting a change no hint of its own is about to `riders`, the
+    /// hints still queued for what it reads ([`provenance::credit`]).
+    pub async fn relist_crediting(
+        &mut self,
+        scope: &Scope,
+        hints: &Hints,
+        riders: &Hints,
+        required: bool,
+    ) -> Result<RelistOutcome, RelistError> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
         let answered = self.reconcile(&Reading::none(SystemTime::now()), hints);
@@ -227,7 +241,7 @@ impl<R: Runtime> Relister<R> {
             settling: answered.settling.clone(),
             ..RelistOutcome::default()
         };
-        outcome.events_sent = self.act(answered, started);
+        outcome.events_sent = self.act(answered, riders, started);
         if left.is_empty() && !required {
             trace!(?hints, "answered by the runtime's records");
             return Ok(outcome);
@@ -255,7 +269,7 @@ impl<R: Runtime> Relister<R> {
         // 3. Reconcile the reading, and act.
         let plan = self.reconcile(&reading, &left);
         self.note_read(&reading, &plan, &mut outcome);
-        outcome.events_sent += self.act(plan, read_started);
+        outcome.events_sent += self.act(plan, riders, read_started);
 
         // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
         //    released by it find every entry above already written.
@@ -474,12 +488,16 @@ impl<R: Runtime> Relister<R> {
         tasks
     }
 
-    /// Carries `plan` out: per pod, the cache written, then its events published, then its
-    /// record committed. Returns how many events went out. `read_at`: when the runtime was
-    /// read (the cache entries are at least this fresh).
-    fn act(&mut self, plan: Plan, read_at: Instant) -> usize {
+    /// Carries `plan` out: per pod, the cache written, then its events published (credited to
+    /// `riders` where none of the batch's hints was about them), then its record committed.
+    /// Returns how many events went out. `read_at`: when the runtime was read (the cache
+    /// entries are at least this fresh).
+    fn act(&mut self, plan: Plan, riders: &Hints, read_at: Instant) -> usize {
         let mut sent = 0;
-        for pod in plan.pods {
+        for mut pod in plan.pods {
+            for event in &mut pod.events {
+                provenance::credit(event, riders);
+            }
             // Cache and events as one to a listing (`PodCache::publishing`): a consumer that
             // reads the cache on an event must find the state the event announces.
             let cache = Arc::clone(&self.cache);

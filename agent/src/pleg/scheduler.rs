@@ -112,6 +112,12 @@ pub struct Batch {
     /// For a settling read ([`RelistScheduler::settle`]): how many settling reads of the pod
     /// this one makes, from 1.
     pub settle: Option<u32>,
+    /// Copies of the hints still queued (not due yet, or in their kernel grace) for targets
+    /// this batch reads: a change it finds that one of them saw first is credited to its
+    /// sources ([`crate::pleg::provenance::credit`]). They stay queued as they were: once
+    /// this batch commits the change, their own relist finds nothing new to announce, and
+    /// what they observed would reach no consumer.
+    pub riders: Hints,
 }
 
 impl Batch {
@@ -123,6 +129,7 @@ impl Batch {
             required: self.required,
             attempts: self.attempts.clone(),
             settle: self.settle,
+            riders: Hints::default(),
         }
     }
 }
@@ -342,6 +349,29 @@ impl RelistScheduler {
     /// The next relist due at `now`, if any: a full relist (carrying every pending hint) first,
     /// else the targeted relist due the earliest.
     pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
+        let mut batch = self.next_batch(now)?;
+        batch.riders = self.riders(&batch.scope);
+        Some(batch)
+    }
+
+    /// The hints queued for targets `scope` covers, copied (see [`Batch::riders`]).
+    fn riders(&self, scope: &Scope) -> Hints {
+        let covered = |target: &Target| match (scope, target) {
+            (Scope::All, _) => true,
+            (Scope::Pod(uid), Target::Pod(of)) => uid == of,
+            (Scope::Container(id), Target::Container(of)) => id == of,
+            _ => false,
+        };
+        let mut riders = Hints::default();
+        let queued = self.pending.iter().map(|(target, p)| (target, &p.hint));
+        let waiting = self.waiting.values().map(|w| (&w.target, &w.hint));
+        for (target, hint) in queued.chain(waiting).filter(|(t, _)| covered(t)) {
+            riders.insert(target.clone(), hint.clone());
+        }
+        riders
+    }
+
+    fn next_batch(&mut self, now: Instant) -> Option<Batch> {
         if self.full_relist_due(now) {
             // The node is read whole: the kernel's hints still waiting are read with it.
             self.end_waits(None);
@@ -395,6 +425,7 @@ impl RelistScheduler {
             required: false,
             attempts: BTreeMap::from([(target, pending.retries)]),
             settle: None,
+            riders: Hints::default(),
         })
     }
 
@@ -413,6 +444,7 @@ impl RelistScheduler {
             required: true,
             attempts: BTreeMap::new(),
             settle: Some(settling.count),
+            riders: Hints::default(),
         })
     }
 
@@ -439,6 +471,7 @@ impl RelistScheduler {
             required,
             attempts,
             settle: None,
+            riders: Hints::default(),
         }
     }
 
@@ -583,6 +616,42 @@ mod tests {
         scheduler.set_full_relist_period(Duration::from_secs(3600));
         scheduler.push(trigger(Scope::Pod(uid("p")), source, 1), t0, no_index);
         scheduler
+    }
+
+    #[test]
+    fn a_batch_lends_the_hints_queued_for_what_it_reads_and_leaves_them_queued() {
+        let t0 = Instant::now();
+        let mut scheduler = after_first_full(t0);
+        scheduler.set_full_relist_period(Duration::from_secs(3600));
+        // Pod q's hint, read once and not reflected yet: queued for its retry.
+        scheduler.push(
+            trigger(Scope::Pod(uid("q")), TriggerSource::Ebpf, 1),
+            t0,
+            no_index,
+        );
+        let first = scheduler.next_due(t0).expect("q's first run");
+        assert!(first.riders.is_empty(), "{first:?}");
+        scheduler.retry(first, t0).expect("retry allowed");
+        let retry_due = scheduler.next_deadline();
+        assert!(retry_due > t0);
+        // Three other pods due at once: one full listing serves them, and reads q too.
+        for pod in ["a", "b", "c"] {
+            scheduler.push(
+                trigger(Scope::Pod(uid(pod)), TriggerSource::Ebpf, 2),
+                t0,
+                no_index,
+            );
+        }
+        let batch = scheduler.next_due(t0).expect("the three at once");
+        assert_eq!(batch.scope, Scope::All);
+        let targets = |hints: &Hints| hints.targets().cloned().collect::<Vec<_>>();
+        assert_eq!(targets(&batch.riders), [Target::Pod(uid("q"))]);
+        assert!(!targets(&batch.hints).contains(&Target::Pod(uid("q"))));
+        // q's retry is still queued as it was: due when it was, one retry spent.
+        assert_eq!(scheduler.next_deadline(), retry_due);
+        let retry = scheduler.next_due(retry_due).expect("q's retry");
+        assert_eq!((&retry.scope, attempt(&retry)), (&Scope::Pod(uid("q")), 1));
+        assert!(retry.riders.is_empty());
     }
 
     #[test]
