@@ -274,11 +274,11 @@ fn follow_up(
             debug!(pod = %uid, "the CRI store still lags the task layer; the next full relist reads it");
         }
     }
-    let mut retry = Hints::default();
-    for Again { target, hint, .. } in outcome.again {
-        retry.insert(target, hint);
-    }
-    retry
+    outcome
+        .again
+        .into_iter()
+        .map(|Again { target, hint, .. }| (target, hint))
+        .collect()
 }
 
 /// Never silent: a hint the runtime never confirmed is either a source's false alarm or a

@@ -137,6 +137,17 @@ impl Hints {
     }
 }
 
+/// Hints by target; a target given twice has its hints merged, as [`Hints::insert`] does.
+impl FromIterator<(Target, Hint)> for Hints {
+    fn from_iter<I: IntoIterator<Item = (Target, Hint)>>(iter: I) -> Self {
+        let mut hints = Self::default();
+        for (target, hint) in iter {
+            hints.insert(target, hint);
+        }
+        hints
+    }
+}
+
 impl IntoIterator for Hints {
     type Item = (Target, Hint);
     type IntoIter = std::collections::btree_map::IntoIter<Target, Hint>;

@@ -219,10 +219,7 @@ mod tests {
             ),
         ];
         for (name, targets, want) in cases {
-            let mut hints = Hints::default();
-            for (target, h) in targets {
-                hints.insert(target, h);
-            }
+            let hints: Hints = targets.into_iter().collect();
             let change = Change {
                 pod: &pod,
                 event_type: ContainerStarted,
@@ -318,14 +315,8 @@ mod tests {
             ),
         ];
         for (name, own, riding, want) in cases {
-            let collect = |targets: Vec<(Target, Hint)>| {
-                let mut hints = Hints::default();
-                for (target, h) in targets {
-                    hints.insert(target, h);
-                }
-                hints
-            };
-            let (own, riders) = (collect(own), collect(riding));
+            let (own, riders): (Hints, Hints) =
+                (own.into_iter().collect(), riding.into_iter().collect());
             let change = Change {
                 pod: &pod,
                 event_type: ContainerDied,

@@ -116,6 +116,14 @@ pub struct Again {
     pub why: Why,
 }
 
+/// The hints a reconcile left unreflected, to be read.
+pub fn unanswered(again: &[Again]) -> Hints {
+    again
+        .iter()
+        .map(|again| (again.target.clone(), again.hint.clone()))
+        .collect()
+}
+
 /// One pod's change, or its inspection: its new record (`None`: gone) and the events that
 /// announce it, in order (unnumbered; none for an inspection that found no change).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1289,17 +1297,9 @@ mod tests {
         );
         assert_eq!(again.hint.sources, BTreeSet::from([Ebpf]));
         assert_eq!(
-            pod_read(committed.get(&uid("p")), &unanswered_hints(&plan)),
+            pod_read(committed.get(&uid("p")), &unanswered(&plan.again)),
             PodRead::Containers(vec![id("c")])
         );
-    }
-
-    fn unanswered_hints(plan: &Plan) -> Hints {
-        let mut hints = Hints::default();
-        for again in &plan.again {
-            hints.insert(again.target.clone(), again.hint.clone());
-        }
-        hints
     }
 
     #[test]

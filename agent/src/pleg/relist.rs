@@ -33,7 +33,7 @@ use crate::{
         provenance,
         reconcile::{
             Again, Covers, Plan, PodRead, PodReading, Reading, Settings, inspection_needed,
-            pod_read, reconcile, tasks_to_read,
+            pod_read, reconcile, tasks_to_read, unanswered,
         },
         record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecords},
         sink::EventSink,
@@ -664,15 +664,6 @@ fn node_pods(
         pods.sort_by(|a, b| a.0.cmp(&b.0));
     }
     (pods, to_inspect)
-}
-
-/// The hints a reconcile left unreflected, to be read.
-fn unanswered(again: &[Again]) -> Hints {
-    let mut hints = Hints::default();
-    for again in again {
-        hints.insert(again.target.clone(), again.hint.clone());
-    }
-    hints
 }
 
 impl<R> std::fmt::Debug for Relister<R> {

@@ -362,13 +362,13 @@ impl RelistScheduler {
             (Scope::Container(id), Target::Container(of)) => id == of,
             _ => false,
         };
-        let mut riders = Hints::default();
         let queued = self.pending.iter().map(|(target, p)| (target, &p.hint));
         let waiting = self.waiting.values().map(|w| (&w.target, &w.hint));
-        for (target, hint) in queued.chain(waiting).filter(|(t, _)| covered(t)) {
-            riders.insert(target.clone(), hint.clone());
-        }
-        riders
+        queued
+            .chain(waiting)
+            .filter(|(target, _)| covered(target))
+            .map(|(target, hint)| (target.clone(), hint.clone()))
+            .collect()
     }
 
     fn next_batch(&mut self, now: Instant) -> Option<Batch> {
