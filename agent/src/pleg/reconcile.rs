@@ -158,15 +158,19 @@ impl Plan {
 }
 
 /// Reconciles `reading` (and the runtime records `hints` carry) against `committed`.
-/// `tombstones`: containers the runtime recorded deleted at earlier relists.
+/// `riders`: hints still queued for what was read (`Batch::riders`); of them only the starts
+/// the task service recorded are taken, so a container first read exited is announced started
+/// though the record of its start waits in another hint. `tombstones`: containers the runtime
+/// recorded deleted at earlier relists.
 pub fn reconcile(
     committed: &Committed,
     reading: &Reading,
     hints: &Hints,
+    riders: &Hints,
     tombstones: &HashSet<ContainerId>,
     settings: Settings,
 ) -> Plan {
-    let records = Records::of(hints, reading, tombstones, settings);
+    let records = Records::of(hints, riders, reading, tombstones, settings);
     let mut plan = Plan::default();
     for (uid, pod_reading) in considered(committed, reading, &records) {
         if pod_reading == Some(&PodReading::Failed) {
@@ -216,6 +220,7 @@ struct Records<'a> {
 impl<'a> Records<'a> {
     fn of(
         hints: &'a Hints,
+        riders: &Hints,
         reading: &Reading,
         tombstones: &'a HashSet<ContainerId>,
         settings: Settings,
@@ -237,21 +242,19 @@ impl<'a> Records<'a> {
             }
         }
         for (id, observation) in hints.observations() {
-            match observation.kind {
-                ObservationKind::TaskStarted { .. } => {
-                    records.started.extend(
-                        observation
-                            .kind
-                            .task_record()
-                            .map(|record| (id.clone(), record)),
-                    );
-                }
-                ObservationKind::Deleted => {
-                    records.deleted.insert(id);
-                }
-                _ => {}
+            if observation.kind == ObservationKind::Deleted {
+                records.deleted.insert(id);
             }
         }
+        // The batch's own hints last: theirs stands where both carry one.
+        records.started = riders
+            .observations()
+            .chain(hints.observations())
+            .filter(|(_, observation)| {
+                matches!(observation.kind, ObservationKind::TaskStarted { .. })
+            })
+            .filter_map(|(id, observation)| Some((id.clone(), observation.kind.task_record()?)))
+            .collect();
         records
     }
 
@@ -1091,6 +1094,7 @@ mod tests {
                 &committed(case.committed),
                 &case.reading,
                 &case.hints,
+                &Hints::default(),
                 &HashSet::new(),
                 case.settings,
             );
@@ -1109,7 +1113,14 @@ mod tests {
         let mut committed = Committed::default();
         committed.commit(&uid("p"), Some(pod("p", "web", [dead])));
         let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
-        let plan = reconcile(&committed, &read, &Hints::default(), &HashSet::new(), TASK);
+        let plan = reconcile(
+            &committed,
+            &read,
+            &Hints::default(),
+            &Hints::default(),
+            &HashSet::new(),
+            TASK,
+        );
         assert_eq!(rows(&plan), vec![]);
         let record = plan.pods[0].record.as_ref().expect("the pod stays");
         let c = record
@@ -1128,6 +1139,7 @@ mod tests {
             &committed(None),
             &read,
             &Hints::default(),
+            &Hints::default(),
             &tombstones,
             TASK,
         );
@@ -1136,11 +1148,56 @@ mod tests {
     }
 
     #[test]
+    fn a_start_recorded_by_a_queued_hint_is_announced_before_the_death_read() {
+        // Never committed, first read exited (a kernel hint's full listing found it); the
+        // containerd start sits in a hint waiting for its retry.
+        let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
+        let start = hints(true, Containerd, &[TaskStarted { at: at(8) }]);
+        let (cri, task) = (Some(Layer::Cri), Some(Layer::Task));
+        for (riders, events) in [
+            (Hints::default(), vec![(ContainerDied, Some(2), cri)]),
+            (
+                start.clone(),
+                vec![
+                    (ContainerStarted, None, task),
+                    (ContainerDied, Some(2), cri),
+                ],
+            ),
+        ] {
+            let plan = reconcile(
+                &committed(None),
+                &read,
+                &Hints::default(),
+                &riders,
+                &HashSet::new(),
+                TASK,
+            );
+            assert_eq!(rows(&plan), events, "riders {riders:?}");
+            assert_eq!(
+                whys(&plan),
+                vec![],
+                "a rider is not the batch's to read again"
+            );
+        }
+        // At the CRI layer no runtime record is taken, a rider's neither.
+        let plan = reconcile(
+            &committed(None),
+            &read,
+            &Hints::default(),
+            &start,
+            &HashSet::new(),
+            CRI,
+        );
+        assert_eq!(rows(&plan), vec![(ContainerDied, Some(2), cri)]);
+    }
+
+    #[test]
     fn a_deletion_is_remembered_for_later_readings() {
         let plan = reconcile(
             &committed(Some(Exited)),
             &Reading::none(at(50)),
             &hints(false, Containerd, &[Deleted]),
+            &Hints::default(),
             &HashSet::new(),
             TASK,
         );
@@ -1246,6 +1303,7 @@ mod tests {
             &committed,
             &read,
             &hints(false, Ebpf, &[Signal(9)]),
+            &Hints::default(),
             &HashSet::new(),
             TASK,
         );
@@ -1280,6 +1338,7 @@ mod tests {
             &committed,
             &Reading::none(at(50)),
             &hints,
+            &Hints::default(),
             &HashSet::new(),
             TASK,
         );

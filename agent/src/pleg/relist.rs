@@ -235,7 +235,7 @@ impl<R: Runtime> Relister<R> {
     ) -> Result<RelistOutcome, RelistError> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
-        let answered = self.reconcile(&Reading::none(SystemTime::now()), hints);
+        let answered = self.reconcile(&Reading::none(SystemTime::now()), hints, riders);
         let left = unanswered(&answered.again);
         let mut outcome = RelistOutcome {
             settling: answered.settling.clone(),
@@ -267,7 +267,7 @@ impl<R: Runtime> Relister<R> {
         let read_in = read_started.elapsed();
 
         // 3. Reconcile the reading, and act.
-        let plan = self.reconcile(&reading, &left);
+        let plan = self.reconcile(&reading, &left, riders);
         self.note_read(&reading, &plan, &mut outcome);
         outcome.events_sent += self.act(plan, riders, read_started);
 
@@ -316,12 +316,19 @@ impl<R: Runtime> Relister<R> {
         outcome.again = plan.again.clone();
     }
 
-    fn reconcile(&self, reading: &Reading, hints: &Hints) -> Plan {
+    fn reconcile(&self, reading: &Reading, hints: &Hints, riders: &Hints) -> Plan {
         let settings = Settings {
             confirm: self.config.confirm,
             emit_changed: self.config.emit_changed,
         };
-        reconcile(&self.committed, reading, hints, &self.tombstones, settings)
+        reconcile(
+            &self.committed,
+            reading,
+            hints,
+            riders,
+            &self.tombstones,
+            settings,
+        )
     }
 
     /// A container scope whose container is committed is its pod's.
