@@ -15,7 +15,7 @@ use crate::{
     metrics::Metrics,
     pleg::{
         event::{Scope, Trigger, TriggerSource},
-        hints::{Hints, Target},
+        hints::{Hint, Hints, Target},
         reconcile::Again,
         relist::{Read, RelistError, RelistOutcome, Relister},
         scheduler::{Batch, Exhausted, RelistScheduler},
@@ -168,7 +168,22 @@ pub async fn run<R: Runtime>(
             && let Some(batch) = scheduler.next_due(now)
         {
             let observations = triggers.observations.as_deref();
-            run_batch(&mut relister, &mut scheduler, &metrics, observations, batch).await;
+            let mut late = Late {
+                channel: &mut triggers.triggers,
+                taken: Vec::new(),
+            };
+            run_batch(
+                &mut relister,
+                &mut scheduler,
+                &metrics,
+                observations,
+                batch,
+                &mut late,
+            )
+            .await;
+            for trigger in late.taken {
+                accept(&mut scheduler, &relister, trigger);
+            }
             continue;
         }
         let deadline = scheduler.next_deadline();
@@ -205,6 +220,41 @@ pub async fn run<R: Runtime>(
     Stopped { relister, pending }
 }
 
+/// The triggers that came while a relist ran, taken from the channel as the relist asks for
+/// its riders, and handed to the scheduler after it. A kill -9'd container's death was
+/// published as the relist's own, with no kernel observation, by a relist (a settling read)
+/// that began just before the kernel's trigger came and read the death the trigger was about.
+struct Late<'a> {
+    channel: &'a mut mpsc::Receiver<Trigger>,
+    taken: Vec<Trigger>,
+}
+
+impl Late<'_> {
+    /// `queued` (the batch's riders) and what every trigger taken so far saw of a container.
+    fn riders(&mut self, queued: &Hints) -> Hints {
+        while let Ok(trigger) = self.channel.try_recv() {
+            self.taken.push(trigger);
+        }
+        let seen = self.taken.iter().filter_map(|trigger| {
+            let Scope::Container(id) = &trigger.scope else {
+                return None;
+            };
+            let observations = trigger
+                .observations
+                .iter()
+                .map(|o| (id.clone(), o.clone()))
+                .collect();
+            let hint = Hint::seen(trigger.source, trigger.observed_at, observations);
+            Some((Target::Container(id.clone()), hint))
+        });
+        queued
+            .iter()
+            .map(|(target, hint)| (target.clone(), hint.clone()))
+            .chain(seen)
+            .collect()
+    }
+}
+
 /// Runs one relist and feeds its outcome back to the scheduler.
 async fn run_batch<R: Runtime>(
     relister: &mut Relister<R>,
@@ -212,10 +262,12 @@ async fn run_batch<R: Runtime>(
     metrics: &Metrics,
     observations: Option<&dyn ObservationSink>,
     batch: Batch,
+    late: &mut Late<'_>,
 ) {
     let started = Instant::now();
+    let riders = || late.riders(&batch.riders);
     let result = relister
-        .relist_crediting(&batch.scope, &batch.hints, &batch.riders, batch.required)
+        .relist_crediting(&batch.scope, &batch.hints, riders, batch.required)
         .await;
     let read = match &result {
         Ok(outcome) => outcome.read,
@@ -449,6 +501,35 @@ mod tests {
             .unwrap();
         assert_eq!(event.container_id, Some(ContainerId("c".into())));
         assert_eq!(event.sources, vec![TriggerSource::Relist]);
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_read_by_a_relist_is_credited_to_a_trigger_that_came_while_it_ran() {
+        let mut h = start(Duration::from_secs(1));
+        add_running(&h.runtime, "p", "c");
+        let started = h.events.recv().await.unwrap();
+        assert_eq!(started.event_type, PodLifecycleEventType::ContainerStarted);
+        // The next full relist (no hint of its own) waits on a slow runtime; meanwhile the
+        // container is killed and the kernel's trigger comes.
+        h.runtime.set_delay(Some(Duration::from_millis(50)));
+        tokio::time::sleep(Duration::from_millis(1010)).await;
+        h.runtime
+            .set_state("p", "c", ContainerState::Exited, Some(137));
+        let signal = Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::Signal(9),
+        };
+        h.triggers.send(Trigger {
+            source: TriggerSource::Ebpf,
+            observations: vec![signal.clone()],
+            ..trigger("c")
+        });
+        let died = h.events.recv().await.unwrap();
+        assert_eq!(died.event_type, PodLifecycleEventType::ContainerDied);
+        assert_eq!(died.sources, vec![TriggerSource::Ebpf]);
+        assert_eq!(died.observations, vec![signal]);
         h.shutdown.cancel();
         h.task.await.unwrap();
     }

@@ -44,6 +44,21 @@ pub struct Hint {
 }
 
 impl Hint {
+    /// What one trigger of `source` saw: `observations`, each with its container (none: it
+    /// said only that something changed).
+    pub(crate) fn seen(
+        source: TriggerSource,
+        observed_at: SystemTime,
+        observations: Vec<(ContainerId, Observation)>,
+    ) -> Self {
+        Self {
+            sources: BTreeSet::from([source]),
+            observed_at,
+            unspecific: observations.is_empty(),
+            observations,
+        }
+    }
+
     pub(crate) fn merge(&mut self, other: Hint) {
         self.sources.extend(other.sources);
         self.observed_at = self.observed_at.min(other.observed_at);

@@ -220,28 +220,31 @@ impl<R: Runtime> Relister<R> {
         hints: &Hints,
         required: bool,
     ) -> Result<RelistOutcome, RelistError> {
-        self.relist_crediting(scope, hints, &Hints::default(), required)
+        self.relist_crediting(scope, hints, Hints::default, required)
             .await
     }
 
-    /// [`Self::relist`], crediting a change no hint of its own is about to `riders`, the
-    /// hints still queued for what it reads ([`provenance::credit`]).
+    /// [`Self::relist`], crediting a change no hint of its own is about to the riders, the
+    /// hints still queued for what it reads ([`provenance::credit`]), as `riders` returns them
+    /// when asked: before the read, and again after it, for the triggers that came while it
+    /// ran (a death the reading found may be one of them).
     pub async fn relist_crediting(
         &mut self,
         scope: &Scope,
         hints: &Hints,
-        riders: &Hints,
+        mut riders: impl FnMut() -> Hints,
         required: bool,
     ) -> Result<RelistOutcome, RelistError> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
-        let answered = self.reconcile(&Reading::none(SystemTime::now()), hints, riders);
+        let before = riders();
+        let answered = self.reconcile(&Reading::none(SystemTime::now()), hints, &before);
         let left = unanswered(&answered.again);
         let mut outcome = RelistOutcome {
             settling: answered.settling.clone(),
             ..RelistOutcome::default()
         };
-        outcome.events_sent = self.act(answered, riders, started);
+        outcome.events_sent = self.act(answered, &before, started);
         if left.is_empty() && !required {
             trace!(?hints, "answered by the runtime's records");
             return Ok(outcome);
@@ -267,9 +270,10 @@ impl<R: Runtime> Relister<R> {
         let read_in = read_started.elapsed();
 
         // 3. Reconcile the reading, and act.
-        let plan = self.reconcile(&reading, &left, riders);
+        let riders = riders();
+        let plan = self.reconcile(&reading, &left, &riders);
         self.note_read(&reading, &plan, &mut outcome);
-        outcome.events_sent += self.act(plan, riders, read_started);
+        outcome.events_sent += self.act(plan, &riders, read_started);
 
         // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
         //    released by it find every entry above already written.

@@ -19,10 +19,7 @@
 //!   backs off exponentially a bounded number of times per target, whether the relist was
 //!   targeted or full. After that, the periodic full relist is the safety net.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use tokio::time::Instant;
 use tracing::debug;
@@ -242,12 +239,7 @@ impl RelistScheduler {
                 (target, Some(id), observations)
             }
         };
-        let hint = Hint {
-            sources: BTreeSet::from([source]),
-            observed_at,
-            unspecific: observations.is_empty(),
-            observations,
-        };
+        let hint = Hint::seen(source, observed_at, observations);
         if source != TriggerSource::Ebpf {
             // The runtime's own event: the kernel's hints it answers ride along.
             for waited in self.answered_waits(&target, container.as_ref()) {
@@ -561,7 +553,7 @@ impl RelistScheduler {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
+    use std::{collections::BTreeSet, time::SystemTime};
 
     use super::*;
     use crate::pleg::event::{Observation, ObservationKind, TriggerSource};
