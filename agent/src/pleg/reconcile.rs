@@ -1154,41 +1154,32 @@ mod tests {
         let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
         let start = hints(true, Containerd, &[TaskStarted { at: at(8) }]);
         let (cri, task) = (Some(Layer::Cri), Some(Layer::Task));
-        for (riders, events) in [
-            (Hints::default(), vec![(ContainerDied, Some(2), cri)]),
+        let none = Hints::default();
+        for (riders, settings, events) in [
+            (&none, TASK, vec![(ContainerDied, Some(2), cri)]),
             (
-                start.clone(),
+                &start,
+                TASK,
                 vec![
                     (ContainerStarted, None, task),
                     (ContainerDied, Some(2), cri),
                 ],
             ),
+            // At the CRI layer no runtime record is taken, a rider's neither.
+            (&start, CRI, vec![(ContainerDied, Some(2), cri)]),
         ] {
             let plan = reconcile(
                 &committed(None),
                 &read,
-                &Hints::default(),
-                &riders,
+                &none,
+                riders,
                 &HashSet::new(),
-                TASK,
+                settings,
             );
-            assert_eq!(rows(&plan), events, "riders {riders:?}");
-            assert_eq!(
-                whys(&plan),
-                vec![],
-                "a rider is not the batch's to read again"
-            );
+            assert_eq!(rows(&plan), events, "riders {riders:?}, {settings:?}");
+            let again = whys(&plan);
+            assert_eq!(again, vec![], "a rider is not the batch's to read again");
         }
-        // At the CRI layer no runtime record is taken, a rider's neither.
-        let plan = reconcile(
-            &committed(None),
-            &read,
-            &Hints::default(),
-            &start,
-            &HashSet::new(),
-            CRI,
-        );
-        assert_eq!(rows(&plan), vec![(ContainerDied, Some(2), cri)]);
     }
 
     #[test]
