@@ -158,7 +158,8 @@ impl Plan {
 }
 
 /// Reconciles `reading` (and the runtime records `hints` carry) against `committed`.
-/// `riders`: hints still queued for what was read (`Batch::riders`); of them only the starts
+/// `riders`: hints of other triggers about what was read (still queued, `Batch::riders`, or
+/// come while it was read, `Relister::relist_crediting`); of them only the starts
 /// the task service recorded are taken, so a container first read exited is announced started
 /// though the record of its start waits in another hint. `tombstones`: containers the runtime
 /// recorded deleted at earlier relists.
