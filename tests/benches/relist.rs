@@ -4,7 +4,8 @@
 //!   containerd, relisted through both backends side by side: a steady-state relist (list, no
 //!   change) and one where every pod changed (list + inspect of all 100 pods).
 //! - On the fake in-memory runtime (pure core only), with criterion: the same at 100, 1,000 and
-//!   10,000 pods, reported per pod (criterion's throughput); `cargo xtask bench` reads
+//!   10,000 pods, reported per pod (criterion's throughput), beside the floor no relist gets
+//!   under (`dropped`: the listing the runtime handed over, only dropped); `cargo xtask bench` reads
 //!   criterion's estimates.json for its report (and sets `PLEGD_BENCH_FAKE_ONLY`). The fake's
 //!   listing is copied before each timed relist ([`Prepared`]): copying it, the fake's work and
 //!   not plegd's, was about half of a steady relist's time at 10,000 pods.
@@ -209,6 +210,22 @@ fn fake(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         };
         group.bench_function(BenchmarkId::new("steady", pods), |b| {
             b.iter_custom(|iters| (0..iters).map(|_| timed(&mut relister)).sum())
+        });
+        // The machine's floor beside the relist: only the listing the runtime handed over,
+        // dropped, as every relist drops it. It grows per pod with the node as the relist
+        // does (the records outgrow the CPU's caches), which no relist can be flatter than.
+        group.bench_function(BenchmarkId::new("dropped", pods), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        rt.block_on(prepared.prepare());
+                        let listing = prepared.listing.lock().unwrap().take();
+                        let start = Instant::now();
+                        drop(std::hint::black_box(listing));
+                        start.elapsed()
+                    })
+                    .sum()
+            })
         });
         let mut exit = true;
         group.bench_function(BenchmarkId::new("changed", pods), |b| {

@@ -184,6 +184,7 @@ fn goals(run: &Run) -> Vec<Goal> {
         )
     };
     let (flat_steady, flat_changed) = (flat("steady"), flat("changed"));
+    let flat_dropped = flat("dropped");
     let kernel: Vec<(String, f64)> = m["kernel"]["programs"]
         .as_array()
         .into_iter()
@@ -277,9 +278,11 @@ fn goals(run: &Run) -> Vec<Goal> {
         Goal {
             text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
             measured: format!(
-                "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x",
+                "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x (the \
+                 runtime's listing only dropped: {}x)",
                 fixed(flat_steady, 2),
-                fixed(flat_changed, 2)
+                fixed(flat_changed, 2),
+                fixed(flat_dropped, 2)
             ),
             met: both(
                 flat_steady.map(|v| v <= 1.5),
@@ -534,7 +537,7 @@ fn per_lifecycle(v: &Value) -> String {
 
 fn core_table(criterion: &Path) -> String {
     let mut t = String::from(
-        "| pods | full relist, nothing changed: per pod | total | every pod changed: per pod | total |\n|---|---|---|---|---|\n",
+        "| pods | full relist, nothing changed: per pod | total | every pod changed: per pod | total | listing only dropped: per pod |\n|---|---|---|---|---|---|\n",
     );
     for pods in CORE_PODS {
         let cell = |kind| {
@@ -545,11 +548,11 @@ fn core_table(criterion: &Path) -> String {
                 )
             })
         };
-        let (steady, changed) = (cell("steady"), cell("changed"));
+        let (steady, changed, dropped) = (cell("steady"), cell("changed"), cell("dropped"));
         let _ = writeln!(
             t,
-            "| {pods} | {} | {} | {} | {} |",
-            steady.0, steady.1, changed.0, changed.1
+            "| {pods} | {} | {} | {} | {} | {} |",
+            steady.0, steady.1, changed.0, changed.1, dropped.0
         );
     }
     t
@@ -662,7 +665,9 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         r,
         "## 4. Scale of the pure core\n\nA full relist (list, diff, cache) over the in-memory \
          fake runtime, each pod a sandbox and one container; criterion's median \
-         (`tests/benches/relist.rs`, group `relist_core`).\n\n{}\n",
+         (`tests/benches/relist.rs`, group `relist_core`). Beside it, the floor no relist \
+         gets under: the listing the runtime handed over, only dropped (every relist drops \
+         it); it grows per pod as the records outgrow the CPU's caches.\n\n{}\n",
         core_table(run.criterion)
     );
     let _ = write!(
