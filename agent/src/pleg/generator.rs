@@ -201,6 +201,9 @@ pub async fn run<R: Runtime>(
                 let grace = *kernel_grace.borrow_and_update();
                 debug!(?grace, "kernel triggers' grace changed");
                 scheduler.set_kernel_grace(grace);
+                // A grace means the runtime's task events are on their way: a task status
+                // need not be waited for long.
+                relister.set_runtime_events(!grace.is_zero());
             }
             () = tokio::time::sleep_until(deadline) => {}
         }

@@ -44,12 +44,20 @@ use crate::{
 /// Default number of pod inspections in flight at once.
 pub const DEFAULT_INSPECT_CONCURRENCY: usize = 8;
 
-/// How long a relist waits for one task status before retrying later: the shim holds the
-/// task's lock through its cleanup after an exit (`runc kill`, `runc delete`), and a status
-/// call issued then waits for all of it, holding up the relists behind it.
+/// How long a relist waits for one task status before retrying later, while the runtime's
+/// event stream is connected: the shim holds the task's lock through its cleanup after an
+/// exit (`runc kill`, `runc delete`), and a status call issued then waits for all of it,
+/// holding up the relist that containerd's own `/tasks/exit`, a millisecond later, asks for.
 pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(3);
 
-/// How long a container whose task status missed [`TASK_STATUS_DEADLINE`] is not asked again.
+/// The same wait while no runtime event stream is connected (eBPF-only mode, or the stream
+/// down): no `/tasks/exit` will come, and a status missed is a death the CRI store confirms
+/// some 50 to 110 ms after the exit. The shim's cleanup takes 10-20 ms here: eBPF-only mode,
+/// 60 kill -9s per run, had 20 to 25 deaths confirmed by the CRI store with 3 ms (p90 67-75
+/// ms), 0 or 1 with this (p90 18-20 ms).
+pub const TASK_STATUS_DEADLINE_ALONE: Duration = Duration::from_millis(25);
+
+/// How long a container whose task status missed its deadline is not asked again.
 /// Under churn the kernel hint's retries and every relist carrying it asked again and again: in
 /// a 10/s churn bench 48 containers' task statuses timed out 971 times in 25 s, one of them 128
 /// times in 13 s, each call more work for a shim already busy. The CRI store, or the runtime's
@@ -135,6 +143,8 @@ pub struct Relister<R> {
     /// Pods whose last inspection failed (kubelet's `podsToReinspect`): a full relist inspects
     /// them whatever their listing shows.
     to_reinspect: BTreeSet<PodUid>,
+    /// How long a task status is waited for ([`Self::set_runtime_events`]).
+    task_deadline: Duration,
     /// Containers whose task status missed its deadline, until when it is not read again.
     busy_tasks: HashMap<ContainerId, Instant>,
     /// Containers the runtime recorded deleted, and since when.
@@ -159,11 +169,22 @@ impl<R: Runtime> Relister<R> {
             config,
             committed: Committed::default(),
             to_reinspect: BTreeSet::new(),
+            task_deadline: TASK_STATUS_DEADLINE_ALONE,
             busy_tasks: HashMap::new(),
             tombstones: HashSet::new(),
             tombstoned_at: VecDeque::new(),
             sequence: 0,
         }
+    }
+
+    /// Whether the runtime's own task events are on their way ([`TASK_STATUS_DEADLINE`])
+    /// or not ([`TASK_STATUS_DEADLINE_ALONE`]): how long a task status is waited for.
+    pub fn set_runtime_events(&mut self, connected: bool) {
+        self.task_deadline = if connected {
+            TASK_STATUS_DEADLINE
+        } else {
+            TASK_STATUS_DEADLINE_ALONE
+        };
     }
 
     /// Continues from records saved by a previous run: the next relists reconcile against
@@ -371,7 +392,7 @@ impl<R: Runtime> Relister<R> {
                     })
                 };
                 let to_read = self.tasks_to_read(hints, state);
-                let tasks = read_tasks(&self.runtime, to_read).await;
+                let tasks = self.read_tasks(to_read).await;
                 let tasks = self.note_busy(tasks);
                 Ok(self.reading(Covers::Containers(vec![id.clone()]), pods, tasks))
             }
@@ -386,18 +407,17 @@ impl<R: Runtime> Relister<R> {
         let pod = committed.get(uid);
         let (tasks, covers, pods) = match pod_read(pod, hints) {
             PodRead::Whole => {
-                let (tasks, read) =
-                    futures::join!(read_tasks(&self.runtime, to_read), self.inspect(uid));
+                let (tasks, read) = futures::join!(self.read_tasks(to_read), self.inspect(uid));
                 (tasks, Covers::Pod(uid.clone()), vec![(uid.clone(), read)])
             }
             PodRead::Containers(ids) if ids.is_empty() => (
-                read_tasks(&self.runtime, to_read).await,
+                self.read_tasks(to_read).await,
                 Covers::Containers(ids),
                 Vec::new(),
             ),
             PodRead::Containers(ids) => {
                 let (tasks, read) = futures::join!(
-                    read_tasks(&self.runtime, to_read),
+                    self.read_tasks(to_read),
                     self.runtime.read_containers(&ids, pod)
                 );
                 let pods = match read {
@@ -442,7 +462,7 @@ impl<R: Runtime> Relister<R> {
             })
             .buffer_unordered(self.config.inspect_concurrency.max(1))
             .collect::<Vec<_>>();
-        let (inspected, tasks) = futures::join!(inspections, read_tasks(&self.runtime, to_read));
+        let (inspected, tasks) = futures::join!(inspections, self.read_tasks(to_read));
         let tasks = self.note_busy(tasks);
         for (uid, reading) in inspected {
             if let Ok(at) = pods.binary_search_by(|(p, _)| p.cmp(&uid)) {
@@ -469,6 +489,10 @@ impl<R: Runtime> Relister<R> {
             tasks,
             read_at: SystemTime::now(),
         }
+    }
+
+    async fn read_tasks(&self, ids: Vec<ContainerId>) -> (TaskRecords, Vec<ContainerId>) {
+        read_tasks(&self.runtime, ids, self.task_deadline).await
     }
 
     async fn inspect(&self, uid: &PodUid) -> PodReading {
@@ -553,15 +577,16 @@ impl<R: Runtime> Relister<R> {
     }
 }
 
-/// The task statuses of `ids`, each within [`TASK_STATUS_DEADLINE`], and the containers whose
-/// status missed it. All at once: under churn a full relist carries kernel hints of many
+/// The task statuses of `ids`, each within `deadline`, and the containers whose status missed
+/// it. All at once: under churn a full relist carries kernel hints of many
 /// containers, and one busy shim after another would each cost the whole deadline.
 async fn read_tasks<R: Runtime>(
     runtime: &R,
     ids: Vec<ContainerId>,
+    deadline: Duration,
 ) -> (TaskRecords, Vec<ContainerId>) {
     let read = ids.into_iter().map(|id| async move {
-        let record = tokio::time::timeout(TASK_STATUS_DEADLINE, runtime.task_record(&id)).await;
+        let record = tokio::time::timeout(deadline, runtime.task_record(&id)).await;
         (id, record)
     });
     let (mut tasks, mut busy) = (TaskRecords::new(), Vec::new());
@@ -1346,6 +1371,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
         let (mut h, scope, hints) = kernel_death_of_running_container().await;
+        h.relister.set_runtime_events(true);
         h.runtime.set_task(
             "c",
             Some(TaskRecord::Exited {
@@ -1369,6 +1395,39 @@ mod tests {
             summary(&drain(&mut h.events)),
             [ev("p", "c", ContainerDied)]
         );
+    }
+
+    /// How long a task status is waited for depends on whether the runtime's own exit event
+    /// is on its way: with the event stream connected, not past a short deadline (the event
+    /// answers); without it, long enough for a shim still cleaning up, as the CRI store
+    /// would take longer still.
+    #[tokio::test(start_paused = true)]
+    async fn a_task_status_is_waited_for_longer_when_no_runtime_event_will_come() {
+        let slow = (TASK_STATUS_DEADLINE + TASK_STATUS_DEADLINE_ALONE) / 2;
+        for (events_connected, died) in [(true, false), (false, true)] {
+            let (mut h, scope, hints) = kernel_death_of_running_container().await;
+            h.relister.set_runtime_events(events_connected);
+            h.runtime.set_task(
+                "c",
+                Some(TaskRecord::Exited {
+                    code: 137,
+                    at: SystemTime::UNIX_EPOCH,
+                }),
+            );
+            h.runtime.set_delay(Some(slow));
+            let outcome = relist_on(&mut h, &scope, &hints).await;
+            let events = drain(&mut h.events);
+            assert_eq!(
+                (outcome.again.is_empty(), summary(&events)),
+                (
+                    died,
+                    died.then(|| ev("p", "c", ContainerDied))
+                        .into_iter()
+                        .collect()
+                ),
+                "runtime events connected: {events_connected}"
+            );
+        }
     }
 
     /// Confirming at the CRI layer, neither the runtime's records nor the task status make an
