@@ -291,6 +291,17 @@ impl PrivateContainerd {
         Ok(gone)
     }
 
+    /// Kills the daemon (SIGKILL), leaving its containers' shims running, and starts it again
+    /// on the same state after `outage` (an upgrade, a crash loop). Returns once the new one
+    /// answers CRI.
+    pub async fn crash_for(&self, outage: Duration) -> Result<(), HarnessError> {
+        if let Some(pid) = self.paths.daemon_pid() {
+            process::kill_all(&[pid], STOP_TIMEOUT);
+        }
+        tokio::time::sleep(outage).await;
+        self.spawn_daemon().await
+    }
+
     async fn spawn_daemon(&self) -> Result<(), HarnessError> {
         let log = fs::File::create(self.paths.log()).map_err(io_err(&self.paths.log()))?;
         let log_err = log.try_clone().map_err(io_err(&self.paths.log()))?;

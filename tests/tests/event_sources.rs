@@ -59,6 +59,45 @@ async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
     plegd
 }
 
+/// containerd down for long (an upgrade): by the time it answers again, the event stream's
+/// reconnect backoff waits seconds, but the first relist that reads containerd brings the
+/// stream back, and with it millisecond events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_is_back_within_a_relist_of_containerd_answering_again() {
+    const FAST: Duration = Duration::from_secs(1);
+    // Five failed attempts: the backoff's next wait is up to 8 s.
+    const OUTAGE: Duration = Duration::from_secs(10);
+    let containerd = PrivateContainerd::start(&plegd_tests::ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let mut settings = stream_only(&containerd.socket(), SourceName::Containerd);
+    // plegd's default: relists every second while no push source is connected.
+    settings.relist_period = FAST;
+    let plegd = RunningPlegd::start(settings).await;
+    let registry = &plegd.shared.sources;
+    let up = wait_state(registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected
+    })
+    .await;
+
+    containerd.crash_for(OUTAGE).await.unwrap();
+    let answering = Instant::now();
+    let lost = status_of(registry, TriggerSource::Containerd).unwrap();
+    assert_eq!(lost.state, SourceState::Reconnecting, "{lost:?}");
+    let back = wait_state(registry, TriggerSource::Containerd, |s| {
+        s.state == SourceState::Connected && s.reconnects > up.reconnects
+    })
+    .await;
+    let took = answering.elapsed();
+    eprintln!("event stream connected {took:?} after containerd answered again: {back:?}");
+    // A relist within the fast period, then the stream's probe and settle.
+    assert!(
+        took <= FAST * 2,
+        "the stream came back {took:?} after containerd did"
+    );
+    plegd.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
     let Node {

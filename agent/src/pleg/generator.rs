@@ -43,6 +43,8 @@ pub struct TriggerSender {
     /// Whether a container's presence alone is news (`--emit-changed`: a created container's
     /// `ContainerChanged`).
     presence: bool,
+    /// Start of the last relist that read the runtime ([`TriggerReceiver::runtime_answered`]).
+    answered: watch::Receiver<Option<Instant>>,
 }
 
 impl TriggerSender {
@@ -72,6 +74,19 @@ impl TriggerSender {
     pub fn request_full_relist(&self) {
         self.full_relist.notify_one();
     }
+
+    /// Returns once a relist that began after `since` has read the runtime: it answers
+    /// again. Never, once the generator is gone.
+    pub async fn runtime_answered_since(&self, since: Instant) {
+        let mut answered = self.answered.clone();
+        if answered
+            .wait_for(|at| at.is_some_and(|at| at > since))
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// The receiving half, owned by [`run`].
@@ -80,6 +95,7 @@ pub struct TriggerReceiver {
     triggers: mpsc::Receiver<Trigger>,
     full_relist: Arc<tokio::sync::Notify>,
     observations: Option<Arc<dyn ObservationSink>>,
+    answered: watch::Sender<Option<Instant>>,
 }
 
 impl TriggerReceiver {
@@ -92,6 +108,12 @@ impl TriggerReceiver {
     /// source without a generator.
     pub async fn full_relist_requested(&self) {
         self.full_relist.notified().await;
+    }
+
+    /// A relist that began at `started` read the runtime: a source that lost the runtime
+    /// waits no longer to reach it again ([`TriggerSender::runtime_answered_since`]).
+    pub fn runtime_answered(&self, started: Instant) {
+        self.answered.send_replace(Some(started));
     }
 }
 
@@ -110,17 +132,20 @@ pub fn observed_trigger_channel(
 ) -> (TriggerSender, TriggerReceiver) {
     let (tx, rx) = mpsc::channel(TRIGGER_CHANNEL_CAPACITY);
     let full_relist = Arc::new(tokio::sync::Notify::new());
+    let (answered_tx, answered) = watch::channel(None);
     (
         TriggerSender {
             triggers: tx,
             full_relist: Arc::clone(&full_relist),
             observations: observations.clone(),
             presence,
+            answered,
         },
         TriggerReceiver {
             triggers: rx,
             full_relist,
             observations,
+            answered: answered_tx,
         },
     )
 }
@@ -172,7 +197,7 @@ pub async fn run<R: Runtime>(
                 channel: &mut triggers.triggers,
                 taken: Vec::new(),
             };
-            run_batch(
+            let answered = run_batch(
                 &mut relister,
                 &mut scheduler,
                 &metrics,
@@ -183,6 +208,9 @@ pub async fn run<R: Runtime>(
             .await;
             for trigger in late.taken {
                 accept(&mut scheduler, &relister, trigger);
+            }
+            if answered {
+                triggers.runtime_answered(now);
             }
             continue;
         }
@@ -258,7 +286,8 @@ impl Late<'_> {
     }
 }
 
-/// Runs one relist and feeds its outcome back to the scheduler.
+/// Runs one relist and feeds its outcome back to the scheduler; returns whether it read the
+/// runtime.
 async fn run_batch<R: Runtime>(
     relister: &mut Relister<R>,
     scheduler: &mut RelistScheduler,
@@ -266,7 +295,7 @@ async fn run_batch<R: Runtime>(
     observations: Option<&dyn ObservationSink>,
     batch: Batch,
     late: &mut Late<'_>,
-) {
+) -> bool {
     let started = Instant::now();
     let riders = || late.riders(&batch.riders);
     let result = relister
@@ -289,6 +318,10 @@ async fn run_batch<R: Runtime>(
     if read == Read::Full && !batch.required {
         scheduler.full_relisted(started);
     }
+    let answered = read != Read::Nothing
+        && result
+            .as_ref()
+            .is_ok_and(|outcome| outcome.failed_inspections == 0);
     let now = Instant::now();
     let retry = match result {
         Ok(outcome) => follow_up(scheduler, &batch, outcome, now),
@@ -303,12 +336,12 @@ async fn run_batch<R: Runtime>(
             batch.hints.clone()
         }
     };
-    if retry.is_empty() {
-        return;
-    }
-    if let Err(exhausted) = scheduler.retry(batch.with_hints(retry), now) {
+    if !retry.is_empty()
+        && let Err(exhausted) = scheduler.retry(batch.with_hints(retry), now)
+    {
         report_unconfirmed(&exhausted, metrics, observations);
     }
+    answered
 }
 
 /// Hands a relist's outcome to the scheduler: which pods settled, which still await the CRI
@@ -493,8 +526,13 @@ mod tests {
         let mut h = start(Duration::from_secs(3600));
         // The first full relist, and every one while the runtime keeps failing, fails.
         h.runtime.fail_lists(true);
+        let t0 = Instant::now();
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(h.events.try_recv().is_err());
+        // Sources that lost the runtime are not told it answers.
+        let answered = h.triggers.runtime_answered_since(t0);
+        let mut answered = std::pin::pin!(answered);
+        assert!(futures::poll!(&mut answered).is_pending());
         // It answers again, with a container no hint is left about.
         h.runtime.fail_lists(false);
         add_running(&h.runtime, "p", "c");
@@ -504,6 +542,10 @@ mod tests {
             .unwrap();
         assert_eq!(event.container_id, Some(ContainerId("c".into())));
         assert_eq!(event.sources, vec![TriggerSource::Relist]);
+        // Now they are.
+        tokio::time::timeout(Duration::from_millis(1), answered)
+            .await
+            .expect("the sources are told the runtime answers");
         h.shutdown.cancel();
         h.task.await.unwrap();
     }

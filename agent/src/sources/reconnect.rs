@@ -118,8 +118,16 @@ impl Link {
     }
 }
 
-/// Runs `session` again and again, with [`Backoff`] between attempts, until the source is
-/// unsupported or `shutdown`.
+impl SessionError {
+    /// The runtime did not answer at all: its socket refused the connection or it did not
+    /// answer the probe.
+    fn runtime_down(&self) -> bool {
+        matches!(self, Self::Dial(_) | Self::ProbeTimeout(_))
+    }
+}
+
+/// Runs `session` again and again, with [`Backoff`] between attempts (cut short once the
+/// runtime answers a relist, if it was down), until the source is unsupported or `shutdown`.
 pub(crate) async fn run_forever<F, Fut>(link: Link, shutdown: CancellationToken, mut session: F)
 where
     F: FnMut(Link) -> Fut,
@@ -149,6 +157,8 @@ where
                 if matches!(error, SessionError::Silent(_)) {
                     link.registry.silent(link.source);
                 }
+                let lost_at = Instant::now();
+                let runtime_down = error.runtime_down();
                 let connected_for = connected_at.map(|at| at.elapsed());
                 if connected_for.is_some() {
                     outage_reported = false;
@@ -162,9 +172,16 @@ where
                 }
                 link.registry
                     .set(link.source, SourceState::Reconnecting, error.to_string());
+                // A runtime that did not answer (a restart, an upgrade) is tried again as soon
+                // as a relist reads it, rather than after a backoff that grows to a minute
+                // over a long outage while the relists poll; one that answered and refused
+                // the stream waits out the backoff.
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
+                    () = link.triggers.runtime_answered_since(lost_at), if runtime_down => {
+                        debug!(source = ?link.source, "the runtime answers a relist again; reconnecting now");
+                    }
                 }
             }
         }
@@ -272,7 +289,10 @@ fn status_text(status: &Status) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::mpsc;
+
     use super::*;
+    use crate::pleg::generator::{TriggerReceiver, trigger_channel};
 
     // The schedule and the jitter are tested with `Backoff`; here, what reconnecting adds.
     #[test]
@@ -292,5 +312,83 @@ mod tests {
             Duration::ZERO
         );
         assert!(next_delay(&mut b, None) < BACKOFF_BASE);
+    }
+
+    /// Runs a source whose every session ends lost by `error`, and hands back when each
+    /// attempt began.
+    fn failing_source(
+        error: fn() -> SessionError,
+    ) -> (
+        TriggerReceiver,
+        mpsc::UnboundedReceiver<Instant>,
+        CancellationToken,
+    ) {
+        let (triggers, receiver) = trigger_channel();
+        let link = Link {
+            source: TriggerSource::Containerd,
+            registry: SourceRegistry::new(),
+            triggers,
+            timeout: Duration::from_secs(1),
+        };
+        let (attempts, attempted) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(run_forever(link, shutdown.clone(), move |_| {
+            attempts.send(Instant::now()).expect("the test listens");
+            let error = error();
+            async move {
+                SessionEnd::Lost {
+                    error,
+                    connected_at: None,
+                }
+            }
+        }));
+        (receiver, attempted, shutdown)
+    }
+
+    fn refused() -> SessionError {
+        SessionError::Dial(RuntimeError::Timeout {
+            endpoint: "containerd.sock".into(),
+            call: "connect",
+            timeout: Duration::from_secs(1),
+        })
+    }
+
+    fn ended() -> SessionError {
+        SessionError::StreamEnded
+    }
+
+    /// Lets `n` attempts fail: past the first few the backoff waits seconds.
+    async fn fail_times(attempted: &mut mpsc::UnboundedReceiver<Instant>, n: usize) {
+        for _ in 0..n {
+            attempted.recv().await.expect("an attempt");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_that_was_down_is_tried_again_once_a_relist_reads_it() {
+        let (relists, mut attempted, shutdown) = failing_source(refused);
+        fail_times(&mut attempted, 6).await;
+        let lost_at = Instant::now();
+        // A relist that began before the loss says nothing of the runtime since.
+        relists.runtime_answered(lost_at - Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(attempted.try_recv().is_err(), "woken by an old answer");
+        let answered_at = Instant::now();
+        relists.runtime_answered(answered_at);
+        let next = attempted.recv().await.expect("an attempt");
+        assert_eq!(next, answered_at, "the backoff was waited out");
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_that_answered_and_ended_the_stream_waits_out_the_backoff() {
+        let (relists, mut attempted, shutdown) = failing_source(ended);
+        fail_times(&mut attempted, 6).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let answered_at = Instant::now();
+        relists.runtime_answered(answered_at);
+        let next = attempted.recv().await.expect("an attempt");
+        assert!(next > answered_at, "woken by the relist");
+        shutdown.cancel();
     }
 }
