@@ -236,8 +236,17 @@ pub async fn run<R: Runtime>(
             () = tokio::time::sleep_until(deadline) => {}
         }
     }
-    // Whatever was seen and not relisted yet: the triggers still in the channel and those the
-    // scheduler holds, as one full relist's hints.
+    stopped(relister, scheduler, triggers)
+}
+
+/// What the generator hands back: with the relister, whatever was seen and not relisted yet
+/// (the triggers still in the channel and those the scheduler holds) as one full relist's
+/// hints.
+fn stopped<R: Runtime>(
+    relister: Relister<R>,
+    mut scheduler: RelistScheduler,
+    mut triggers: TriggerReceiver,
+) -> Stopped<R> {
     let now = Instant::now();
     while let Ok(trigger) = triggers.triggers.try_recv() {
         scheduler.push(trigger, now, |c| relister.pod_of(c));
