@@ -283,10 +283,7 @@ impl PrivateContainerd {
     /// running, and starts it again on the same state. Returns when the killed one was gone:
     /// whatever answers after that is the new one.
     pub async fn crash_and_restart(&self) -> Result<SystemTime, HarnessError> {
-        if let Some(pid) = self.paths.daemon_pid() {
-            process::kill_all(&[pid], STOP_TIMEOUT);
-        }
-        let gone = SystemTime::now();
+        let gone = self.crash();
         self.spawn_daemon().await?;
         Ok(gone)
     }
@@ -295,11 +292,17 @@ impl PrivateContainerd {
     /// on the same state after `outage` (an upgrade, a crash loop). Returns once the new one
     /// answers CRI.
     pub async fn crash_for(&self, outage: Duration) -> Result<(), HarnessError> {
+        self.crash();
+        tokio::time::sleep(outage).await;
+        self.spawn_daemon().await
+    }
+
+    /// SIGKILLs the daemon, its shims left running; returns when it was gone.
+    fn crash(&self) -> SystemTime {
         if let Some(pid) = self.paths.daemon_pid() {
             process::kill_all(&[pid], STOP_TIMEOUT);
         }
-        tokio::time::sleep(outage).await;
-        self.spawn_daemon().await
+        SystemTime::now()
     }
 
     async fn spawn_daemon(&self) -> Result<(), HarnessError> {

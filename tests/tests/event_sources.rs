@@ -65,7 +65,7 @@ async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_is_back_within_a_relist_of_containerd_answering_again() {
     const FAST: Duration = Duration::from_secs(1);
-    // Five failed attempts: the backoff's next wait is up to 8 s.
+    // About five failed attempts by then: the backoff's next wait is up to 8 or 16 s.
     const OUTAGE: Duration = Duration::from_secs(10);
     let containerd = PrivateContainerd::start(&plegd_tests::ContainerdOptions::unique())
         .await
