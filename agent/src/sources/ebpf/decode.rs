@@ -3,7 +3,7 @@
 //! maps, no ring buffer, so it is tested with plain values.
 
 use std::{
-    collections::HashSet,
+    collections::{HashSet, VecDeque},
     time::{Duration, SystemTime},
 };
 
@@ -20,8 +20,8 @@ use crate::{
 /// What one kernel event asks of the source.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Decoded {
-    /// Relist this container.
-    pub trigger: Option<Trigger>,
+    /// Relist these containers, in order.
+    pub triggers: Vec<Trigger>,
     /// Stop tracking inits in this cgroup id: it is not a container's.
     pub untrack: Option<u64>,
 }
@@ -34,10 +34,19 @@ pub struct Decoder {
     /// Processes whose exec was a runtime's bootstrap (see [`is_bootstrap_exec`]): the probes
     /// took them for their container's init, so their exit comes too, and means nothing.
     bootstraps: HashSet<u32>,
+    /// Execs and exits of inits in cgroups the index does not know, oldest first, with when
+    /// they were observed: the probes track a cgroup from its creation in the kernel, so a
+    /// creation lost to a full ring leaves a container whose init the probes follow and whose
+    /// events name no container. They wait for a scan ([`Decoder::replay`]) or the cgroup's
+    /// removal, whose path names it, to say whose they are.
+    unplaced: VecDeque<(KernelEvent, SystemTime)>,
 }
 
 /// Bootstraps whose exit was never seen (lost to a full ring) are forgotten past this many.
 const MAX_BOOTSTRAPS: usize = 4096;
+/// Events of unknown cgroups held past this many: the oldest are dropped (a non-container
+/// cgroup's first exec, before it was untracked, is held too, until its removal).
+const MAX_UNPLACED: usize = 256;
 
 /// Whether an exec is a container runtime re-executing its own binary through a file
 /// descriptor (runc's cloned binary, `/dev/fd/N` or `/proc/self/fd/N`), which runc's init may
@@ -47,12 +56,38 @@ fn is_bootstrap_exec(path: &str) -> bool {
     path.starts_with("/dev/fd/") || path.starts_with("/proc/self/fd/")
 }
 
+/// A trigger of the eBPF source for container `id`.
+fn trigger(id: &str, observed_at: SystemTime, observations: Vec<ObservationKind>) -> Trigger {
+    Trigger {
+        scope: Scope::Container(ContainerId(id.to_owned())),
+        source: TriggerSource::Ebpf,
+        observed_at,
+        observations: observations
+            .into_iter()
+            .map(|kind| Observation {
+                source: TriggerSource::Ebpf,
+                kind,
+            })
+            .collect(),
+    }
+}
+
+impl Decoded {
+    fn trigger(trigger: Trigger) -> Self {
+        Self {
+            triggers: vec![trigger],
+            untrack: None,
+        }
+    }
+}
+
 impl Decoder {
     pub fn new(index: CgroupIndex, namespaces: Vec<String>) -> Self {
         Self {
             index,
             namespaces,
             bootstraps: HashSet::new(),
+            unplaced: VecDeque::new(),
         }
     }
 
@@ -64,61 +99,45 @@ impl Decoder {
         observed_at: SystemTime,
         victim_cgroup: impl FnOnce(u32) -> Option<String>,
     ) -> Decoded {
-        let trigger = |id: &str, observations: Vec<ObservationKind>| Trigger {
-            scope: Scope::Container(ContainerId(id.to_owned())),
-            source: TriggerSource::Ebpf,
-            observed_at,
-            observations: observations
-                .into_iter()
-                .map(|kind| Observation {
-                    source: TriggerSource::Ebpf,
-                    kind,
-                })
-                .collect(),
-        };
         match KernelEventKind::from_raw(event.kind) {
             Some(KernelEventKind::CgroupMkdir) => {
                 let path = text(&event.path);
                 match self.index.insert(event.cgroup_id, &path, &self.namespaces) {
-                    Some(owner) => Decoded {
-                        trigger: Some(trigger(&owner.container_id, vec![ObservationKind::Present])),
-                        untrack: None,
-                    },
+                    Some(owner) => Decoded::trigger(trigger(
+                        &owner.container_id,
+                        observed_at,
+                        vec![ObservationKind::Present],
+                    )),
                     // The probes track every cgroup at container depth until told otherwise.
                     None => Decoded {
-                        trigger: None,
+                        triggers: Vec::new(),
                         untrack: Some(event.cgroup_id),
                     },
                 }
             }
             // The probes forgot the cgroup themselves.
-            Some(KernelEventKind::CgroupRmdir) => Decoded {
-                trigger: self.index.remove(event.cgroup_id).map(|owner| {
-                    trigger(&owner.container_id, vec![ObservationKind::CgroupRemoved])
-                }),
-                untrack: None,
-            },
-            Some(KernelEventKind::Exec) => {
-                let path = text(&event.path);
-                if is_bootstrap_exec(&path) {
-                    if self.bootstraps.len() >= MAX_BOOTSTRAPS {
-                        self.bootstraps.clear();
-                    }
-                    self.bootstraps.insert(event.pid);
-                    return Decoded::default();
+            Some(KernelEventKind::CgroupRmdir) => self.removed(event, observed_at),
+            Some(KernelEventKind::Exec) if is_bootstrap_exec(&text(&event.path)) => {
+                if self.bootstraps.len() >= MAX_BOOTSTRAPS {
+                    self.bootstraps.clear();
                 }
-                self.about_cgroup(event.cgroup_id, |id| {
-                    trigger(id, vec![ObservationKind::Exec(path)])
-                })
+                self.bootstraps.insert(event.pid);
+                Decoded::default()
             }
             Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
-            Some(KernelEventKind::Exit) => {
-                let observation = if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
-                    exit_observation(event.exit_status)
-                } else {
-                    ObservationKind::Exited
-                };
-                self.about_cgroup(event.cgroup_id, |id| trigger(id, vec![observation]))
+            Some(KernelEventKind::Exec | KernelEventKind::Exit) => {
+                match self.index.get(event.cgroup_id) {
+                    Some(owner) => {
+                        Decoded::trigger(init_trigger(&owner.container_id, event, observed_at))
+                    }
+                    None => {
+                        if self.unplaced.len() >= MAX_UNPLACED {
+                            self.unplaced.pop_front();
+                        }
+                        self.unplaced.push_back((*event, observed_at));
+                        Decoded::default()
+                    }
+                }
             }
             Some(KernelEventKind::Oom) => {
                 let owner = victim_cgroup(event.pid)
@@ -129,21 +148,73 @@ impl Decoder {
                             .get(event.cgroup_id)
                             .map(|o| o.container_id.clone())
                     });
-                Decoded {
-                    trigger: owner.map(|id| trigger(&id, vec![ObservationKind::OomKilled])),
-                    ..Decoded::default()
-                }
+                owner.map_or_else(Decoded::default, |id| {
+                    Decoded::trigger(trigger(&id, observed_at, vec![ObservationKind::OomKilled]))
+                })
             }
             None => Decoded::default(),
         }
     }
 
-    fn about_cgroup(&self, cgroup_id: u64, make: impl FnOnce(&str) -> Trigger) -> Decoded {
+    /// A cgroup removed: if it was a container's (indexed, or its path says so when its
+    /// creation was lost), what its init did that waited for a name, then its removal.
+    fn removed(&mut self, event: &KernelEvent, observed_at: SystemTime) -> Decoded {
+        let owner = self
+            .index
+            .remove(event.cgroup_id)
+            .or_else(|| cgroup_path::parse(&text(&event.path), &self.namespaces));
+        let mut held = Vec::new();
+        self.unplaced.retain(|(e, at)| {
+            let about = e.cgroup_id == event.cgroup_id;
+            if about {
+                held.push((*e, *at));
+            }
+            !about
+        });
+        let Some(owner) = owner else {
+            return Decoded::default();
+        };
+        let mut triggers: Vec<Trigger> = held
+            .iter()
+            .map(|(e, at)| init_trigger(&owner.container_id, e, *at))
+            .collect();
+        triggers.push(trigger(
+            &owner.container_id,
+            observed_at,
+            vec![ObservationKind::CgroupRemoved],
+        ));
         Decoded {
-            trigger: self.index.get(cgroup_id).map(|o| make(&o.container_id)),
-            ..Decoded::default()
+            triggers,
+            untrack: None,
         }
     }
+
+    /// The triggers of held events whose cgroup the index knows now (after a scan), in the
+    /// order they were observed; the others wait on.
+    pub fn replay(&mut self) -> Vec<Trigger> {
+        let mut triggers = Vec::new();
+        self.unplaced
+            .retain(|(event, at)| match self.index.get(event.cgroup_id) {
+                Some(owner) => {
+                    triggers.push(init_trigger(&owner.container_id, event, *at));
+                    false
+                }
+                None => true,
+            });
+        triggers
+    }
+}
+
+/// The trigger of an init's exec or exit in container `id`'s cgroup.
+fn init_trigger(id: &str, event: &KernelEvent, observed_at: SystemTime) -> Trigger {
+    let observation = if event.kind == KernelEventKind::Exec as u32 {
+        ObservationKind::Exec(text(&event.path))
+    } else if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
+        exit_observation(event.exit_status)
+    } else {
+        ObservationKind::Exited
+    };
+    trigger(id, observed_at, vec![observation])
 }
 
 /// A wait status as an observation: killed by a signal, or exited with a code.
@@ -209,6 +280,14 @@ mod tests {
         None
     }
 
+    impl Decoded {
+        /// Its one trigger.
+        fn only(self) -> Trigger {
+            assert_eq!(self.triggers.len(), 1, "one trigger: {self:?}");
+            self.triggers.into_iter().next().unwrap()
+        }
+    }
+
     #[test]
     fn mkdir_of_a_container_triggers_a_relist_and_other_cgroups_are_untracked() {
         let mut d = decoder();
@@ -219,7 +298,7 @@ mod tests {
             no_proc,
         );
         assert_eq!(decoded.untrack, None);
-        let trigger = decoded.trigger.unwrap();
+        let trigger = decoded.only();
         assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
         assert_eq!(trigger.source, TriggerSource::Ebpf);
 
@@ -232,7 +311,7 @@ mod tests {
         assert_eq!(
             other,
             Decoded {
-                trigger: None,
+                triggers: Vec::new(),
                 untrack: Some(8)
             }
         );
@@ -244,7 +323,7 @@ mod tests {
             no_proc,
         );
         assert_eq!(
-            gone.trigger.unwrap().observations[0].kind,
+            gone.only().observations[0].kind,
             ObservationKind::CgroupRemoved
         );
         assert!(d.index.get(7).is_none());
@@ -275,10 +354,7 @@ mod tests {
             let mut exit = test_event(KernelEventKind::Exit, 7, "");
             exit.exit_status = status;
             exit.flags = EVENT_HAS_EXIT_STATUS;
-            let trigger = d
-                .decode(&exit, SystemTime::UNIX_EPOCH, no_proc)
-                .trigger
-                .unwrap();
+            let trigger = d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc).only();
             assert_eq!(trigger.observations[0].kind, expected);
         }
         // Without exit details: an exit all the same, so the relist retries until the runtime
@@ -289,8 +365,7 @@ mod tests {
                 SystemTime::UNIX_EPOCH,
                 no_proc,
             )
-            .trigger
-            .unwrap();
+            .only();
         assert_eq!(trigger.observations[0].kind, ObservationKind::Exited);
         // An unknown cgroup: nothing.
         assert_eq!(
@@ -328,10 +403,7 @@ mod tests {
         // The container's command, and its exit, are.
         let mut command = test_event(KernelEventKind::Exec, 7, "/bin/sh");
         command.pid = 101;
-        let trigger = d
-            .decode(&command, SystemTime::UNIX_EPOCH, no_proc)
-            .trigger
-            .unwrap();
+        let trigger = d.decode(&command, SystemTime::UNIX_EPOCH, no_proc).only();
         assert_eq!(
             trigger.observations[0].kind,
             ObservationKind::Exec("/bin/sh".into())
@@ -339,8 +411,118 @@ mod tests {
         exit.pid = 101;
         assert!(
             d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc)
-                .trigger
-                .is_some()
+                .triggers
+                .len()
+                == 1
+        );
+    }
+
+    /// A cgroup whose creation the ring had no room for: the probes follow its init, and
+    /// the index does not know it. Its init's events wait for its removal, whose path names
+    /// the container.
+    #[test]
+    fn an_init_in_a_cgroup_whose_creation_was_lost_is_named_by_its_removal() {
+        let mut d = decoder();
+        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let mut exit = test_event(KernelEventKind::Exit, 9, "");
+        (exit.exit_status, exit.flags) = (9, EVENT_HAS_EXIT_STATUS);
+        for (event, ms) in [
+            (test_event(KernelEventKind::Exec, 9, "/bin/sh"), 1),
+            (exit, 2),
+        ] {
+            assert_eq!(d.decode(&event, at(ms), no_proc), Decoded::default());
+        }
+        let removed = d.decode(
+            &test_event(KernelEventKind::CgroupRmdir, 9, &format!("/k8s.io/{ID}")),
+            at(3),
+            no_proc,
+        );
+        let seen: Vec<_> = removed
+            .triggers
+            .iter()
+            .map(|t| {
+                (
+                    t.scope.clone(),
+                    t.observations[0].kind.clone(),
+                    t.observed_at,
+                )
+            })
+            .collect();
+        let container = Scope::Container(ContainerId(ID.into()));
+        assert_eq!(
+            seen,
+            [
+                (
+                    container.clone(),
+                    ObservationKind::Exec("/bin/sh".into()),
+                    at(1)
+                ),
+                (container.clone(), ObservationKind::Signal(9), at(2)),
+                (container, ObservationKind::CgroupRemoved, at(3)),
+            ]
+        );
+        // Named once: nothing is left to replay.
+        assert!(d.replay().is_empty());
+
+        // A cgroup that was no container's: its events go with it.
+        d.decode(
+            &test_event(KernelEventKind::Exec, 8, "/bin/sh"),
+            at(4),
+            no_proc,
+        );
+        assert_eq!(
+            d.decode(
+                &test_event(KernelEventKind::CgroupRmdir, 8, "/system.slice/x.service"),
+                at(5),
+                no_proc
+            ),
+            Decoded::default()
+        );
+        let mut index = CgroupIndex::default();
+        index.insert(8, &format!("/k8s.io/{ID}"), &["k8s.io".to_owned()]);
+        d.index.replace(index);
+        assert!(d.replay().is_empty());
+    }
+
+    /// A scan that finds the cgroup names its held events, in the order they came; those of
+    /// cgroups it did not find wait on.
+    #[test]
+    fn a_scan_names_the_held_events_of_the_containers_it_found() {
+        let mut d = decoder();
+        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        for (cgroup, ms) in [(9, 1), (10, 2), (9, 3)] {
+            let event = test_event(KernelEventKind::Exec, cgroup, &format!("/bin/{ms}"));
+            assert_eq!(d.decode(&event, at(ms), no_proc), Decoded::default());
+        }
+        let mut index = CgroupIndex::default();
+        index.insert(9, &format!("/k8s.io/{ID}"), &["k8s.io".to_owned()]);
+        d.index.replace(index);
+        let replayed: Vec<_> = d
+            .replay()
+            .into_iter()
+            .map(|t| (t.observations[0].kind.clone(), t.observed_at))
+            .collect();
+        assert_eq!(
+            replayed,
+            [
+                (ObservationKind::Exec("/bin/1".into()), at(1)),
+                (ObservationKind::Exec("/bin/3".into()), at(3)),
+            ]
+        );
+        assert!(d.replay().is_empty());
+        let other = "1d47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77";
+        let removed = d.decode(
+            &test_event(
+                KernelEventKind::CgroupRmdir,
+                10,
+                &format!("/k8s.io/{other}"),
+            ),
+            at(4),
+            no_proc,
+        );
+        assert_eq!(
+            removed.triggers[0].observations[0].kind,
+            ObservationKind::Exec("/bin/2".into())
         );
     }
 
@@ -353,7 +535,7 @@ mod tests {
             |_| Some(format!("/k8s.io/{ID}")),
         );
         assert_eq!(
-            via_proc.trigger.unwrap().observations[0].kind,
+            via_proc.only().observations[0].kind,
             ObservationKind::OomKilled
         );
         d.decode(
@@ -366,7 +548,7 @@ mod tests {
             SystemTime::UNIX_EPOCH,
             no_proc,
         );
-        assert!(via_index.trigger.is_some());
+        assert!(via_index.triggers.len() == 1);
     }
 
     #[test]
@@ -383,8 +565,7 @@ mod tests {
                 SystemTime::UNIX_EPOCH,
                 no_proc,
             )
-            .trigger
-            .unwrap();
+            .only();
         assert_eq!(
             trigger.observations[0].kind,
             ObservationKind::Exec("/bin/sleep".into())

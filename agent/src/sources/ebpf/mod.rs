@@ -8,7 +8,9 @@
 //! cgroup that has no init yet), so containers in their own, their pod's or the host's pid
 //! namespace are all seen. Exits carry the init's exit status where the kernel's BTF gives
 //! `task_struct.exit_code`. Events go through a ring buffer; what could not be reserved is
-//! counted per CPU, and any growth of that count schedules a full relist.
+//! counted per CPU, and any growth of that count schedules a full relist and a scan of the
+//! cgroup tree: the kernel follows the init of a cgroup whose creation was lost, and only the
+//! scan (or the cgroup's removal) tells userspace whose events those are.
 //!
 //! Each kernel feature is probed on its own ([`features`]): a missing optional tracepoint or
 //! field costs that feature, not the source.
@@ -40,7 +42,10 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::Metrics,
-    pleg::{event::TriggerSource, generator::TriggerSender},
+    pleg::{
+        event::{Trigger, TriggerSource},
+        generator::TriggerSender,
+    },
     sources::{
         ebpf::{
             decode::{Decoder, proc_cgroup2_path, wall_time_of},
@@ -422,9 +427,10 @@ impl Source {
         // A scan that outlasts the period is not followed by a burst of them.
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut loss_check = tokio::time::interval(LOSS_CHECK);
-        let mut lost_seen = kernel.lost(LOST_RING_FULL);
-        let mut untracked_seen = kernel.lost(LOST_INIT_SLOTS);
+        let mut losses = Losses::read(&kernel);
         let mut scans: JoinSet<Scan> = JoinSet::new();
+        // Events were lost while a scan ran: it may have walked past the cgroups they made.
+        let mut rescan = false;
         let mut victims: JoinSet<(KernelEvent, Option<String>)> = JoinSet::new();
         let mut events = Vec::new();
         loop {
@@ -450,39 +456,64 @@ impl Source {
                     }
                 }
                 _ = refresh.tick(), if scans.is_empty() => {
-                    decoder.index.start_journal();
-                    let (host, tracked) = (host.clone(), kernel.tracked());
-                    scans.spawn_blocking(move || host.scan(&tracked()));
+                    start_scan(&mut decoder, &host, &kernel, &mut scans);
                 }
-                Some(scan) = scans.join_next() => match scan {
-                    Ok(scan) => {
-                        self.apply(scan, &mut decoder, &mut kernel);
-                        debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
+                Some(scan) = scans.join_next() => {
+                    match scan {
+                        Ok(scan) => {
+                            self.apply(scan, &mut decoder, &mut kernel);
+                            debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
+                            for trigger in decoder.replay() {
+                                self.send(trigger);
+                            }
+                        }
+                        // The index stays as events keep it; the journal stops at the next scan.
+                        Err(error) => warn!(%error, "the cgroup scan failed: the next refresh retries"),
                     }
-                    // The index stays as events keep it; the journal stops at the next scan.
-                    Err(error) => warn!(%error, "the cgroup scan failed: the next refresh retries"),
-                },
+                    if std::mem::take(&mut rescan) {
+                        start_scan(&mut decoder, &host, &kernel, &mut scans);
+                    }
+                }
                 _ = loss_check.tick() => {
-                    let now = kernel.lost(LOST_RING_FULL);
-                    if now > lost_seen {
-                        warn!(lost = now - lost_seen, "kernel events lost (ring buffer full): full relist");
-                        self.metrics.ringbuf_drops(now - lost_seen);
-                        self.triggers.request_full_relist();
-                        lost_seen = now;
-                    }
-                    let now = kernel.lost(LOST_INIT_SLOTS);
-                    if now > untracked_seen {
-                        warn!(
-                            cgroups = now - untracked_seen,
-                            "the init map is full: these cgroups get no process hints (the relist still finds their changes)"
-                        );
-                        self.metrics.untracked_cgroups(now - untracked_seen);
-                        untracked_seen = now;
+                    // A lost creation leaves a container the index does not know: the scan
+                    // finds it, and names what its init did meanwhile.
+                    if self.check(&kernel, &mut losses) {
+                        if scans.is_empty() {
+                            start_scan(&mut decoder, &host, &kernel, &mut scans);
+                        } else {
+                            rescan = true;
+                        }
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Reads what the probes could not record since `seen`; when the ring was full, asks for a
+    /// full relist and says so (`true`).
+    fn check(&self, kernel: &impl Kernel, seen: &mut Losses) -> bool {
+        let now = Losses::read(kernel);
+        if now.init_slots > seen.init_slots {
+            let cgroups = now.init_slots - seen.init_slots;
+            warn!(
+                cgroups,
+                "the init map is full: these cgroups get no process hints (the relist still finds their changes)"
+            );
+            self.metrics.untracked_cgroups(cgroups);
+        }
+        let ring_full = now.ring_full > seen.ring_full;
+        if ring_full {
+            let lost = now.ring_full - seen.ring_full;
+            warn!(
+                lost,
+                "kernel events lost (ring buffer full): full relist and cgroup scan"
+            );
+            self.metrics.ringbuf_drops(lost);
+            self.triggers.request_full_relist();
+        }
+        *seen = now;
+        ring_full
     }
 
     /// Decodes one event and acts on it; `victim` is an OOM victim's cgroup2 path, read before.
@@ -499,11 +530,15 @@ impl Source {
             let result = kernel.untrack(id);
             map_errors.untrack(result, id, &self.metrics);
         }
-        if let Some(trigger) = decoded.trigger {
-            self.registry
-                .delivered(TriggerSource::Ebpf, trigger.observed_at);
-            self.triggers.send(trigger);
+        for trigger in decoded.triggers {
+            self.send(trigger);
         }
+    }
+
+    fn send(&self, trigger: Trigger) {
+        self.registry
+            .delivered(TriggerSource::Ebpf, trigger.observed_at);
+        self.triggers.send(trigger);
     }
 
     /// Takes a finished scan as the index and gives the probes the inits it found (only of
@@ -562,6 +597,37 @@ impl MapErrors {
     }
 }
 
+/// The probes' counts of what they could not record.
+#[derive(Clone, Copy, Debug)]
+struct Losses {
+    /// Events that found the ring buffer full.
+    ring_full: u64,
+    /// Cgroups the init map had no room for.
+    init_slots: u64,
+}
+
+impl Losses {
+    fn read(kernel: &impl Kernel) -> Self {
+        Self {
+            ring_full: kernel.lost(LOST_RING_FULL),
+            init_slots: kernel.lost(LOST_INIT_SLOTS),
+        }
+    }
+}
+
+/// Starts a scan of the cgroup tree on the blocking pool, the index journalling the changes
+/// events make meanwhile.
+fn start_scan(
+    decoder: &mut Decoder,
+    host: &Arc<impl Host>,
+    kernel: &impl Kernel,
+    scans: &mut JoinSet<Scan>,
+) {
+    decoder.index.start_journal();
+    let (host, tracked) = (host.clone(), kernel.tracked());
+    scans.spawn_blocking(move || host.scan(&tracked()));
+}
+
 /// Ring buffer records, back to back, through [`read_event`] and one [`decode::Decoder`]
 /// (an OOM victim's cgroup read as its event's path, instead of from /proc): the fuzz
 /// target's entry point, not an API. Returns the triggers made.
@@ -571,11 +637,11 @@ pub fn fuzz_decode(records: &[u8], namespaces: &[String]) -> Vec<crate::pleg::ev
     records
         .chunks(std::mem::size_of::<KernelEvent>())
         .filter_map(read_event)
-        .filter_map(|event| {
+        .flat_map(|event| {
             let path = decode::text(&event.path);
             decoder
                 .decode(&event, std::time::SystemTime::UNIX_EPOCH, |_| Some(path))
-                .trigger
+                .triggers
         })
         .collect()
 }
@@ -607,7 +673,11 @@ fn bump_memlock_rlimit() {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Mutex, mpsc as std_mpsc};
+    use std::sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc as std_mpsc,
+    };
 
     use tokio::sync::mpsc;
 
@@ -621,10 +691,12 @@ mod tests {
     const NAMESPACE: &str = "plegd-native";
     const WAIT: Duration = Duration::from_secs(10);
 
-    /// Kernel events from a channel; seeded inits recorded.
+    /// Kernel events from a channel; seeded inits recorded; events lost to a full ring as the
+    /// test sets them.
     struct FakeKernel {
         events: mpsc::UnboundedReceiver<KernelEvent>,
         seeds: Arc<Mutex<Vec<(u64, u32)>>>,
+        ring_full: Arc<AtomicU64>,
     }
 
     impl Kernel for FakeKernel {
@@ -649,8 +721,11 @@ mod tests {
             Ok(())
         }
 
-        fn lost(&self, _index: u32) -> u64 {
-            0
+        fn lost(&self, index: u32) -> u64 {
+            match index {
+                LOST_RING_FULL => self.ring_full.load(Ordering::Relaxed),
+                _ => 0,
+            }
         }
     }
 
@@ -701,6 +776,7 @@ mod tests {
         let kernel = FakeKernel {
             events,
             seeds: seeds.clone(),
+            ring_full: Arc::default(),
         };
         let host = GatedHost {
             scans: Mutex::new(0),
@@ -756,6 +832,90 @@ mod tests {
 
         shutdown.cancel();
         // A later scan may be blocked on the test's channel: let it go.
+        drop(results_tx);
+        task.await.unwrap().unwrap();
+    }
+
+    /// A cgroup made while the ring was full is unknown to the index, though the probes follow
+    /// its init: the loss check scans, and what the init did meanwhile comes out named. Losses
+    /// while that scan runs (it may have walked past what they made) scan again after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lost_events_rescan_the_cgroups_and_name_what_waited() {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let (results_tx, results) = std_mpsc::channel();
+        let ring_full = Arc::new(AtomicU64::new(0));
+        let kernel = FakeKernel {
+            events,
+            seeds: Arc::default(),
+            ring_full: ring_full.clone(),
+        };
+        let host = GatedHost {
+            scans: Mutex::new(0),
+            started: started_tx,
+            results: Mutex::new(results),
+        };
+        let (triggers_tx, mut triggers) = trigger_channel();
+        let source = Source {
+            namespaces: vec![NAMESPACE.to_owned()],
+            triggers: triggers_tx,
+            registry: SourceRegistry::new(),
+            metrics: Metrics::new(),
+            // Only losses scan in this test.
+            refresh: Duration::from_secs(3600),
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
+
+        // The loop runs (it read the loss counts before it).
+        events_tx
+            .send(test_event(
+                KernelEventKind::CgroupMkdir,
+                2,
+                &format!("{NAMESPACE}/known"),
+            ))
+            .unwrap();
+        assert_eq!(next_container(&mut triggers).await, "known");
+        // The init of a cgroup whose creation the ring lost execs; then the loss is counted.
+        events_tx
+            .send(test_event(KernelEventKind::Exec, 5, "/bin/sh"))
+            .unwrap();
+        ring_full.store(3, Ordering::Relaxed);
+        tokio::time::timeout(WAIT, started.recv())
+            .await
+            .expect("the loss check scans")
+            .unwrap();
+        tokio::time::timeout(WAIT, triggers.full_relist_requested())
+            .await
+            .expect("a loss asks for a full relist");
+        // More losses while the scan runs.
+        ring_full.store(4, Ordering::Relaxed);
+        tokio::time::timeout(WAIT, triggers.full_relist_requested())
+            .await
+            .expect("each loss asks for a full relist");
+        let mut index = CgroupIndex::default();
+        index.insert(5, &format!("{NAMESPACE}/lost"), &[NAMESPACE.to_owned()]);
+        results_tx
+            .send(Scan {
+                index,
+                inits: Vec::new(),
+            })
+            .unwrap();
+        let trigger = tokio::time::timeout(WAIT, triggers.recv())
+            .await
+            .expect("the held exec, named by the scan")
+            .unwrap();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId("lost".into())));
+        assert_eq!(
+            trigger.observations[0].kind,
+            crate::pleg::event::ObservationKind::Exec("/bin/sh".into())
+        );
+        tokio::time::timeout(WAIT, started.recv())
+            .await
+            .expect("losses during the scan scan again")
+            .unwrap();
+
+        shutdown.cancel();
         drop(results_tx);
         task.await.unwrap().unwrap();
     }
