@@ -609,6 +609,30 @@ async fn kill_restart_with(cri: &Cri, pod: &Pod, watcher: &Watcher) -> anyhow::R
     ))
 }
 
+/// Why lifecycles were abandoned: each distinct error once, with how many it ended (ids
+/// masked, so that errors alike but for their container count as one).
+fn abandoned_why(why: &[String]) -> String {
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for w in why {
+        let masked = w
+            .split(' ')
+            .map(|word| {
+                let hex = word.len() == 64 && word.chars().all(|c| c.is_ascii_hexdigit());
+                if hex { "<id>" } else { word }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        match counted.iter_mut().find(|(seen, _)| *seen == masked) {
+            Some((_, n)) => *n += 1,
+            None => counted.push((masked, 1)),
+        }
+    }
+    counted
+        .iter()
+        .map(|(error, n)| format!("; {n}x {error}"))
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Lifecycles
 
@@ -705,15 +729,13 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
     }
     let summary = report.to_string();
     // Only lifecycles in flight during the restarts may fail (their runtime calls broke).
-    let first = why
-        .first()
-        .map_or(String::new(), |w| format!("; first: {w}"));
+    let reasons = abandoned_why(&why);
     ensure!(
         report.expected > 0 && report.is_clean() && abandoned <= CHURN_IN_FLIGHT,
-        "seed {seed}, {abandoned} abandoned{first}: {summary}"
+        "seed {seed}, {abandoned} abandoned{reasons}: {summary}"
     );
     Ok(format!(
-        "seed {seed}, {:.0} s, {abandoned} lifecycles abandoned (in flight during the restarts{first}): {}",
+        "seed {seed}, {:.0} s, {abandoned} lifecycles abandoned (in flight during the restarts{reasons}): {}",
         began.elapsed().as_secs_f64(),
         summary.lines().next().unwrap_or_default()
     ))
