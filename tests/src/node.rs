@@ -614,14 +614,7 @@ async fn kill_restart_with(cri: &Cri, pod: &Pod, watcher: &Watcher) -> anyhow::R
 fn abandoned_why(why: &[String]) -> String {
     let mut counted: Vec<(String, usize)> = Vec::new();
     for w in why {
-        let masked = w
-            .split(' ')
-            .map(|word| {
-                let hex = word.len() == 64 && word.chars().all(|c| c.is_ascii_hexdigit());
-                if hex { "<id>" } else { word }
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
+        let masked = mask_ids(w);
         match counted.iter_mut().find(|(seen, _)| *seen == masked) {
             Some((_, n)) => *n += 1,
             None => counted.push((masked, 1)),
@@ -631,6 +624,23 @@ fn abandoned_why(why: &[String]) -> String {
         .iter()
         .map(|(error, n)| format!("; {n}x {error}"))
         .collect()
+}
+
+/// `text` with each run of 32 or more hex digits (a container or sandbox id) as `<id>`.
+fn mask_ids(text: &str) -> String {
+    let mut masked = String::with_capacity(text.len());
+    let mut run = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+            continue;
+        }
+        masked.push_str(if run.len() >= 32 { "<id>" } else { &run });
+        run.clear();
+        masked.push(c);
+    }
+    masked.pop();
+    masked
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1128,6 +1138,22 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abandoned_lifecycles_are_told_by_error_with_ids_masked() {
+        let id = |c: char| c.to_string().repeat(64);
+        let why = [
+            format!("StartContainer {}: broken pipe", id('a')),
+            format!("StartContainer {}: broken pipe", id('b')),
+            "CreateContainer c5 in pod-5: broken pipe".to_owned(),
+        ];
+        assert_eq!(
+            abandoned_why(&why),
+            "; 2x StartContainer <id>: broken pipe; 1x CreateContainer c5 in pod-5: broken pipe"
+        );
+        // Short hex words (a name, a code) stay.
+        assert_eq!(mask_ids("exit 137 in c0 at dead"), "exit 137 in c0 at dead");
+    }
 
     #[test]
     fn the_sandbox_is_read_from_the_service_section() {

@@ -771,75 +771,112 @@ mod tests {
         }
     }
 
+    /// A source's loop on a [`FakeKernel`] and a [`GatedHost`], and the test's ends of them.
+    struct Rig {
+        events: mpsc::UnboundedSender<KernelEvent>,
+        /// Each scan after the first says here that it started...
+        started: mpsc::UnboundedReceiver<()>,
+        /// ...and waits for its result from here.
+        results: std_mpsc::Sender<Scan>,
+        seeds: Arc<Mutex<Vec<(u64, u32)>>>,
+        ring_full: Arc<AtomicU64>,
+        triggers: TriggerReceiver,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<Result<(), LoadError>>,
+    }
+
+    impl Rig {
+        /// Starts the loop, the index refreshed every `refresh`.
+        fn start(refresh: Duration) -> Self {
+            let (events_tx, events) = mpsc::unbounded_channel();
+            let (started_tx, started) = mpsc::unbounded_channel();
+            let (results_tx, results) = std_mpsc::channel();
+            let (seeds, ring_full) = (Arc::default(), Arc::new(AtomicU64::new(0)));
+            let kernel = FakeKernel {
+                events,
+                seeds: Arc::clone(&seeds),
+                ring_full: Arc::clone(&ring_full),
+            };
+            let host = GatedHost {
+                scans: Mutex::new(0),
+                started: started_tx,
+                results: Mutex::new(results),
+            };
+            let (triggers_tx, triggers) = trigger_channel();
+            let source = Source {
+                namespaces: vec![NAMESPACE.to_owned()],
+                triggers: triggers_tx,
+                registry: SourceRegistry::new(),
+                metrics: Metrics::new(),
+                refresh,
+            };
+            let shutdown = CancellationToken::new();
+            let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
+            Self {
+                events: events_tx,
+                started,
+                results: results_tx,
+                seeds,
+                ring_full,
+                triggers,
+                shutdown,
+                task,
+            }
+        }
+
+        async fn scan_started(&mut self, what: &str) {
+            tokio::time::timeout(WAIT, self.started.recv())
+                .await
+                .expect(what)
+                .unwrap();
+        }
+
+        async fn stop(self) {
+            self.shutdown.cancel();
+            // A later scan may be blocked on the test's channel: let it go.
+            drop(self.results);
+            self.task.await.unwrap().unwrap();
+        }
+    }
+
     /// Multi-threaded: with the scan on the loop's own task (the bug this guards against),
     /// the loop would wait in the scan and the timeout would fire on the other worker.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_ring_is_read_while_a_scan_runs_and_its_result_is_applied_after() {
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let (started_tx, mut started) = mpsc::unbounded_channel();
-        let (results_tx, results) = std_mpsc::channel();
-        let seeds = Arc::new(Mutex::new(Vec::new()));
-        let kernel = FakeKernel {
-            events,
-            seeds: seeds.clone(),
-            ring_full: Arc::default(),
-        };
-        let host = GatedHost {
-            scans: Mutex::new(0),
-            started: started_tx,
-            results: Mutex::new(results),
-        };
-        let (triggers_tx, mut triggers) = trigger_channel();
-        let source = Source {
-            namespaces: vec![NAMESPACE.to_owned()],
-            triggers: triggers_tx,
-            registry: SourceRegistry::new(),
-            metrics: Metrics::new(),
-            refresh: Duration::from_millis(10),
-        };
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
-
-        tokio::time::timeout(WAIT, started.recv())
-            .await
-            .expect("a refresh scan starts")
-            .unwrap();
+        let mut rig = Rig::start(Duration::from_millis(10));
+        rig.scan_started("a refresh scan starts").await;
         // The scan is blocked: a cgroup made now is still decoded.
         let new = format!("{NAMESPACE}/new");
-        events_tx
+        rig.events
             .send(test_event(KernelEventKind::CgroupMkdir, 2, &new))
             .unwrap();
-        assert_eq!(next_container(&mut triggers).await, "new");
+        assert_eq!(next_container(&mut rig.triggers).await, "new");
 
         // The scan ends: its containers are indexed and their inits seeded; the cgroup made
         // while it ran (which it did not see) stays indexed.
         let mut index = CgroupIndex::default();
         index.insert(3, &format!("{NAMESPACE}/old"), &[NAMESPACE.to_owned()]);
-        results_tx
+        rig.results
             .send(Scan {
                 index,
                 inits: vec![(3, 4242)],
             })
             .unwrap();
         tokio::time::timeout(WAIT, async {
-            while !seeds.lock().unwrap().contains(&(3, 4242)) {
+            while !rig.seeds.lock().unwrap().contains(&(3, 4242)) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await
         .expect("the scan's inits are seeded");
         for cgroup in [3, 2] {
-            events_tx
+            rig.events
                 .send(test_event(KernelEventKind::Exec, cgroup, "/bin/sh"))
                 .unwrap();
         }
-        assert_eq!(next_container(&mut triggers).await, "old");
-        assert_eq!(next_container(&mut triggers).await, "new");
-
-        shutdown.cancel();
-        // A later scan may be blocked on the test's channel: let it go.
-        drop(results_tx);
-        task.await.unwrap().unwrap();
+        assert_eq!(next_container(&mut rig.triggers).await, "old");
+        assert_eq!(next_container(&mut rig.triggers).await, "new");
+        rig.stop().await;
     }
 
     /// A cgroup made while the ring was full is unknown to the index, though the probes follow
@@ -847,67 +884,40 @@ mod tests {
     /// while that scan runs (it may have walked past what they made) scan again after it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn lost_events_rescan_the_cgroups_and_name_what_waited() {
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let (started_tx, mut started) = mpsc::unbounded_channel();
-        let (results_tx, results) = std_mpsc::channel();
-        let ring_full = Arc::new(AtomicU64::new(0));
-        let kernel = FakeKernel {
-            events,
-            seeds: Arc::default(),
-            ring_full: ring_full.clone(),
-        };
-        let host = GatedHost {
-            scans: Mutex::new(0),
-            started: started_tx,
-            results: Mutex::new(results),
-        };
-        let (triggers_tx, mut triggers) = trigger_channel();
-        let source = Source {
-            namespaces: vec![NAMESPACE.to_owned()],
-            triggers: triggers_tx,
-            registry: SourceRegistry::new(),
-            metrics: Metrics::new(),
-            // Only losses scan in this test.
-            refresh: Duration::from_secs(3600),
-        };
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
-
+        // Only losses scan in this test.
+        let mut rig = Rig::start(Duration::from_secs(3600));
         // The loop runs (it read the loss counts before it).
-        events_tx
+        rig.events
             .send(test_event(
                 KernelEventKind::CgroupMkdir,
                 2,
                 &format!("{NAMESPACE}/known"),
             ))
             .unwrap();
-        assert_eq!(next_container(&mut triggers).await, "known");
+        assert_eq!(next_container(&mut rig.triggers).await, "known");
         // The init of a cgroup whose creation the ring lost execs; then the loss is counted.
-        events_tx
+        rig.events
             .send(test_event(KernelEventKind::Exec, 5, "/bin/sh"))
             .unwrap();
-        ring_full.store(3, Ordering::Relaxed);
-        tokio::time::timeout(WAIT, started.recv())
-            .await
-            .expect("the loss check scans")
-            .unwrap();
-        tokio::time::timeout(WAIT, triggers.full_relist_requested())
+        rig.ring_full.store(3, Ordering::Relaxed);
+        rig.scan_started("the loss check scans").await;
+        tokio::time::timeout(WAIT, rig.triggers.full_relist_requested())
             .await
             .expect("a loss asks for a full relist");
         // More losses while the scan runs.
-        ring_full.store(4, Ordering::Relaxed);
-        tokio::time::timeout(WAIT, triggers.full_relist_requested())
+        rig.ring_full.store(4, Ordering::Relaxed);
+        tokio::time::timeout(WAIT, rig.triggers.full_relist_requested())
             .await
             .expect("each loss asks for a full relist");
         let mut index = CgroupIndex::default();
         index.insert(5, &format!("{NAMESPACE}/lost"), &[NAMESPACE.to_owned()]);
-        results_tx
+        rig.results
             .send(Scan {
                 index,
                 inits: Vec::new(),
             })
             .unwrap();
-        let trigger = tokio::time::timeout(WAIT, triggers.recv())
+        let trigger = tokio::time::timeout(WAIT, rig.triggers.recv())
             .await
             .expect("the held exec, named by the scan")
             .unwrap();
@@ -916,13 +926,7 @@ mod tests {
             trigger.observations[0].kind,
             crate::pleg::event::ObservationKind::Exec("/bin/sh".into())
         );
-        tokio::time::timeout(WAIT, started.recv())
-            .await
-            .expect("losses during the scan scan again")
-            .unwrap();
-
-        shutdown.cancel();
-        drop(results_tx);
-        task.await.unwrap().unwrap();
+        rig.scan_started("losses during the scan scan again").await;
+        rig.stop().await;
     }
 }
