@@ -34,6 +34,9 @@ pub struct Decoder {
     /// Processes whose exec was a runtime's bootstrap (see [`is_bootstrap_exec`]): the probes
     /// took them for their container's init, so their exit comes too, and means nothing.
     bootstraps: HashSet<u32>,
+    /// Cgroups the probes were told to stop tracking (no container's): what their inits did
+    /// before the probes forgot them still comes, and names no container.
+    untracked: HashSet<u64>,
     /// Execs and exits of inits in cgroups the index does not know, oldest first, with when
     /// they were observed: the probes track a cgroup from its creation in the kernel, so a
     /// creation lost to a full ring leaves a container whose init the probes follow and whose
@@ -44,8 +47,10 @@ pub struct Decoder {
 
 /// Bootstraps whose exit was never seen (lost to a full ring) are forgotten past this many.
 const MAX_BOOTSTRAPS: usize = 4096;
-/// Events of unknown cgroups held past this many: the oldest are dropped (a non-container
-/// cgroup's first exec, before it was untracked, is held too, until its removal).
+/// Untracked cgroups remembered past this many are forgotten (their events could only be held
+/// for nothing, until [`MAX_UNPLACED`] drops them).
+const MAX_UNTRACKED: usize = 4096;
+/// Events of unknown cgroups held past this many: the oldest are dropped.
 const MAX_UNPLACED: usize = 256;
 
 /// Whether an exec is a container runtime re-executing its own binary through a file
@@ -87,6 +92,7 @@ impl Decoder {
             index,
             namespaces,
             bootstraps: HashSet::new(),
+            untracked: HashSet::new(),
             unplaced: VecDeque::new(),
         }
     }
@@ -109,10 +115,16 @@ impl Decoder {
                         vec![ObservationKind::Present],
                     )),
                     // The probes track every cgroup at container depth until told otherwise.
-                    None => Decoded {
-                        triggers: Vec::new(),
-                        untrack: Some(event.cgroup_id),
-                    },
+                    None => {
+                        if self.untracked.len() >= MAX_UNTRACKED {
+                            self.untracked.clear();
+                        }
+                        self.untracked.insert(event.cgroup_id);
+                        Decoded {
+                            triggers: Vec::new(),
+                            untrack: Some(event.cgroup_id),
+                        }
+                    }
                 }
             }
             // The probes forgot the cgroup themselves.
@@ -130,6 +142,7 @@ impl Decoder {
                     Some(owner) => {
                         Decoded::trigger(init_trigger(&owner.container_id, event, observed_at))
                     }
+                    None if self.untracked.contains(&event.cgroup_id) => Decoded::default(),
                     None => {
                         if self.unplaced.len() >= MAX_UNPLACED {
                             self.unplaced.pop_front();
@@ -159,6 +172,7 @@ impl Decoder {
     /// A cgroup removed: if it was a container's (indexed, or its path says so when its
     /// creation was lost), what its init did that waited for a name, then its removal.
     fn removed(&mut self, event: &KernelEvent, observed_at: SystemTime) -> Decoded {
+        self.untracked.remove(&event.cgroup_id);
         let owner = self
             .index
             .remove(event.cgroup_id)
@@ -464,7 +478,20 @@ mod tests {
         // Named once: nothing is left to replay.
         assert!(d.replay().is_empty());
 
-        // A cgroup that was no container's: its events go with it.
+        // A cgroup told apart as no container's: its init's exec, come before the probes forgot
+        // it, is no one's to hold.
+        d.decode(
+            &test_event(KernelEventKind::CgroupMkdir, 11, "/system.slice/y.service"),
+            at(4),
+            no_proc,
+        );
+        d.decode(
+            &test_event(KernelEventKind::Exec, 11, "/bin/sh"),
+            at(4),
+            no_proc,
+        );
+        assert!(d.unplaced.is_empty());
+        // A cgroup whose creation was lost and that was no container's: its events go with it.
         d.decode(
             &test_event(KernelEventKind::Exec, 8, "/bin/sh"),
             at(4),
