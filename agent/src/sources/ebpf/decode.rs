@@ -61,6 +61,15 @@ fn is_bootstrap_exec(path: &str) -> bool {
     path.starts_with("/dev/fd/") || path.starts_with("/proc/self/fd/")
 }
 
+/// Inserts `value` into `set`, forgetting all it held first once it holds `max`: what only a
+/// later event (lost to a full ring, perhaps) would take out cannot grow without bound.
+fn insert_bounded<T: Eq + std::hash::Hash>(set: &mut HashSet<T>, value: T, max: usize) {
+    if set.len() >= max {
+        set.clear();
+    }
+    set.insert(value);
+}
+
 /// A trigger of the eBPF source for container `id`.
 fn trigger(id: &str, observed_at: SystemTime, observations: Vec<ObservationKind>) -> Trigger {
     Trigger {
@@ -116,10 +125,7 @@ impl Decoder {
                     )),
                     // The probes track every cgroup at container depth until told otherwise.
                     None => {
-                        if self.untracked.len() >= MAX_UNTRACKED {
-                            self.untracked.clear();
-                        }
-                        self.untracked.insert(event.cgroup_id);
+                        insert_bounded(&mut self.untracked, event.cgroup_id, MAX_UNTRACKED);
                         Decoded {
                             triggers: Vec::new(),
                             untrack: Some(event.cgroup_id),
@@ -130,10 +136,7 @@ impl Decoder {
             // The probes forgot the cgroup themselves.
             Some(KernelEventKind::CgroupRmdir) => self.removed(event, observed_at),
             Some(KernelEventKind::Exec) if is_bootstrap_exec(&text(&event.path)) => {
-                if self.bootstraps.len() >= MAX_BOOTSTRAPS {
-                    self.bootstraps.clear();
-                }
-                self.bootstraps.insert(event.pid);
+                insert_bounded(&mut self.bootstraps, event.pid, MAX_BOOTSTRAPS);
                 Decoded::default()
             }
             Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
