@@ -304,7 +304,7 @@ impl<R: Runtime> Relister<R> {
         }
         debug!(
             ?scope,
-            pods = reading.pods.len(),
+            pods_read = reading.pods.len(),
             events = outcome.events_sent,
             failed_inspections = outcome.failed_inspections,
             again = outcome.again.len(),
@@ -644,19 +644,20 @@ fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, P
         .collect()
 }
 
-/// The pods of a full relist's reading, ascending (every pod committed, `listed` (ascending)
-/// or awaiting reinspection: unchanged, gone, or to inspect), and those to inspect: pods
-/// listed that are new, awaiting reinspection, or whose listing moved on
-/// ([`inspection_needed`]). Those to inspect read [`PodReading::Failed`] until their
-/// inspection says otherwise. One walk over the committed and listed pods side by side: at
-/// 10,000 pods, looking each one up by its uid was most of a steady relist's time.
+/// The pods of a full relist's reading, ascending, and those to inspect. The reading holds the
+/// pods committed or awaiting reinspection that are not in `listed` (ascending), gone, and
+/// those to inspect: pods listed that are new, awaiting reinspection, or whose listing moved
+/// on ([`inspection_needed`]), which read [`PodReading::Failed`] until their inspection says
+/// otherwise; the pods listed as committed it leaves out. One walk over the committed and
+/// listed pods side by side: at 10,000 pods, looking each one up by its uid was most of a
+/// steady relist's time.
 fn node_pods(
     committed: &PodRecords,
     to_reinspect: &BTreeSet<PodUid>,
     listed: Vec<PodRecord>,
     tombstones: &HashSet<ContainerId>,
 ) -> (Vec<(PodUid, PodReading)>, Vec<PodUid>) {
-    let mut pods = Vec::with_capacity(committed.len().max(listed.len()));
+    let mut pods = Vec::new();
     let mut to_inspect = Vec::new();
     let mut committed = committed.iter().peekable();
     let not_listed = |uid: &PodUid| (uid.clone(), PodReading::Gone);
@@ -679,14 +680,10 @@ fn node_pods(
                 }
             }
         };
-        let reading = if to_reinspect.contains(&pod.uid) || inspection_needed(old, &pod, tombstones)
-        {
+        if to_reinspect.contains(&pod.uid) || inspection_needed(old, &pod, tombstones) {
             to_inspect.push(pod.uid.clone());
-            PodReading::Failed
-        } else {
-            PodReading::Unchanged
-        };
-        pods.push((pod.uid, reading));
+            pods.push((pod.uid, PodReading::Failed));
+        }
     }
     pods.extend(committed.map(|(uid, _)| not_listed(uid)));
     // Awaiting reinspection, neither listed nor committed: gone, and no longer awaited.
@@ -817,14 +814,13 @@ mod tests {
         let listed = vec![running("b"), exited("c"), running("d"), running("e")];
         let (pods, to_inspect) = node_pods(&committed, &to_reinspect, listed, &HashSet::new());
         let read: Vec<(&str, &PodReading)> = pods.iter().map(|(u, r)| (u.0.as_str(), r)).collect();
-        use PodReading::{Failed as ToInspect, Gone, Unchanged};
+        use PodReading::{Failed as ToInspect, Gone};
         assert_eq!(
             read,
             [
                 ("a", &Gone),
                 ("b", &ToInspect),
                 ("c", &ToInspect),
-                ("d", &Unchanged),
                 ("e", &ToInspect),
                 ("x", &Gone),
             ]
