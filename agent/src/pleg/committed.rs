@@ -2,25 +2,103 @@
 //! record as its last events announced it, and which pod holds each container. The relist
 //! reconciles every reading against it and commits the result; it is saved across restarts.
 
-use std::collections::HashMap;
+use std::{
+    borrow::Borrow,
+    collections::{BTreeMap, HashMap, HashSet},
+    hash::BuildHasher,
+};
 
-use crate::pleg::record::{ContainerId, ContainerRecord, PodRecord, PodRecords, PodUid};
+use smallvec::SmallVec;
+
+use crate::pleg::{
+    reconcile::listing_fingerprint,
+    record::{ContainerId, ContainerRecord, PodRecord, PodRecords, PodUid},
+};
 
 /// The committed records, with a container index over them.
+///
+/// Laid out for the full relist's walk, which compares each listed pod with its committed one:
+/// when the pod is listed as it was last listed, the walk reads its key and one word of its
+/// entry, both in the B-tree's node, and nothing else (see [`Entry`]). At 10,000 pods, reading
+/// the records themselves (strings and containers elsewhere in memory, no longer in the CPU's
+/// caches) made a steady relist 3 to 4 times slower per pod than at 100; now about 1.3.
 #[derive(Clone, Debug, Default)]
 pub struct Committed {
-    pods: PodRecords,
+    pods: BTreeMap<PodKey, Entry>,
     /// Container -> pod, over `pods`, so container triggers can be relisted by pod.
     pods_of_containers: HashMap<ContainerId, PodUid>,
+    /// Seeds the listings' fingerprints, anew at each start: no container id can be chosen to
+    /// make two listings of a pod look the same.
+    fingerprints: foldhash::quality::RandomState,
+}
+
+/// A pod's uid as the records are keyed by it: its bytes held in the key up to 40 (a
+/// Kubernetes pod uid is a 36-byte UUID), so the walk compares a listed uid with the committed
+/// one without reading a string elsewhere. Ordered as [`PodUid`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodKey(SmallVec<[u8; 40]>);
+
+impl PodKey {
+    fn of(uid: &PodUid) -> Self {
+        Self(SmallVec::from_slice(uid.0.as_bytes()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn uid(&self) -> PodUid {
+        // Made of a `String`'s bytes: nothing is lost.
+        PodUid(String::from_utf8_lossy(&self.0).into_owned())
+    }
+}
+
+impl Borrow<[u8]> for PodKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A pod as committed.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// Out of the node, which the walk then reads in half the cache lines.
+    record: Box<PodRecord>,
+    /// The fingerprint of the last listing a full relist found as this record, state for
+    /// state ([`Committed::note_listing`]); none since the record was committed.
+    listed: Option<u64>,
+}
+
+/// One committed pod as a full relist walks them.
+#[derive(Clone, Copy, Debug)]
+pub struct CommittedPod<'a> {
+    pub record: &'a PodRecord,
+    /// See [`Committed::note_listing`].
+    pub listed: Option<u64>,
 }
 
 impl Committed {
-    pub fn pods(&self) -> &PodRecords {
-        &self.pods
+    /// The committed pods, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = (&PodKey, CommittedPod<'_>)> {
+        self.pods.iter().map(|(key, entry)| {
+            let pod = CommittedPod {
+                record: &entry.record,
+                listed: entry.listed,
+            };
+            (key, pod)
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
     }
 
     pub fn get(&self, uid: &PodUid) -> Option<&PodRecord> {
-        self.pods.get(uid)
+        self.pods.get(uid.0.as_bytes()).map(|entry| &*entry.record)
     }
 
     /// The pod holding `container`, as last committed.
@@ -31,40 +109,64 @@ impl Committed {
     /// `container`'s committed record.
     pub fn container(&self, container: &ContainerId) -> Option<&ContainerRecord> {
         let uid = self.pod_of(container)?;
-        self.pods.get(uid)?.containers.get(container)
+        self.get(uid)?.containers.get(container)
     }
 
     pub fn into_pods(self) -> PodRecords {
         self.pods
+            .into_iter()
+            .map(|(key, entry)| (key.uid(), *entry.record))
+            .collect()
+    }
+
+    /// The fingerprint of what [`crate::pleg::reconcile::inspection_needed`] reads of a
+    /// listing: equal for two listings (barring a 64-bit collision) only if the one needs an
+    /// inspection whenever the other does, against the same record.
+    pub fn fingerprint(&self, listed: &PodRecord, tombstones: &HashSet<ContainerId>) -> u64 {
+        listing_fingerprint(listed, tombstones, self.fingerprints.build_hasher())
+    }
+
+    /// Notes that pod `uid` was listed as committed, in a listing of fingerprint `listing`: a
+    /// listing of the same fingerprint needs no inspection until the pod's record changes.
+    pub fn note_listing(&mut self, uid: &PodUid, listing: u64) {
+        if let Some(entry) = self.pods.get_mut(uid.0.as_bytes()) {
+            entry.listed = Some(listing);
+        }
     }
 
     /// Makes `new` the record of pod `uid` (`None`: the pod is gone).
     pub fn commit(&mut self, uid: &PodUid, new: Option<PodRecord>) {
         let Some(pod) = new else {
-            if let Some(old) = self.pods.remove(uid) {
-                for id in old.containers.keys() {
+            if let Some(old) = self.pods.remove(uid.0.as_bytes()) {
+                for id in old.record.containers.keys() {
                     self.pods_of_containers.remove(id);
                 }
             }
             return;
         };
         let index = &mut self.pods_of_containers;
-        match self.pods.get_mut(uid) {
-            // Most pods keep their containers from one commit to the next: replace the record
-            // in place, leaving the map and the container index as they are.
-            Some(old) if old.containers.keys().eq(pod.containers.keys()) => *old = pod,
+        match self.pods.get_mut(uid.0.as_bytes()) {
             Some(old) => {
-                for id in old.containers.keys() {
-                    if !pod.containers.contains_key(id) {
-                        index.remove(id);
+                // Most pods keep their containers from one commit to the next: then the
+                // container index stays as it is.
+                if !old.record.containers.keys().eq(pod.containers.keys()) {
+                    for id in old.record.containers.keys() {
+                        if !pod.containers.contains_key(id) {
+                            index.remove(id);
+                        }
                     }
+                    index_containers(index, uid, &pod);
                 }
-                index_containers(index, uid, &pod);
-                *old = pod;
+                *old.record = pod;
+                old.listed = None;
             }
             None => {
                 index_containers(index, uid, &pod);
-                self.pods.insert(uid.clone(), pod);
+                let entry = Entry {
+                    record: Box::new(pod),
+                    listed: None,
+                };
+                self.pods.insert(PodKey::of(uid), entry);
             }
         }
     }
@@ -109,6 +211,33 @@ mod tests {
         assert_eq!(committed.container(&b).map(|c| c.state), Some(Running));
         committed.commit(&uid, None);
         assert_eq!(committed.pod_of(&b), None);
-        assert!(committed.pods().is_empty());
+        assert!(committed.is_empty());
+    }
+
+    #[test]
+    fn the_keys_walk_in_the_uids_order_and_give_them_back_whatever_their_length() {
+        let long = "f".repeat(64); // a container's id, for a container with no pod
+        let uids = [
+            "b",
+            "0f7c9a2e-5c1d-4d8e-9a3b-2f6e1c0d4b7a",
+            long.as_str(),
+            "a",
+            "ab",
+        ];
+        let mut committed = Committed::default();
+        for u in uids {
+            committed.commit(&PodUid(u.into()), Some(pod(u, "web", [])));
+        }
+        let walked: Vec<PodUid> = committed.iter().map(|(key, _)| key.uid()).collect();
+        let mut sorted: Vec<PodUid> = uids.iter().map(|u| PodUid((*u).into())).collect();
+        sorted.sort();
+        assert_eq!(walked, sorted);
+        for uid in &sorted {
+            assert_eq!(committed.get(uid).map(|p| &p.uid), Some(uid));
+        }
+        assert_eq!(
+            committed.into_pods().into_keys().collect::<Vec<_>>(),
+            sorted
+        );
     }
 }

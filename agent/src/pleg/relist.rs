@@ -26,7 +26,7 @@ use tracing::{debug, trace, warn};
 use crate::{
     pleg::{
         cache::PodCache,
-        committed::Committed,
+        committed::{Committed, PodKey},
         event::{PodLifecycleEvent, Scope},
         health::Health,
         hints::Hints,
@@ -447,12 +447,20 @@ impl<R: Runtime> Relister<R> {
                 .map(|c| c.state)
         };
         let to_read = self.tasks_to_read(hints, state);
-        let (mut pods, to_inspect) = node_pods(
-            self.committed.pods(),
+        let NodeListing {
+            mut pods,
+            to_inspect,
+            fingerprints,
+        } = node_pods(
+            &self.committed,
             &self.to_reinspect,
             listed,
             &self.tombstones,
         );
+        // A fact about the records as they are, not a decision: a commit of the pod forgets it.
+        for (uid, listing) in &fingerprints {
+            self.committed.note_listing(uid, *listing);
+        }
         let runtime = &self.runtime;
         let committed = &self.committed;
         let inspections = stream::iter(to_inspect)
@@ -644,65 +652,91 @@ fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, P
         .collect()
 }
 
-/// The pods of a full relist's reading, ascending, and those to inspect. The reading holds the
-/// pods committed or awaiting reinspection that are not in `listed` (ascending), gone, and
-/// those to inspect: pods listed that are new, awaiting reinspection, or whose listing moved
-/// on ([`inspection_needed`]), which read [`PodReading::Failed`] until their inspection says
-/// otherwise; the pods listed as committed it leaves out. One walk over the committed and
+/// What a full relist's listing shows against the committed records.
+#[derive(Debug, Default)]
+struct NodeListing {
+    /// The pods committed or awaiting reinspection that are not listed, gone, and those to
+    /// inspect, [`PodReading::Failed`] until their inspection says otherwise; ascending. The
+    /// pods listed as committed are left out.
+    pods: Vec<(PodUid, PodReading)>,
+    /// The pods listed that are new, awaiting reinspection, or whose listing moved on
+    /// ([`inspection_needed`]).
+    to_inspect: Vec<PodUid>,
+    /// The pods listed as committed whose listing's fingerprint the records do not hold yet,
+    /// with it ([`Committed::note_listing`]).
+    fingerprints: Vec<(PodUid, u64)>,
+}
+
+/// The pods of `listed` (ascending) against `committed`. One walk over the committed and
 /// listed pods side by side: at 10,000 pods, looking each one up by its uid was most of a
-/// steady relist's time.
+/// steady relist's time. A pod listed as its committed record was last listed (the same
+/// fingerprint) is not compared with the record again.
 fn node_pods(
-    committed: &PodRecords,
+    committed: &Committed,
     to_reinspect: &BTreeSet<PodUid>,
     listed: Vec<PodRecord>,
     tombstones: &HashSet<ContainerId>,
-) -> (Vec<(PodUid, PodReading)>, Vec<PodUid>) {
-    let mut pods = Vec::new();
-    let mut to_inspect = Vec::new();
-    let mut committed = committed.iter().peekable();
-    let not_listed = |uid: &PodUid| (uid.clone(), PodReading::Gone);
+) -> NodeListing {
+    let mut node = NodeListing::default();
+    let mut walk = committed.iter().peekable();
+    let not_listed = |key: &PodKey| (key.uid(), PodReading::Gone);
     for pod in listed {
         // The committed pod of the same uid, those before it not listed; one compare of two
         // uids a step.
         let old = loop {
-            let Some(&(uid, record)) = committed.peek() else {
+            let Some(&(key, old)) = walk.peek() else {
                 break None;
             };
-            match uid.cmp(&pod.uid) {
+            match key.as_bytes().cmp(pod.uid.0.as_bytes()) {
                 Ordering::Greater => break None,
                 Ordering::Equal => {
-                    committed.next();
-                    break Some(record);
+                    walk.next();
+                    break Some(old);
                 }
                 Ordering::Less => {
-                    pods.push(not_listed(uid));
-                    committed.next();
+                    node.pods.push(not_listed(key));
+                    walk.next();
                 }
             }
         };
-        if to_reinspect.contains(&pod.uid) || inspection_needed(old, &pod, tombstones) {
-            to_inspect.push(pod.uid.clone());
-            pods.push((pod.uid, PodReading::Failed));
+        let inspect = to_reinspect.contains(&pod.uid)
+            || old.is_none_or(|old| {
+                let listing = committed.fingerprint(&pod, tombstones);
+                if old.listed == Some(listing) {
+                    return false;
+                }
+                let needed = inspection_needed(old.record, &pod, tombstones);
+                if !needed {
+                    node.fingerprints.push((pod.uid.clone(), listing));
+                }
+                needed
+            });
+        if inspect {
+            node.to_inspect.push(pod.uid.clone());
+            node.pods.push((pod.uid, PodReading::Failed));
         }
     }
-    pods.extend(committed.map(|(uid, _)| not_listed(uid)));
+    node.pods.extend(walk.map(|(key, _)| not_listed(key)));
     // Awaiting reinspection, neither listed nor committed: gone, and no longer awaited.
-    let len = pods.len();
+    let len = node.pods.len();
     for uid in to_reinspect {
-        if pods[..len].binary_search_by(|(p, _)| p.cmp(uid)).is_err() {
-            pods.push(not_listed(uid));
+        if node.pods[..len]
+            .binary_search_by(|(p, _)| p.cmp(uid))
+            .is_err()
+        {
+            node.pods.push((uid.clone(), PodReading::Gone));
         }
     }
-    if pods.len() > len {
-        pods.sort_by(|a, b| a.0.cmp(&b.0));
+    if node.pods.len() > len {
+        node.pods.sort_by(|a, b| a.0.cmp(&b.0));
     }
-    (pods, to_inspect)
+    node
 }
 
 impl<R> std::fmt::Debug for Relister<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relister")
-            .field("pods", &self.committed.pods().len())
+            .field("pods", &self.committed.len())
             .field("to_reinspect", &self.to_reinspect)
             .field("sequence", &self.sequence)
             .finish_non_exhaustive()
@@ -805,15 +839,16 @@ mod tests {
         use crate::runtime::testing::{container, pod};
         let running = |uid: &str| pod(uid, uid, [container(&format!("{uid}-c"), "app", Running)]);
         let exited = |uid: &str| pod(uid, uid, [container(&format!("{uid}-c"), "app", Exited)]);
-        let committed: PodRecords = ["a", "b", "c", "d"]
-            .into_iter()
-            .map(|p| (uid(p), running(p)))
-            .collect();
+        let mut committed = Committed::default();
+        for p in ["a", "b", "c", "d"] {
+            committed.commit(&uid(p), Some(running(p)));
+        }
         let to_reinspect: BTreeSet<PodUid> = [uid("b"), uid("x")].into();
         // a unlisted, b as committed but awaiting reinspection, c moved on, d as committed, e new.
         let listed = vec![running("b"), exited("c"), running("d"), running("e")];
-        let (pods, to_inspect) = node_pods(&committed, &to_reinspect, listed, &HashSet::new());
-        let read: Vec<(&str, &PodReading)> = pods.iter().map(|(u, r)| (u.0.as_str(), r)).collect();
+        let node = node_pods(&committed, &to_reinspect, listed, &HashSet::new());
+        let read: Vec<(&str, &PodReading)> =
+            node.pods.iter().map(|(u, r)| (u.0.as_str(), r)).collect();
         use PodReading::{Failed as ToInspect, Gone};
         assert_eq!(
             read,
@@ -825,7 +860,54 @@ mod tests {
                 ("x", &Gone),
             ]
         );
-        assert_eq!(to_inspect, [uid("b"), uid("c"), uid("e")]);
+        assert_eq!(node.to_inspect, [uid("b"), uid("c"), uid("e")]);
+        let noted: Vec<&PodUid> = node.fingerprints.iter().map(|(u, _)| u).collect();
+        assert_eq!(noted, [&uid("d")], "only the pod listed as committed");
+    }
+
+    /// A pod listed as it was last listed is not compared with its record again; a listing
+    /// that moved on, or a record committed since, is.
+    #[test]
+    fn a_pod_listed_as_last_time_is_compared_again_only_when_either_side_changed() {
+        use crate::runtime::testing::{container, pod};
+        let with = |state, layer| {
+            let mut c = container("c", "app", state);
+            c.confirmed_by = layer;
+            pod("p", "web", [c])
+        };
+        let listed = with(Running, Layer::Cri);
+        let none = HashSet::new();
+        let walk = |committed: &mut Committed, listed: &PodRecord| {
+            let node = node_pods(committed, &BTreeSet::new(), vec![listed.clone()], &none);
+            for (uid, listing) in &node.fingerprints {
+                committed.note_listing(uid, *listing);
+            }
+            (node.to_inspect.len(), node.fingerprints.len())
+        };
+        let mut committed = Committed::default();
+        committed.commit(&uid("p"), Some(listed.clone()));
+        assert_eq!(walk(&mut committed, &listed), (0, 1), "compared, and noted");
+        assert_eq!(
+            walk(&mut committed, &listed),
+            (0, 0),
+            "as last listed: not compared"
+        );
+        // The runtime recorded its container deleted since: the listing that still shows it
+        // is another listing.
+        let tombstones = HashSet::from([cid("c")]);
+        let node = node_pods(
+            &committed,
+            &BTreeSet::new(),
+            vec![listed.clone()],
+            &tombstones,
+        );
+        assert_eq!(node.to_inspect.len(), 1, "its only container deleted");
+        let died = with(Exited, Layer::Cri);
+        assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
+        // The task service confirmed the start: the CRI store's listing, as it was, is now
+        // worth an inspection (it confirms the start at its layer).
+        committed.commit(&uid("p"), Some(with(Running, Layer::Task)));
+        assert_eq!(walk(&mut committed, &listed), (1, 0), "the record changed");
     }
 
     fn ev(
