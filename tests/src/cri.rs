@@ -361,8 +361,8 @@ impl Cri {
     /// 200-kill bench run); a moment later its CRI store has the exit and the removal goes
     /// through, so that error is tried again for up to [`SHIM_GONE_RETRY`].
     pub async fn remove_container(&self, id: &str) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + SHIM_GONE_RETRY;
-        loop {
+        // Ok(Some(outcome)): done, either way; Err: the shim's closed connection, again.
+        let removed = wait::until("a removal past a closed shim", SHIM_GONE_RETRY, || async {
             let removed = self
                 .runtime
                 .clone()
@@ -371,18 +371,14 @@ impl Cri {
                 })
                 .await;
             match removed {
-                Err(status)
-                    if status.message().contains("ttrpc: closed")
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                removed => {
-                    removed.with_context(|| format!("RemoveContainer {id}"))?;
-                    return Ok(());
-                }
+                Err(status) if status.message().contains("ttrpc: closed") => Err(status),
+                removed => Ok(Some(removed)),
             }
-        }
+        })
+        .await
+        .with_context(|| format!("RemoveContainer {id}"))?;
+        removed.with_context(|| format!("RemoveContainer {id}"))?;
+        Ok(())
     }
 
     /// Stops and removes the pod with all its containers.
