@@ -512,8 +512,8 @@ mod tests {
         }
     }
 
-    fn record(name: &str) -> PodRecord {
-        pod(name, name, [])
+    fn record(name: &str) -> Arc<PodRecord> {
+        Arc::new(pod(name, name, []))
     }
 
     /// A running sync loop and its ends; its handler is the API's feed and a recorder.
@@ -862,11 +862,12 @@ mod tests {
         let mut fast_got = HashMap::<String, Vec<u64>>::new();
         for i in 0..EVENTS {
             for p in 0..PODS {
-                let mut pod = record(&name(p));
+                let mut pod = pod(&name(p), &name(p), []);
                 let c = container("c", "app", state(i + p));
                 pod.containers.insert(c.id.clone(), c);
                 let at = base + Duration::from_micros((i * PODS + p) as u64 + 1);
-                l.cache.set(pod.uid.clone(), Some(pod.clone()), at);
+                l.cache
+                    .set(pod.uid.clone(), Some(Arc::new(pod.clone())), at);
                 last.insert(name(p), (l.publish(&name(p)), pod));
             }
             // The fast consumer reads what is there every few events.
@@ -906,7 +907,7 @@ mod tests {
             let (sequence, pod) = &last[&name(p)];
             let sync = &slow_got[&name(p)];
             assert_eq!(
-                (sync.sequence, sync.status.record.as_ref()),
+                (sync.sequence, sync.status.record.as_deref()),
                 (*sequence, Some(pod))
             );
             let fast = &fast_got[&name(p)];

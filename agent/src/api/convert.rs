@@ -295,7 +295,7 @@ mod tests {
         };
         cache.set(
             record.uid.clone(),
-            Some(record),
+            Some(std::sync::Arc::new(record)),
             tokio::time::Instant::now(),
         );
         let listed = pods(&cache);

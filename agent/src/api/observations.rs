@@ -62,7 +62,7 @@ impl ObservationBus {
             .find_map(|(uid, cached)| {
                 let pod = cached.record?;
                 let name = pod.containers.get(container)?.name.clone();
-                Some((uid, pod.namespace, pod.name, name))
+                Some((uid, pod.namespace.clone(), pod.name.clone(), name))
             })
             .unwrap_or((
                 PodUid(String::new()),

@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use tokio::{sync::Notify, time::Instant};
@@ -19,7 +19,7 @@ use crate::pleg::record::{PodRecord, PodUid};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CachedPod {
     /// The inspected record; `None` (the default status) when the cache knows of no such pod.
-    pub record: Option<PodRecord>,
+    pub record: Option<Arc<PodRecord>>,
     /// When the record was read (taken just before the inspection, so the record is at least
     /// this fresh); `None` on a miss.
     pub modified: Option<Instant>,
@@ -47,7 +47,7 @@ struct Inner {
 
 #[derive(Debug)]
 struct Entry {
-    record: Option<PodRecord>,
+    record: Option<Arc<PodRecord>>,
     modified: Instant,
 }
 
@@ -83,7 +83,7 @@ impl PodCache {
     /// Stores a pod's record read at `modified` (`None` = the pod no longer exists). A write
     /// older than the current entry is ignored: inspections run concurrently and may finish out
     /// of order, and the cache must never go back in time.
-    pub fn set(&self, uid: PodUid, record: Option<PodRecord>, modified: Instant) {
+    pub fn set(&self, uid: PodUid, record: Option<Arc<PodRecord>>, modified: Instant) {
         {
             let mut inner = self.lock();
             if inner.pods.get(&uid).is_some_and(|e| e.modified > modified) {
@@ -180,7 +180,7 @@ impl Entry {
 
 #[cfg(test)]
 mod tests {
-    use std::{sync::Arc, time::Duration};
+    use std::time::Duration;
 
     use super::*;
     use crate::pleg::record::Containers;
@@ -189,13 +189,13 @@ mod tests {
         PodUid(s.to_owned())
     }
 
-    fn record(s: &str) -> PodRecord {
-        PodRecord {
+    fn record(s: &str) -> Arc<PodRecord> {
+        Arc::new(PodRecord {
             uid: uid(s),
             namespace: "ns".to_owned(),
             name: s.to_owned(),
             containers: Containers::new(),
-        }
+        })
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::{
     borrow::Borrow,
     collections::{BTreeMap, HashMap, HashSet},
     hash::BuildHasher,
+    sync::Arc,
 };
 
 use smallvec::SmallVec;
@@ -62,8 +63,9 @@ impl Borrow<[u8]> for PodKey {
 /// A pod as committed.
 #[derive(Clone, Debug)]
 struct Entry {
-    /// Out of the node, which the walk then reads in half the cache lines.
-    record: Box<PodRecord>,
+    /// Out of the node, which the walk then reads in half the cache lines; shared with the
+    /// pod cache, which holds the same record (one copy less per changed pod).
+    record: Arc<PodRecord>,
     /// The fingerprint of the last listing a full relist found as this record, state for
     /// state ([`Committed::note_listing`]); none since the record was committed.
     listed: Option<u64>,
@@ -115,7 +117,7 @@ impl Committed {
     pub fn into_pods(self) -> PodRecords {
         self.pods
             .into_iter()
-            .map(|(key, entry)| (key.uid(), *entry.record))
+            .map(|(key, entry)| (key.uid(), Arc::unwrap_or_clone(entry.record)))
             .collect()
     }
 
@@ -135,7 +137,7 @@ impl Committed {
     }
 
     /// Makes `new` the record of pod `uid` (`None`: the pod is gone).
-    pub fn commit(&mut self, uid: &PodUid, new: Option<PodRecord>) {
+    pub fn commit(&mut self, uid: &PodUid, new: Option<Arc<PodRecord>>) {
         let Some(pod) = new else {
             if let Some(old) = self.pods.remove(uid.0.as_bytes()) {
                 for id in old.record.containers.keys() {
@@ -157,13 +159,13 @@ impl Committed {
                     }
                     index_containers(index, uid, &pod);
                 }
-                *old.record = pod;
+                old.record = pod;
                 old.listed = None;
             }
             None => {
                 index_containers(index, uid, &pod);
                 let entry = Entry {
-                    record: Box::new(pod),
+                    record: pod,
                     listed: None,
                 };
                 self.pods.insert(PodKey::of(uid), entry);
@@ -200,12 +202,12 @@ mod tests {
         let (a, b) = (ContainerId("a".into()), ContainerId("b".into()));
         committed.commit(
             &uid,
-            Some(pod("p", "web", [container("a", "app", Running)])),
+            Some(Arc::new(pod("p", "web", [container("a", "app", Running)]))),
         );
         assert_eq!(committed.pod_of(&a), Some(&uid));
         committed.commit(
             &uid,
-            Some(pod("p", "web", [container("b", "app", Running)])),
+            Some(Arc::new(pod("p", "web", [container("b", "app", Running)]))),
         );
         assert_eq!(committed.pod_of(&a), None);
         assert_eq!(committed.container(&b).map(|c| c.state), Some(Running));
@@ -226,7 +228,7 @@ mod tests {
         ];
         let mut committed = Committed::default();
         for u in uids {
-            committed.commit(&PodUid(u.into()), Some(pod(u, "web", [])));
+            committed.commit(&PodUid(u.into()), Some(Arc::new(pod(u, "web", []))));
         }
         let walked: Vec<PodUid> = committed.iter().map(|(key, _)| key.uid()).collect();
         let mut sorted: Vec<PodUid> = uids.iter().map(|u| PodUid((*u).into())).collect();

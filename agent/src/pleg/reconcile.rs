@@ -15,6 +15,8 @@ use std::{
     time::SystemTime,
 };
 
+use smallvec::SmallVec;
+
 use crate::pleg::{
     committed::Committed,
     diff::transition,
@@ -422,38 +424,42 @@ fn pod_events(
         let before = old.and_then(|p| p.containers.get(id));
         let after = new.and_then(|p| p.containers.get(id));
         // A container gone: its last record, with what the task service recorded of its end.
-        let last = after
-            .cloned()
-            .or_else(|| merge(before, None, records.tasks.get(id).copied()));
-        let Some(last) = last else { continue };
-        let mut way: Vec<Option<ContainerRecord>> = vec![before.cloned()];
+        let gone = match after {
+            Some(_) => None,
+            None => merge(before, None, records.tasks.get(id).copied()),
+        };
+        let Some(last) = after.or(gone.as_ref()) else {
+            continue;
+        };
         let short_of_running = before
             .and_then(|c| c.state.progress())
             .is_none_or(|p| p < 1);
-        if short_of_running
-            && last.state == ContainerState::Exited
-            && let Some(&started) = records.started.get(id)
-        {
-            way.push(Some(while_running(&last, Some(started))));
-        }
-        way.push(Some(last.clone()));
+        let ran = match records.started.get(id) {
+            Some(&started) if short_of_running && last.state == ContainerState::Exited => {
+                Some(while_running(last, Some(started)))
+            }
+            _ => None,
+        };
+        // Borrowed, not cloned: at every changed pod of a full relist the clones were a
+        // handful of allocations per container, unchanged ones included.
+        let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
+        way.push(before);
+        way.extend(ran.as_ref().map(Some));
+        way.push(Some(last));
         if after.is_none() {
             way.push(None);
         }
         for step in way.windows(2) {
-            let (from, to) = (&step[0], &step[1]);
-            for &event_type in
-                transition(from.as_ref().map(|c| c.state), to.as_ref().map(|c| c.state))
-            {
+            let (from, to) = (step[0], step[1]);
+            for &event_type in transition(from.map(|c| c.state), to.map(|c| c.state)) {
                 if event_type == PodLifecycleEventType::ContainerChanged && !settings.emit_changed {
                     continue;
                 }
-                let record = to.as_ref().unwrap_or(&last);
                 events.push(event(
                     Change {
                         pod,
                         event_type,
-                        record,
+                        record: to.unwrap_or(last),
                     },
                     hints,
                     read_at,
@@ -780,7 +786,7 @@ pub fn tasks_to_read(
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeSet, time::Duration};
+    use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
     use ContainerState::{Created, Exited, Running};
     use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
@@ -818,7 +824,7 @@ mod tests {
     fn committed(state: Option<ContainerState>) -> Committed {
         let mut committed = Committed::default();
         if let Some(state) = state {
-            committed.commit(&uid("p"), Some(pod("p", "web", [record(state)])));
+            committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [record(state)]))));
         }
         committed
     }
@@ -1124,7 +1130,7 @@ mod tests {
         dead.confirmed_by = Layer::Task;
         dead.reason = String::new();
         let mut committed = Committed::default();
-        committed.commit(&uid("p"), Some(pod("p", "web", [dead])));
+        committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [dead]))));
         let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
         let plan = reconcile(
             &committed,
@@ -1280,11 +1286,11 @@ mod tests {
         let mut committed = Committed::default();
         committed.commit(
             &uid("p"),
-            Some(pod(
+            Some(Arc::new(pod(
                 "p",
                 "web",
                 [record(Running), container("d", "side", Running)],
-            )),
+            ))),
         );
         committed
     }

@@ -193,7 +193,7 @@ impl<R: Runtime> Relister<R> {
     pub fn restore(&mut self, records: PodRecords, sequence: u64) {
         for (uid, pod) in records {
             self.to_reinspect.insert(uid.clone());
-            self.committed.commit(&uid, Some(pod));
+            self.committed.commit(&uid, Some(Arc::new(pod)));
         }
         self.sequence = sequence;
     }
@@ -545,12 +545,13 @@ impl<R: Runtime> Relister<R> {
             // reads the cache on an event must find the state the event announces.
             let cache = Arc::clone(&self.cache);
             let _publishing = cache.publishing();
-            match &pod.record {
-                Some(record) => cache.set(pod.uid.clone(), Some(record.clone()), read_at),
+            let record = pod.record.map(Arc::new);
+            match &record {
+                Some(record) => cache.set(pod.uid.clone(), Some(Arc::clone(record)), read_at),
                 None => cache.delete(&pod.uid),
             }
             sent += self.publish(pod.events);
-            self.committed.commit(&pod.uid, pod.record);
+            self.committed.commit(&pod.uid, record);
         }
         self.to_reinspect.extend(plan.failed);
         let now = Instant::now();
@@ -841,7 +842,7 @@ mod tests {
         let exited = |uid: &str| pod(uid, uid, [container(&format!("{uid}-c"), "app", Exited)]);
         let mut committed = Committed::default();
         for p in ["a", "b", "c", "d"] {
-            committed.commit(&uid(p), Some(running(p)));
+            committed.commit(&uid(p), Some(Arc::new(running(p))));
         }
         let to_reinspect: BTreeSet<PodUid> = [uid("b"), uid("x")].into();
         // a unlisted, b as committed but awaiting reinspection, c moved on, d as committed, e new.
@@ -885,7 +886,7 @@ mod tests {
             (node.to_inspect.len(), node.fingerprints.len())
         };
         let mut committed = Committed::default();
-        committed.commit(&uid("p"), Some(listed.clone()));
+        committed.commit(&uid("p"), Some(Arc::new(listed.clone())));
         assert_eq!(walk(&mut committed, &listed), (0, 1), "compared, and noted");
         assert_eq!(
             walk(&mut committed, &listed),
@@ -906,7 +907,7 @@ mod tests {
         assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
         // The task service confirmed the start: the CRI store's listing, as it was, is now
         // worth an inspection (it confirms the start at its layer).
-        committed.commit(&uid("p"), Some(with(Running, Layer::Task)));
+        committed.commit(&uid("p"), Some(Arc::new(with(Running, Layer::Task))));
         assert_eq!(walk(&mut committed, &listed), (1, 0), "the record changed");
     }
 

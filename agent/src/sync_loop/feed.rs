@@ -219,7 +219,7 @@ mod tests {
             name: pod.into(),
             reason,
             status: CachedPod {
-                record: (reason != SyncReason::Removed).then(|| record(pod, pod, [])),
+                record: (reason != SyncReason::Removed).then(|| Arc::new(record(pod, pod, []))),
                 modified: None,
             },
             sequence,
