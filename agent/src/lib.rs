@@ -19,7 +19,8 @@
 //! (`tests/layers.rs` checks it):
 //! 0. `pleg::{record, event}`: the types: runtime records, events, triggers, scopes;
 //!    `backoff`: the one exponential backoff (optional jitter) every retry uses;
-//!    `capabilities`: what `plegd run` keeps once its privileged start is over.
+//!    `capabilities`: what `plegd run` keeps once its privileged start is over; `heap`: what
+//!    keeps plegd's heap small on the node.
 //! 1. `metrics` (kubelet's and plegd's Prometheus metrics), `bus` (the single fan-out, with
 //!    history for resuming), and the pure core units `pleg::{diff, cache, health, hints,
 //!    merge, committed, reconcile, scheduler, provenance, sink}`: what changed, what the
@@ -55,6 +56,7 @@ pub mod config;
 pub mod daemon;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod heap;
 pub mod metrics;
 pub(crate) mod output;
 pub mod pleg;

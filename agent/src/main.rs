@@ -8,6 +8,16 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Run by the loader before Rust's runtime starts, so before mimalloc's first allocation:
+/// called from `main`, the first 2 MiB of mimalloc's arena were already one huge page.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static KEEP_HUGE_PAGES_OUT: extern "C" fn() = keep_huge_pages_out;
+
+extern "C" fn keep_huge_pages_out() {
+    plegd::heap::keep_huge_pages_out();
+}
+
 fn main() -> ExitCode {
     plegd::cli::main()
 }

@@ -10,7 +10,13 @@ use std::{collections::BTreeSet, path::Path};
 /// The layers, lowest first, as `lib.rs` lists them. `pleg` is split by file: its types sit
 /// at the bottom, its relist and generator above the runtime.
 const LAYERS: &[&[&str]] = &[
-    &["pleg::record", "pleg::event", "backoff", "capabilities"],
+    &[
+        "pleg::record",
+        "pleg::event",
+        "backoff",
+        "capabilities",
+        "heap",
+    ],
     &[
         "metrics",
         "bus",

@@ -325,6 +325,8 @@ async fn real() -> anyhow::Result<()> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
+    // Memory as plegd's, without transparent huge pages.
+    plegd::heap::keep_huge_pages_out();
     // One thread, as `plegd run` has.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -165,7 +165,7 @@ impl Probes {
                 .attach(spec.category, spec.tracepoint)
                 .map_err(|source| LoadError::Program { name, source })?;
         }
-        release_freed_heap();
+        crate::heap::release_freed();
         Ok(Self {
             ebpf,
             cgroup2,
@@ -190,23 +190,6 @@ impl Probes {
         self.ebpf
             .take_map(name)
             .ok_or(LoadError::MissingMap { name })
-    }
-}
-
-/// Hands the heap freed by the load back to the kernel. Parsing the kernel's BTF (aya's loader
-/// and ours) allocates some 50 MiB that is freed once the programs are loaded, and neither
-/// mimalloc (plegd's allocator) nor glibc's malloc (the C libraries', and the allocator of a
-/// program that embeds plegd) returns it at once: measured with glibc 68 MiB resident after the
-/// load, 14 MiB after this.
-fn release_freed_heap() {
-    // SAFETY: mi_collect has no preconditions; it frees mimalloc's unused pages.
-    unsafe {
-        libmimalloc_sys::mi_collect(true);
-    }
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim has no preconditions; it only returns free pages to the kernel.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
