@@ -578,15 +578,16 @@ pub fn peak_rss_bytes(pid: i32) -> u64 {
 
 /// A `kB` field of /proc/<pid>/status, in bytes (0 when the process is gone).
 fn status_bytes(pid: i32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
+    proc_number(pid, "status", field).unwrap_or(0) * 1024
+}
+
+/// The number of a `field: value` line (in kB for sizes) of /proc/<pid>/`file` (`status`,
+/// `smaps_rollup`); `None` when the process is gone or the file has no such field.
+pub fn proc_number(pid: i32, file: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// The CPU time `pids` use over `window`, as a percentage of one core each.

@@ -26,7 +26,7 @@ use std::{
 use k8s_cri::v1::ContainerState;
 use plegd_tests::{
     Node,
-    bench::{Plegd, cpu_time, peak_rss_bytes},
+    bench::{Plegd, cpu_time, peak_rss_bytes, proc_number},
     cri::{ContainerSpec, Cri, Pod},
     native::Native,
     process::{Terminating, is_alive, plegd_binary},
@@ -213,14 +213,9 @@ fn stalled_watcher(binary: &Path, socket: &Path) -> (Terminating, PipeReader) {
 /// Whether the kernel may give `pid` transparent huge pages (`THP_enabled` of its status,
 /// Linux 6.x and some 5.x; `None` where the line is missing), and the KiB of them it holds.
 fn huge_pages(pid: i32) -> (Option<bool>, u64) {
-    let field = |file: &str, key: &str| {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
-    };
-    let enabled = field("status", "THP_enabled:").map(|v| v != 0);
-    let held = field("smaps_rollup", "AnonHugePages:").unwrap_or(0);
+    let enabled = proc_number(pid, "status", "THP_enabled:").map(|v| v != 0);
+    let held = proc_number(pid, "smaps_rollup", "AnonHugePages:")
+        .unwrap_or_else(|| panic!("/proc/{pid}/smaps_rollup: no AnonHugePages"));
     (enabled, held)
 }
 
