@@ -447,35 +447,34 @@ impl<R: Runtime> Relister<R> {
                 .map(|c| c.state)
         };
         let to_read = self.tasks_to_read(hints, state);
-        let NodeListing {
-            mut pods,
-            to_inspect,
-            fingerprints,
-        } = node_pods(
+        let node = node_pods(
             &self.committed,
             &self.to_reinspect,
             listed,
             &self.tombstones,
         );
         // A fact about the records as they are, not a decision: a commit of the pod forgets it.
-        for (uid, listing) in &fingerprints {
+        for (uid, listing) in &node.fingerprints {
             self.committed.note_listing(uid, *listing);
         }
         let runtime = &self.runtime;
         let committed = &self.committed;
-        let inspections = stream::iter(to_inspect)
-            .map(|uid| async move {
-                let inspection = inspection(runtime.inspect_pod(&uid, committed.get(&uid)).await);
-                (uid, inspection)
+        let pods = &node.pods;
+        // Each inspection goes back to its pod's place: a search for it among 10,000 uids
+        // read a dozen of them, each a miss.
+        let inspections = stream::iter(node.to_inspect())
+            .map(|at| async move {
+                let uid = &pods[at].0;
+                let inspection = inspection(runtime.inspect_pod(uid, committed.get(uid)).await);
+                (at, inspection)
             })
             .buffer_unordered(self.config.inspect_concurrency.max(1))
             .collect::<Vec<_>>();
         let (inspected, tasks) = futures::join!(inspections, self.read_tasks(to_read));
         let tasks = self.note_busy(tasks);
-        for (uid, reading) in inspected {
-            if let Ok(at) = pods.binary_search_by(|(p, _)| p.cmp(&uid)) {
-                pods[at].1 = reading;
-            }
+        let mut pods = node.pods;
+        for (at, reading) in inspected {
+            pods[at].1 = reading;
         }
         Ok(Reading {
             covers: Covers::Node,
@@ -657,15 +656,27 @@ fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, P
 #[derive(Debug, Default)]
 struct NodeListing {
     /// The pods committed or awaiting reinspection that are not listed, gone, and those to
-    /// inspect, [`PodReading::Failed`] until their inspection says otherwise; ascending. The
-    /// pods listed as committed are left out.
+    /// inspect ([`NodeListing::to_inspect`]), [`PodReading::Failed`] until their inspection
+    /// says otherwise; ascending. The pods listed as committed are left out.
     pods: Vec<(PodUid, PodReading)>,
-    /// The pods listed that are new, awaiting reinspection, or whose listing moved on
-    /// ([`inspection_needed`]).
-    to_inspect: Vec<PodUid>,
     /// The pods listed as committed whose listing's fingerprint the records do not hold yet,
     /// with it ([`Committed::note_listing`]).
     fingerprints: Vec<(PodUid, u64)>,
+}
+
+impl NodeListing {
+    /// Where in `pods` the pods to inspect are: those listed that are new, awaiting
+    /// reinspection, or whose listing moved on ([`inspection_needed`]).
+    fn to_inspect(&self) -> Vec<usize> {
+        let awaiting =
+            |(_, (_, pod)): &(usize, &(PodUid, PodReading))| matches!(pod, PodReading::Failed);
+        self.pods
+            .iter()
+            .enumerate()
+            .filter(awaiting)
+            .map(|(at, _)| at)
+            .collect()
+    }
 }
 
 /// The pods of `listed` (ascending) against `committed`. One walk over the committed and
@@ -713,7 +724,6 @@ fn node_pods(
                 needed
             });
         if inspect {
-            node.to_inspect.push(pod.uid.clone());
             node.pods.push((pod.uid, PodReading::Failed));
         }
     }
@@ -861,7 +871,12 @@ mod tests {
                 ("x", &Gone),
             ]
         );
-        assert_eq!(node.to_inspect, [uid("b"), uid("c"), uid("e")]);
+        let to_inspect: Vec<&PodUid> = node
+            .to_inspect()
+            .iter()
+            .map(|&at| &node.pods[at].0)
+            .collect();
+        assert_eq!(to_inspect, [&uid("b"), &uid("c"), &uid("e")]);
         let noted: Vec<&PodUid> = node.fingerprints.iter().map(|(u, _)| u).collect();
         assert_eq!(noted, [&uid("d")], "only the pod listed as committed");
     }
@@ -883,7 +898,7 @@ mod tests {
             for (uid, listing) in &node.fingerprints {
                 committed.note_listing(uid, *listing);
             }
-            (node.to_inspect.len(), node.fingerprints.len())
+            (node.to_inspect().len(), node.fingerprints.len())
         };
         let mut committed = Committed::default();
         committed.commit(&uid("p"), Some(Arc::new(listed.clone())));
@@ -902,7 +917,7 @@ mod tests {
             vec![listed.clone()],
             &tombstones,
         );
-        assert_eq!(node.to_inspect.len(), 1, "its only container deleted");
+        assert_eq!(node.to_inspect().len(), 1, "its only container deleted");
         let died = with(Exited, Layer::Cri);
         assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
         // The task service confirmed the start: the CRI store's listing, as it was, is now
