@@ -19,12 +19,12 @@ use crate::pleg::record::{ContainerRecord, ContainerState, Layer, TaskRecord};
 /// exists: a container never read cannot be built from a task record alone.
 pub fn merge(
     committed: Option<&ContainerRecord>,
-    shown: Option<&ContainerRecord>,
+    shown: Option<ContainerRecord>,
     task: Option<TaskRecord>,
 ) -> Option<ContainerRecord> {
     let mut record = match (committed, shown) {
-        (Some(committed), Some(shown)) if lags(shown, committed) => committed.clone(),
-        (_, Some(shown)) => shown.clone(),
+        (Some(committed), Some(shown)) if lags(&shown, committed) => committed.clone(),
+        (_, Some(shown)) => shown,
         (Some(committed), None) => committed.clone(),
         (None, None) => return None,
     };
@@ -233,7 +233,7 @@ mod tests {
         for (name, committed, shown, task, want) in cases {
             let committed = committed.map(|(s, l)| record(s, l));
             let shown = shown.map(|(s, l)| record(s, l));
-            let got = merge(committed.as_ref(), shown.as_ref(), task);
+            let got = merge(committed.as_ref(), shown.clone(), task);
             assert_eq!(got.map(|c| (c.state, c.confirmed_by)), want, "{name}");
         }
     }

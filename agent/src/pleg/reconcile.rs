@@ -25,8 +25,8 @@ use crate::pleg::{
     merge::{merge, moves_on, while_running},
     provenance::{Change, event},
     record::{
-        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
-        TaskRecord, TaskRecords, side_by_side,
+        ContainerId, ContainerRecord, ContainerState, Layer, PodRecord, PodUid, TaskRecord,
+        TaskRecords, side_by_side,
     },
 };
 
@@ -171,45 +171,48 @@ impl Plan {
 /// recorded deleted at earlier relists.
 pub fn reconcile(
     committed: &Committed,
-    reading: &Reading,
+    reading: Reading,
     hints: &Hints,
     riders: &Hints,
     tombstones: &HashSet<ContainerId>,
     settings: Settings,
 ) -> Plan {
-    let records = Records::of(hints, riders, reading, tombstones, settings);
-    let mut plan = Plan::default();
-    for (uid, pod_reading) in considered(committed, reading, &records) {
-        if pod_reading == Some(&PodReading::Failed) {
-            plan.failed.push(uid.clone());
+    let Reading {
+        covers,
+        pods,
+        tasks,
+        read_at,
+    } = reading;
+    let records = Records::of(hints, riders, tasks, tombstones, settings);
+    let considered = considered(committed, pods, &records);
+    let mut plan = Plan {
+        pods: Vec::with_capacity(considered.len()),
+        ..Plan::default()
+    };
+    for (uid, pod_reading) in considered {
+        if matches!(pod_reading, Some(PodReading::Failed)) {
+            plan.failed.push(uid);
             continue;
         }
-        let old = committed.get(uid);
+        let old = committed.get(&uid);
+        // A reading unchanged is still written to the cache (fresher, and after a restart the
+        // first); nothing else unchanged is.
+        let inspected = pod_reading.as_ref().is_some_and(PodReading::is_read);
         let Some(new) = new_pod(old, pod_reading, &records) else {
             continue;
         };
-        // A reading unchanged is still written to the cache (fresher, and after a restart the
-        // first); nothing else unchanged is.
-        let inspected = pod_reading.is_some_and(PodReading::is_read);
         if new.as_ref() == old && (new.is_none() || !inspected) {
             continue;
         }
-        let events = pod_events(
-            old,
-            new.as_ref(),
-            &records,
-            hints,
-            reading.read_at,
-            settings,
-        );
+        let events = pod_events(old, new.as_ref(), &records, hints, read_at, settings);
         plan.pods.push(PodPlan {
-            uid: uid.clone(),
+            uid,
             record: new,
             events,
         });
     }
     plan.deleted = records.deleted.iter().map(|id| (*id).clone()).collect();
-    let (again, settling) = again(committed, reading, hints, tombstones, &plan, settings);
+    let (again, settling) = again(committed, &covers, hints, tombstones, &plan, settings);
     (plan.again, plan.settling) = (again, settling);
     plan
 }
@@ -225,10 +228,11 @@ struct Records<'a> {
 }
 
 impl<'a> Records<'a> {
+    /// `read`: the task statuses the reading read.
     fn of(
         hints: &'a Hints,
         riders: &Hints,
-        reading: &Reading,
+        read: TaskRecords,
         tombstones: &'a HashSet<ContainerId>,
         settings: Settings,
     ) -> Self {
@@ -241,7 +245,7 @@ impl<'a> Records<'a> {
         if settings.confirm != Layer::Task {
             return records;
         }
-        records.tasks = reading.tasks.clone();
+        records.tasks = read;
         for (id, record) in hints.task_records() {
             // An exit outranks a start, whichever was read and whichever carried.
             if !matches!(records.tasks.get(&id), Some(TaskRecord::Exited { .. })) {
@@ -277,11 +281,11 @@ impl<'a> Records<'a> {
 
 /// The pods to reconcile, ascending: those read, and those of committed containers a runtime
 /// record speaks of (unread: as committed).
-fn considered<'a>(
-    committed: &'a Committed,
-    reading: &'a Reading,
+fn considered(
+    committed: &Committed,
+    read: Vec<(PodUid, PodReading)>,
     records: &Records<'_>,
-) -> Vec<(&'a PodUid, Option<&'a PodReading>)> {
+) -> Vec<(PodUid, Option<PodReading>)> {
     let mut spoken: Vec<&PodUid> = records
         .tasks
         .keys()
@@ -290,115 +294,94 @@ fn considered<'a>(
         .collect();
     spoken.sort();
     spoken.dedup();
-    let read = reading.pods.iter().map(|(uid, r)| (uid, Some(r)));
     let unread: Vec<_> = spoken
-        .iter()
-        .filter(|uid| {
-            reading
-                .pods
-                .binary_search_by(|(read, _)| read.cmp(uid))
-                .is_err()
-        })
-        .map(|uid| (*uid, None))
+        .into_iter()
+        .filter(|uid| read.binary_search_by(|(read, _)| read.cmp(uid)).is_err())
+        .map(|uid| (uid.clone(), None))
         .collect();
-    let mut pods: Vec<(&PodUid, Option<&PodReading>)> = read.collect();
+    let mut pods: Vec<(PodUid, Option<PodReading>)> = read
+        .into_iter()
+        .map(|(uid, pod)| (uid, Some(pod)))
+        .collect();
     // Two ascending runs: the stable sort merges them. Most relists have no unread pod, and a
     // full one of 10,000 pods would compare them all for nothing.
     if !unread.is_empty() {
         pods.extend(unread);
-        pods.sort_by(|a, b| a.0.cmp(b.0));
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
     }
     pods
 }
 
 /// The pod's new record (`Some(None)`: gone), or `None` when there is nothing to reconcile (a
 /// pod listed as committed that no record speaks of, or one never committed and not read).
+/// What the reading holds is moved into the record, not copied: at 10,000 changed pods each
+/// copy of a string read it out of memory the caches no longer held, and each was freed with
+/// the reading, out of the caches again.
 fn new_pod(
     old: Option<&PodRecord>,
-    reading: Option<&PodReading>,
+    reading: Option<PodReading>,
     records: &Records<'_>,
 ) -> Option<Option<PodRecord>> {
-    let (identity, shown) = match reading {
-        Some(PodReading::Inspected(pod)) => (pod, Shown::Whole(&pod.containers)),
-        Some(PodReading::Containers { pod, gone }) => (
-            pod,
-            Shown::Some {
-                shown: &pod.containers,
-                gone,
-            },
-        ),
+    let (mut pod, shown) = match reading {
+        Some(PodReading::Inspected(pod)) => (pod, Shown::Whole),
+        Some(PodReading::Containers { pod, gone }) => (pod, Shown::Some { gone }),
         Some(PodReading::Gone) => return Some(None),
         None => {
             let old = old?;
             if !old.containers.keys().any(|id| records.speak_of(id)) {
                 return None;
             }
-            (old, Shown::Nothing)
+            (old.identity(), Shown::Nothing)
         }
         Some(PodReading::Failed) => return None,
     };
-    let containers: Containers = side_by_side(old.map(|p| &p.containers), shown.containers())
-        .filter(|(id, _, _)| !records.is_deleted(id))
-        .filter_map(|(id, old, found)| {
-            let shown = match shown.of(id, found) {
-                Read::Shown(record) => Some(record),
-                Read::Absent => return None,
-                Read::Unread => None,
-            };
-            let record = merge(old, shown, records.tasks.get(id).copied())?;
-            Some((id.clone(), record))
+    let found = std::mem::take(&mut pod.containers);
+    let committed = old.into_iter().flat_map(|p| p.containers.iter());
+    let task = |id: &ContainerId| (!records.is_deleted(id)).then(|| records.tasks.get(id).copied());
+    pod.containers = side_by_side(committed, found)
+        .filter_map(|sides| match sides {
+            (old, Some((id, found))) => {
+                let task = task(&id)?;
+                Some((id, merge(old.map(|(_, c)| c), Some(found), task)?))
+            }
+            (Some((id, old)), None) => {
+                let task = task(id)?;
+                if shown.absent(id) {
+                    return None;
+                }
+                Some((id.clone(), merge(Some(old), None, task)?))
+            }
+            (None, None) => None,
         })
         .collect();
-    Some((!containers.is_empty()).then(|| PodRecord {
-        containers,
-        ..identity.identity()
-    }))
+    Some((!pod.containers.is_empty()).then_some(pod))
 }
 
-/// What a reading showed of a pod's containers.
-#[derive(Clone, Copy)]
-enum Shown<'a> {
+/// What a reading showed of a pod's containers, beside those it found.
+enum Shown {
     /// Nothing: the pod was not read.
     Nothing,
-    /// Every container: one it does not hold is gone.
-    Whole(&'a Containers),
-    /// Some containers, each read by its id: `shown` found, `gone` not.
-    Some {
-        shown: &'a Containers,
-        gone: &'a [ContainerId],
-    },
+    /// Every container: one it did not find is gone.
+    Whole,
+    /// Some containers, each read by its id: `gone` those the runtime no longer has.
+    Some { gone: Vec<ContainerId> },
 }
 
-/// What a reading said of one container.
-enum Read<'a> {
-    Shown(&'a ContainerRecord),
-    Absent,
-    Unread,
-}
-
-impl<'a> Shown<'a> {
-    fn containers(self) -> Option<&'a Containers> {
+impl Shown {
+    /// Whether it showed that `id`, which it did not find, is gone.
+    fn absent(&self, id: &ContainerId) -> bool {
         match self {
-            Self::Nothing => None,
-            Self::Whole(shown) | Self::Some { shown, .. } => Some(shown),
-        }
-    }
-
-    /// What it said of `id`, which it holds as `found`.
-    fn of(self, id: &ContainerId, found: Option<&'a ContainerRecord>) -> Read<'a> {
-        match (self, found) {
-            (_, Some(record)) => Read::Shown(record),
-            (Self::Whole(_), None) => Read::Absent,
-            (Self::Some { gone, .. }, None) if gone.contains(id) => Read::Absent,
-            _ => Read::Unread,
+            Self::Nothing => false,
+            Self::Whole => true,
+            Self::Some { gone } => gone.contains(id),
         }
     }
 }
 
 /// The events of a pod that went from `old` to `new`, by container id.
-fn pod_events(
-    old: Option<&PodRecord>,
-    new: Option<&PodRecord>,
+fn pod_events<'a>(
+    old: Option<&'a PodRecord>,
+    new: Option<&'a PodRecord>,
     records: &Records<'_>,
     hints: &Hints,
     read_at: SystemTime,
@@ -408,8 +391,13 @@ fn pod_events(
         return Vec::new();
     };
     let mut events = Vec::new();
-    for (id, before, after) in side_by_side(old.map(|p| &p.containers), new.map(|p| &p.containers))
-    {
+    let containers = |p: Option<&'a PodRecord>| p.into_iter().flat_map(|p| p.containers.iter());
+    for sides in side_by_side(containers(old), containers(new)) {
+        let (id, before, after) = match sides {
+            (Some((id, before)), after) => (id, Some(before), after.map(|(_, c)| c)),
+            (None, Some((id, after))) => (id, None, Some(after)),
+            (None, None) => continue,
+        };
         // A container gone: its last record, with what the task service recorded of its end.
         let gone = match after {
             Some(_) => None,
@@ -460,7 +448,7 @@ fn pod_events(
 /// The hints the result does not reflect, and the pods awaiting the CRI store.
 fn again(
     committed: &Committed,
-    reading: &Reading,
+    covers: &Covers,
     hints: &Hints,
     tombstones: &HashSet<ContainerId>,
     plan: &Plan,
@@ -468,7 +456,7 @@ fn again(
 ) -> (Vec<Again>, Vec<PodUid>) {
     let world = World {
         committed,
-        reading,
+        covers,
         tombstones,
         plan,
         emit_changed: settings.emit_changed,
@@ -534,7 +522,8 @@ fn again(
 /// The node after a reconcile, as far as the hints ask about it.
 struct World<'a> {
     committed: &'a Committed,
-    reading: &'a Reading,
+    /// Where the reading can say a container is absent.
+    covers: &'a Covers,
     tombstones: &'a HashSet<ContainerId>,
     plan: &'a Plan,
     /// Created containers are news (`ContainerChanged`): a container's presence is worth a
@@ -569,7 +558,7 @@ impl World<'_> {
 
     /// Whether the reading can say `id` is absent.
     fn covers(&self, id: &ContainerId) -> bool {
-        match &self.reading.covers {
+        match &self.covers {
             Covers::Nothing => false,
             Covers::Node => true,
             Covers::Pod(uid) => {
@@ -581,7 +570,7 @@ impl World<'_> {
     }
 
     fn covers_target(&self, target: &Target) -> bool {
-        match (target, &self.reading.covers) {
+        match (target, &self.covers) {
             (_, Covers::Nothing) => false,
             (_, Covers::Node) => true,
             (Target::Pod(uid), Covers::Pod(read)) => uid == read,
@@ -1093,7 +1082,7 @@ mod tests {
         for case in cases {
             let plan = reconcile(
                 &committed(case.committed),
-                &case.reading,
+                case.reading,
                 &case.hints,
                 &Hints::default(),
                 &HashSet::new(),
@@ -1116,7 +1105,7 @@ mod tests {
         let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
         let plan = reconcile(
             &committed,
-            &read,
+            read,
             &Hints::default(),
             &Hints::default(),
             &HashSet::new(),
@@ -1138,7 +1127,7 @@ mod tests {
         let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
         let plan = reconcile(
             &committed(None),
-            &read,
+            read,
             &Hints::default(),
             &Hints::default(),
             &tombstones,
@@ -1171,7 +1160,7 @@ mod tests {
         ] {
             let plan = reconcile(
                 &committed(None),
-                &read,
+                read.clone(),
                 &none,
                 riders,
                 &HashSet::new(),
@@ -1187,7 +1176,7 @@ mod tests {
     fn a_deletion_is_remembered_for_later_readings() {
         let plan = reconcile(
             &committed(Some(Exited)),
-            &Reading::none(at(50)),
+            Reading::none(at(50)),
             &hints(false, Containerd, &[Deleted]),
             &Hints::default(),
             &HashSet::new(),
@@ -1286,7 +1275,7 @@ mod tests {
         );
         let plan = reconcile(
             &committed,
-            &read,
+            read,
             &hints(false, Ebpf, &[Signal(9)]),
             &Hints::default(),
             &HashSet::new(),
@@ -1321,7 +1310,7 @@ mod tests {
         );
         let plan = reconcile(
             &committed,
-            &Reading::none(at(50)),
+            Reading::none(at(50)),
             &hints,
             &Hints::default(),
             &HashSet::new(),

@@ -295,38 +295,45 @@ impl<'de> Deserialize<'de> for Containers {
 /// Every pod a relist saw, keyed by uid.
 pub type PodRecords = BTreeMap<PodUid, PodRecord>;
 
+/// A container's entry in a pod's record, as [`side_by_side`] walks them: borrowed or owned.
+pub trait ContainerEntry {
+    fn id(&self) -> &ContainerId;
+}
+
+impl ContainerEntry for (&ContainerId, &ContainerRecord) {
+    fn id(&self) -> &ContainerId {
+        self.0
+    }
+}
+
+impl ContainerEntry for (ContainerId, ContainerRecord) {
+    fn id(&self) -> &ContainerId {
+        &self.0
+    }
+}
+
 /// The containers of two pods' records side by side, ascending by id: each id once, with its
-/// record in `old` and in `new`, either of which may lack it. One walk over both compares each
-/// id once or twice; a lookup of each id in each record (the relist's way before) compared it
-/// with several others, and at 10,000 changed pods every compare of two ids is a miss or two.
-pub fn side_by_side<'a>(
-    old: Option<&'a Containers>,
-    new: Option<&'a Containers>,
-) -> impl Iterator<
-    Item = (
-        &'a ContainerId,
-        Option<&'a ContainerRecord>,
-        Option<&'a ContainerRecord>,
-    ),
-> {
-    let side = |c: Option<&'a Containers>| c.map_or(&[][..], |c| &c.0[..]).iter().peekable();
-    let (mut old, mut new) = (side(old), side(new));
+/// entry in `old` and in `new` (each ascending), either of which may lack it. One walk over
+/// both compares each id once or twice; a lookup of each id in each record (the relist's way
+/// before) compared it with several others, and at 10,000 changed pods every compare of two
+/// ids is a miss or two.
+pub fn side_by_side<A: ContainerEntry, B: ContainerEntry>(
+    old: impl IntoIterator<Item = A>,
+    new: impl IntoIterator<Item = B>,
+) -> impl Iterator<Item = (Option<A>, Option<B>)> {
+    let (mut old, mut new) = (old.into_iter().peekable(), new.into_iter().peekable());
     std::iter::from_fn(move || {
         let order = match (old.peek(), new.peek()) {
             (None, None) => return None,
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
-            (Some((a, _)), Some((b, _))) => a.cmp(b),
+            (Some(a), Some(b)) => a.id().cmp(b.id()),
         };
-        let (id, before, after) = match order {
-            Ordering::Less => old.next().map(|(id, c)| (id, Some(c), None))?,
-            Ordering::Greater => new.next().map(|(id, c)| (id, None, Some(c)))?,
-            Ordering::Equal => {
-                let ((id, before), (_, after)) = old.next().zip(new.next())?;
-                (id, Some(before), Some(after))
-            }
-        };
-        Some((id, before, after))
+        Some(match order {
+            Ordering::Less => (old.next(), None),
+            Ordering::Greater => (None, new.next()),
+            Ordering::Equal => (old.next(), new.next()),
+        })
     })
 }
 
@@ -386,10 +393,15 @@ mod tests {
             let mut ids: Vec<&ContainerId> = old.into_iter().flat_map(|c| c.keys()).chain(new.keys()).collect();
             ids.sort();
             ids.dedup();
-            let walked: Vec<_> = side_by_side(old, Some(&new)).collect();
+            let walked: Vec<_> = side_by_side(old.into_iter().flatten(), new.clone())
+                .map(|(a, b)| (a.map(|(id, c)| (id.clone(), c.clone())), b))
+                .collect();
+            let entry = |c: Option<&Containers>, id: &ContainerId| {
+                c.and_then(|c| c.get(id)).map(|record| (id.clone(), record.clone()))
+            };
             let looked_up: Vec<_> = ids
                 .into_iter()
-                .map(|id| (id, old.and_then(|c| c.get(id)), new.get(id)))
+                .map(|id| (entry(old, id), entry(Some(&new), id)))
                 .collect();
             prop_assert_eq!(walked, looked_up);
         }

@@ -259,7 +259,7 @@ impl<R: Runtime> Relister<R> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
         let before = riders();
-        let answered = self.reconcile(&Reading::none(SystemTime::now()), hints, &before);
+        let answered = self.reconcile(Reading::none(SystemTime::now()), hints, &before);
         let left = unanswered(&answered.again);
         let mut outcome = RelistOutcome {
             settling: answered.settling.clone(),
@@ -292,8 +292,10 @@ impl<R: Runtime> Relister<R> {
 
         // 3. Reconcile the reading, and act.
         let riders = riders();
-        let plan = self.reconcile(&reading, &left, &riders);
-        self.note_read(&reading, &plan, &mut outcome);
+        let pods_read = reading.pods.len();
+        self.note_read(&reading, &mut outcome);
+        let plan = self.reconcile(reading, &left, &riders);
+        note_plan(&plan, &mut outcome);
         outcome.events_sent += self.act(plan, &riders, read_started);
 
         // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
@@ -304,7 +306,7 @@ impl<R: Runtime> Relister<R> {
         }
         debug!(
             ?scope,
-            pods_read = reading.pods.len(),
+            pods_read,
             events = outcome.events_sent,
             failed_inspections = outcome.failed_inspections,
             again = outcome.again.len(),
@@ -316,9 +318,8 @@ impl<R: Runtime> Relister<R> {
         Ok(outcome)
     }
 
-    /// Notes in `outcome` what a reading read and what its plan leaves to do; a pod read is no
-    /// longer to be inspected again.
-    fn note_read(&mut self, reading: &Reading, plan: &Plan, outcome: &mut RelistOutcome) {
+    /// Notes in `outcome` what a reading read; a pod read is no longer to be inspected again.
+    fn note_read(&mut self, reading: &Reading, outcome: &mut RelistOutcome) {
         for (uid, pod) in &reading.pods {
             if *pod != PodReading::Failed {
                 self.to_reinspect.remove(uid);
@@ -327,21 +328,9 @@ impl<R: Runtime> Relister<R> {
                 outcome.inspected.push(uid.clone());
             }
         }
-        outcome.failed_inspections = plan.failed.len();
-        for uid in &plan.failed {
-            warn!(pod = %uid, "inspection failed; reading it again");
-        }
-        // What the records alone left settling, unless the reading has read it since.
-        outcome
-            .settling
-            .retain(|uid| !outcome.inspected.contains(uid));
-        outcome.settling.extend(plan.settling.iter().cloned());
-        outcome.settling.sort();
-        outcome.settling.dedup();
-        outcome.again = plan.again.clone();
     }
 
-    fn reconcile(&self, reading: &Reading, hints: &Hints, riders: &Hints) -> Plan {
+    fn reconcile(&self, reading: Reading, hints: &Hints, riders: &Hints) -> Plan {
         let settings = Settings {
             confirm: self.config.confirm,
             emit_changed: self.config.emit_changed,
@@ -583,6 +572,22 @@ impl<R: Runtime> Relister<R> {
         }
         count
     }
+}
+
+/// Notes in `outcome` what a reading's plan leaves to do.
+fn note_plan(plan: &Plan, outcome: &mut RelistOutcome) {
+    outcome.failed_inspections = plan.failed.len();
+    for uid in &plan.failed {
+        warn!(pod = %uid, "inspection failed; reading it again");
+    }
+    // What the records alone left settling, unless the reading has read it since.
+    outcome
+        .settling
+        .retain(|uid| !outcome.inspected.contains(uid));
+    outcome.settling.extend(plan.settling.iter().cloned());
+    outcome.settling.sort();
+    outcome.settling.dedup();
+    outcome.again = plan.again.clone();
 }
 
 /// The task statuses of `ids`, each within `deadline`, and the containers whose status missed
