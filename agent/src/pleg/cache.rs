@@ -7,7 +7,7 @@
 //! ones that do not exist (a miss then means "no such pod", not "not read yet").
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, hash_map},
     sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
@@ -85,11 +85,16 @@ impl PodCache {
     /// of order, and the cache must never go back in time.
     pub fn set(&self, uid: PodUid, record: Option<Arc<PodRecord>>, modified: Instant) {
         {
-            let mut inner = self.lock();
-            if inner.pods.get(&uid).is_some_and(|e| e.modified > modified) {
-                return;
+            let entry = Entry { record, modified };
+            match self.lock().pods.entry(uid) {
+                hash_map::Entry::Occupied(old) if old.get().modified > modified => return,
+                hash_map::Entry::Occupied(mut old) => {
+                    old.insert(entry);
+                }
+                hash_map::Entry::Vacant(new) => {
+                    new.insert(entry);
+                }
             }
-            inner.pods.insert(uid, Entry { record, modified });
         }
         self.changed.notify_waiters();
     }

@@ -136,8 +136,11 @@ impl Committed {
         }
     }
 
-    /// Makes `new` the record of pod `uid` (`None`: the pod is gone).
-    pub fn commit(&mut self, uid: &PodUid, new: Option<Arc<PodRecord>>) {
+    /// Makes `new` the record of pod `uid` (`None`: the pod is gone). `same_containers`: the
+    /// caller found that `new` holds the containers (by id) the committed record holds
+    /// ([`crate::pleg::reconcile::PodPlan::same_containers`]); when false, they are compared
+    /// here.
+    pub fn commit(&mut self, uid: &PodUid, new: Option<Arc<PodRecord>>, same_containers: bool) {
         let Some(pod) = new else {
             if let Some(old) = self.pods.remove(uid.0.as_bytes()) {
                 for id in old.record.containers.keys() {
@@ -151,7 +154,7 @@ impl Committed {
             Some(old) => {
                 // Most pods keep their containers from one commit to the next: then the
                 // container index stays as it is.
-                if !old.record.containers.keys().eq(pod.containers.keys()) {
+                if !same_containers && !old.record.containers.keys().eq(pod.containers.keys()) {
                     for id in old.record.containers.keys() {
                         if !pod.containers.contains_key(id) {
                             index.remove(id);
@@ -191,7 +194,7 @@ fn index_containers(index: &mut HashMap<ContainerId, PodUid>, uid: &PodUid, pod:
 mod tests {
     use super::*;
     use crate::{
-        pleg::record::ContainerState::Running,
+        pleg::record::ContainerState::{Exited, Running},
         runtime::testing::{container, pod},
     };
 
@@ -200,18 +203,18 @@ mod tests {
         let mut committed = Committed::default();
         let uid = PodUid("p".into());
         let (a, b) = (ContainerId("a".into()), ContainerId("b".into()));
-        committed.commit(
-            &uid,
-            Some(Arc::new(pod("p", "web", [container("a", "app", Running)]))),
-        );
+        let holding =
+            |id: &str, state| Some(Arc::new(pod("p", "web", [container(id, "app", state)])));
+        committed.commit(&uid, holding("a", Running), false);
         assert_eq!(committed.pod_of(&a), Some(&uid));
-        committed.commit(
-            &uid,
-            Some(Arc::new(pod("p", "web", [container("b", "app", Running)]))),
-        );
+        // The caller found the containers the same: the index stays, the record changes.
+        committed.commit(&uid, holding("a", Exited), true);
+        assert_eq!(committed.pod_of(&a), Some(&uid));
+        assert_eq!(committed.container(&a).map(|c| c.state), Some(Exited));
+        committed.commit(&uid, holding("b", Running), false);
         assert_eq!(committed.pod_of(&a), None);
         assert_eq!(committed.container(&b).map(|c| c.state), Some(Running));
-        committed.commit(&uid, None);
+        committed.commit(&uid, None, false);
         assert_eq!(committed.pod_of(&b), None);
         assert!(committed.is_empty());
     }
@@ -228,7 +231,7 @@ mod tests {
         ];
         let mut committed = Committed::default();
         for u in uids {
-            committed.commit(&PodUid(u.into()), Some(Arc::new(pod(u, "web", []))));
+            committed.commit(&PodUid(u.into()), Some(Arc::new(pod(u, "web", []))), false);
         }
         let walked: Vec<PodUid> = committed.iter().map(|(key, _)| key.uid()).collect();
         let mut sorted: Vec<PodUid> = uids.iter().map(|u| PodUid((*u).into())).collect();

@@ -136,6 +136,10 @@ pub fn unanswered(again: &[Again]) -> Hints {
 pub struct PodPlan {
     pub uid: PodUid,
     pub record: Option<PodRecord>,
+    /// The record holds the containers (by id) the committed one holds: the container index
+    /// stays ([`Committed::commit`]). Found here, where both records were just read; at
+    /// 10,000 pods the commit's own comparison read the committed record out of memory again.
+    pub same_containers: bool,
     pub events: Vec<PodLifecycleEvent>,
 }
 
@@ -205,9 +209,13 @@ pub fn reconcile(
             continue;
         }
         let events = pod_events(old, new.as_ref(), &records, hints, read_at, settings);
+        let same_containers = old
+            .zip(new.as_ref())
+            .is_some_and(|(old, new)| old.containers.keys().eq(new.containers.keys()));
         plan.pods.push(PodPlan {
             uid,
             record: new,
+            same_containers,
             events,
         });
     }
@@ -795,7 +803,11 @@ mod tests {
     fn committed(state: Option<ContainerState>) -> Committed {
         let mut committed = Committed::default();
         if let Some(state) = state {
-            committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [record(state)]))));
+            committed.commit(
+                &uid("p"),
+                Some(Arc::new(pod("p", "web", [record(state)]))),
+                false,
+            );
         }
         committed
     }
@@ -1101,7 +1113,7 @@ mod tests {
         dead.confirmed_by = Layer::Task;
         dead.reason = String::new();
         let mut committed = Committed::default();
-        committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [dead]))));
+        committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [dead]))), false);
         let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
         let plan = reconcile(
             &committed,
@@ -1262,6 +1274,7 @@ mod tests {
                 "web",
                 [record(Running), container("d", "side", Running)],
             ))),
+            false,
         );
         committed
     }

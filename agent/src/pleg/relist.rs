@@ -193,7 +193,7 @@ impl<R: Runtime> Relister<R> {
     pub fn restore(&mut self, records: PodRecords, sequence: u64) {
         for (uid, pod) in records {
             self.to_reinspect.insert(uid.clone());
-            self.committed.commit(&uid, Some(Arc::new(pod)));
+            self.committed.commit(&uid, Some(Arc::new(pod)), false);
         }
         self.sequence = sequence;
     }
@@ -539,7 +539,7 @@ impl<R: Runtime> Relister<R> {
                 None => cache.delete(&pod.uid),
             }
             sent += self.publish(pod.events);
-            self.committed.commit(&pod.uid, record);
+            self.committed.commit(&pod.uid, record, pod.same_containers);
         }
         self.to_reinspect.extend(plan.failed);
         let now = Instant::now();
@@ -857,7 +857,7 @@ mod tests {
         let exited = |uid: &str| pod(uid, uid, [container(&format!("{uid}-c"), "app", Exited)]);
         let mut committed = Committed::default();
         for p in ["a", "b", "c", "d"] {
-            committed.commit(&uid(p), Some(Arc::new(running(p))));
+            committed.commit(&uid(p), Some(Arc::new(running(p))), false);
         }
         let to_reinspect: BTreeSet<PodUid> = [uid("b"), uid("x")].into();
         // a unlisted, b as committed but awaiting reinspection, c moved on, d as committed, e new.
@@ -906,7 +906,7 @@ mod tests {
             (node.to_inspect().len(), node.fingerprints.len())
         };
         let mut committed = Committed::default();
-        committed.commit(&uid("p"), Some(Arc::new(listed.clone())));
+        committed.commit(&uid("p"), Some(Arc::new(listed.clone())), false);
         assert_eq!(walk(&mut committed, &listed), (0, 1), "compared, and noted");
         assert_eq!(
             walk(&mut committed, &listed),
@@ -927,7 +927,7 @@ mod tests {
         assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
         // The task service confirmed the start: the CRI store's listing, as it was, is now
         // worth an inspection (it confirms the start at its layer).
-        committed.commit(&uid("p"), Some(Arc::new(with(Running, Layer::Task))));
+        committed.commit(&uid("p"), Some(Arc::new(with(Running, Layer::Task))), false);
         assert_eq!(walk(&mut committed, &listed), (1, 0), "the record changed");
     }
 
