@@ -3,11 +3,12 @@
 //! A relist reads, decides and acts. `relist` gathers a *reading* of the runtime (a targeted
 //! relist reads the containers its hints name, each by its id, or a pod whole when a hint
 //! names none; a full one lists the node and inspects what moved on) beside the runtime's own
-//! records that the triggers carried (`hints`), and reads only what those leave unanswered. `reconcile`, a pure function,
-//! merges each container by the one lifecycle order (`merge`) against what was `committed`,
-//! and returns a *plan*: complete events (kubelet's transitions, `diff`), the records to
-//! commit and cache, and what to read again with why. The relist carries the plan out; the
-//! `scheduler` and the `generator` loop decide when to relist what. Everything here but
+//! records that the triggers carried (`hints`), and reads only what those leave unanswered.
+//! `reconcile` merges each container by the one lifecycle order (`merge`) against what was
+//! `committed`, and decides a *plan* per pod: complete events (kubelet's transitions, `diff`)
+//! and the record to commit and cache, handed to the relist to carry out at once (`Act`);
+//! then what to read again, with why. The `scheduler` and the `generator` loop decide when to
+//! relist what. Everything here but
 //! `relist` and `generator` is pure.
 
 pub mod cache;

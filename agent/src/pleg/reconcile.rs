@@ -1,7 +1,10 @@
-//! Reconcile: what plegd committed, what a relist read and why it looked, in; a plan of what to
-//! publish, commit and read again, out. Pure (no runtime, no clock, no channel) and tested by
-//! tables; the relist reads before it and carries the plan out after
-//! (`crate::pleg::relist`: read, decide, act).
+//! Reconcile: what plegd committed, what a relist read and why it looked, in; each pod's plan
+//! (its new record and the events that announce it) and what to read again, out. No runtime,
+//! no clock, no channel: each pod's plan is handed to an [`Act`] as soon as it is decided,
+//! which the relist carries out there and then (cache, events, commit: `crate::pleg::relist`,
+//! read, decide, act) and the tables of the tests collect. The decisions about the hints (what
+//! to read again, what settles) are taken once every pod is committed, against the node as it
+//! is then and the few facts of before they need (`Before`).
 //!
 //! Each container is merged by the one lifecycle order ([`crate::pleg::merge`]); its events
 //! are kubelet's transitions ([`crate::pleg::diff`]) along the way it went: from its committed
@@ -10,7 +13,7 @@
 //! source saw; one that is not is handed back to be read again, with why.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     hash::{Hash, Hasher},
     time::SystemTime,
 };
@@ -143,11 +146,20 @@ pub struct PodPlan {
     pub events: Vec<PodLifecycleEvent>,
 }
 
-/// What reconcile decided.
+/// Carries out each pod's plan as reconcile decides it: the relist writes the cache, publishes
+/// and commits; the tests collect. Handed over one pod at a time, while the pod's records are
+/// still in the CPU's caches: at 10,000 changed pods, deciding all of them before carrying
+/// out any read each one's records out of memory twice.
+pub trait Act {
+    /// The records as committed so far: a pod's own are as before until its plan is acted on.
+    fn committed(&self) -> &Committed;
+    /// Carries out `pod`, committing its record.
+    fn act(&mut self, pod: PodPlan);
+}
+
+/// What reconcile leaves once every pod's plan is acted on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Pods that changed, ascending.
-    pub pods: Vec<PodPlan>,
     /// What to read again, and why.
     pub again: Vec<Again>,
     /// Pods holding a state only the task layer confirmed: to read once more when the CRI
@@ -160,21 +172,15 @@ pub struct Plan {
     pub failed: Vec<PodUid>,
 }
 
-impl Plan {
-    /// Whether a hint is left for a reading to answer.
-    pub fn unreflected(&self) -> bool {
-        !self.again.is_empty()
-    }
-}
-
-/// Reconciles `reading` (and the runtime records `hints` carry) against `committed`.
+/// Reconciles `reading` (and the runtime records `hints` carry) against what `out` committed,
+/// handing each pod's plan to `out` as it is decided, ascending by pod; returns what is left.
 /// `riders`: hints of other triggers about what was read (still queued, `Batch::riders`, or
 /// come while it was read, `Relister::relist_crediting`); of them only the starts
 /// the task service recorded are taken, so a container first read exited is announced started
 /// though the record of its start waits in another hint. `tombstones`: containers the runtime
 /// recorded deleted at earlier relists.
 pub fn reconcile(
-    committed: &Committed,
+    out: &mut impl Act,
     reading: Reading,
     hints: &Hints,
     riders: &Hints,
@@ -187,42 +193,118 @@ pub fn reconcile(
         tasks,
         read_at,
     } = reading;
-    let records = Records::of(hints, riders, tasks, tombstones, settings);
-    let considered = considered(committed, pods, &records);
-    let mut plan = Plan {
-        pods: Vec::with_capacity(considered.len()),
-        ..Plan::default()
+    let decide = Decide {
+        records: Records::of(hints, riders, tasks, tombstones, settings),
+        hints,
+        read_at,
+        settings,
     };
-    for (uid, pod_reading) in considered {
+    let before = Before::of(out.committed(), hints);
+    let mut plan = Plan::default();
+    let mut unsettled = Vec::new();
+    for (uid, pod_reading) in considered(out.committed(), pods, &decide.records) {
         if matches!(pod_reading, Some(PodReading::Failed)) {
             plan.failed.push(uid);
             continue;
         }
-        let old = committed.get(&uid);
-        // A reading unchanged is still written to the cache (fresher, and after a restart the
-        // first); nothing else unchanged is.
-        let inspected = pod_reading.as_ref().is_some_and(PodReading::is_read);
-        let Some(new) = new_pod(old, pod_reading, &records) else {
+        let Some(pod) = decide.pod(out.committed(), uid, pod_reading) else {
             continue;
         };
-        if new.as_ref() == old && (new.is_none() || !inspected) {
-            continue;
+        if settings.confirm == Layer::Task && is_unsettled(pod.record.as_ref()) {
+            unsettled.push(pod.uid.clone());
         }
-        let events = pod_events(old, new.as_ref(), &records, hints, read_at, settings);
+        out.act(pod);
+    }
+    plan.deleted = decide
+        .records
+        .deleted
+        .iter()
+        .map(|id| (*id).clone())
+        .collect();
+    let world = World {
+        before: &before,
+        after: out.committed(),
+        covers: &covers,
+        tombstones,
+        deleted: &plan.deleted,
+        failed: &plan.failed,
+        emit_changed: settings.emit_changed,
+    };
+    let (again, settling) = again(&world, hints, unsettled, settings);
+    (plan.again, plan.settling) = (again, settling);
+    plan
+}
+
+/// What decides each pod's plan: the runtime's records and the hints, the same for every pod
+/// of a reading.
+struct Decide<'a> {
+    records: Records<'a>,
+    hints: &'a Hints,
+    read_at: SystemTime,
+    settings: Settings,
+}
+
+impl Decide<'_> {
+    /// Pod `uid`'s plan from its reading (`None`: unread), or `None` when nothing is to be
+    /// done. A reading unchanged is still written to the cache (fresher, and after a restart
+    /// the first); nothing else unchanged is.
+    fn pod(
+        &self,
+        committed: &Committed,
+        uid: PodUid,
+        reading: Option<PodReading>,
+    ) -> Option<PodPlan> {
+        let old = committed.get(&uid);
+        let inspected = reading.as_ref().is_some_and(PodReading::is_read);
+        let new = new_pod(old, reading, &self.records)?;
+        // Compared only when it decides: at 10,000 inspected pods the old record was a miss.
+        if (new.is_none() || !inspected) && new.as_ref() == old {
+            return None;
+        }
+        let events = pod_events(old, new.as_ref(), self);
         let same_containers = old
             .zip(new.as_ref())
             .is_some_and(|(old, new)| old.containers.keys().eq(new.containers.keys()));
-        plan.pods.push(PodPlan {
+        Some(PodPlan {
             uid,
             record: new,
             same_containers,
             events,
-        });
+        })
     }
-    plan.deleted = records.deleted.iter().map(|id| (*id).clone()).collect();
-    let (again, settling) = again(committed, &covers, hints, tombstones, &plan, settings);
-    (plan.again, plan.settling) = (again, settling);
-    plan
+}
+
+/// Whether a pod holds a state only the task layer confirmed.
+fn is_unsettled(pod: Option<&PodRecord>) -> bool {
+    pod.is_some_and(|pod| {
+        pod.containers
+            .values()
+            .any(|c| c.confirmed_by == Layer::Task)
+    })
+}
+
+/// The pods the hinted containers were committed in before the reading. Each pod's plan is
+/// committed as it is decided; whether a container was known, or in the pod read, is a
+/// question about before.
+struct Before<'h>(HashMap<&'h ContainerId, PodUid>);
+
+impl<'h> Before<'h> {
+    fn of(committed: &Committed, hints: &'h Hints) -> Self {
+        let targets = hints.iter().filter_map(|(target, _)| match target {
+            Target::Container(id) => Some(id),
+            Target::Pod(_) => None,
+        });
+        let named = targets.chain(hints.observations().map(|(id, _)| id));
+        Self(
+            named
+                .filter_map(|id| Some((id, committed.pod_of(id)?.clone())))
+                .collect(),
+        )
+    }
+
+    fn pod_of(&self, id: &ContainerId) -> Option<&PodUid> {
+        self.0.get(id)
+    }
 }
 
 /// The runtime records a relist takes: the task records (those the hints carry, and those
@@ -390,11 +472,14 @@ impl Shown {
 fn pod_events<'a>(
     old: Option<&'a PodRecord>,
     new: Option<&'a PodRecord>,
-    records: &Records<'_>,
-    hints: &Hints,
-    read_at: SystemTime,
-    settings: Settings,
+    decide: &Decide<'_>,
 ) -> Vec<PodLifecycleEvent> {
+    let Decide {
+        records,
+        hints,
+        read_at,
+        settings,
+    } = decide;
     let Some(pod) = new.or(old) else {
         return Vec::new();
     };
@@ -445,7 +530,7 @@ fn pod_events<'a>(
                         record: to.unwrap_or(last),
                     },
                     hints,
-                    read_at,
+                    *read_at,
                 ));
             }
         }
@@ -453,22 +538,14 @@ fn pod_events<'a>(
     events
 }
 
-/// The hints the result does not reflect, and the pods awaiting the CRI store.
+/// The hints the result does not reflect, and the pods awaiting the CRI store. `unsettled`:
+/// the pods acted on that hold a state only the task layer confirmed.
 fn again(
-    committed: &Committed,
-    covers: &Covers,
+    world: &World<'_>,
     hints: &Hints,
-    tombstones: &HashSet<ContainerId>,
-    plan: &Plan,
+    unsettled: Vec<PodUid>,
     settings: Settings,
 ) -> (Vec<Again>, Vec<PodUid>) {
-    let world = World {
-        committed,
-        covers,
-        tombstones,
-        plan,
-        emit_changed: settings.emit_changed,
-    };
     let mut again = Vec::new();
     let mut looked_at: Vec<&PodUid> = Vec::new();
     for (target, hint) in hints.iter() {
@@ -496,44 +573,38 @@ fn again(
     if settings.confirm != Layer::Task {
         return (again, Vec::new());
     }
-    let unsettled = |pod: Option<&PodRecord>| {
-        pod.is_some_and(|pod| {
-            pod.containers
-                .values()
-                .any(|c| c.confirmed_by == Layer::Task)
-        })
-    };
     let mut pending: Vec<&PodUid> = again
         .iter()
         .filter_map(|a| world.pod_of_target(&a.target))
         .collect();
     pending.sort();
-    // Every pod read is in the plan (its reading goes to the cache, changed or not): the pods
-    // looked at are the plan's, each with its record at hand, and those of the hints
-    // reflected as committed. (A full relist of 10,000 pods sorted the pods read and planned
-    // together, and then searched the plan for each.)
-    looked_at.sort();
-    looked_at.dedup();
-    let planned = plan.pods.iter().filter(|p| unsettled(p.record.as_ref()));
-    let as_committed = looked_at.into_iter().filter(|uid| {
-        plan.pods.binary_search_by(|p| p.uid.cmp(uid)).is_err() && unsettled(committed.get(uid))
-    });
-    let settling = planned
-        .map(|p| &p.uid)
-        .chain(as_committed)
-        .filter(|uid| pending.binary_search(uid).is_err())
-        .cloned()
+    // The pods acted on, and those of the hints reflected as committed before.
+    let looked_at = looked_at
+        .into_iter()
+        .filter(|uid| is_unsettled(world.after.get(uid)))
+        .cloned();
+    let mut settling: Vec<PodUid> = unsettled
+        .into_iter()
+        .chain(looked_at)
+        .filter(|uid| pending.binary_search(&uid).is_err())
         .collect();
+    settling.sort();
+    settling.dedup();
     (again, settling)
 }
 
 /// The node after a reconcile, as far as the hints ask about it.
 struct World<'a> {
-    committed: &'a Committed,
+    before: &'a Before<'a>,
+    /// The records with every pod's plan committed.
+    after: &'a Committed,
     /// Where the reading can say a container is absent.
     covers: &'a Covers,
     tombstones: &'a HashSet<ContainerId>,
-    plan: &'a Plan,
+    /// Containers the runtime recorded deleted ([`Plan::deleted`]).
+    deleted: &'a [ContainerId],
+    /// Pods whose inspection failed ([`Plan::failed`]).
+    failed: &'a [PodUid],
     /// Created containers are news (`ContainerChanged`): a container's presence is worth a
     /// reading only then.
     emit_changed: bool,
@@ -542,19 +613,8 @@ struct World<'a> {
 impl World<'_> {
     /// A container's pod and state after the plan.
     fn find(&self, id: &ContainerId) -> Option<(&PodUid, ContainerState)> {
-        let in_plan = self.plan.pods.iter().find_map(|p| {
-            let pod = p.record.as_ref()?;
-            pod.containers.get(id).map(|c| (&p.uid, c.state))
-        });
-        in_plan.or_else(|| {
-            let uid = self.committed.pod_of(id)?;
-            let planned = self.plan.pods.binary_search_by(|p| p.uid.cmp(uid)).is_ok();
-            // Its pod changed and it is not in it any more: gone.
-            (!planned)
-                .then(|| (uid, self.committed.container(id).map(|c| c.state)))?
-                .1
-                .map(|state| (uid, state))
-        })
+        let uid = self.after.pod_of(id)?;
+        Some((uid, self.after.container(id)?.state))
     }
 
     fn pod_of_target<'t>(&'t self, target: &'t Target) -> Option<&'t PodUid> {
@@ -570,8 +630,7 @@ impl World<'_> {
             Covers::Nothing => false,
             Covers::Node => true,
             Covers::Pod(uid) => {
-                self.committed.pod_of(id) == Some(uid)
-                    || self.find(id).is_some_and(|(p, _)| p == uid)
+                self.before.pod_of(id) == Some(uid) || self.find(id).is_some_and(|(p, _)| p == uid)
             }
             Covers::Containers(read) => read.contains(id),
         }
@@ -589,12 +648,12 @@ impl World<'_> {
 
     /// Whether the pod of a hint's target or of one of its containers failed inspection.
     fn failed(&self, target: &Target, hint: &Hint) -> bool {
-        let failed = |uid: Option<&PodUid>| uid.is_some_and(|uid| self.plan.failed.contains(uid));
+        let failed = |uid: Option<&PodUid>| uid.is_some_and(|uid| self.failed.contains(uid));
         failed(self.pod_of_target(target))
             || hint
                 .observations
                 .iter()
-                .any(|(id, _)| failed(self.committed.pod_of(id)))
+                .any(|(id, _)| failed(self.before.pod_of(id)))
     }
 
     /// What of `hint` the node does not show yet: a pod's hint gathers the observations of
@@ -632,8 +691,8 @@ impl World<'_> {
     /// Whether the node shows that `id` did what `says`.
     fn shows(&self, id: &ContainerId, says: Says) -> bool {
         let state = self.find(id).map(|(_, state)| state);
-        let known = self.committed.pod_of(id).is_some();
-        let deleted = self.tombstones.contains(id) || self.plan.deleted.contains(id);
+        let known = self.before.pod_of(id).is_some();
+        let deleted = self.tombstones.contains(id) || self.deleted.contains(id);
         // Not there now, and it was there before (or the runtime said it deleted it): gone,
         // and nothing more will come of what was seen of it.
         let gone = state.is_none() && (deleted || (known && self.covers(id)));
@@ -871,12 +930,47 @@ mod tests {
         }
     }
 
+    /// Collects each pod's plan, committing it as the relist does.
+    struct Collect {
+        committed: Committed,
+        pods: Vec<PodPlan>,
+    }
+
+    impl Act for Collect {
+        fn committed(&self) -> &Committed {
+            &self.committed
+        }
+
+        fn act(&mut self, pod: PodPlan) {
+            let record = pod.record.clone().map(Arc::new);
+            self.committed.commit(&pod.uid, record, pod.same_containers);
+            self.pods.push(pod);
+        }
+    }
+
+    /// [`super::reconcile`] against `committed`: the pods' plans as handed over, and what is
+    /// left.
+    fn reconcile(
+        committed: &Committed,
+        reading: Reading,
+        hints: &Hints,
+        riders: &Hints,
+        tombstones: &HashSet<ContainerId>,
+        settings: Settings,
+    ) -> (Vec<PodPlan>, Plan) {
+        let mut out = Collect {
+            committed: committed.clone(),
+            pods: Vec::new(),
+        };
+        let plan = super::reconcile(&mut out, reading, hints, riders, tombstones, settings);
+        (out.pods, plan)
+    }
+
     /// (type, exit code, confirmed by) of each event.
     type EventRow = (PodLifecycleEventType, Option<i32>, Option<Layer>);
 
-    fn rows(plan: &Plan) -> Vec<EventRow> {
-        plan.pods
-            .iter()
+    fn rows(pods: &[PodPlan]) -> Vec<EventRow> {
+        pods.iter()
             .flat_map(|p| &p.events)
             .map(|e| (e.event_type, e.exit_code, e.confirmed_by))
             .collect()
@@ -1041,6 +1135,18 @@ mod tests {
                 settles: false,
             },
             Case {
+                // Committed as each pod is decided: that the container was in the pod read is
+                // a fact of before the plan.
+                name: "a pod read whole and gone shows its container's death",
+                committed: Some(Running),
+                reading: reading(Covers::Pod(uid("p")), vec![("p", PodReading::Gone)]),
+                hints: hints(true, Ebpf, &[Signal(9)]),
+                settings: TASK,
+                events: vec![(ContainerDied, None, cri), (ContainerRemoved, None, cri)],
+                again: vec![],
+                settles: false,
+            },
+            Case {
                 name: "a pod gone is a death and a removal",
                 committed: Some(Running),
                 reading: reading(Covers::Node, vec![("p", PodReading::Gone)]),
@@ -1092,7 +1198,7 @@ mod tests {
             },
         ];
         for case in cases {
-            let plan = reconcile(
+            let (pods, plan) = reconcile(
                 &committed(case.committed),
                 case.reading,
                 &case.hints,
@@ -1100,7 +1206,7 @@ mod tests {
                 &HashSet::new(),
                 case.settings,
             );
-            assert_eq!(rows(&plan), case.events, "{}: events", case.name);
+            assert_eq!(rows(&pods), case.events, "{}: events", case.name);
             assert_eq!(whys(&plan), case.again, "{}: again", case.name);
             let settles = plan.settling == [uid("p")];
             assert_eq!(settles, case.settles, "{}: settling {plan:?}", case.name);
@@ -1115,7 +1221,7 @@ mod tests {
         let mut committed = Committed::default();
         committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [dead]))), false);
         let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
-        let plan = reconcile(
+        let (pods, plan) = reconcile(
             &committed,
             read,
             &Hints::default(),
@@ -1123,8 +1229,8 @@ mod tests {
             &HashSet::new(),
             TASK,
         );
-        assert_eq!(rows(&plan), vec![]);
-        let record = plan.pods[0].record.as_ref().expect("the pod stays");
+        assert_eq!(rows(&pods), vec![]);
+        let record = pods[0].record.as_ref().expect("the pod stays");
         let c = record
             .containers
             .get(&id("c"))
@@ -1137,7 +1243,7 @@ mod tests {
     fn a_deleted_container_is_not_brought_back_by_a_listing_that_lags() {
         let tombstones = HashSet::from([id("c")]);
         let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
-        let plan = reconcile(
+        let (pods, plan) = reconcile(
             &committed(None),
             read,
             &Hints::default(),
@@ -1145,8 +1251,8 @@ mod tests {
             &tombstones,
             TASK,
         );
-        assert_eq!(rows(&plan), vec![]);
-        assert!(plan.pods.is_empty(), "{plan:?}");
+        assert_eq!(rows(&pods), vec![]);
+        assert!(pods.is_empty(), "{plan:?}");
     }
 
     #[test]
@@ -1170,7 +1276,7 @@ mod tests {
             // At the CRI layer no runtime record is taken, a rider's neither.
             (&start, CRI, vec![(ContainerDied, Some(2), cri)]),
         ] {
-            let plan = reconcile(
+            let (pods, plan) = reconcile(
                 &committed(None),
                 read.clone(),
                 &none,
@@ -1178,7 +1284,7 @@ mod tests {
                 &HashSet::new(),
                 settings,
             );
-            assert_eq!(rows(&plan), events, "riders {riders:?}, {settings:?}");
+            assert_eq!(rows(&pods), events, "riders {riders:?}, {settings:?}");
             let again = whys(&plan);
             assert_eq!(again, vec![], "a rider is not the batch's to read again");
         }
@@ -1186,7 +1292,7 @@ mod tests {
 
     #[test]
     fn a_deletion_is_remembered_for_later_readings() {
-        let plan = reconcile(
+        let (pods, plan) = reconcile(
             &committed(Some(Exited)),
             Reading::none(at(50)),
             &hints(false, Containerd, &[Deleted]),
@@ -1195,7 +1301,7 @@ mod tests {
             TASK,
         );
         assert_eq!(plan.deleted, vec![id("c")]);
-        assert_eq!(plan.pods[0].record, None, "its pod held only it");
+        assert_eq!(pods[0].record, None, "its pod held only it");
     }
 
     #[test]
@@ -1286,7 +1392,7 @@ mod tests {
             Covers::Containers(vec![id("c")]),
             vec![("p", read_alone(Exited, &[]))],
         );
-        let plan = reconcile(
+        let (pods, plan) = reconcile(
             &committed,
             read,
             &hints(false, Ebpf, &[Signal(9)]),
@@ -1295,10 +1401,10 @@ mod tests {
             TASK,
         );
         assert_eq!(
-            rows(&plan),
+            rows(&pods),
             vec![(ContainerDied, Some(2), Some(Layer::Cri))]
         );
-        let record = plan.pods[0].record.as_ref().expect("the pod stays");
+        let record = pods[0].record.as_ref().expect("the pod stays");
         let states: Vec<_> = record.containers.values().map(|c| c.state).collect();
         assert_eq!(states, vec![Exited, Running], "d is as committed");
         assert_eq!(whys(&plan), vec![]);
@@ -1321,7 +1427,7 @@ mod tests {
                 unspecific: false,
             },
         );
-        let plan = reconcile(
+        let (pods, plan) = reconcile(
             &committed,
             Reading::none(at(50)),
             &hints,
@@ -1330,7 +1436,7 @@ mod tests {
             TASK,
         );
         assert_eq!(
-            rows(&plan),
+            rows(&pods),
             vec![(ContainerDied, Some(1), Some(Layer::Task))]
         );
         let [again] = plan.again.as_slice() else {

@@ -7,9 +7,9 @@
 //! a targeted relist reads the containers the hints left name, each by its id (one status call
 //! each; [`pod_read`] decides), or its pod whole when a hint names none; a full relist lists
 //! the node and inspects the pods whose listing moved on. The
-//! reading goes through [`reconcile`] once more, and the plan is carried out: the cache
-//! written, the events published, the records committed; for a full relist the cache's
-//! timestamp is raised last. New features belong in the sources, the scheduler or
+//! reading goes through [`reconcile`] once more, and each pod's plan is carried out as it is
+//! decided (`Acting`): the cache written, the events published, the record committed; for a
+//! full relist the cache's timestamp is raised last. New features belong in the sources, the scheduler or
 //! `reconcile`, not here.
 
 use std::{
@@ -32,8 +32,8 @@ use crate::{
         hints::Hints,
         provenance,
         reconcile::{
-            Again, Covers, Plan, PodRead, PodReading, Reading, Settings, inspection_needed,
-            pod_read, reconcile, tasks_to_read, unanswered,
+            Act, Again, Covers, Plan, PodPlan, PodRead, PodReading, Reading, Settings,
+            inspection_needed, pod_read, reconcile, tasks_to_read, unanswered,
         },
         record::{ContainerId, ContainerState, Layer, PodRecord, PodRecords, PodUid, TaskRecords},
         sink::EventSink,
@@ -259,13 +259,15 @@ impl<R: Runtime> Relister<R> {
         let started = Instant::now();
         // 1. Decide on what is known: the committed records and the records the hints carry.
         let before = riders();
-        let answered = self.reconcile(Reading::none(SystemTime::now()), hints, &before);
+        let (answered, events_sent) =
+            self.reconcile(Reading::none(SystemTime::now()), hints, &before, started);
         let left = unanswered(&answered.again);
         let mut outcome = RelistOutcome {
             settling: answered.settling.clone(),
+            events_sent,
             ..RelistOutcome::default()
         };
-        outcome.events_sent = self.act(answered, &before, started);
+        self.remember(answered);
         if left.is_empty() && !required {
             trace!(?hints, "answered by the runtime's records");
             return Ok(outcome);
@@ -294,9 +296,10 @@ impl<R: Runtime> Relister<R> {
         let riders = riders();
         let pods_read = reading.pods.len();
         self.note_read(&reading, &mut outcome);
-        let plan = self.reconcile(reading, &left, &riders);
+        let (plan, events_sent) = self.reconcile(reading, &left, &riders, read_started);
         note_plan(&plan, &mut outcome);
-        outcome.events_sent += self.act(plan, &riders, read_started);
+        outcome.events_sent += events_sent;
+        self.remember(plan);
 
         // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
         //    released by it find every entry above already written.
@@ -330,19 +333,38 @@ impl<R: Runtime> Relister<R> {
         }
     }
 
-    fn reconcile(&self, reading: Reading, hints: &Hints, riders: &Hints) -> Plan {
+    /// Reconciles `reading`, each pod's plan carried out as it is decided ([`Acting`]).
+    /// Returns what is left, and how many events went out. `read_at`: when the runtime was
+    /// read (the cache entries are at least this fresh).
+    fn reconcile(
+        &mut self,
+        reading: Reading,
+        hints: &Hints,
+        riders: &Hints,
+        read_at: Instant,
+    ) -> (Plan, usize) {
         let settings = Settings {
             confirm: self.config.confirm,
             emit_changed: self.config.emit_changed,
         };
-        reconcile(
-            &self.committed,
+        let mut acting = Acting {
+            committed: &mut self.committed,
+            cache: &self.cache,
+            sink: &*self.sink,
+            sequence: &mut self.sequence,
+            riders,
+            read_at,
+            sent: 0,
+        };
+        let plan = reconcile(
+            &mut acting,
             reading,
             hints,
             riders,
             &self.tombstones,
             settings,
-        )
+        );
+        (plan, acting.sent)
     }
 
     /// A container scope whose container is committed is its pod's.
@@ -442,26 +464,30 @@ impl<R: Runtime> Relister<R> {
             listed,
             &self.tombstones,
         );
-        // A fact about the records as they are, not a decision: a commit of the pod forgets it.
-        for (uid, listing) in &node.fingerprints {
-            self.committed.note_listing(uid, *listing);
-        }
+        let NodeListing {
+            mut pods,
+            to_inspect,
+            fingerprints,
+        } = node;
         let runtime = &self.runtime;
-        let committed = &self.committed;
-        let pods = &node.pods;
+        let listed = &pods;
         // Each inspection goes back to its pod's place: a search for it among 10,000 uids
         // read a dozen of them, each a miss.
-        let inspections = stream::iter(node.to_inspect())
-            .map(|at| async move {
-                let uid = &pods[at].0;
-                let inspection = inspection(runtime.inspect_pod(uid, committed.get(uid)).await);
-                (at, inspection)
+        let to_inspect = &to_inspect;
+        let inspections = stream::iter(0..to_inspect.len())
+            .map(|i| async move {
+                let (at, known) = to_inspect[i];
+                let uid = &listed[at].0;
+                (at, inspection(runtime.inspect_pod(uid, known).await))
             })
             .buffer_unordered(self.config.inspect_concurrency.max(1))
             .collect::<Vec<_>>();
         let (inspected, tasks) = futures::join!(inspections, self.read_tasks(to_read));
+        // A fact about the records as they are, not a decision: a commit of the pod forgets it.
+        for (uid, listing) in &fingerprints {
+            self.committed.note_listing(uid, *listing);
+        }
         let tasks = self.note_busy(tasks);
-        let mut pods = node.pods;
         for (at, reading) in inspected {
             pods[at].1 = reading;
         }
@@ -519,28 +545,9 @@ impl<R: Runtime> Relister<R> {
         tasks
     }
 
-    /// Carries `plan` out: per pod, the cache written, then its events published (credited to
-    /// `riders` where none of the batch's hints was about them), then its record committed.
-    /// Returns how many events went out. `read_at`: when the runtime was read (the cache
-    /// entries are at least this fresh).
-    fn act(&mut self, plan: Plan, riders: &Hints, read_at: Instant) -> usize {
-        let mut sent = 0;
-        for mut pod in plan.pods {
-            for event in &mut pod.events {
-                provenance::credit(event, riders);
-            }
-            // Cache and events as one to a listing (`PodCache::publishing`): a consumer that
-            // reads the cache on an event must find the state the event announces.
-            let cache = Arc::clone(&self.cache);
-            let _publishing = cache.publishing();
-            let record = pod.record.map(Arc::new);
-            match &record {
-                Some(record) => cache.set(pod.uid.clone(), Some(Arc::clone(record)), read_at),
-                None => cache.delete(&pod.uid),
-            }
-            sent += self.publish(pod.events);
-            self.committed.commit(&pod.uid, record, pod.same_containers);
-        }
+    /// Keeps what a plan leaves for later relists: the pods whose inspection failed, to
+    /// inspect again, and the containers the runtime deleted, for [`TOMBSTONE_TTL`].
+    fn remember(&mut self, plan: Plan) {
         self.to_reinspect.extend(plan.failed);
         let now = Instant::now();
         while self
@@ -557,20 +564,58 @@ impl<R: Runtime> Relister<R> {
                 self.tombstoned_at.push_back((now, id));
             }
         }
-        sent
+    }
+}
+
+/// Carries out each pod's plan as reconcile hands it over: the cache written, then its events
+/// published (credited to `riders` where none of the batch's hints was about them), then its
+/// record committed.
+struct Acting<'a> {
+    committed: &'a mut Committed,
+    cache: &'a Arc<PodCache>,
+    sink: &'a dyn EventSink,
+    sequence: &'a mut u64,
+    riders: &'a Hints,
+    /// When the runtime was read: the cache entries are at least this fresh.
+    read_at: Instant,
+    /// How many events went out.
+    sent: usize,
+}
+
+impl Act for Acting<'_> {
+    fn committed(&self) -> &Committed {
+        self.committed
     }
 
-    /// Numbers `events` and hands them to the sink; returns how many.
-    fn publish(&mut self, events: Vec<PodLifecycleEvent>) -> usize {
+    fn act(&mut self, mut pod: PodPlan) {
+        for event in &mut pod.events {
+            provenance::credit(event, self.riders);
+        }
+        // Cache and events as one to a listing (`PodCache::publishing`): a consumer that
+        // reads the cache on an event must find the state the event announces.
+        let cache = Arc::clone(self.cache);
+        let _publishing = cache.publishing();
+        let record = pod.record.map(Arc::new);
+        match &record {
+            Some(record) => cache.set(pod.uid.clone(), Some(Arc::clone(record)), self.read_at),
+            None => cache.delete(&pod.uid),
+        }
+        self.publish(pod.events);
+        self.committed.commit(&pod.uid, record, pod.same_containers);
+    }
+}
+
+impl Acting<'_> {
+    /// Numbers `events` and hands them to the sink.
+    fn publish(&mut self, events: Vec<PodLifecycleEvent>) {
         let emitted_at = SystemTime::now();
-        let count = events.len();
+        self.sent += events.len();
         for mut event in events {
-            self.sequence += 1;
-            event.sequence = self.sequence;
+            *self.sequence += 1;
+            event.sequence = *self.sequence;
             event.emitted_at = emitted_at;
             self.sink.publish(event);
         }
-        count
     }
 }
 
@@ -659,41 +704,31 @@ fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, P
 
 /// What a full relist's listing shows against the committed records.
 #[derive(Debug, Default)]
-struct NodeListing {
+struct NodeListing<'a> {
     /// The pods committed or awaiting reinspection that are not listed, gone, and those to
-    /// inspect ([`NodeListing::to_inspect`]), [`PodReading::Failed`] until their inspection
-    /// says otherwise; ascending. The pods listed as committed are left out.
+    /// inspect, [`PodReading::Failed`] until their inspection says otherwise; ascending. The
+    /// pods listed as committed are left out.
     pods: Vec<(PodUid, PodReading)>,
+    /// Where in `pods` the pods to inspect are (those listed that are new, awaiting
+    /// reinspection, or whose listing moved on, [`inspection_needed`]), each with its
+    /// committed record: the walk has it at hand, a lookup per inspection was a B-tree's
+    /// descent out of the caches at 10,000 pods.
+    to_inspect: Vec<(usize, Option<&'a PodRecord>)>,
     /// The pods listed as committed whose listing's fingerprint the records do not hold yet,
     /// with it ([`Committed::note_listing`]).
     fingerprints: Vec<(PodUid, u64)>,
-}
-
-impl NodeListing {
-    /// Where in `pods` the pods to inspect are: those listed that are new, awaiting
-    /// reinspection, or whose listing moved on ([`inspection_needed`]).
-    fn to_inspect(&self) -> Vec<usize> {
-        let awaiting =
-            |(_, (_, pod)): &(usize, &(PodUid, PodReading))| matches!(pod, PodReading::Failed);
-        self.pods
-            .iter()
-            .enumerate()
-            .filter(awaiting)
-            .map(|(at, _)| at)
-            .collect()
-    }
 }
 
 /// The pods of `listed` (ascending) against `committed`. One walk over the committed and
 /// listed pods side by side: at 10,000 pods, looking each one up by its uid was most of a
 /// steady relist's time. A pod listed as its committed record was last listed (the same
 /// fingerprint) is not compared with the record again.
-fn node_pods(
-    committed: &Committed,
+fn node_pods<'a>(
+    committed: &'a Committed,
     to_reinspect: &BTreeSet<PodUid>,
     listed: Vec<PodRecord>,
     tombstones: &HashSet<ContainerId>,
-) -> NodeListing {
+) -> NodeListing<'a> {
     let mut node = NodeListing::default();
     let mut walk = committed.iter().peekable();
     let not_listed = |key: &PodKey| (key.uid(), PodReading::Gone);
@@ -729,6 +764,8 @@ fn node_pods(
                 needed
             });
         if inspect {
+            node.to_inspect
+                .push((node.pods.len(), old.map(|old| old.record)));
             node.pods.push((pod.uid, PodReading::Failed));
         }
     }
@@ -745,6 +782,15 @@ fn node_pods(
     }
     if node.pods.len() > len {
         node.pods.sort_by(|a, b| a.0.cmp(&b.0));
+        // The pods to inspect keep their order among themselves.
+        let awaiting = node
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, pod))| *pod == PodReading::Failed);
+        for (inspect, (at, _)) in node.to_inspect.iter_mut().zip(awaiting) {
+            inspect.0 = at;
+        }
     }
     node
 }
@@ -770,8 +816,8 @@ mod tests {
     use crate::{
         pleg::{
             event::{
-                DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, PodLifecycleEventType,
-                TriggerSource,
+                DEFAULT_RELIST_THRESHOLD, Observation, ObservationKind, PodLifecycleEvent,
+                PodLifecycleEventType, TriggerSource,
             },
             health::HealthError,
             hints::{Hint, Target, pod_hints},
@@ -877,9 +923,9 @@ mod tests {
             ]
         );
         let to_inspect: Vec<&PodUid> = node
-            .to_inspect()
+            .to_inspect
             .iter()
-            .map(|&at| &node.pods[at].0)
+            .map(|&(at, _)| &node.pods[at].0)
             .collect();
         assert_eq!(to_inspect, [&uid("b"), &uid("c"), &uid("e")]);
         let noted: Vec<&PodUid> = node.fingerprints.iter().map(|(u, _)| u).collect();
@@ -900,10 +946,11 @@ mod tests {
         let none = HashSet::new();
         let walk = |committed: &mut Committed, listed: &PodRecord| {
             let node = node_pods(committed, &BTreeSet::new(), vec![listed.clone()], &none);
+            let counts = (node.to_inspect.len(), node.fingerprints.len());
             for (uid, listing) in &node.fingerprints {
                 committed.note_listing(uid, *listing);
             }
-            (node.to_inspect().len(), node.fingerprints.len())
+            counts
         };
         let mut committed = Committed::default();
         committed.commit(&uid("p"), Some(Arc::new(listed.clone())), false);
@@ -922,7 +969,7 @@ mod tests {
             vec![listed.clone()],
             &tombstones,
         );
-        assert_eq!(node.to_inspect().len(), 1, "its only container deleted");
+        assert_eq!(node.to_inspect.len(), 1, "its only container deleted");
         let died = with(Exited, Layer::Cri);
         assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
         // The task service confirmed the start: the CRI store's listing, as it was, is now
