@@ -6,10 +6,10 @@
 //! `/tasks/start`, `/containers/delete`) often answer them in full. Only what is left is read:
 //! a targeted relist reads the containers the hints left name, each by its id (one status call
 //! each; [`pod_read`] decides), or its pod whole when a hint names none; a full relist lists
-//! the node and inspects the pods whose listing moved on. The
-//! reading goes through [`reconcile`] once more, and each pod's plan is carried out as it is
-//! decided (`Acting`): the cache written, the events published, the record committed; for a
-//! full relist the cache's timestamp is raised last. New features belong in the sources, the scheduler or
+//! the node and inspects the pods whose listing moved on. The reading goes through
+//! [`reconcile`] once more, and each pod's plan is carried out as it is decided (`Acting`):
+//! the cache written, the events published, the record committed; for a full relist the
+//! cache's timestamp is raised last. New features belong in the sources, the scheduler or
 //! `reconcile`, not here.
 
 use std::{
