@@ -905,8 +905,9 @@ mod tests {
         for p in ["a", "b", "c", "d"] {
             committed.commit(&uid(p), Some(Arc::new(running(p))), false);
         }
-        let to_reinspect: BTreeSet<PodUid> = [uid("b"), uid("x")].into();
-        // a unlisted, b as committed but awaiting reinspection, c moved on, d as committed, e new.
+        let to_reinspect: BTreeSet<PodUid> = [uid("b"), uid("bb")].into();
+        // a unlisted, b as committed but awaiting reinspection, bb awaiting it but gone (sorted
+        // in among the pods to inspect), c moved on, d as committed, e new.
         let listed = vec![running("b"), exited("c"), running("d"), running("e")];
         let node = node_pods(&committed, &to_reinspect, listed, &HashSet::new());
         let read: Vec<(&str, &PodReading)> =
@@ -917,9 +918,9 @@ mod tests {
             [
                 ("a", &Gone),
                 ("b", &ToInspect),
+                ("bb", &Gone),
                 ("c", &ToInspect),
                 ("e", &ToInspect),
-                ("x", &Gone),
             ]
         );
         let to_inspect: Vec<&PodUid> = node
@@ -928,6 +929,12 @@ mod tests {
             .map(|&(at, _)| &node.pods[at].0)
             .collect();
         assert_eq!(to_inspect, [&uid("b"), &uid("c"), &uid("e")]);
+        let known: Vec<bool> = node.to_inspect.iter().map(|(_, k)| k.is_some()).collect();
+        assert_eq!(
+            known,
+            [true, true, false],
+            "the committed record, where there is one"
+        );
         let noted: Vec<&PodUid> = node.fingerprints.iter().map(|(u, _)| u).collect();
         assert_eq!(noted, [&uid("d")], "only the pod listed as committed");
     }
