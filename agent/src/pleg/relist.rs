@@ -473,6 +473,8 @@ impl<R: Runtime> Relister<R> {
         let listed = &pods;
         // Each inspection goes back to its pod's place: a search for it among 10,000 uids
         // read a dozen of them, each a miss.
+        // By index: a stream of borrowed entries made the future not `Send` for every lifetime
+        // (rustc cannot prove it of the closure's higher-ranked borrow).
         let to_inspect = &to_inspect;
         let inspections = stream::iter(0..to_inspect.len())
             .map(|i| async move {
@@ -572,7 +574,7 @@ impl<R: Runtime> Relister<R> {
 /// record committed.
 struct Acting<'a> {
     committed: &'a mut Committed,
-    cache: &'a Arc<PodCache>,
+    cache: &'a PodCache,
     sink: &'a dyn EventSink,
     sequence: &'a mut u64,
     riders: &'a Hints,
@@ -593,7 +595,7 @@ impl Act for Acting<'_> {
         }
         // Cache and events as one to a listing (`PodCache::publishing`): a consumer that
         // reads the cache on an event must find the state the event announces.
-        let cache = Arc::clone(self.cache);
+        let cache = self.cache;
         let _publishing = cache.publishing();
         let record = pod.record.map(Arc::new);
         match &record {
