@@ -589,10 +589,7 @@ impl Act for Acting<'_> {
         self.committed
     }
 
-    fn act(&mut self, mut pod: PodPlan) {
-        for event in &mut pod.events {
-            provenance::credit(event, self.riders);
-        }
+    fn act(&mut self, pod: PodPlan<'_>) {
         // Cache and events as one to a listing (`PodCache::publishing`): a consumer that
         // reads the cache on an event must find the state the event announces.
         let cache = self.cache;
@@ -608,11 +605,12 @@ impl Act for Acting<'_> {
 }
 
 impl Acting<'_> {
-    /// Numbers `events` and hands them to the sink.
-    fn publish(&mut self, events: Vec<PodLifecycleEvent>) {
+    /// Numbers `events` and hands them to the sink, each credited to the riders.
+    fn publish(&mut self, events: impl ExactSizeIterator<Item = PodLifecycleEvent>) {
         let emitted_at = SystemTime::now();
         self.sent += events.len();
         for mut event in events {
+            provenance::credit(&mut event, self.riders);
             *self.sequence += 1;
             event.sequence = *self.sequence;
             event.emitted_at = emitted_at;
