@@ -143,11 +143,11 @@ pub struct PodPlan<'e> {
     /// stays ([`Committed::commit`]). Found here, where both records were just read; at
     /// 10,000 pods the commit's own comparison read the committed record out of memory again.
     pub same_containers: bool,
-    /// Drained from one buffer that serves every pod of the reading. A vector per pod was,
-    /// in the relist, the only live block of its size: each pod's freed it, mimalloc returned
-    /// the emptied page, and the next pod's took a fresh one by the allocator's slow path. At
-    /// 10,000 changed pods that was a fifth of the relist, in the long runs where mimalloc no
-    /// longer kept the retired page.
+    /// Drained from one buffer that serves every pod of the reading (what the `Act` leaves is
+    /// dropped with the drain). A vector of each pod's own was the only live block of its size
+    /// in the relist: freeing it emptied its page, mimalloc returned the page, and the next
+    /// pod's vector took a fresh one by the allocator's slow path. At 10,000 changed pods that
+    /// was a fifth of the relist, in the long runs where mimalloc no longer kept the page.
     pub events: std::vec::Drain<'e, PodLifecycleEvent>,
 }
 
