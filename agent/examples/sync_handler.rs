@@ -1,21 +1,19 @@
-//! Embedding plegd with a sync handler of one's own: plegd's core (relist, pod cache, event
-//! bus, sync loop) runs against the fake runtime, and [`Printer`] prints each pod sync the
-//! sync loop hands it while a pod starts, exits and goes away.
+//! Embedding plegd with a sync handler of one's own: the PLEG (relist, pod cache, event bus,
+//! sync loop) runs against the fake runtime through its face, `plegd::pleg::Pleg`, and
+//! [`Printer`] prints each pod sync the sync loop hands it while a pod starts, exits and goes
+//! away.
 //!
 //! `cargo run -p plegd --features testing --example sync_handler`. Against a node's runtime,
-//! give `plegd::daemon::serve` the runtime `plegd::daemon::connect` finds instead.
+//! give `Pleg::start` the runtime `plegd::daemon::connect` finds instead.
 
 use std::time::Duration;
 
 use plegd::{
-    config::{Config, RunArgs, SourceName},
-    daemon::{self, PushSources},
-    pleg::record::ContainerState,
+    base::metrics::Metrics,
+    pleg::{ContainerState, Options, Pleg, PodSync, SyncHandler, SyncReason},
     runtime::testing::{FakeRuntime, container},
-    sync_loop::{PodSync, SyncHandler, SyncReason},
 };
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 /// How long the example waits for each sync before it gives up.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -59,32 +57,14 @@ fn line(sync: &PodSync) -> String {
 
 /// Runs the core, walks one pod through its life, and returns the lines printed for it.
 async fn run() -> anyhow::Result<Vec<String>> {
-    let config = Config::load(&RunArgs {
-        sources: Some(vec![SourceName::Relist]),
-        relist_period: Some(Duration::from_millis(100)),
-        state_dir: Some("none".into()),
-        ..RunArgs::default()
-    })?;
     let runtime = FakeRuntime::new();
     let (tx, mut syncs) = mpsc::unbounded_channel();
-    let shutdown = CancellationToken::new();
-    let daemon = tokio::spawn({
-        let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
-        async move {
-            let push = PushSources::none();
-            let printer = Printer { syncs: tx };
-            daemon::serve(
-                runtime,
-                push,
-                &config,
-                tokio::io::sink(),
-                printer,
-                shutdown,
-                None,
-            )
-            .await
-        }
-    });
+    let options = Options {
+        relist_period: Duration::from_millis(100),
+        ..Options::default()
+    };
+    let printer = Printer { syncs: tx };
+    let (_pleg, running) = Pleg::start(runtime.clone(), printer, options, None, 1, &Metrics::new());
 
     let mut lines = Vec::new();
     let mut until = async |done: &dyn Fn(&PodSync) -> bool| -> anyhow::Result<()> {
@@ -114,8 +94,7 @@ async fn run() -> anyhow::Result<Vec<String>> {
     runtime.remove_pod("web-uid");
     until(&|s| s.reason == SyncReason::Removed).await?;
 
-    shutdown.cancel();
-    daemon.await??;
+    running.stop().await;
     Ok(lines)
 }
 

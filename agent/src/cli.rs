@@ -9,8 +9,9 @@ use tracing::{info, warn};
 
 use crate::{
     api::{self, client::WatchOptions},
-    capabilities,
+    base::capabilities,
     config::{Config, LogFormat, OutputFormat, RunArgs},
+    daemon::Daemon,
 };
 
 /// plegd: pod lifecycle events for a Linux node, with kubelet's PLEG semantics.
@@ -229,7 +230,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         runtime_endpoint: args.runtime_endpoint,
         ..RunArgs::default()
     })?;
-    let (report, _) = crate::check::report(&settings);
+    let (report, _) = crate::daemon::check::report(&settings);
     print!("{report}");
     Ok(())
 }
@@ -283,33 +284,19 @@ async fn run_daemon(
         ebpf,
         plan: Some(plan),
     };
-    let (started, shared) = tokio::sync::oneshot::channel();
-    let api = tokio::spawn(serve_api(listeners, shared, shutdown.clone()));
-    let served = crate::daemon::serve(
-        connected.runtime,
-        push,
-        &config,
-        tokio::io::stdout(),
-        (),
-        shutdown.clone(),
-        Some(started),
-    )
-    .await
-    .context("writing events to stdout");
+    let daemon = Daemon::start(connected.runtime, push, &config, tokio::io::stdout(), ());
+    let api = tokio::spawn(serve_api(listeners, daemon.shared(), shutdown.clone()));
+    let served = daemon
+        .run(shutdown.clone())
+        .await
+        .context("writing events to stdout");
     shutdown.cancel();
     let _ = api.await;
     served
 }
 
-/// Serves the API once the daemon is wired; an API that fails stops the daemon.
-async fn serve_api(
-    listeners: api::Listeners,
-    shared: tokio::sync::oneshot::Receiver<crate::daemon::Shared>,
-    shutdown: CancellationToken,
-) {
-    let Ok(shared) = shared.await else {
-        return;
-    };
+/// Serves the API; an API that fails stops the daemon.
+async fn serve_api(listeners: api::Listeners, shared: api::Shared, shutdown: CancellationToken) {
     if let Err(e) = listeners.serve(shared, shutdown.clone()).await {
         tracing::error!("the API failed: {e}; shutting down");
         shutdown.cancel();

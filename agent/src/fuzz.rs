@@ -7,7 +7,7 @@
 
 use crate::{
     config::Config,
-    pleg::event::Scope,
+    pleg::Scope,
     sources::{ebpf, fuzz_containerd_event},
 };
 

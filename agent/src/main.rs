@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 static KEEP_HUGE_PAGES_OUT: extern "C" fn() = keep_huge_pages_out;
 
 extern "C" fn keep_huge_pages_out() {
-    plegd::heap::keep_huge_pages_out();
+    plegd::base::heap::keep_huge_pages_out();
 }
 
 fn main() -> ExitCode {

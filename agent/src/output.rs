@@ -7,12 +7,14 @@
 use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
-use plegd_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tracing::warn;
 
-use crate::bus::{ApiBus, Ended, Subscription};
+use crate::{
+    base::bus::{Ended, EventBus, Subscription},
+    pleg::PodLifecycleEvent,
+};
 
 /// How events are written to stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -51,25 +53,29 @@ pub struct EventLine {
 }
 
 impl EventLine {
-    pub fn new(event: &pb::Event) -> Self {
-        let observed = from_timestamp(event.observed_at.as_ref());
-        let emitted = from_timestamp(event.emitted_at.as_ref());
+    pub fn new(event: &PodLifecycleEvent) -> Self {
+        let (observed, emitted) = (Some(event.observed_at), Some(event.emitted_at));
         Self {
             sequence: event.sequence,
-            event_type: event_type_name(event.r#type()),
-            pod_uid: event.pod_uid.clone(),
+            event_type: event.event_type.name(),
+            pod_uid: event.pod.0.clone(),
             pod_namespace: event.pod_namespace.clone(),
             pod_name: event.pod_name.clone(),
-            container_id: Some(event.container_id.clone()).filter(|id| !id.is_empty()),
+            container_id: Some(event.container_id.0.clone()).filter(|id| !id.is_empty()),
             container_name: event.container_name.clone(),
             observed_at: Stamp(observed),
             emitted_at: Stamp(emitted),
             latency_ms: latency_ms(observed, emitted),
-            sources: event.sources().map(source_name).collect(),
+            sources: event.sources.iter().map(|s| s.name()).collect(),
             exit_code: event.exit_code,
             reason: Some(event.reason.clone()).filter(|r| !r.is_empty()),
-            confirmed_by: layer_name(event.confirmed_by()),
-            observations: event.observations.iter().map(observation).collect(),
+            confirmed_by: event.confirmed_by.map(|store| store.name()),
+            observations: event
+                .observations
+                .iter()
+                .filter(|o| o.kind.is_shown())
+                .map(ToString::to_string)
+                .collect(),
         }
     }
 
@@ -121,13 +127,13 @@ impl EventLine {
 /// behind (a pipe nobody reads fast enough) catches up from the bus's history; what the
 /// history no longer holds is skipped with a warning. Nothing here can delay the publisher.
 pub async fn write_events<W: AsyncWrite + Unpin>(
-    bus: ApiBus,
-    mut events: Subscription<pb::Event>,
+    bus: EventBus<PodLifecycleEvent>,
+    mut events: Subscription<PodLifecycleEvent>,
     mut out: W,
     format: OutputFormat,
 ) -> std::io::Result<()> {
     let queue = events.queue();
-    let live = |bus: &ApiBus| {
+    let live = |bus: &EventBus<PodLifecycleEvent>| {
         bus.consume(0, queue)
             .expect("a live-only subscription always starts")
     };
@@ -163,65 +169,9 @@ pub async fn write_events<W: AsyncWrite + Unpin>(
     }
 }
 
-/// The name of an event type, as printed.
-pub(crate) fn event_type_name(t: pb::EventType) -> &'static str {
-    match t {
-        pb::EventType::ContainerStarted => "ContainerStarted",
-        pb::EventType::ContainerDied => "ContainerDied",
-        pb::EventType::ContainerRemoved => "ContainerRemoved",
-        pb::EventType::ContainerChanged => "ContainerChanged",
-        pb::EventType::PodSync => "PodSync",
-        pb::EventType::KernelObservation => "KernelObservation",
-        pb::EventType::ObservationUnconfirmed => "ObservationUnconfirmed",
-        pb::EventType::Unspecified => "Unspecified",
-    }
-}
-
-/// The lowercase name of a source, as in the API and metrics.
-pub(crate) fn source_name(s: pb::TriggerSource) -> &'static str {
-    match s {
-        pb::TriggerSource::Ebpf => "ebpf",
-        pb::TriggerSource::Containerd => "containerd",
-        pb::TriggerSource::CriEvents => "cri-events",
-        pb::TriggerSource::Relist => "relist",
-        pb::TriggerSource::Unspecified => "unspecified",
-    }
-}
-
-/// An observation as `source:fact`.
-pub(crate) fn observation(o: &pb::Observation) -> String {
-    use pb::observation::Kind;
-    let source = source_name(o.source());
-    match &o.kind {
-        Some(Kind::ExitCode(code)) => format!("{source}:exit_code={code}"),
-        Some(Kind::Signal(signal)) => format!("{source}:signal={signal}"),
-        Some(Kind::OomKilled(_)) => format!("{source}:oom_killed"),
-        Some(Kind::Exec(path)) => format!("{source}:exec={path}"),
-        Some(Kind::Exited(_)) => format!("{source}:exited"),
-        Some(Kind::CgroupRemoved(_)) => format!("{source}:cgroup_removed"),
-        Some(Kind::TaskStarted(_)) => format!("{source}:task_started"),
-        Some(Kind::Deleted(_)) => format!("{source}:deleted"),
-        None => format!("{source}:?"),
-    }
-}
-
-/// A layer's name; `None` when the event is about no container's state.
-pub(crate) fn layer_name(layer: pb::Layer) -> Option<&'static str> {
-    match layer {
-        pb::Layer::Cri => Some("cri"),
-        pb::Layer::Task => Some("task"),
-        pb::Layer::Unspecified => None,
-    }
-}
-
 /// The first 12 characters of a container id.
 pub(crate) fn short(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
-}
-
-/// A protobuf timestamp as a wall-clock time.
-pub fn from_timestamp(t: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
-    SystemTime::try_from(*t?).ok()
 }
 
 /// An event's time as printed: RFC 3339 in UTC, `-` when unknown; to the microsecond in JSON,
@@ -262,16 +212,7 @@ mod tests {
     use std::{sync::Arc, time::Duration};
 
     use super::*;
-    use crate::{
-        api::convert,
-        pleg::{
-            event::{
-                Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
-                TriggerSource,
-            },
-            record::{ContainerId, Layer, PodUid},
-        },
-    };
+    use crate::pleg::{ContainerId, PodUid, Store};
 
     fn died_event() -> PodLifecycleEvent {
         let observed_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
@@ -280,29 +221,18 @@ mod tests {
             pod: PodUid("uid-1".into()),
             pod_namespace: "default".into(),
             pod_name: "web".into(),
-            container_id: Some(ContainerId("0123456789abcdef".into())),
-            container_name: "app".into(),
-            event_type: PodLifecycleEventType::ContainerDied,
+            container_id: ContainerId("0123456789abcdef".into()),
             observed_at,
             emitted_at: observed_at + Duration::from_millis(42),
-            sources: vec![TriggerSource::Ebpf, TriggerSource::Containerd],
-            observations: vec![Observation {
-                source: TriggerSource::Ebpf,
-                kind: ObservationKind::Signal(9),
-            }],
-            exit_code: Some(137),
             reason: "Error".into(),
-            confirmed_by: Some(Layer::Cri),
+            confirmed_by: Some(Store::Cri),
+            ..crate::runtime::testing::event(7, "web")
         }
-    }
-
-    fn published(event: &PodLifecycleEvent) -> pb::Event {
-        convert::event(event, 1)
     }
 
     #[test]
     fn text_line_reads_well_and_carries_the_runtime_exit() {
-        let line = EventLine::new(&published(&died_event())).render(OutputFormat::Text);
+        let line = EventLine::new(&died_event()).render(OutputFormat::Text);
         assert_eq!(
             line,
             "2027-01-15T08:00:00.042Z #7     ContainerDied     default/web app 0123456789ab via ebpf+containerd (42ms) exit=137 reason=Error ebpf:signal=9"
@@ -311,7 +241,7 @@ mod tests {
 
     #[test]
     fn json_line_has_every_field() {
-        let line = EventLine::new(&published(&died_event())).render(OutputFormat::Json);
+        let line = EventLine::new(&died_event()).render(OutputFormat::Json);
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["type"], "ContainerDied");
         assert_eq!(value["sequence"], 7);
@@ -326,20 +256,20 @@ mod tests {
 
     #[test]
     fn an_event_without_an_exit_still_prints() {
-        let line = EventLine::new(&published(&PodLifecycleEvent {
+        let line = EventLine::new(&PodLifecycleEvent {
             exit_code: None,
             reason: String::new(),
             confirmed_by: None,
             ..died_event()
-        }));
+        });
         assert_eq!(line.exit_code, None);
         assert!(line.render(OutputFormat::Text).contains("ContainerDied"));
     }
 
-    fn event(sequence: u64) -> Arc<pb::Event> {
-        Arc::new(pb::Event {
+    fn event(sequence: u64) -> Arc<PodLifecycleEvent> {
+        Arc::new(PodLifecycleEvent {
             sequence,
-            ..pb::Event::default()
+            ..died_event()
         })
     }
 
@@ -358,7 +288,7 @@ mod tests {
     /// in order, and the publisher never waited.
     #[tokio::test]
     async fn a_writer_that_falls_behind_catches_up_from_the_history() {
-        let bus = ApiBus::new(1, 1000, 8);
+        let bus = EventBus::new(1, 1000, 8);
         // A pipe of 64 bytes: the writer blocks on it after the first line.
         let (pipe, mut reader) = tokio::io::duplex(64);
         let events = bus.consume(0, 2).unwrap();
@@ -381,7 +311,7 @@ mod tests {
     async fn a_writer_behind_the_history_skips_to_live_events() {
         use tokio::io::AsyncBufReadExt as _;
 
-        let bus = ApiBus::new(1, 5, 8);
+        let bus = EventBus::new(1, 5, 8);
         let (pipe, reader) = tokio::io::duplex(1 << 16);
         let mut lines = tokio::io::BufReader::new(reader).lines();
         let events = bus.consume(0, 2).unwrap();

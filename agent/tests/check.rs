@@ -4,7 +4,7 @@
 #[test]
 fn the_report_names_every_subject_and_the_probes_load() {
     let settings = plegd::config::Config::load(&plegd::config::RunArgs::default()).unwrap();
-    let (report, ebpf) = plegd::check::report(&settings);
+    let (report, ebpf) = plegd::daemon::check::report(&settings);
     for subject in [
         "kernel",
         "probe cgroup_mkdir",

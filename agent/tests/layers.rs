@@ -1,74 +1,66 @@
-//! The layer rule of `lib.rs`'s `# Layout`: a module imports only modules of its own layer or
-//! of layers below it. Reads the `crate::` paths of every source file (test modules excluded)
-//! and fails naming each arrow that points up.
+//! The layer rule of `lib.rs`'s `# Layout`: the folders are the layers, and a module imports
+//! only modules of its own layer or of layers below it; inside `pleg`, the same between its
+//! folders, whose face (`pleg/mod.rs`) is above them all. Reads the `crate::` paths of every
+//! source file (test modules and `tests.rs` files excluded) and fails naming each arrow that
+//! points up.
 //!
 //! The same reading checks that the daemon runs no other program: no process is spawned by
 //! its code (tests excluded), so what it does is all in this crate.
 
 use std::{collections::BTreeSet, path::Path};
 
-/// The layers, lowest first, as `lib.rs` lists them. `pleg` is split by file: its types sit
-/// at the bottom, its relist and generator above the runtime.
+/// The layers, lowest first, as `lib.rs` lists them: each a folder or a file of `src/`.
 const LAYERS: &[&[&str]] = &[
-    &[
-        "pleg::record",
-        "pleg::event",
-        "backoff",
-        "capabilities",
-        "heap",
-    ],
-    &[
-        "metrics",
-        "bus",
-        "pleg::diff",
-        "pleg::cache",
-        "pleg::health",
-        "pleg::hints",
-        "pleg::merge",
-        "pleg::committed",
-        "pleg::reconcile",
-        "pleg::scheduler",
-        "pleg::provenance",
-        "pleg::sink",
-    ],
-    &["runtime"],
-    &["pleg::relist", "pleg::generator"],
-    &["sources"],
-    &["output", "sync_loop", "state"],
-    &["config", "fuzz"],
-    &["api"],
-    &["daemon", "check"],
+    &["base"],
+    &["pleg"],
+    &["runtime", "sources"],
+    &["output"],
+    &["config"],
+    &["api", "fuzz"],
+    &["daemon"],
     &["cli"],
 ];
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|layer| layer.contains(&module))
+/// Inside `pleg`, its folders by layer, lowest first; `mod` is its face.
+const PLEG_LAYERS: &[&[&str]] = &[
+    &["model"],
+    &["decide", "shared"],
+    &["driver", "sync_loop"],
+    &["mod"],
+];
+
+fn layer_of(layers: &[&[&str]], module: &str) -> Option<usize> {
+    layers.iter().position(|layer| layer.contains(&module))
 }
 
-/// The module a source file belongs to: `pleg::<file>` inside `pleg`, else its top directory
-/// or file. `None` for the crate root and `pleg/mod.rs`, which only declare modules.
+/// The first folder or file of `relative` (a path under `src/` or `src/pleg/`), without its
+/// extension; `None` for a test file and for the crate root.
 fn module_of(relative: &Path) -> Option<String> {
-    let parts: Vec<String> = relative
+    if relative.file_name().is_some_and(|name| name == "tests.rs") {
+        return None;
+    }
+    let first = relative
         .with_extension("")
         .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    match parts.as_slice() {
-        [root] if root == "lib" || root == "main" => None,
-        [pleg, file] if pleg == "pleg" => (file != "mod").then(|| format!("pleg::{file}")),
-        [top, ..] => Some(top.clone()),
-        [] => None,
-    }
+        .next()?
+        .to_string_lossy()
+        .into_owned();
+    (first != "lib" && first != "main").then_some(first)
 }
 
-/// The module a `crate::` path names: `pleg::<item>` inside `pleg`, else its first segment.
-fn target_of(path: &str) -> String {
-    let mut segments = path.split("::").map(str::trim);
-    let first = segments.next().unwrap_or_default();
-    match (first, segments.next()) {
-        ("pleg", Some(second)) => format!("pleg::{second}"),
-        _ => first.to_owned(),
-    }
+/// The module of `src/` a path names: its first segment.
+fn target_of(path: &str) -> &str {
+    path.split("::").next().unwrap_or_default()
+}
+
+/// What a path names inside the PLEG: its folder, or `mod` (the face) for what the face
+/// re-exports; `None` for a path out of the PLEG.
+fn pleg_target_of(path: &str) -> Option<&str> {
+    let inside = path.strip_prefix("pleg::")?;
+    Some(match layer_of(PLEG_LAYERS, inside) {
+        Some(_) => inside,
+        None => "mod",
+    })
 }
 
 /// `source` without its test module and comment lines.
@@ -81,16 +73,14 @@ fn code_of(source: &str) -> String {
         .join("\n")
 }
 
-/// Every module the code (not comments) of `source` names through `crate::`, expanding
-/// `crate::{a::b, c::{d, e}}` groups at their first level, and `pleg::{x, y}` one deeper.
+/// Every path the code (not comments) of `source` names through `crate::`, expanding
+/// `crate::{a::b, c::{d, e}}` groups at their first level, and `pleg::{x, y}` one deeper: the
+/// module (`base`), or `pleg::` and what it names inside the PLEG (`pleg::model`).
 fn imports(source: &str) -> BTreeSet<String> {
     let code = code_of(source);
     let mut found = BTreeSet::new();
     for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
-        for path in expand(rest) {
-            found.insert(target_of(&path));
-        }
+        found.extend(expand(&code[at + "crate::".len()..]));
     }
     found
 }
@@ -163,26 +153,41 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-#[test]
-fn no_module_imports_a_module_above_it() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every source file under `dir`, with its path relative to it.
+fn files_under(dir: &Path) -> Vec<(std::path::PathBuf, String)> {
     let mut files = Vec::new();
-    sources(&root, &mut files);
+    sources(dir, &mut files);
     files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let relative = file.strip_prefix(dir).unwrap().to_owned();
+            let source = std::fs::read_to_string(&file).unwrap();
+            (relative, source)
+        })
+        .collect()
+}
+
+/// The arrows of `files` that point up in `layers`, where `module_of` and `target_of` place
+/// a file and what it names; with the count of arrows checked.
+fn upward_arrows(
+    files: &[(std::path::PathBuf, String)],
+    layers: &[&[&str]],
+    target_of: impl Fn(&str) -> Option<String>,
+) -> (Vec<String>, usize) {
     let mut upward = Vec::new();
     let mut checked = 0;
-    for file in &files {
-        let relative = file.strip_prefix(&root).unwrap();
+    for (relative, source) in files {
         let Some(module) = module_of(relative) else {
             continue;
         };
-        let own = layer_of(&module)
+        let own = layer_of(layers, &module)
             .unwrap_or_else(|| panic!("{module} ({}) is in no layer", relative.display()));
-        for target in imports(&std::fs::read_to_string(file).unwrap()) {
+        for target in imports(source).iter().filter_map(|path| target_of(path)) {
             if target == module {
                 continue;
             }
-            let Some(layer) = layer_of(&target) else {
+            let Some(layer) = layer_of(layers, &target) else {
                 panic!(
                     "{} imports {target}, which is in no layer",
                     relative.display()
@@ -197,6 +202,14 @@ fn no_module_imports_a_module_above_it() {
             }
         }
     }
+    (upward, checked)
+}
+
+#[test]
+fn no_module_imports_a_module_above_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = files_under(&root);
+    let (upward, checked) = upward_arrows(&files, LAYERS, |path| Some(target_of(path).to_owned()));
     assert!(
         checked > 50,
         "only {checked} imports found: is the parser broken?"
@@ -204,6 +217,23 @@ fn no_module_imports_a_module_above_it() {
     assert!(
         upward.is_empty(),
         "imports pointing up:\n{}",
+        upward.join("\n")
+    );
+}
+
+/// Inside the PLEG, its folders import one way, and only its face imports through itself:
+/// a folder that named what the face re-exports would import the face above it.
+#[test]
+fn pleg_folders_import_one_way() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pleg");
+    let files = files_under(&root);
+    let (upward, checked) = upward_arrows(&files, PLEG_LAYERS, |path| {
+        pleg_target_of(path).map(str::to_owned)
+    });
+    assert!(checked > 15, "only {checked} imports found inside the PLEG");
+    assert!(
+        upward.is_empty(),
+        "imports pointing up inside the PLEG:\n{}",
         upward.join("\n")
     );
 }
@@ -275,6 +305,9 @@ fn the_parser_finds_grouped_and_nested_paths() {
         found,
         ["api", "metrics", "pleg::cache", "pleg::event", "runtime"]
     );
+    assert_eq!(pleg_target_of("pleg::decide"), Some("decide"));
+    assert_eq!(pleg_target_of("pleg::Trigger"), Some("mod"));
+    assert_eq!(pleg_target_of("runtime"), None);
 }
 
 /// What starting another program looks like in Rust source: std's and tokio's `Command`

@@ -25,16 +25,12 @@ use std::{
 use criterion::{BenchmarkId, Criterion, Throughput};
 use plegd::{
     pleg::{
-        cache::PodCache,
-        event::PodLifecycleEvent,
-        health::Health,
-        hints::Hints,
-        record::{ContainerId, ContainerState, PodRecord, PodUid, TaskRecord},
-        relist::{RelistConfig, Relister},
-        sink::EventSink,
+        ContainerId, ContainerRead, ContainerState, EventSink, Health, Hints, PodCache,
+        PodLifecycleEvent, PodRecord, PodUid, RelistConfig, Relister, Runtime, RuntimeError, Scope,
+        TaskRecord,
     },
     runtime::{
-        AnyRuntime, ContainerRead, Runtime, RuntimeError, RuntimeKind, RuntimeOptions, Scope,
+        AnyRuntime, RuntimeKind, RuntimeOptions,
         testing::{FakeRuntime, container},
     },
 };
@@ -333,7 +329,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     // Memory as plegd's, without transparent huge pages.
-    plegd::heap::keep_huge_pages_out();
+    plegd::base::heap::keep_huge_pages_out();
     // One thread, as `plegd run` has.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -16,7 +16,7 @@ use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
     daemon::{self, PushSources},
-    pleg::record::ContainerState,
+    pleg::ContainerState,
     runtime::testing::{FakeRuntime, container},
 };
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
@@ -132,7 +132,7 @@ async fn scenario(stalled: usize) -> Report {
             (c, stream, delays)
         }));
     }
-    assert_eq!(shared.bus.subscriber_count(), READERS + stalled);
+    assert_eq!(shared.pleg.events().subscriber_count(), READERS + stalled);
 
     let rss_before = rss_kib();
     let started = Instant::now();
@@ -161,7 +161,7 @@ async fn scenario(stalled: usize) -> Report {
     }
     let elapsed = started.elapsed();
     let rss_growth_kib = rss_kib() - rss_before;
-    let lagged = READERS + stalled - shared.bus.subscriber_count();
+    let lagged = READERS + stalled - shared.pleg.events().subscriber_count();
     drop(done);
     driver.abort();
     shutdown.cancel();

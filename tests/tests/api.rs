@@ -365,7 +365,7 @@ async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_
         containerd, cri, ..
     } = Node::start().await.unwrap();
     let (mut plegd, api) = start(&containerd, |c| c.watch_queue = 8).await;
-    let bus = plegd.shared.bus.clone();
+    let bus = plegd.shared.pleg.events().clone();
     let mut fast_client = api.client().await;
     let mut fast = watch(&mut fast_client, 0, 0).await.unwrap();
     let mut stalled_client = stingy_client(&api.socket).await;
@@ -532,7 +532,7 @@ async fn a_runtime_that_hangs_mid_churn_turns_health_off_then_recovers_losing_no
             .get_health(pb::GetHealthRequest {})
             .await
             .map(tonic::Response::into_inner);
-        let in_process = plegd.shared.health.check().map_err(|e| e.to_string());
+        let in_process = plegd.shared.pleg.healthy().map_err(|e| e.to_string());
         let ready = support::http_get(api.metrics, "/readyz", None).await;
         (overall, report, in_process, ready)
     }
@@ -570,7 +570,7 @@ async fn a_runtime_that_hangs_mid_churn_turns_health_off_then_recovers_losing_no
         support::http_get(api.metrics, "/readyz", None).await.code,
         200
     );
-    plegd.shared.health.check().unwrap();
+    plegd.shared.pleg.healthy().unwrap();
 
     // The rest die after the thaw; every container then goes.
     for id in &ids[CONTAINERS / 2..] {
@@ -785,7 +785,7 @@ async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca
     let listing = list_pods_over_tls(address, &ours.ca_pem, Some(&trusted))
         .await
         .expect("a client with a certificate from the client CA is served");
-    assert_eq!(listing.run_id, plegd.shared.bus.run_id());
+    assert_eq!(listing.run_id, plegd.shared.pleg.events().run_id());
 
     let stranger = theirs.leaf(&["watcher"], ClientAuth);
     for (who, identity) in [("no certificate", None), ("another CA's", Some(&stranger))] {

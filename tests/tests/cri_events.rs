@@ -12,7 +12,7 @@ mod support;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1::ContainerState;
-use plegd::{config::SourceName, pleg::event::TriggerSource, sources::status::SourceState};
+use plegd::{config::SourceName, pleg::TriggerSource, sources::status::SourceState};
 use plegd_tests::{
     ContainerdOptions, Node, PrivateContainerd,
     containerd::CRI_NAMESPACE,

@@ -335,8 +335,8 @@ struct Rule {
 /// The series names plegd's `/metrics` can hold, from the `# TYPE` lines of its registry once
 /// every labelled family has a series (a family without one is not written at all).
 fn exported_series() -> BTreeSet<String> {
-    use plegd::pleg::event::TriggerSource;
-    let metrics = plegd::metrics::Metrics::new();
+    use plegd::pleg::TriggerSource;
+    let metrics = plegd::base::metrics::Metrics::new();
     let now = std::time::Instant::now();
     metrics.relisted(true, now, std::time::Duration::from_millis(1), true);
     metrics.relisted(false, now, std::time::Duration::from_millis(1), true);
@@ -346,9 +346,9 @@ fn exported_series() -> BTreeSet<String> {
         TriggerSource::Containerd,
         TriggerSource::CriEvents,
     ] {
-        metrics.trigger(source);
-        metrics.unconfirmed_hint(source);
-        metrics.stream_reconnect(source);
+        metrics.trigger(source.name());
+        metrics.unconfirmed_hint(source.name());
+        metrics.stream_reconnect(source.name());
     }
     metrics.init_map_errors("seed", 1);
     metrics.set_snapshot(0, 0, &std::collections::BTreeMap::new());

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::ContainerState;
 use plegd::{
-    config::{Config, Confirm, Mode, RunArgs, SourceName},
+    config::{Config, Mode, RunArgs, SourceName},
     daemon::{self, EbpfStart},
-    pleg::event::TriggerSource,
+    pleg::{Store, TriggerSource},
     sources::status::SourceState,
 };
 use plegd_proto::v1 as pb;
@@ -242,7 +242,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
         cri,
         tasks,
     } = Node::start().await.unwrap();
-    for confirm in [Confirm::Cri, Confirm::Task] {
+    for confirm in [Store::Cri, Store::Task] {
         let mut config = push_config(
             &containerd,
             &[SourceName::Ebpf, SourceName::Containerd],
@@ -265,7 +265,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
         // Each source named saw the death. The kernel sees it twice, the signal and the cgroup's
         // removal: under load (a full `cargo xtask test`) the event once carried the removal
         // alone, why is not known yet (the signal's observation never reached it).
-        if confirm == Confirm::Cri {
+        if confirm == Store::Cri {
             for (source, observations) in [
                 ("ebpf", &["ebpf:signal=9", "ebpf:cgroup_removed"][..]),
                 ("containerd", &["containerd:exit_code=137"][..]),

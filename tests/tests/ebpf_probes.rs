@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use plegd::{
     pleg::{
-        event::{ObservationKind, Trigger, TriggerSource},
-        generator::{TriggerReceiver, trigger_channel},
-        record::ContainerId,
+        ContainerId, ObservationKind, Scope, Trigger, TriggerReceiver, TriggerSource,
+        trigger_channel,
     },
-    runtime::Scope,
     sources::{
         ebpf::{self, Probes},
         status::{SourceRegistry, SourceState},
@@ -88,7 +86,7 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
         vec![CRI_NAMESPACE.to_owned()],
         tx,
         registry.clone(),
-        plegd::metrics::Metrics::new(),
+        plegd::base::metrics::Metrics::new(),
         shutdown.clone(),
     ));
     plegd_tests::wait::until("eBPF source connected", DEADLINE, || async {

@@ -17,13 +17,10 @@ use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient,
 };
 use plegd::{
-    config::{Confirm, SourceName},
+    config::SourceName,
     pleg::{
-        event::{Trigger, TriggerSource},
-        generator::{TriggerReceiver, trigger_channel},
-        record::{ContainerId, Layer, PodUid},
+        ContainerId, PodUid, Scope, Store, Trigger, TriggerReceiver, TriggerSource, trigger_channel,
     },
-    runtime::Scope,
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
         cri_events::{self, CriEventsConfig},
@@ -208,12 +205,13 @@ async fn deaths_are_confirmed_at_the_task_record_or_at_cri_as_configured() {
         wait::until("CRI's status in the cache", DEADLINE, || async {
             let container = plegd
                 .shared
-                .cache
+                .pleg
+                .cache()
                 .get(&PodUid(died["pod_uid"].as_str().unwrap().to_owned()))
                 .record
                 .and_then(|pod| pod.containers.get(&ContainerId(id.clone())).cloned());
             Ok::<_, String>(container.filter(|c| {
-                c.confirmed_by == Layer::Cri && c.reason == "Error" && c.exit_code == Some(137)
+                c.confirmed_by == Store::Cri && c.reason == "Error" && c.exit_code == Some(137)
             }))
         })
         .await
@@ -236,7 +234,7 @@ async fn deaths_are_confirmed_at_the_task_record_or_at_cri_as_configured() {
     plegd.stop().await;
 
     let mut config = stream_only(&containerd.socket(), SourceName::Containerd);
-    config.confirm = Confirm::Cri;
+    config.confirm = Store::Cri;
     let mut plegd = RunningPlegd::start(config).await;
     plegd.wait_sources_connected(1, DEADLINE).await;
     for (_, died, cri_state) in kill_and_read(&mut plegd, (&cri, &tasks), "by-cri", 2).await {

@@ -25,7 +25,7 @@ use std::{
 use k8s_cri::v1::ContainerState;
 use plegd::{
     config::{Config, OutputFormat, RunArgs, SourceName},
-    pleg::event::TriggerSource,
+    pleg::TriggerSource,
     runtime::RuntimeKind,
     sources::{containerd_events::HEARTBEAT_TOPIC, status::SourceState},
 };

@@ -2,7 +2,7 @@
 //! `MemoryMax=`, read from the unit, never restated here), through a burst of container
 //! lifecycles with two consumers that never read (its own stdout and an API watcher): it stays
 //! alive, its memory cgroup saw no OOM kill, and a reading watcher got every transition of
-//! every container. Its memory holds no transparent huge page (`plegd::heap`: with them, its
+//! every container. Its memory holds no transparent huge page (`plegd::base::heap`: with them, its
 //! RSS idle grew by 13 MiB of 2 MiB pages that were mostly empty).
 //!
 //! plegd is born in a memory cgroup the test creates (cgroup2's `memory.max` where cgroup2 has

@@ -15,7 +15,7 @@ use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
     daemon::{self, PushSources},
-    pleg::record::ContainerState,
+    pleg::ContainerState,
     runtime::{
         RuntimeKind,
         testing::{FakeRuntime, container as fake_container},

@@ -140,7 +140,11 @@ async fn a_python_grpcio_client_lists_watches_a_kill_syncs_and_checks_health() {
     let words: Vec<&str> = listed.split(' ').collect();
     assert_eq!(words[0], "listed", "{listed}");
     assert!(words[1].parse::<usize>().unwrap() >= 1, "{listed}");
-    assert_eq!(words[2], plegd.shared.bus.run_id().to_string(), "{listed}");
+    assert_eq!(
+        words[2],
+        plegd.shared.pleg.events().run_id().to_string(),
+        "{listed}"
+    );
     // SIGKILL: 137, confirmed at containerd's task record.
     let died = died.unwrap();
     let words: Vec<&str> = died.split(' ').collect();

@@ -9,10 +9,11 @@ use std::{
 
 use k8s_cri::v1::ContainerState as CriState;
 use plegd::{
-    pleg::record::{ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid},
-    runtime::{
-        AnyRuntime, ConnectError, Runtime, RuntimeError, RuntimeKind, RuntimeOptions, Scope,
+    pleg::{
+        ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid, Runtime, RuntimeError,
+        Scope,
     },
+    runtime::{AnyRuntime, ConnectError, RuntimeKind, RuntimeOptions},
 };
 use plegd_tests::{
     ContainerdOptions, Node, PrivateContainerd,

@@ -14,9 +14,13 @@ use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
 use serde::Serialize;
 use tonic::{Code, Status, transport::Channel};
 
-use crate::output::{
-    OutputFormat, Stamp, event_type_name, from_timestamp, latency_ms, layer_name, observation,
-    short, source_name,
+use crate::{
+    api::convert::{
+        event_type_name, from_timestamp, observation_text, source_name, store_from_pb,
+        sync_reason_from_pb,
+    },
+    output::{OutputFormat, Stamp, latency_ms, short},
+    pleg::{Store, SyncReason},
 };
 
 /// How long a one-shot command waits for the daemon.
@@ -305,12 +309,7 @@ impl SyncLine {
 }
 
 fn sync_reason_name(reason: pb::SyncReason) -> &'static str {
-    match reason {
-        pb::SyncReason::Event => "event",
-        pb::SyncReason::Resync => "resync",
-        pb::SyncReason::Removed => "removed",
-        pb::SyncReason::Unspecified => "unknown",
-    }
+    sync_reason_from_pb(reason).map_or("unknown", SyncReason::name)
 }
 
 fn table_header() -> String {
@@ -360,7 +359,7 @@ impl WatchLine {
             sources: event.sources().map(|s| source_name(s).to_owned()).collect(),
             exit_code: event.exit_code,
             reason: event.reason.clone(),
-            observations: event.observations.iter().map(observation).collect(),
+            observations: event.observations.iter().map(observation_text).collect(),
         }
     }
 
@@ -584,7 +583,7 @@ impl PodReport {
                     state: container_state_name(c.state()),
                     exit_code: c.has_exit_code.then_some(c.exit_code),
                     reason: c.reason.clone(),
-                    confirmed_by: layer_name(c.confirmed_by()),
+                    confirmed_by: store_from_pb(c.confirmed_by()).map(Store::name),
                     created_at: Stamp(from_timestamp(c.created_at.as_ref())),
                     started_at: Stamp(from_timestamp(c.started_at.as_ref())),
                     finished_at: Stamp(from_timestamp(c.finished_at.as_ref())),

@@ -1,4 +1,5 @@
-//! Domain types to `plegd.v1` messages (and back, for the few enums clients send).
+//! plegd's domain types to `plegd.v1` messages, and back: written once, used wherever a
+//! message is made or read (the API's watchers, the saved run's history, `plegd watch`).
 
 use std::time::SystemTime;
 
@@ -7,20 +8,26 @@ use prost_types::Timestamp;
 
 use crate::{
     pleg::{
-        cache::{CachedPod, PodCache},
-        event::{
-            Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType, TriggerSource,
-        },
-        health::HealthError,
-        record::{ContainerRecord, ContainerState, Layer, PodRecord},
+        CachedPod, ContainerId, ContainerRecord, ContainerState, HealthError, Notice, NoticeKind,
+        Observation, ObservationKind, PodCache, PodLifecycleEvent, PodLifecycleEventType,
+        PodRecord, PodSync, PodUid, Store, SyncReason, TriggerSource,
     },
     sources::status::{SourceState, SourceStatus},
-    sync_loop::{PodSync, SyncReason},
 };
+
+/// A message that is no PLEG event: a kernel notice's, or one with an unknown type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a PLEG event: type {0}")]
+pub struct NotAnEvent(pub i32);
 
 /// A wall-clock time as a protobuf timestamp.
 pub fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from(t)
+}
+
+/// A protobuf timestamp as a wall-clock time.
+pub fn from_timestamp(t: Option<&Timestamp>) -> Option<SystemTime> {
+    SystemTime::try_from(*t?).ok()
 }
 
 /// The event as served.
@@ -30,11 +37,7 @@ pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
         pod_uid: event.pod.0.clone(),
         pod_namespace: event.pod_namespace.clone(),
         pod_name: event.pod_name.clone(),
-        container_id: event
-            .container_id
-            .as_ref()
-            .map(|c| c.0.clone())
-            .unwrap_or_default(),
+        container_id: event.container_id.0.clone(),
         container_name: event.container_name.clone(),
         r#type: event_type(event.event_type) as i32,
         observed_at: Some(timestamp(event.observed_at)),
@@ -48,13 +51,85 @@ pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
     }
 }
 
+/// An event as served, back in plegd's terms (its run is the message's `run_id`).
+pub fn event_from_pb(message: &pb::Event) -> Result<PodLifecycleEvent, NotAnEvent> {
+    let event_type = event_type_from_pb(message.r#type()).ok_or(NotAnEvent(message.r#type))?;
+    let time = |t: &Option<Timestamp>| from_timestamp(t.as_ref()).unwrap_or(SystemTime::UNIX_EPOCH);
+    Ok(PodLifecycleEvent {
+        sequence: message.sequence,
+        pod: PodUid(message.pod_uid.clone()),
+        pod_namespace: message.pod_namespace.clone(),
+        pod_name: message.pod_name.clone(),
+        container_id: ContainerId(message.container_id.clone()),
+        container_name: message.container_name.clone(),
+        event_type,
+        observed_at: time(&message.observed_at),
+        emitted_at: time(&message.emitted_at),
+        sources: message.sources().filter_map(source_from_pb).collect(),
+        observations: message
+            .observations
+            .iter()
+            .filter_map(observation_from_pb)
+            .collect(),
+        exit_code: message.exit_code,
+        reason: message.reason.clone(),
+        confirmed_by: store_from_pb(message.confirmed_by()),
+    })
+}
+
+/// A kernel notice as served: an event of its own type, never numbered.
+pub fn notice(notice: &Notice, run_id: u64) -> pb::Event {
+    let kind = match notice.kind {
+        NoticeKind::Ahead => pb::EventType::KernelObservation,
+        NoticeKind::Unconfirmed => pb::EventType::ObservationUnconfirmed,
+    };
+    pb::Event {
+        sequence: 0,
+        pod_uid: notice.pod.0.clone(),
+        pod_namespace: notice.pod_namespace.clone(),
+        pod_name: notice.pod_name.clone(),
+        container_id: notice.container_id.0.clone(),
+        container_name: notice.container_name.clone(),
+        r#type: kind as i32,
+        observed_at: Some(timestamp(notice.observed_at)),
+        emitted_at: Some(timestamp(notice.emitted_at)),
+        sources: vec![source(TriggerSource::Ebpf) as i32],
+        observations: notice.observations.iter().filter_map(observation).collect(),
+        run_id,
+        ..pb::Event::default()
+    }
+}
+
 pub fn event_type(t: PodLifecycleEventType) -> pb::EventType {
     match t {
         PodLifecycleEventType::ContainerStarted => pb::EventType::ContainerStarted,
         PodLifecycleEventType::ContainerDied => pb::EventType::ContainerDied,
         PodLifecycleEventType::ContainerRemoved => pb::EventType::ContainerRemoved,
         PodLifecycleEventType::ContainerChanged => pb::EventType::ContainerChanged,
-        PodLifecycleEventType::PodSync => pb::EventType::PodSync,
+    }
+}
+
+/// The PLEG event type of a message; `None` for the API's own types (kernel notices) and
+/// `PodSync`, which the PLEG never emits.
+pub fn event_type_from_pb(t: pb::EventType) -> Option<PodLifecycleEventType> {
+    [
+        PodLifecycleEventType::ContainerStarted,
+        PodLifecycleEventType::ContainerDied,
+        PodLifecycleEventType::ContainerRemoved,
+        PodLifecycleEventType::ContainerChanged,
+    ]
+    .into_iter()
+    .find(|domain| event_type(*domain) == t)
+}
+
+/// The name of a message's type, as printed: the PLEG's own, or the API's for its notices.
+pub fn event_type_name(t: pb::EventType) -> &'static str {
+    match (event_type_from_pb(t), t) {
+        (Some(domain), _) => domain.name(),
+        (None, pb::EventType::KernelObservation) => "KernelObservation",
+        (None, pb::EventType::ObservationUnconfirmed) => "ObservationUnconfirmed",
+        (None, pb::EventType::PodSync) => "PodSync",
+        (None, _) => "Unspecified",
     }
 }
 
@@ -65,6 +140,22 @@ pub fn source(s: TriggerSource) -> pb::TriggerSource {
         TriggerSource::CriEvents => pb::TriggerSource::CriEvents,
         TriggerSource::Relist => pb::TriggerSource::Relist,
     }
+}
+
+const SOURCES: [TriggerSource; 4] = [
+    TriggerSource::Ebpf,
+    TriggerSource::Containerd,
+    TriggerSource::CriEvents,
+    TriggerSource::Relist,
+];
+
+pub fn source_from_pb(s: pb::TriggerSource) -> Option<TriggerSource> {
+    SOURCES.into_iter().find(|domain| source(*domain) == s)
+}
+
+/// A source's name as printed; `unspecified` for none.
+pub fn source_name(s: pb::TriggerSource) -> &'static str {
+    source_from_pb(s).map_or("unspecified", TriggerSource::name)
 }
 
 /// An observation as consumers see it; `None` for those that only tell plegd where to look
@@ -89,6 +180,36 @@ pub fn observation(o: &Observation) -> Option<pb::Observation> {
     })
 }
 
+/// An observation as served, back in plegd's terms: what a consumer is shown of it (the
+/// runtime's task records come back as the facts they show, an exit code and a start).
+pub fn observation_from_pb(o: &pb::Observation) -> Option<Observation> {
+    use pb::observation::Kind;
+    let kind = match o.kind.as_ref()? {
+        Kind::ExitCode(code) => ObservationKind::ExitCode(*code),
+        Kind::Signal(signal) => ObservationKind::Signal(*signal),
+        Kind::OomKilled(_) => ObservationKind::OomKilled,
+        Kind::Exec(path) => ObservationKind::Exec(path.clone()),
+        Kind::Exited(_) => ObservationKind::Exited,
+        Kind::CgroupRemoved(_) => ObservationKind::CgroupRemoved,
+        Kind::TaskStarted(_) => ObservationKind::TaskStarted {
+            at: SystemTime::UNIX_EPOCH,
+        },
+        Kind::Deleted(_) => ObservationKind::Deleted,
+    };
+    Some(Observation {
+        source: source_from_pb(o.source())?,
+        kind,
+    })
+}
+
+/// An observation as served, as printed: `source:fact`.
+pub fn observation_text(o: &pb::Observation) -> String {
+    match observation_from_pb(o) {
+        Some(observation) => observation.to_string(),
+        None => format!("{}:?", source_name(o.source())),
+    }
+}
+
 /// A pod sync as served.
 pub fn pod_sync(sync: &PodSync, run_id: u64) -> pb::PodSync {
     pb::PodSync {
@@ -108,6 +229,12 @@ pub fn sync_reason(r: SyncReason) -> pb::SyncReason {
         SyncReason::Resync => pb::SyncReason::Resync,
         SyncReason::Removed => pb::SyncReason::Removed,
     }
+}
+
+pub fn sync_reason_from_pb(r: pb::SyncReason) -> Option<SyncReason> {
+    [SyncReason::Event, SyncReason::Resync, SyncReason::Removed]
+        .into_iter()
+        .find(|reason| sync_reason(*reason) == r)
 }
 
 /// A cached pod, or `None` on a cache miss.
@@ -144,11 +271,18 @@ fn container(c: &ContainerRecord) -> pb::ContainerStatus {
     }
 }
 
-pub fn layer(l: Layer) -> pb::Layer {
+pub fn layer(l: Store) -> pb::Layer {
     match l {
-        Layer::Cri => pb::Layer::Cri,
-        Layer::Task => pb::Layer::Task,
+        Store::Cri => pb::Layer::Cri,
+        Store::Task => pb::Layer::Task,
     }
+}
+
+/// The store a message's layer names; `None` for none.
+pub fn store_from_pb(l: pb::Layer) -> Option<Store> {
+    [Store::Cri, Store::Task]
+        .into_iter()
+        .find(|store| layer(*store) == l)
 }
 
 pub fn container_state(s: ContainerState) -> pb::ContainerState {
@@ -219,10 +353,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{
-        output::from_timestamp,
-        pleg::record::{ContainerId, PodUid},
-    };
+    use crate::pleg::{ContainerId, PodUid};
 
     #[test]
     fn an_event_carries_its_state_and_every_field() {
@@ -232,7 +363,7 @@ mod tests {
             pod: PodUid("u".into()),
             pod_namespace: "ns".into(),
             pod_name: "p".into(),
-            container_id: Some(ContainerId("c1".into())),
+            container_id: ContainerId("c1".into()),
             container_name: "app".into(),
             event_type: PodLifecycleEventType::ContainerDied,
             observed_at: at,
@@ -251,7 +382,7 @@ mod tests {
             ],
             exit_code: Some(137),
             reason: "Error".into(),
-            confirmed_by: Some(Layer::Task),
+            confirmed_by: Some(Store::Task),
         };
         let e = event(&domain, 9);
         assert_eq!(e.sequence, 3);

@@ -10,10 +10,12 @@
 //! [`PeerAllowList`]); each connection's credentials are checked before any gRPC.
 
 use std::{
+    future::Future,
     io::ErrorKind,
     net::SocketAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+    pin::Pin,
     time::Duration,
 };
 
@@ -28,7 +30,11 @@ use tonic::{
     server::NamedService,
     transport::{Certificate, Identity, Server, ServerTlsConfig},
 };
-use tonic_health::{ServingStatus, server::HealthReporter};
+use tonic_health::{
+    ServingStatus,
+    pb::health_server::{Health, HealthServer},
+    server::HealthReporter,
+};
 use tracing::{debug, info, warn};
 
 pub use crate::config::DEFAULT_SOCKET;
@@ -173,22 +179,13 @@ impl Listeners {
     ) -> Result<(), ServeError> {
         // Registered with the runtime first: a failure leaves no task behind.
         let socket_name = self.socket.display().to_string();
-        self.unix
-            .set_nonblocking(true)
-            .map_err(|source| ServeError::Register {
-                what: socket_name.clone(),
-                source,
-            })?;
-        let unix = UnixListener::from_std(self.unix).map_err(|source| ServeError::Register {
-            what: socket_name.clone(),
-            source,
-        })?;
+        let unix = register_unix(self.unix, &socket_name)?;
         let tcp = self
             .tcp
             .map(|(listener, tls)| Ok::<_, ServeError>((register_tcp(listener)?, tls)))
             .transpose()?;
         let metrics = self.metrics.map(register_tcp).transpose()?;
-        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let (reporter, health) = tonic_health::server::health_reporter();
         let health_task = tokio::spawn(drive_grpc_health(
             reporter,
             shared.clone(),
@@ -197,68 +194,16 @@ impl Listeners {
         let metrics_task = metrics.map(|listener| {
             tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
         });
-        // Watch streams end when the bus closes: the daemon closes it once the generator has
-        // stopped and every event is published, so watchers get them all before UNAVAILABLE.
-        let stopping = {
-            let bus = shared.bus.clone();
-            async move { bus.closed().await }
+        let served = Served {
+            health,
+            service: PlegServer::new(PlegService::new(shared.clone())),
+            stopping: stopping(&shared),
+            cut: CancellationToken::new(),
         };
-        let stopping = futures::FutureExt::shared(Box::pin(stopping));
-        let cut = CancellationToken::new();
-        let service = PlegServer::new(PlegService::new(shared.clone()));
         info!(socket = %socket_name, "serving the plegd.v1 API");
-        let peers = self.peers;
-        let unix = Server::builder()
-            .add_service(health_service.clone())
-            .add_service(service.clone())
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(unix)
-                    // A refused peer's connection is dropped here, closed before any gRPC.
-                    .try_filter(move |io| std::future::ready(admit(&peers, io)))
-                    .map_ok(|io| Cuttable::new(AuthorityFix::new(io), &cut)),
-                stopping.clone(),
-            );
-        let tcp = async {
-            let Some((listener, tls)) = tcp else {
-                return Ok(());
-            };
-            let address = listener
-                .local_addr()
-                .map_or_else(|_| "tcp".to_owned(), |a| a.to_string());
-            info!(%address, "serving the plegd.v1 API over TLS");
-            let mut builder =
-                Server::builder()
-                    .tls_config(tls)
-                    .map_err(|source| ServeError::Grpc {
-                        what: address.clone(),
-                        source,
-                    })?;
-            builder
-                .add_service(health_service)
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(listener).map_ok(|io| Cuttable::new(io, &cut)),
-                    stopping.clone(),
-                )
-                .await
-                .map_err(|source| ServeError::Grpc {
-                    what: address,
-                    source,
-                })
-        };
-        let cut_stragglers = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(DRAIN_GRACE).await;
-            warn!(
-                grace = ?DRAIN_GRACE,
-                "watchers that stopped reading kept their streams open; cutting their connections"
-            );
-            cut.cancel();
-            std::future::pending::<std::convert::Infallible>().await
-        };
         let (unix, tcp) = tokio::select! {
-            served = async { tokio::join!(unix, tcp) } => served,
-            never = cut_stragglers => match never {},
+            served = async { tokio::join!(served.unix(unix, self.peers), served.tls(tcp)) } => served,
+            never = served.cut_stragglers(&shutdown) => match never {},
         };
         if let Err(e) = std::fs::remove_file(&self.socket)
             && e.kind() != ErrorKind::NotFound
@@ -275,6 +220,97 @@ impl Listeners {
         })?;
         tcp
     }
+}
+
+/// Resolves once serving is to stop: when the PLEG's events close.
+type Stopping = futures::future::Shared<Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+/// Watch streams end when the events close: the daemon closes them once the generator has
+/// stopped and every event is published, so watchers get them all before UNAVAILABLE.
+fn stopping(shared: &Shared) -> Stopping {
+    let events = shared.pleg.events().clone();
+    futures::FutureExt::shared(Box::pin(async move { events.closed().await }))
+}
+
+/// What every gRPC listener serves (`H`: grpc.health.v1's service), and how it stops.
+struct Served<H> {
+    health: HealthServer<H>,
+    service: PlegServer<PlegService>,
+    stopping: Stopping,
+    /// Cuts the connections still open after the drain.
+    cut: CancellationToken,
+}
+
+impl<H: Health> Served<H> {
+    /// The unix socket: a refused peer's connection is dropped before any gRPC.
+    async fn unix(
+        &self,
+        unix: UnixListener,
+        peers: PeerAllowList,
+    ) -> Result<(), tonic::transport::Error> {
+        Server::builder()
+            .add_service(self.health.clone())
+            .add_service(self.service.clone())
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(unix)
+                    .try_filter(move |io| std::future::ready(admit(&peers, io)))
+                    .map_ok(|io| Cuttable::new(AuthorityFix::new(io), &self.cut)),
+                self.stopping.clone(),
+            )
+            .await
+    }
+
+    /// TCP with TLS, where configured.
+    async fn tls(&self, tcp: Option<(TcpListener, ServerTlsConfig)>) -> Result<(), ServeError> {
+        let Some((listener, tls)) = tcp else {
+            return Ok(());
+        };
+        let address = listener
+            .local_addr()
+            .map_or_else(|_| "tcp".to_owned(), |a| a.to_string());
+        info!(%address, "serving the plegd.v1 API over TLS");
+        let grpc = |source| ServeError::Grpc {
+            what: address.clone(),
+            source,
+        };
+        Server::builder()
+            .tls_config(tls)
+            .map_err(grpc)?
+            .add_service(self.health.clone())
+            .add_service(self.service.clone())
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(listener).map_ok(|io| Cuttable::new(io, &self.cut)),
+                self.stopping.clone(),
+            )
+            .await
+            .map_err(grpc)
+    }
+
+    /// After shutdown and [`DRAIN_GRACE`], cuts the connections of watchers that stopped
+    /// reading. Never returns.
+    async fn cut_stragglers(&self, shutdown: &CancellationToken) -> std::convert::Infallible {
+        shutdown.cancelled().await;
+        tokio::time::sleep(DRAIN_GRACE).await;
+        warn!(
+            grace = ?DRAIN_GRACE,
+            "watchers that stopped reading kept their streams open; cutting their connections"
+        );
+        self.cut.cancel();
+        std::future::pending().await
+    }
+}
+
+/// The unix listener, registered with the async runtime.
+fn register_unix(
+    listener: std::os::unix::net::UnixListener,
+    name: &str,
+) -> Result<UnixListener, ServeError> {
+    let register = |source| ServeError::Register {
+        what: name.to_owned(),
+        source,
+    };
+    listener.set_nonblocking(true).map_err(register)?;
+    UnixListener::from_std(listener).map_err(register)
 }
 
 /// Whether the peer of a new connection on the unix socket is allowed; a refused one is
@@ -456,7 +492,7 @@ async fn drive_grpc_health(reporter: HealthReporter, shared: Shared, shutdown: C
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let status = match shared.health.check() {
+        let status = match shared.pleg.healthy() {
             Ok(()) => ServingStatus::Serving,
             Err(_) => ServingStatus::NotServing,
         };
@@ -494,7 +530,7 @@ async fn serve_metrics(listener: TcpListener, shared: Shared, shutdown: Cancella
                     .headers()
                     .get(hyper::header::ACCEPT)
                     .and_then(|v| v.to_str().ok());
-                let format = crate::metrics::Format::negotiate(accept);
+                let format = crate::base::metrics::Format::negotiate(accept);
                 let response =
                     http_response(&shared, request.method(), request.uri().path(), format);
                 async move { Ok::<_, std::convert::Infallible>(response) }
@@ -515,7 +551,7 @@ pub fn http_response(
     shared: &Shared,
     method: &Method,
     path: &str,
-    format: crate::metrics::Format,
+    format: crate::base::metrics::Format,
 ) -> hyper::Response<Full<Bytes>> {
     let reply = |status: StatusCode, content_type: &'static str, body: String| {
         let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
@@ -542,7 +578,7 @@ pub fn http_response(
         // Live: the process answers. Ready: the PLEG is healthy (kubelet's PLEG check, in the
         // words of kubelet's runtime state: "PLEG is not healthy: pleg was last seen ...").
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" => match shared.health.check() {
+        "/readyz" => match shared.pleg.healthy() {
             Ok(()) => reply(StatusCode::OK, TEXT, "ok\n".into()),
             Err(e) => reply(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -560,8 +596,8 @@ pub fn http_response(
 
 /// Sets the gauges that are read from the cache and the bus at scrape time.
 fn refresh_snapshot(shared: &Shared) {
-    use crate::pleg::record::ContainerState;
-    let pods = shared.cache.pods();
+    use crate::pleg::ContainerState;
+    let pods = shared.pleg.cache().pods();
     let mut containers = std::collections::BTreeMap::new();
     for record in pods.iter().filter_map(|(_, p)| p.record.as_ref()) {
         for container in record.containers.values() {
@@ -575,9 +611,11 @@ fn refresh_snapshot(shared: &Shared) {
         }
     }
     let live_pods = pods.iter().filter(|(_, p)| p.record.is_some()).count();
-    shared
-        .metrics
-        .set_snapshot(shared.bus.subscriber_count(), live_pods, &containers);
+    shared.metrics.set_snapshot(
+        shared.pleg.events().subscriber_count(),
+        live_pods,
+        &containers,
+    );
 }
 
 #[cfg(test)]

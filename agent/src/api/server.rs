@@ -11,9 +11,8 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     api::{Shared, convert},
-    bus::{Ended, SubscribeError, Subscription},
-    pleg::record::PodUid,
-    sync_loop::{PodSync, SyncReason, SyncSubscription},
+    base::bus::{Ended, SubscribeError, Subscription},
+    pleg::{Notice, PodLifecycleEvent, PodSync, PodUid, SyncReason, SyncSubscription},
 };
 
 /// A `Watch` that cannot start.
@@ -83,20 +82,35 @@ impl Filter {
         })
     }
 
-    /// The event as this watcher gets it, or `None` when filtered out.
-    pub fn apply(&self, event: &pb::Event) -> Option<pb::Event> {
-        let wanted = self
-            .pods
-            .matches(&event.pod_namespace, &event.pod_name, &event.pod_uid)
-            && (self.types.is_empty() || self.types.contains(&event.r#type));
-        if !wanted {
-            return None;
-        }
-        let mut event = event.clone();
+    /// The event as this watcher gets it (of run `run_id`), or `None` when filtered out.
+    pub fn event(&self, event: &PodLifecycleEvent, run_id: u64) -> Option<pb::Event> {
+        let kind = convert::event_type(event.event_type);
+        self.wants(&event.pod_namespace, &event.pod_name, &event.pod, kind)
+            .then(|| self.served(convert::event(event, run_id)))
+    }
+
+    /// The notice as this watcher gets it, or `None` when filtered out.
+    pub fn notice(&self, notice: &Notice, run_id: u64) -> Option<pb::Event> {
+        let message = convert::notice(notice, run_id);
+        self.wants(
+            &notice.pod_namespace,
+            &notice.pod_name,
+            &notice.pod,
+            message.r#type(),
+        )
+        .then(|| self.served(message))
+    }
+
+    fn wants(&self, namespace: &str, name: &str, uid: &PodUid, kind: pb::EventType) -> bool {
+        self.pods.matches(namespace, name, &uid.0)
+            && (self.types.is_empty() || self.types.contains(&(kind as i32)))
+    }
+
+    fn served(&self, mut event: pb::Event) -> pb::Event {
         if !self.observations {
             event.observations.clear();
         }
-        Some(event)
+        event
     }
 }
 
@@ -104,16 +118,19 @@ impl Filter {
 pub fn watch(
     shared: &Shared,
     request: &pb::WatchRequest,
-) -> Result<(Subscription<pb::Event>, Filter), WatchError> {
+) -> Result<(Subscription<PodLifecycleEvent>, Filter), WatchError> {
     let filter = Filter::from_request(request)?;
-    let current = shared.bus.run_id();
+    let current = shared.pleg.events().run_id();
     if request.run_id != 0 && request.run_id != current {
         return Err(WatchError::OtherRun {
             requested: request.run_id,
             current,
         });
     }
-    Ok((shared.bus.subscribe(request.from_sequence)?, filter))
+    Ok((
+        shared.pleg.events().subscribe(request.from_sequence)?,
+        filter,
+    ))
 }
 
 /// Starts a sync stream: subscribes to the sync loop's feed with the request's filters,
@@ -125,14 +142,14 @@ pub fn sync_pods(shared: &Shared, request: &pb::SyncPodsRequest) -> SyncSubscrip
         name: request.pod_name.clone(),
         uid: request.pod_uid.clone(),
     };
-    let subscription = shared.syncs.subscribe(Box::new(move |sync| {
+    let subscription = shared.pleg.syncs().subscribe(Box::new(move |sync| {
         pods.matches(&sync.namespace, &sync.name, &sync.pod.0)
     }));
     if request.initial {
         // The pods with the stream position they reflect, as ListPods reads them.
-        let _listing = shared.cache.listing();
-        let sequence = shared.bus.last_sequence();
-        for (pod, status) in shared.cache.pods() {
+        let _listing = shared.pleg.cache().listing();
+        let sequence = shared.pleg.events().last_sequence();
+        for (pod, status) in shared.pleg.cache().pods() {
             let Some(record) = &status.record else {
                 continue;
             };
@@ -173,7 +190,7 @@ pub fn pod_status(shared: &Shared, uid: &str) -> Result<pb::PodStatus, PodStatus
     if uid.is_empty() {
         return Err(PodStatusError::EmptyUid);
     }
-    convert::pod_status(&shared.cache.get(&PodUid(uid.to_owned())))
+    convert::pod_status(&shared.pleg.cache().get(&PodUid(uid.to_owned())))
         .ok_or_else(|| PodStatusError::NotFound(uid.to_owned()))
 }
 
@@ -192,26 +209,29 @@ pub enum ListPodsError {
 /// pod not read yet for gone, and the first relist's events (a `ContainerDied` with no
 /// `ContainerStarted` for a container that died meanwhile) would not add up with it.
 pub async fn list_pods(shared: &Shared) -> Result<pb::ListPodsResponse, ListPodsError> {
-    tokio::time::timeout(FIRST_RELIST_WAIT, shared.cache.await_first_full_relist())
-        .await
-        .map_err(|_| ListPodsError::NotReadYet(FIRST_RELIST_WAIT))?;
+    tokio::time::timeout(
+        FIRST_RELIST_WAIT,
+        shared.pleg.cache().await_first_full_relist(),
+    )
+    .await
+    .map_err(|_| ListPodsError::NotReadYet(FIRST_RELIST_WAIT))?;
     // No relist step between the position and the pods: the events after the position are
     // exactly what the listing does not show yet.
-    let _listing = shared.cache.listing();
+    let _listing = shared.pleg.cache().listing();
     Ok(pb::ListPodsResponse {
-        sequence: shared.bus.last_sequence(),
-        pods: convert::pods(&shared.cache),
-        run_id: shared.bus.run_id(),
+        sequence: shared.pleg.events().last_sequence(),
+        pods: convert::pods(&shared.pleg.cache()),
+        run_id: shared.pleg.events().run_id(),
     })
 }
 
 /// Health and sources.
 pub fn health(shared: &Shared) -> pb::Health {
     convert::health(
-        shared.health.check(),
+        shared.pleg.healthy(),
         &shared.sources.snapshot(),
-        shared.bus.run_id(),
-        shared.bus.last_sequence(),
+        shared.pleg.events().run_id(),
+        shared.pleg.events().last_sequence(),
     )
 }
 
@@ -243,25 +263,25 @@ fn ended_status(ended: &Ended, resume: u64) -> Status {
     }
 }
 
-/// The events of a subscription as a response stream, ending with a status; with
-/// `observations`, the kernel's observations too, as they come, until the events end.
+/// The events of a subscription (of run `run_id`) as a response stream, ending with a status;
+/// with `notices`, the kernel's notices too, as they come, until the events end.
 fn event_stream(
-    subscription: Subscription<pb::Event>,
+    subscription: Subscription<PodLifecycleEvent>,
     filter: Filter,
-    resume: u64,
-    observations: Option<broadcast::Receiver<Arc<pb::Event>>>,
+    run_id: u64,
+    notices: Option<broadcast::Receiver<Arc<Notice>>>,
 ) -> Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>> {
-    let events = pleg_events(subscription, filter.clone(), resume);
-    let Some(observations) = observations else {
+    let events = pleg_events(subscription, filter.clone(), run_id);
+    let Some(notices) = notices else {
         return Box::pin(events);
     };
-    // A watcher that fell behind skips the observations it missed: a preview only, unlike
-    // the events that confirm them.
-    let observed = BroadcastStream::new(observations).filter_map(move |observed| {
+    // A watcher that fell behind skips the notices it missed: a preview only, unlike the
+    // events that confirm them.
+    let noticed = BroadcastStream::new(notices).filter_map(move |notice| {
         std::future::ready(
-            observed
+            notice
                 .ok()
-                .and_then(|event| filter.apply(&event))
+                .and_then(|notice| filter.notice(&notice, run_id))
                 .map(|event| Some(Ok(event))),
         )
     });
@@ -270,32 +290,37 @@ fn event_stream(
         .map(Some)
         .chain(futures::stream::once(async { None }));
     Box::pin(
-        futures::stream::select(observed, events)
+        futures::stream::select(noticed, events)
             .take_while(|item| std::future::ready(item.is_some()))
             .filter_map(std::future::ready),
     )
 }
 
-/// The PLEG events of a subscription, ending with a status.
+/// The PLEG events of a subscription, ending with a status that says where to resume.
 fn pleg_events(
-    subscription: Subscription<pb::Event>,
+    subscription: Subscription<PodLifecycleEvent>,
     filter: Filter,
-    resume: u64,
+    run_id: u64,
 ) -> impl Stream<Item = Result<pb::Event, Status>> + Send + 'static {
-    futures::stream::unfold(Some((subscription, filter, resume)), |state| async move {
-        let (mut subscription, filter, mut resume) = state?;
-        loop {
-            match subscription.next().await {
-                Ok(event) => {
-                    resume = event.sequence + 1;
-                    if let Some(event) = filter.apply(&event) {
-                        return Some((Ok(event), Some((subscription, filter, resume))));
+    // Taken with the subscription, under the bus's lock: no event can slip in between.
+    let resume = subscription.start();
+    futures::stream::unfold(
+        Some((subscription, filter, resume)),
+        move |state| async move {
+            let (mut subscription, filter, mut resume) = state?;
+            loop {
+                match subscription.next().await {
+                    Ok(event) => {
+                        resume = event.sequence + 1;
+                        if let Some(event) = filter.event(&event, run_id) {
+                            return Some((Ok(event), Some((subscription, filter, resume))));
+                        }
                     }
+                    Err(ended) => return Some((Err(ended_status(&ended, resume)), None)),
                 }
-                Err(ended) => return Some((Err(ended_status(&ended, resume)), None)),
             }
-        }
-    })
+        },
+    )
 }
 
 /// The tonic service.
@@ -326,16 +351,15 @@ impl Pleg for PlegService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let request = request.into_inner();
         let (subscription, filter) = watch(&self.shared, &request).map_err(watch_status)?;
-        // Taken with the subscription, under the bus's lock: no event can slip in between.
-        let resume = subscription.start();
-        let observations = request
+        let notices = request
             .include_kernel_observations
-            .then(|| self.shared.observations.subscribe());
+            .then(|| self.shared.pleg.notices());
+        let run_id = self.shared.pleg.events().run_id();
         Ok(Response::new(event_stream(
             subscription,
             filter,
-            resume,
-            observations,
+            run_id,
+            notices,
         )))
     }
 
@@ -372,7 +396,7 @@ impl Pleg for PlegService {
         let subscription = sync_pods(&self.shared, request.get_ref());
         Ok(Response::new(Box::pin(sync_stream(
             subscription,
-            self.shared.bus.run_id(),
+            self.shared.pleg.events().run_id(),
         ))))
     }
 }
@@ -380,15 +404,36 @@ impl Pleg for PlegService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::EventBus;
+    use crate::{
+        base::bus::EventBus,
+        pleg::{
+            ContainerId, NoticeKind, Observation, ObservationKind, PodLifecycleEventType, PodUid,
+            TriggerSource,
+        },
+    };
 
-    fn event(sequence: u64, namespace: &str, t: pb::EventType) -> pb::Event {
-        pb::Event {
-            sequence,
+    fn event(sequence: u64, namespace: &str, t: PodLifecycleEventType) -> PodLifecycleEvent {
+        PodLifecycleEvent {
             pod_namespace: namespace.into(),
-            r#type: t as i32,
-            observations: vec![pb::Observation::default()],
-            ..pb::Event::default()
+            event_type: t,
+            ..crate::runtime::testing::event(sequence, "p")
+        }
+    }
+
+    fn notice(namespace: &str) -> Notice {
+        Notice {
+            kind: NoticeKind::Ahead,
+            pod: PodUid("u".into()),
+            pod_namespace: namespace.into(),
+            pod_name: "p".into(),
+            container_id: ContainerId("c".into()),
+            container_name: "app".into(),
+            observations: vec![Observation {
+                source: TriggerSource::Ebpf,
+                kind: ObservationKind::OomKilled,
+            }],
+            observed_at: std::time::SystemTime::UNIX_EPOCH,
+            emitted_at: std::time::SystemTime::UNIX_EPOCH,
         }
     }
 
@@ -402,18 +447,19 @@ mod tests {
         .unwrap();
         assert!(
             filter
-                .apply(&event(1, "b", pb::EventType::ContainerDied))
+                .event(&event(1, "b", PodLifecycleEventType::ContainerDied), 1)
                 .is_none()
         );
         assert!(
             filter
-                .apply(&event(1, "a", pb::EventType::ContainerStarted))
+                .event(&event(1, "a", PodLifecycleEventType::ContainerStarted), 1)
                 .is_none()
         );
         let kept = filter
-            .apply(&event(1, "a", pb::EventType::ContainerDied))
+            .event(&event(1, "a", PodLifecycleEventType::ContainerDied), 7)
             .unwrap();
         assert!(kept.observations.is_empty());
+        assert_eq!((kept.run_id, kept.pod_namespace.as_str()), (7, "a"));
         assert_eq!(
             Filter::from_request(&pb::WatchRequest {
                 types: vec![42],
@@ -475,8 +521,16 @@ mod tests {
         })
         .unwrap();
         let mut stream = event_stream(subscription, filter, 1, None);
-        bus.publish(Arc::new(event(1, "a", pb::EventType::ContainerStarted)));
-        bus.publish(Arc::new(event(2, "b", pb::EventType::ContainerStarted)));
+        bus.publish(Arc::new(event(
+            1,
+            "a",
+            PodLifecycleEventType::ContainerStarted,
+        )));
+        bus.publish(Arc::new(event(
+            2,
+            "b",
+            PodLifecycleEventType::ContainerStarted,
+        )));
         assert_eq!(stream.next().await.unwrap().unwrap().sequence, 1);
         bus.close();
         let status = stream.next().await.unwrap().unwrap_err();
@@ -495,24 +549,27 @@ mod tests {
     async fn kernel_observations_join_the_stream_without_moving_the_resume_point() {
         use futures::StreamExt as _;
         let bus = EventBus::new(1, 100, 8);
-        let (observed, observations) = broadcast::channel(8);
+        let (noticed, notices) = broadcast::channel(8);
         let filter = Filter::from_request(&pb::WatchRequest {
             pod_namespace: "a".into(),
             ..pb::WatchRequest::default()
         })
         .unwrap();
         let subscription = bus.subscribe(1).unwrap();
-        let mut stream = event_stream(subscription, filter, 1, Some(observations));
+        let mut stream = event_stream(subscription, filter, 1, Some(notices));
         for namespace in ["b", "a"] {
-            let kernel = event(0, namespace, pb::EventType::KernelObservation);
-            observed.send(Arc::new(kernel)).unwrap();
+            noticed.send(Arc::new(notice(namespace))).unwrap();
         }
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(
             (first.r#type, first.sequence),
             (pb::EventType::KernelObservation as i32, 0)
         );
-        bus.publish(Arc::new(event(1, "a", pb::EventType::ContainerDied)));
+        bus.publish(Arc::new(event(
+            1,
+            "a",
+            PodLifecycleEventType::ContainerDied,
+        )));
         assert_eq!(stream.next().await.unwrap().unwrap().sequence, 1);
         bus.close();
         let status = stream.next().await.unwrap().unwrap_err();

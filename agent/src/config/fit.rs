@@ -129,139 +129,178 @@ enum CriEventsFit {
 
 /// Chooses the push sources for `runtime` from `request`; see the module's rules.
 pub fn choose(runtime: &RuntimeInfo, request: &Request) -> Result<Plan, Refused> {
-    let containerd_like = !matches!(runtime, RuntimeInfo::Other { .. });
-    let fit = match runtime {
-        RuntimeInfo::Containerd { version } => match major_minor(version) {
-            Some((major, _)) if major >= 2 => CriEventsFit::OwnStream,
-            Some(_) => CriEventsFit::Shared,
-            None => CriEventsFit::Unknown,
-        },
-        RuntimeInfo::Other { .. } => CriEventsFit::OwnStream,
-        RuntimeInfo::Unknown { .. } => CriEventsFit::Unknown,
-    };
-    let asked = |source| request.sources.contains(&source);
+    let choosing = Choosing::new(runtime, request);
     let mut plan = Plan {
         on: Vec::new(),
         why: BTreeMap::new(),
     };
-    let mut decide = |source, on: bool, why: String| {
+    for (source, (on, why)) in [
+        (SourceName::Ebpf, choosing.ebpf()),
+        (SourceName::Containerd, choosing.containerd()),
+        (SourceName::CriEvents, choosing.cri_events()?),
+    ] {
         if on {
             plan.on.push(source);
         }
         plan.why.insert(source, why);
-    };
-    let by = if request.given {
-        "asked for by --sources"
-    } else {
-        "on by default"
-    };
-    let not_asked = if request.sources.is_empty() {
-        "off: --mode polling, or --sources relist"
-    } else {
-        "off: not in --sources"
-    };
+    }
+    Ok(plan)
+}
 
-    decide(
-        SourceName::Ebpf,
-        asked(SourceName::Ebpf),
-        if asked(SourceName::Ebpf) {
-            by.to_owned()
-        } else {
-            not_asked.to_owned()
-        },
-    );
+/// What every source's choice depends on.
+struct Choosing<'a> {
+    runtime: &'a RuntimeInfo,
+    request: &'a Request,
+    fit: CriEventsFit,
+    /// containerd, or a runtime that may be one: its own event stream is the default.
+    containerd_like: bool,
+    /// Why a source asked for runs.
+    by: &'static str,
+    /// Why a source not asked for does not.
+    not_asked: &'static str,
+}
 
-    // containerd's stream: its default follows the runtime; asked for explicitly, it runs
-    // (and reports unsupported where there is none).
-    let containerd = asked(SourceName::Containerd) && (request.given || containerd_like);
-    decide(
-        SourceName::Containerd,
-        containerd,
-        match (containerd, runtime) {
+/// Whether a source runs, and why.
+type Choice = (bool, String);
+
+const SHARED_NOTE: &str = "containerd before 2.0 shares one GetContainerEvents channel among \
+                           all subscribers (containerd #7318)";
+
+impl<'a> Choosing<'a> {
+    fn new(runtime: &'a RuntimeInfo, request: &'a Request) -> Self {
+        let fit = match runtime {
+            RuntimeInfo::Containerd { version } => match major_minor(version) {
+                Some((major, _)) if major >= 2 => CriEventsFit::OwnStream,
+                Some(_) => CriEventsFit::Shared,
+                None => CriEventsFit::Unknown,
+            },
+            RuntimeInfo::Other { .. } => CriEventsFit::OwnStream,
+            RuntimeInfo::Unknown { .. } => CriEventsFit::Unknown,
+        };
+        Self {
+            runtime,
+            request,
+            fit,
+            containerd_like: !matches!(runtime, RuntimeInfo::Other { .. }),
+            by: if request.given {
+                "asked for by --sources"
+            } else {
+                "on by default"
+            },
+            not_asked: if request.sources.is_empty() {
+                "off: --mode polling, or --sources relist"
+            } else {
+                "off: not in --sources"
+            },
+        }
+    }
+
+    fn asked(&self, source: SourceName) -> bool {
+        self.request.sources.contains(&source)
+    }
+
+    fn ebpf(&self) -> Choice {
+        let on = self.asked(SourceName::Ebpf);
+        (on, if on { self.by } else { self.not_asked }.to_owned())
+    }
+
+    /// containerd's stream: its default follows the runtime; asked for explicitly, it runs
+    /// (and reports unsupported where there is none).
+    fn containerd(&self) -> Choice {
+        let (by, runtime) = (self.by, self.runtime);
+        let on = self.asked(SourceName::Containerd) && (self.request.given || self.containerd_like);
+        let why = match (on, runtime) {
             (true, RuntimeInfo::Containerd { .. }) => format!(
                 "{by}: containerd's event stream, broadcast to every subscriber, confirms \
                  starts and exits with their status"
             ),
             (true, _) => by.to_owned(),
-            (false, RuntimeInfo::Other { .. }) if asked(SourceName::Containerd) => {
+            (false, RuntimeInfo::Other { .. }) if self.asked(SourceName::Containerd) => {
                 format!("off by default: {runtime} has no containerd event stream")
             }
-            (false, _) => not_asked.to_owned(),
-        },
-    );
+            (false, _) => self.not_asked.to_owned(),
+        };
+        (on, why)
+    }
 
-    let cri_events = asked(SourceName::CriEvents) && request.given;
-    let shared_note = "containerd before 2.0 shares one GetContainerEvents channel among all \
-                       subscribers (containerd #7318)";
-    let (on, why) = match (asked(SourceName::CriEvents), cri_events, fit) {
-        (false, _, _) => (false, not_asked.to_owned()),
-        // The default on containerd: its own stream serves.
-        (true, false, _) if containerd_like => {
-            let because = match fit {
-                CriEventsFit::OwnStream => "containerd's own event stream serves".to_owned(),
-                CriEventsFit::Shared => {
-                    format!("containerd's own event stream serves, and {shared_note}")
-                }
-                CriEventsFit::Unknown => format!(
-                    "the runtime's version is unknown ({}), and {shared_note}",
-                    unknown_why(runtime)
-                ),
-            };
-            (
+    /// CRI's event stream: only where it takes nothing from other subscribers, unless allowed.
+    fn cri_events(&self) -> Result<Choice, Refused> {
+        let (by, runtime) = (self.by, self.runtime);
+        let given = self.request.given;
+        Ok(match (self.asked(SourceName::CriEvents), given, self.fit) {
+            (false, _, _) => (false, self.not_asked.to_owned()),
+            // The default on containerd: its own stream serves.
+            (true, false, _) if self.containerd_like => (
                 false,
                 format!(
-                    "off by default on {runtime}: {because}; --sources with cri-events turns it on"
+                    "off by default on {runtime}: {}; --sources with cri-events turns it on",
+                    self.default_off_because()
                 ),
-            )
-        }
-        (true, false, _) => (
-            true,
-            format!("on by default: {runtime} has no containerd event stream"),
-        ),
-        (true, true, CriEventsFit::OwnStream) => (
-            true,
-            if containerd_like {
-                format!(
-                    "{by}: {runtime} gives each GetContainerEvents subscriber its own stream; \
-                     its publisher waits on a full one (100 events), so a plegd that stops \
-                     reading (frozen, starved) holds up containerd's container calls"
-                )
-            } else {
-                format!("{by}: {runtime} gives each GetContainerEvents subscriber its own stream")
-            },
-        ),
-        (true, true, CriEventsFit::Shared | CriEventsFit::Unknown)
-            if request.allow_shared_cri_events =>
-        {
-            (
+            ),
+            (true, false, _) => (
                 true,
-                format!(
-                    "{by} with --allow-shared-cri-events on {runtime}: takes events from other \
-                     GetContainerEvents subscribers ({shared_note})"
-                ),
+                format!("on by default: {runtime} has no containerd event stream"),
+            ),
+            (true, true, CriEventsFit::OwnStream) => (true, self.own_stream()),
+            (true, true, CriEventsFit::Shared | CriEventsFit::Unknown)
+                if self.request.allow_shared_cri_events =>
+            {
+                (
+                    true,
+                    format!(
+                        "{by} with --allow-shared-cri-events on {runtime}: takes events from \
+                         other GetContainerEvents subscribers ({SHARED_NOTE})"
+                    ),
+                )
+            }
+            (true, true, CriEventsFit::Shared) => {
+                return Err(Refused::SharedCriEvents {
+                    version: match runtime {
+                        RuntimeInfo::Containerd { version } => version.clone(),
+                        _ => String::new(),
+                    },
+                });
+            }
+            (true, true, CriEventsFit::Unknown) => {
+                return Err(match runtime {
+                    RuntimeInfo::Containerd { version } => Refused::UnknownRuntime {
+                        why: format!("containerd version {version:?} does not parse"),
+                    },
+                    _ => Refused::UnknownRuntime {
+                        why: unknown_why(runtime),
+                    },
+                });
+            }
+        })
+    }
+
+    /// Why CRI's events are off by default on a containerd-like runtime.
+    fn default_off_because(&self) -> String {
+        match self.fit {
+            CriEventsFit::OwnStream => "containerd's own event stream serves".to_owned(),
+            CriEventsFit::Shared => {
+                format!("containerd's own event stream serves, and {SHARED_NOTE}")
+            }
+            CriEventsFit::Unknown => format!(
+                "the runtime's version is unknown ({}), and {SHARED_NOTE}",
+                unknown_why(self.runtime)
+            ),
+        }
+    }
+
+    /// Why CRI's events run on a runtime that gives each subscriber its own stream.
+    fn own_stream(&self) -> String {
+        let (by, runtime) = (self.by, self.runtime);
+        if self.containerd_like {
+            format!(
+                "{by}: {runtime} gives each GetContainerEvents subscriber its own stream; its \
+                 publisher waits on a full one (100 events), so a plegd that stops reading \
+                 (frozen, starved) holds up containerd's container calls"
             )
+        } else {
+            format!("{by}: {runtime} gives each GetContainerEvents subscriber its own stream")
         }
-        (true, true, CriEventsFit::Shared) => {
-            return Err(Refused::SharedCriEvents {
-                version: match runtime {
-                    RuntimeInfo::Containerd { version } => version.clone(),
-                    _ => String::new(),
-                },
-            });
-        }
-        (true, true, CriEventsFit::Unknown) => {
-            return Err(match runtime {
-                RuntimeInfo::Containerd { version } => Refused::UnknownRuntime {
-                    why: format!("containerd version {version:?} does not parse"),
-                },
-                _ => Refused::UnknownRuntime {
-                    why: unknown_why(runtime),
-                },
-            });
-        }
-    };
-    decide(SourceName::CriEvents, on, why);
-    Ok(plan)
+    }
 }
 
 fn unknown_why(runtime: &RuntimeInfo) -> String {

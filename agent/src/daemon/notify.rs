@@ -13,7 +13,7 @@ use std::{
 
 use tracing::{debug, warn};
 
-use crate::pleg::health::Health;
+use crate::pleg::Health;
 
 /// The variable systemd sets for a `Type=notify` service.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";

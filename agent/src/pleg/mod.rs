@@ -1,27 +1,386 @@
-//! The PLEG core: what the runtime holds, what changed, and when to look again.
+//! The PLEG (kubelet's Pod Lifecycle Event Generator) as plegd runs it: it relists a container
+//! runtime where and when a source says to look, and when its period comes; it diffs what it
+//! read against what it last committed, and emits one event per change of a container's
+//! record.
 //!
-//! A relist reads, decides and acts. `relist` gathers a *reading* of the runtime (a targeted
-//! relist reads the containers its hints name, each by its id, or a pod whole when a hint
-//! names none; a full one lists the node and inspects what moved on) beside the runtime's own
-//! records that the triggers carried (`hints`), and reads only what those leave unanswered.
-//! `reconcile` merges each container by the one lifecycle order (`merge`) against what was
-//! `committed`, and decides a *plan* per pod: complete events (kubelet's transitions, `diff`)
-//! and the record to commit and cache, handed to the relist to carry out at once (`Act`);
-//! then what to read again, with why. The `scheduler` and the `generator` loop decide when to
-//! relist what. Everything here but
-//! `relist` and `generator` is pure.
+//! # The contract
+//!
+//! [`Pleg::start`] starts it on a [`Runtime`], with a [`SyncHandler`] of one's own (`()`:
+//! none). What it returns is all a caller uses:
+//!
+//! - [`Pleg`], cheap to clone: [`triggers`](Pleg::triggers) (where sources hand their
+//!   [`Trigger`]s), [`events`](Pleg::events) (every [`PodLifecycleEvent`], numbered and
+//!   resumable), [`syncs`](Pleg::syncs) (each pod's whole status whenever it changes),
+//!   [`notices`](Pleg::notices) (kernel observations ahead of the runtime's word),
+//!   [`cache`](Pleg::cache) (the pod status cache), [`healthy`](Pleg::healthy) (kubelet's
+//!   health check), [`relist`](Pleg::relist) (a full relist now) and
+//!   [`tuning`](Pleg::tuning) (the relist period and kernel grace, changed while it runs).
+//! - [`Running`], which owns its tasks: [`Running::stop`] ends them in order and hands back
+//!   what to save for the next start; dropping it aborts them.
+//!
+//! # Design assumptions
+//!
+//! - **The runtime is the source of truth.** Every event comes from a change of a container's
+//!   runtime record: what a reading of the runtime showed (a listing, a status call), or a
+//!   record of the runtime's own that a trigger carried (containerd's `/tasks/start`,
+//!   `/tasks/exit` and `/containers/delete`). A kernel observation never makes an event. So
+//!   every source produces the same events, deduplicated, in per-pod order.
+//! - **A relist sees snapshots, not history.** A container that started and died between two
+//!   readings yields `ContainerDied` only, unless the runtime's own record of its start came
+//!   with a trigger; one created, run and removed between two readings yields nothing at all.
+//!   Kubelet has the same blind spot: an event means "look at this pod now", not a full log.
+//! - **Triggers are hints.** A trigger says *where* and *when* to look. It may come before the
+//!   runtime reflects the change (the scheduler reads again a few times), or be lost (a ring
+//!   buffer overflow, a stream reconnect).
+//! - **The safety net is the periodic full relist.** What the hints miss, the next full relist
+//!   finds, at most a period late; any sign of loss asks for one at once.
+//! - **Observations the runtime cannot give** (exit signal, OOM kill, exec) ride on the events
+//!   of the container they are about, tagged with their source.
+//! - **Health is relist age.** The PLEG is unhealthy when no full relist succeeded within
+//!   [`DEFAULT_RELIST_THRESHOLD`]; a relist that hangs makes it unhealthy.
+//!
+//! # Inside, lowest first
+//!
+//! - `model`: the types (records, events, triggers) and the [`Runtime`] port.
+//! - `decide`: the pure core: diff, merge, committed records, hints, reconcile, provenance,
+//!   the scheduler.
+//! - `shared`: what consumers read: the pod cache and health.
+//! - `driver`: the I/O: the relist, the generator loop, the trigger channel, the sinks.
+//! - `sync_loop`: kubelet's sync loop, level-triggered, over the events and the cache.
 
-pub mod cache;
-pub mod committed;
-pub(crate) mod diff;
-pub mod event;
-pub mod generator;
-pub mod health;
-pub mod hints;
-pub(crate) mod merge;
-pub(crate) mod provenance;
-pub mod reconcile;
-pub mod record;
-pub mod relist;
-pub(crate) mod scheduler;
-pub mod sink;
+mod decide;
+mod driver;
+mod model;
+mod shared;
+mod sync_loop;
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::sync::broadcast;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
+use tracing::warn;
+
+use self::{
+    decide::scheduler::{RelistScheduler, SchedulerConfig},
+    driver::{
+        generator::{Generator, Stopped, tuning},
+        relist::STOP_CONFIRM,
+        sink::{BusSink, Notices},
+        triggers::observed_trigger_channel,
+    },
+};
+pub use self::{
+    decide::{
+        hints::Hints,
+        scheduler::{DEFAULT_KERNEL_GRACE, DEFAULT_RELIST_PERIOD},
+    },
+    driver::{
+        generator::Tuning,
+        relist::{DEFAULT_INSPECT_CONCURRENCY, RelistConfig, Relister},
+        sink::{EventSink, NOTICE_QUEUE},
+        triggers::{TriggerReceiver, TriggerSender, trigger_channel},
+    },
+    model::{
+        event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
+        record::{
+            ContainerId, ContainerRecord, ContainerState, Containers, PodRecord, PodRecords,
+            PodUid, Store, TaskRecord, UnknownStore,
+        },
+        runtime::{ContainerRead, Runtime, RuntimeError},
+        trigger::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
+    },
+    shared::{
+        cache::{CachedPod, PodCache},
+        health::{DEFAULT_RELIST_THRESHOLD, Health, HealthError},
+    },
+    sync_loop::{
+        DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_RESYNC_INTERVAL, PodSync, SyncConfig, SyncFeed,
+        SyncFilter, SyncHandler, SyncReason, SyncSubscription,
+    },
+};
+use crate::base::{
+    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_WATCH_QUEUE, EventBus},
+    metrics::Metrics,
+};
+
+/// How the PLEG runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub relist: RelistConfig,
+    pub relist_period: Duration,
+    pub relist_threshold: Duration,
+    /// Events kept for watchers that resume, and the queue of each watcher.
+    pub event_history: usize,
+    pub watch_queue: usize,
+    /// The sync loop's queue of events.
+    pub event_channel_capacity: usize,
+    pub sync: SyncConfig,
+    /// Relist once more at [`Running::stop`], for the run saved then.
+    pub last_relist: bool,
+}
+
+/// kubelet's settings, and the bus's default sizes.
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            relist: RelistConfig::default(),
+            relist_period: DEFAULT_RELIST_PERIOD,
+            relist_threshold: DEFAULT_RELIST_THRESHOLD,
+            event_history: DEFAULT_EVENT_HISTORY,
+            watch_queue: DEFAULT_WATCH_QUEUE,
+            event_channel_capacity: DEFAULT_EVENT_CHANNEL_CAPACITY,
+            sync: SyncConfig::default(),
+            last_relist: false,
+        }
+    }
+}
+
+/// A run saved at a clean stop ([`Saved`]), to continue: its events keep their numbers, and
+/// only what changed since is an event.
+#[derive(Clone, Debug, Default)]
+pub struct Resume {
+    pub run_id: u64,
+    pub sequence: u64,
+    pub records: PodRecords,
+    pub history: Vec<PodLifecycleEvent>,
+}
+
+/// What a stopped PLEG leaves for the next start.
+#[derive(Debug)]
+pub struct Saved {
+    pub run_id: u64,
+    /// The last event's sequence.
+    pub sequence: u64,
+    pub records: PodRecords,
+    /// The events kept for resuming, oldest first.
+    pub history: Vec<Arc<PodLifecycleEvent>>,
+}
+
+/// A running PLEG, as its callers see it; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Pleg {
+    events: EventBus<PodLifecycleEvent>,
+    cache: Arc<PodCache>,
+    health: Arc<Health>,
+    syncs: SyncFeed,
+    notices: Notices,
+    triggers: TriggerSender,
+    tuning: Tuning,
+    /// The first sequence of this start.
+    first: u64,
+}
+
+/// The PLEG's tasks: the generator loop and the sync loop.
+#[derive(Debug)]
+pub struct Running {
+    pleg: Pleg,
+    generator: AbortOnDropHandle<(PodRecords, u64)>,
+    sync_loop: AbortOnDropHandle<()>,
+    stop: CancellationToken,
+    /// However the PLEG ends, its events do: watchers and the API's graceful shutdown wait
+    /// for that.
+    _close: CloseOnDrop,
+}
+
+/// Closes the events when dropped.
+#[derive(Debug)]
+struct CloseOnDrop(EventBus<PodLifecycleEvent>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+impl Pleg {
+    /// Starts the PLEG on `runtime`, continuing `resume` (or a new run `run_id`): the first
+    /// full relist runs at once; `handler` gets every pod sync after the API's watchers.
+    pub fn start<R: Runtime, H: SyncHandler>(
+        runtime: R,
+        handler: H,
+        options: Options,
+        resume: Option<Resume>,
+        run_id: u64,
+        metrics: &Metrics,
+    ) -> (Self, Running) {
+        let cache = Arc::new(PodCache::new());
+        let health = Arc::new(Health::new(options.relist_threshold));
+        let (history, queue) = (options.event_history, options.watch_queue);
+        let events = match &resume {
+            Some(r) => EventBus::resumed(r.run_id, history, queue, r.sequence, r.history.clone()),
+            None => EventBus::new(run_id, history, queue),
+        };
+        let notices = Notices::new(Arc::clone(&cache));
+        let (triggers, receiver) =
+            observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
+        let (tuning, tuned) = tuning(options.relist_period);
+        let pleg = Self {
+            first: events.last_sequence() + 1,
+            events,
+            cache,
+            health,
+            syncs: SyncFeed::new(),
+            notices,
+            triggers,
+            tuning,
+        };
+        let stop = CancellationToken::new();
+        let sync_loop = pleg.sync_loop(handler, &options, metrics, &stop);
+        let mut relister = Relister::new(
+            runtime,
+            Arc::clone(&pleg.cache),
+            Arc::clone(&pleg.health),
+            Arc::new(BusSink {
+                bus: pleg.events.clone(),
+                metrics: metrics.clone(),
+            }),
+            options.relist.clone(),
+        );
+        if let Some(resume) = resume {
+            relister.restore(resume.records, resume.sequence);
+        }
+        let scheduler = RelistScheduler::new(
+            SchedulerConfig {
+                full_relist_period: options.relist_period,
+                ..SchedulerConfig::default()
+            },
+            tokio::time::Instant::now(),
+        );
+        let generator = Generator {
+            relister,
+            scheduler,
+            triggers: receiver,
+            tuned,
+            metrics: metrics.clone(),
+        };
+        let generating = generate(generator, options.last_relist, stop.clone());
+        let running = Running {
+            _close: CloseOnDrop(pleg.events.clone()),
+            pleg: pleg.clone(),
+            sync_loop: AbortOnDropHandle::new(tokio::spawn(sync_loop)),
+            generator: AbortOnDropHandle::new(tokio::spawn(generating)),
+            stop,
+        };
+        (pleg, running)
+    }
+
+    /// The sync loop, its handler after the API's feed; subscribed now, before the first
+    /// relist, so it sees every event of the start.
+    fn sync_loop<H: SyncHandler>(
+        &self,
+        handler: H,
+        options: &Options,
+        metrics: &Metrics,
+        stop: &CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let inputs = sync_loop::Inputs {
+            bus: self.events.clone(),
+            events: self
+                .events
+                .consume(0, options.event_channel_capacity)
+                .expect("a live-only subscription always starts"),
+            cache: Arc::clone(&self.cache),
+            health: Arc::clone(&self.health),
+            handler: Arc::new((self.syncs.clone(), handler)),
+            metrics: metrics.clone(),
+            config: options.sync.clone(),
+        };
+        sync_loop::run(inputs, stop.clone())
+    }
+
+    /// Where sources hand their triggers.
+    pub fn triggers(&self) -> &TriggerSender {
+        &self.triggers
+    }
+
+    /// Every event of the run, numbered: subscribe from a sequence to resume.
+    pub fn events(&self) -> &EventBus<PodLifecycleEvent> {
+        &self.events
+    }
+
+    /// The first sequence of this start: a consumer subscribed from it sees every event the
+    /// start publishes, however late it subscribes (within the history).
+    pub fn first_sequence(&self) -> u64 {
+        self.first
+    }
+
+    /// Each pod's whole status whenever it changes (level-triggered).
+    pub fn syncs(&self) -> &SyncFeed {
+        &self.syncs
+    }
+
+    /// Kernel observations, ahead of the runtime's word and when it never comes.
+    pub fn notices(&self) -> broadcast::Receiver<Arc<Notice>> {
+        self.notices.subscribe()
+    }
+
+    /// The pod status cache.
+    pub fn cache(&self) -> &Arc<PodCache> {
+        &self.cache
+    }
+
+    /// kubelet's health check: the age of the last successful full relist.
+    pub fn healthy(&self) -> Result<(), HealthError> {
+        self.health.check()
+    }
+
+    /// The health check itself, for who waits on its changes.
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Asks for a full relist now.
+    pub fn relist(&self) {
+        self.triggers.request_full_relist();
+    }
+
+    /// The settings changed while it runs.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+}
+
+impl Running {
+    /// Stops the PLEG: the generator (after its last relist, if asked for at start), then the
+    /// events (each consumer ends after what it has queued) and the sync loop. `None` when the
+    /// generator ended abnormally: nothing is fit to save.
+    pub async fn stop(self) -> Option<Saved> {
+        self.stop.cancel();
+        let generated = self.generator.await;
+        let events = &self.pleg.events;
+        events.close();
+        if let Err(error) = self.sync_loop.await {
+            warn!(%error, "the sync loop ended abnormally");
+        }
+        self.pleg.syncs.close();
+        match generated {
+            Ok((records, sequence)) => Some(Saved {
+                run_id: events.run_id(),
+                sequence,
+                records,
+                history: events.history(),
+            }),
+            Err(error) => {
+                warn!(%error, "the generator ended abnormally");
+                None
+            }
+        }
+    }
+}
+
+/// Runs the generator until `stop`, then relists once more if `last_relist`; hands back the
+/// committed records and the last sequence.
+async fn generate<R: Runtime>(
+    generator: Generator<R>,
+    last_relist: bool,
+    stop: CancellationToken,
+) -> (PodRecords, u64) {
+    let Stopped {
+        mut relister,
+        pending,
+    } = generator.run(stop).await;
+    if last_relist {
+        driver::relist::last_relist(&mut relister, &pending, STOP_CONFIRM).await;
+    }
+    relister.into_saved()
+}

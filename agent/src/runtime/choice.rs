@@ -11,11 +11,12 @@ use std::{
 };
 
 use crate::{
-    metrics::RuntimeCalls,
-    pleg::record::{ContainerId, PodRecord, PodUid, TaskRecord},
+    base::metrics::RuntimeCalls,
+    pleg::{
+        ContainerId, ContainerRead, PodRecord, PodUid, Runtime, RuntimeError, Scope, TaskRecord,
+    },
     runtime::{
-        CRI_NAMESPACE, ContainerRead, DEFAULT_CALL_TIMEOUT, Runtime, RuntimeError, RuntimeVersion,
-        Scope,
+        CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, RuntimeVersion,
         containerd::{ConnectError, ContainerdRuntime},
         cri::CriRuntime,
     },
@@ -126,7 +127,7 @@ pub struct RuntimeOptions {
     pub call_timeout: Duration,
     /// containerd namespaces to read (containerd backend only; CRI has a single view).
     pub namespaces: Vec<String>,
-    /// Where the backend counts its calls ([`crate::metrics::Metrics::runtime_calls`]).
+    /// Where the backend counts its calls ([`crate::base::metrics::Metrics::runtime_calls`]).
     pub calls: RuntimeCalls,
 }
 

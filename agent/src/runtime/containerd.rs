@@ -30,12 +30,13 @@ use futures::future::{try_join, try_join_all};
 use tonic::transport::Channel;
 
 use crate::{
-    metrics::RuntimeCalls,
-    pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
+    base::metrics::RuntimeCalls,
+    pleg::{
+        ContainerId, ContainerRecord, ContainerState, Containers, PodRecord, PodUid, Runtime,
+        RuntimeError, Scope, Store,
     },
     runtime::{
-        Runtime, RuntimeError, RuntimeVersion, Scope,
+        RuntimeVersion,
         cri::{CriRuntime, apply_status, container_state},
         labels::{
             CONTAINER_NAME_ANNOTATION, CONTAINER_NAME_LABEL, KIND_LABEL, POD_NAME_LABEL,
@@ -503,7 +504,7 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entr
         exit_code,
         reason: exit_code.map(exit_reason).unwrap_or_default().to_owned(),
         // Read from the task service itself (CRI's store only where the task is gone).
-        confirmed_by: Layer::Task,
+        confirmed_by: Store::Task,
     };
     Entry {
         namespace: namespace.to_owned(),

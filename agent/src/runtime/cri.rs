@@ -20,13 +20,13 @@ use k8s_cri::v1::{
 use tonic::transport::Channel;
 
 use crate::{
-    metrics::RuntimeCalls,
-    pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
-        TaskRecord,
+    base::metrics::RuntimeCalls,
+    pleg::{
+        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, PodRecord, PodUid,
+        Runtime, RuntimeError, Scope, Store, TaskRecord,
     },
     runtime::{
-        ContainerRead, Runtime, RuntimeError, RuntimeVersion, Scope, known_status,
+        RuntimeVersion, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
         transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name, found},
@@ -391,7 +391,7 @@ pub(crate) fn apply_status(record: &mut ContainerRecord, status: &cri::Container
     // CRI reports 0 for containers that have not exited: only an exited one has an exit code.
     record.exit_code = (record.state == ContainerState::Exited).then_some(status.exit_code);
     record.reason.clone_from(&status.reason);
-    record.confirmed_by = Layer::Cri;
+    record.confirmed_by = Store::Cri;
     if let Some(image) = status.image.as_ref().filter(|i| !i.image.is_empty()) {
         record.image.clone_from(&image.image);
     }
@@ -412,7 +412,7 @@ fn status_record(status: &cri::ContainerStatus) -> ContainerRecord {
         finished_at: None,
         exit_code: None,
         reason: String::new(),
-        confirmed_by: Layer::Cri,
+        confirmed_by: Store::Cri,
     };
     apply_status(&mut record, status);
     record
@@ -525,7 +525,7 @@ fn sandbox_of(
         finished_at: None,
         exit_code: None,
         reason: String::new(),
-        confirmed_by: Layer::Cri,
+        confirmed_by: Store::Cri,
     }
 }
 
@@ -547,7 +547,7 @@ fn container_record(container: &cri::Container) -> ContainerRecord {
         finished_at: None,
         exit_code: None,
         reason: String::new(),
-        confirmed_by: Layer::Cri,
+        confirmed_by: Store::Cri,
     }
 }
 

@@ -1,7 +1,7 @@
 //! containerd's task service: the shim's record of each container's init process, which knows
 //! of a start or an exit some 30 ms before containerd's CRI store does. The containerd backend
 //! reads its containers' state here; the CRI backend asks it about one container when a kernel
-//! hint is ahead of the CRI store (see `crate::pleg::confirm`). Also containerd's namespaces,
+//! hint is ahead of the CRI store (see the relist's merge of a container's records). Also containerd's namespaces,
 //! which every call to it names.
 
 use std::{
@@ -21,11 +21,8 @@ use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::info;
 
 use crate::{
-    pleg::record::{ContainerId, TaskRecord},
-    runtime::{
-        RuntimeError,
-        transport::{Caller, found},
-    },
+    pleg::{ContainerId, RuntimeError, TaskRecord},
+    runtime::transport::{Caller, found},
 };
 
 /// The namespace containerd's CRI plugin keeps Kubernetes containers in.

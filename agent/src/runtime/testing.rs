@@ -7,12 +7,10 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    pleg::record::{
-        ContainerId, ContainerRecord, ContainerState, Containers, Layer, PodRecord, PodUid,
-        TaskRecord,
-    },
-    runtime::{ContainerRead, Runtime, RuntimeError, Scope},
+use crate::pleg::{
+    ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, Observation,
+    ObservationKind, PodLifecycleEvent, PodLifecycleEventType, PodRecord, PodUid, Runtime,
+    RuntimeError, Scope, Store, TaskRecord, TriggerSource,
 };
 
 const ENDPOINT: &str = "fake";
@@ -83,7 +81,33 @@ pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord
         finished_at: None,
         exit_code: (state == ContainerState::Exited).then_some(0),
         reason: String::new(),
-        confirmed_by: Layer::Cri,
+        confirmed_by: Store::Cri,
+    }
+}
+
+/// A `ContainerDied` of exit 137 event of sequence `sequence` about container `c1` ("app") of
+/// pod `pod` (uid and name) in namespace `ns`, that eBPF (signal 9) and containerd saw, at
+/// 1,800,000,000.123456789 s after the epoch; change what a test looks at.
+pub fn event(sequence: u64, pod: &str) -> PodLifecycleEvent {
+    let at = std::time::UNIX_EPOCH + Duration::from_nanos(1_800_000_000_123_456_789);
+    PodLifecycleEvent {
+        sequence,
+        pod: PodUid(pod.to_owned()),
+        pod_namespace: "ns".to_owned(),
+        pod_name: pod.to_owned(),
+        container_id: ContainerId("c1".to_owned()),
+        container_name: "app".to_owned(),
+        event_type: PodLifecycleEventType::ContainerDied,
+        observed_at: at,
+        emitted_at: at,
+        sources: vec![TriggerSource::Ebpf, TriggerSource::Containerd],
+        observations: vec![Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::Signal(9),
+        }],
+        exit_code: Some(137),
+        reason: "Error".to_owned(),
+        confirmed_by: Some(Store::Task),
     }
 }
 

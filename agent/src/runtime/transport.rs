@@ -7,7 +7,7 @@ use std::{
 
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{metrics::RuntimeCalls, runtime::RuntimeError};
+use crate::{base::metrics::RuntimeCalls, pleg::RuntimeError};
 
 /// Largest response accepted, as kubelet's CRI client (tonic's default of 4 MiB is too small
 /// for a full list on a busy node).

@@ -43,9 +43,7 @@ use tracing::{debug, info};
 
 use crate::{
     pleg::{
-        event::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
-        generator::TriggerSender,
-        record::ContainerId,
+        ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSender, TriggerSource,
     },
     sources::{
         reconnect::{Link, SessionEnd, SessionError, dial, run_forever, stream_session},
@@ -153,7 +151,8 @@ async fn session(config: &ContainerdEventsConfig, link: Link) -> SessionEnd {
         filters: config.filters(),
     });
     let probe = async { version.version(()).await.map(drop) };
-    let beats = Heartbeats::new(getrandom::u64().unwrap_or_else(|_| crate::backoff::time_seed()));
+    let beats =
+        Heartbeats::new(getrandom::u64().unwrap_or_else(|_| crate::base::backoff::time_seed()));
     let silence = beats
         .clone()
         .send(EventsClient::new(channel), config.heartbeat, config.timeout);
@@ -293,96 +292,132 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
         .event
         .as_ref()
         .map_or(&[][..], |any| any.value.as_slice());
-    let decode_error = |source| DecodeError {
-        topic: envelope.topic.clone(),
-        source,
-    };
     let published = envelope
         .timestamp
-        .and_then(|t| SystemTime::try_from(t).ok());
-    let mut observed_at = published.unwrap_or(now);
-    let mut observations = Vec::new();
-    let container_id = match envelope.topic.as_str() {
-        "/tasks/exit" => {
-            let exit = TaskExit::decode(payload).map_err(decode_error)?;
+        .and_then(|t| SystemTime::try_from(t).ok())
+        .unwrap_or(now);
+    let said = match envelope.topic.strip_prefix("/tasks/") {
+        Some(task) => task_event(task, payload, published),
+        None => container_event(&envelope.topic, payload, published),
+    }
+    .map_err(|source| DecodeError {
+        topic: envelope.topic.clone(),
+        source,
+    })?;
+    let Some(Said {
+        container,
+        kind,
+        at,
+    }) = said.filter(|said| !said.container.is_empty())
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Trigger {
+        scope: Scope::Container(ContainerId(container)),
+        source: TriggerSource::Containerd,
+        observed_at: at,
+        observations: vec![Observation {
+            source: TriggerSource::Containerd,
+            kind,
+        }],
+    }))
+}
+
+/// What one event says of its container: which, what, and when.
+struct Said {
+    container: String,
+    kind: ObservationKind,
+    at: SystemTime,
+}
+
+impl Said {
+    fn at(container: String, kind: ObservationKind, at: SystemTime) -> Option<Self> {
+        Some(Self {
+            container,
+            kind,
+            at,
+        })
+    }
+}
+
+/// What a `/tasks/<task>` event published at `published` says.
+fn task_event(
+    task: &str,
+    payload: &[u8],
+    published: SystemTime,
+) -> Result<Option<Said>, prost::DecodeError> {
+    let said = |container, kind| Ok(Said::at(container, kind, published));
+    match task {
+        "exit" => {
+            let exit = TaskExit::decode(payload)?;
             if is_exec(&exit.id, &exit.container_id) {
                 return Ok(None);
             }
-            if let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok()) {
-                observed_at = at;
-            }
-            observations.push(ObservationKind::TaskExited {
-                code: exit.exit_status as i32,
-                at: observed_at,
-            });
-            exit.container_id
+            let at = exit
+                .exited_at
+                .and_then(|t| SystemTime::try_from(t).ok())
+                .unwrap_or(published);
+            let code = exit.exit_status as i32;
+            Ok(Said::at(
+                exit.container_id,
+                ObservationKind::TaskExited { code, at },
+                at,
+            ))
         }
-        "/tasks/oom" => {
-            observations.push(ObservationKind::OomKilled);
-            TaskOom::decode(payload).map_err(decode_error)?.container_id
-        }
-        "/tasks/delete" => {
-            let delete = TaskDelete::decode(payload).map_err(decode_error)?;
+        "oom" => said(
+            TaskOom::decode(payload)?.container_id,
+            ObservationKind::OomKilled,
+        ),
+        "delete" => {
+            let delete = TaskDelete::decode(payload)?;
             if is_exec(&delete.id, &delete.container_id) {
                 return Ok(None);
             }
-            observations.push(ObservationKind::TaskDeleted);
-            delete.container_id
+            said(delete.container_id, ObservationKind::TaskDeleted)
         }
-        "/tasks/create" => {
-            observations.push(ObservationKind::Present);
-            TaskCreate::decode(payload)
-                .map_err(decode_error)?
-                .container_id
-        }
-        "/tasks/start" => {
-            // Only a container's init is started as a task; execs publish /tasks/exec-started.
-            observations.push(ObservationKind::TaskStarted { at: observed_at });
-            TaskStart::decode(payload)
-                .map_err(decode_error)?
-                .container_id
-        }
-        "/tasks/paused" => {
-            observations.push(ObservationKind::Present);
-            TaskPaused::decode(payload)
-                .map_err(decode_error)?
-                .container_id
-        }
-        "/tasks/resumed" => {
-            observations.push(ObservationKind::Present);
-            TaskResumed::decode(payload)
-                .map_err(decode_error)?
-                .container_id
-        }
-        "/containers/create" => {
-            observations.push(ObservationKind::Present);
-            ContainerCreate::decode(payload).map_err(decode_error)?.id
-        }
-        "/containers/update" => {
-            observations.push(ObservationKind::Present);
-            ContainerUpdate::decode(payload).map_err(decode_error)?.id
-        }
-        "/containers/delete" => {
-            observations.push(ObservationKind::Deleted);
-            ContainerDelete::decode(payload).map_err(decode_error)?.id
-        }
+        "create" => said(
+            TaskCreate::decode(payload)?.container_id,
+            ObservationKind::Present,
+        ),
+        // Only a container's init is started as a task; execs publish /tasks/exec-started.
+        "start" => said(
+            TaskStart::decode(payload)?.container_id,
+            ObservationKind::TaskStarted { at: published },
+        ),
+        "paused" => said(
+            TaskPaused::decode(payload)?.container_id,
+            ObservationKind::Present,
+        ),
+        "resumed" => said(
+            TaskResumed::decode(payload)?.container_id,
+            ObservationKind::Present,
+        ),
+        _ => Ok(None),
+    }
+}
+
+/// What a `/containers/*` event (`topic`) published at `published` says.
+fn container_event(
+    topic: &str,
+    payload: &[u8],
+    published: SystemTime,
+) -> Result<Option<Said>, prost::DecodeError> {
+    let (container, kind) = match topic {
+        "/containers/create" => (
+            ContainerCreate::decode(payload)?.id,
+            ObservationKind::Present,
+        ),
+        "/containers/update" => (
+            ContainerUpdate::decode(payload)?.id,
+            ObservationKind::Present,
+        ),
+        "/containers/delete" => (
+            ContainerDelete::decode(payload)?.id,
+            ObservationKind::Deleted,
+        ),
         _ => return Ok(None),
     };
-    if container_id.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Trigger {
-        scope: Scope::Container(ContainerId(container_id)),
-        source: TriggerSource::Containerd,
-        observed_at,
-        observations: observations
-            .into_iter()
-            .map(|kind| Observation {
-                source: TriggerSource::Containerd,
-                kind,
-            })
-            .collect(),
-    }))
+    Ok(Said::at(container, kind, published))
 }
 
 /// Whether a task event is about an exec process rather than the container's init process

@@ -18,9 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     pleg::{
-        event::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
-        generator::TriggerSender,
-        record::ContainerId,
+        ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSender, TriggerSource,
     },
     sources::{
         reconnect::{Link, SessionEnd, dial, run_forever, stream_session},

@@ -1,6 +1,8 @@
-//! Trigger sources: the kernel (eBPF), runtime event streams and the relist timer. Each push
-//! source hands triggers to the generator through a [`crate::pleg::generator::TriggerSender`]
-//! and reports its state in the [`status::SourceRegistry`].
+//! The push sources: the kernel's probes (`ebpf`) and the runtime's event streams
+//! (`containerd_events`, `cri_events`, over `reconnect`'s sessions). Each hands its triggers to
+//! the PLEG through a [`crate::pleg::TriggerSender`] and reports its state in the
+//! [`status::SourceRegistry`], which tunes the PLEG's periodic relist (its own timer, in the
+//! scheduler).
 
 pub mod containerd_events;
 pub mod cri_events;
@@ -12,7 +14,7 @@ pub mod status;
 /// an API. The first byte picks a topic (or, past the topics, decodes the rest as a whole
 /// envelope); the rest is the event's payload.
 #[doc(hidden)]
-pub fn fuzz_containerd_event(data: &[u8]) -> Option<crate::pleg::event::Trigger> {
+pub fn fuzz_containerd_event(data: &[u8]) -> Option<crate::pleg::Trigger> {
     use containerd_client::types::Envelope;
     use prost::Message as _;
 

@@ -14,15 +14,9 @@ use tonic::{Code, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::{
-    backoff::{Backoff, Exponential, time_seed},
-    pleg::{
-        event::{Trigger, TriggerSource},
-        generator::TriggerSender,
-    },
-    runtime::{
-        RuntimeError,
-        transport::{connect_unix, with_causes},
-    },
+    base::backoff::{Backoff, Exponential, time_seed},
+    pleg::{RuntimeError, Trigger, TriggerSender, TriggerSource},
+    runtime::transport::{connect_unix, with_causes},
     sources::status::{SourceRegistry, SourceState},
 };
 
@@ -292,7 +286,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::pleg::generator::{TriggerReceiver, trigger_channel};
+    use crate::pleg::{TriggerReceiver, trigger_channel};
 
     // The schedule and the jitter are tested with `Backoff`; here, what reconnecting adds.
     #[test]

@@ -10,7 +10,7 @@ use std::{
 
 use tokio::{sync::watch, time::Instant};
 
-use crate::{metrics::Metrics, pleg::event::TriggerSource};
+use crate::{base::metrics::Metrics, pleg::TriggerSource};
 
 /// Fast periods that full relists stay fast after a push source (re)connects. A change in
 /// flight at that moment (published before the subscription, or a process exit before the
@@ -101,7 +101,7 @@ impl SourceRegistry {
             if state == SourceState::Reconnecting && entry.state != SourceState::Reconnecting {
                 entry.reconnects += 1;
                 if let Some(metrics) = &self.metrics {
-                    metrics.stream_reconnect(source);
+                    metrics.stream_reconnect(source.name());
                 }
             }
             entry.state = state;
@@ -134,7 +134,7 @@ impl SourceRegistry {
     /// that follows is reported with [`Self::set`]).
     pub fn silent(&self, source: TriggerSource) {
         if let Some(metrics) = &self.metrics {
-            metrics.silent_stream(source);
+            metrics.silent_stream(source.name());
         }
     }
 

@@ -7,8 +7,8 @@ use std::{
 };
 
 use plegd::{
-    metrics::{Format, Metrics},
-    pleg::event::TriggerSource,
+    base::metrics::{Format, Metrics},
+    pleg::TriggerSource,
 };
 
 /// One metric family as an exposition text declares it.
@@ -54,14 +54,14 @@ fn families(text: &str) -> Vec<Family> {
 /// family that has none yet.
 fn every_family() -> Metrics {
     let metrics = Metrics::new();
-    metrics.trigger(TriggerSource::Ebpf);
+    metrics.trigger(TriggerSource::Ebpf.name());
     metrics.relisted(false, Instant::now(), Duration::ZERO, true);
     metrics.answered_by_records();
     metrics.runtime_calls().count("ListContainers");
     metrics.init_map_errors("seed", 1);
-    metrics.stream_reconnect(TriggerSource::Containerd);
-    metrics.silent_stream(TriggerSource::Containerd);
-    metrics.unconfirmed_hint(TriggerSource::Ebpf);
+    metrics.stream_reconnect(TriggerSource::Containerd.name());
+    metrics.silent_stream(TriggerSource::Containerd.name());
+    metrics.unconfirmed_hint(TriggerSource::Ebpf.name());
     metrics.pod_synced("event", None);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
     metrics
@@ -86,7 +86,7 @@ pub fn reference() -> String {
         classic.len(),
         "one classic family per OpenMetrics family"
     );
-    let registered = include_str!("../../../agent/src/metrics.rs")
+    let registered = include_str!("../../../agent/src/base/metrics.rs")
         .matches("registry.register(")
         .count();
     assert_eq!(
@@ -94,7 +94,7 @@ pub fn reference() -> String {
         registered,
         "a metric family has no series: give it one in every_family() (tests/tests/docs/metrics.rs)"
     );
-    let mut out = super::banner("the registry in agent/src/metrics.rs (`Metrics::new()`)");
+    let mut out = super::banner("the registry in agent/src/base/metrics.rs (`Metrics::new()`)");
     out.push_str(&format!(
         "\n# Metrics\n\n\
          `plegd run --metrics-address ADDR:PORT` serves them at `/metrics`. The format follows \

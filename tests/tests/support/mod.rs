@@ -12,9 +12,10 @@ use std::{
 };
 
 use plegd::{
+    api::Shared,
     config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs, SourceName},
-    daemon::{self, Connected, Shared},
-    pleg::event::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
+    daemon::{self, Connected},
+    pleg::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceState, SourceStatus},
 };
@@ -356,7 +357,7 @@ impl RunningPlegd {
             &self
                 .shared
                 .metrics
-                .encode_as(plegd::metrics::Format::OpenMetrics),
+                .encode_as(plegd::base::metrics::Format::OpenMetrics),
         )
     }
 

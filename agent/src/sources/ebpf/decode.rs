@@ -10,10 +10,7 @@ use std::{
 use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
 
 use crate::{
-    pleg::{
-        event::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
-        record::ContainerId,
-    },
+    pleg::{ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSource},
     sources::ebpf::{cgroup_path, index::CgroupIndex},
 };
 

@@ -41,11 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    metrics::Metrics,
-    pleg::{
-        event::{Trigger, TriggerSource},
-        generator::TriggerSender,
-    },
+    base::metrics::Metrics,
+    pleg::{Trigger, TriggerSender, TriggerSource},
     sources::{
         ebpf::{
             decode::{Decoder, proc_cgroup2_path, wall_time_of},
@@ -165,7 +162,7 @@ impl Probes {
                 .attach(spec.category, spec.tracepoint)
                 .map_err(|source| LoadError::Program { name, source })?;
         }
-        crate::heap::release_freed();
+        crate::base::heap::release_freed();
         Ok(Self {
             ebpf,
             cgroup2,
@@ -380,36 +377,12 @@ impl Source {
         shutdown: CancellationToken,
     ) -> Result<(), LoadError> {
         let host = Arc::new(host);
-        // The first scan is waited for: events about containers that ran before the probes
-        // attached mean something only with the index, and the ring holds them meanwhile.
-        let scan = {
-            let (host, tracked) = (host.clone(), kernel.tracked());
-            tokio::task::spawn_blocking(move || host.scan(&tracked()))
-                .await
-                .unwrap_or_else(|error| {
-                    warn!(%error, "the first cgroup scan failed: the next refresh retries");
-                    Scan::default()
-                })
-        };
+        let scan = first_scan(&host, &kernel).await;
         let mut decoder = Decoder::new(CgroupIndex::default(), self.namespaces.clone());
         let mut map_errors = MapErrors::default();
         decoder.index.start_journal();
         self.apply(scan, &mut decoder, &mut kernel);
-        self.registry.set(
-            TriggerSource::Ebpf,
-            SourceState::Connected,
-            format!(
-                "{} programs attached ({}), {} container cgroups",
-                programs.len(),
-                programs.join(", "),
-                decoder.index.len()
-            ),
-        );
-        info!(
-            cgroups = decoder.index.len(),
-            programs = ?programs,
-            "eBPF probes attached"
-        );
+        self.attached(&programs, decoder.index.len());
 
         let mut refresh =
             tokio::time::interval_at(tokio::time::Instant::now() + self.refresh, self.refresh);
@@ -436,47 +409,67 @@ impl Source {
                         self.decode(&mut decoder, &event, None, &mut kernel, &mut map_errors);
                     }
                 }
-                Some(victim) = victims.join_next() => {
-                    match victim {
-                        Ok((event, path)) => {
-                            self.decode(&mut decoder, &event, path, &mut kernel, &mut map_errors);
-                        }
-                        Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
+                Some(victim) = victims.join_next() => match victim {
+                    Ok((event, path)) => {
+                        self.decode(&mut decoder, &event, path, &mut kernel, &mut map_errors);
                     }
-                }
+                    Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
+                },
                 _ = refresh.tick(), if scans.is_empty() => {
                     start_scan(&mut decoder, &host, &kernel, &mut scans);
                 }
                 Some(scan) = scans.join_next() => {
-                    match scan {
-                        Ok(scan) => {
-                            self.apply(scan, &mut decoder, &mut kernel);
-                            debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
-                            for trigger in decoder.replay() {
-                                self.send(trigger);
-                            }
-                        }
-                        // The index stays as events keep it; the journal stops at the next scan.
-                        Err(error) => warn!(%error, "the cgroup scan failed: the next refresh retries"),
-                    }
+                    self.scanned(scan, &mut decoder, &mut kernel);
                     if std::mem::take(&mut rescan) {
                         start_scan(&mut decoder, &host, &kernel, &mut scans);
                     }
                 }
-                _ = loss_check.tick() => {
-                    // A lost creation leaves a container the index does not know: the scan
-                    // finds it, and names what its init did meanwhile.
-                    if self.check(&kernel, &mut losses) {
-                        if scans.is_empty() {
-                            start_scan(&mut decoder, &host, &kernel, &mut scans);
-                        } else {
-                            rescan = true;
-                        }
+                // A lost creation leaves a container the index does not know: the scan finds
+                // it, and names what its init did meanwhile.
+                _ = loss_check.tick() => if self.check(&kernel, &mut losses) {
+                    if scans.is_empty() {
+                        start_scan(&mut decoder, &host, &kernel, &mut scans);
+                    } else {
+                        rescan = true;
                     }
-                }
+                },
             }
         }
         Ok(())
+    }
+
+    /// Says the probes are attached, to health and in the log.
+    fn attached(&self, programs: &[String], cgroups: usize) {
+        self.registry.set(
+            TriggerSource::Ebpf,
+            SourceState::Connected,
+            format!(
+                "{} programs attached ({}), {cgroups} container cgroups",
+                programs.len(),
+                programs.join(", "),
+            ),
+        );
+        info!(cgroups, programs = ?programs, "eBPF probes attached");
+    }
+
+    /// Applies a scan that completed, and replays on it what events changed meanwhile.
+    fn scanned(
+        &self,
+        scan: Result<Scan, tokio::task::JoinError>,
+        decoder: &mut Decoder,
+        kernel: &mut impl Kernel,
+    ) {
+        match scan {
+            Ok(scan) => {
+                self.apply(scan, decoder, kernel);
+                debug!(cgroups = decoder.index.len(), "cgroup index refreshed");
+                for trigger in decoder.replay() {
+                    self.send(trigger);
+                }
+            }
+            // The index stays as events keep it; the journal stops at the next scan.
+            Err(error) => warn!(%error, "the cgroup scan failed: the next refresh retries"),
+        }
     }
 
     /// Reads what the probes could not record since `seen`; when the ring was full, asks for a
@@ -606,6 +599,18 @@ impl Losses {
 
 /// Starts a scan of the cgroup tree on the blocking pool, the index journalling the changes
 /// events make meanwhile.
+/// The first scan, waited for: events about containers that ran before the probes attached
+/// mean something only with the index, and the ring holds them meanwhile.
+async fn first_scan(host: &Arc<impl Host>, kernel: &impl Kernel) -> Scan {
+    let (host, tracked) = (host.clone(), kernel.tracked());
+    tokio::task::spawn_blocking(move || host.scan(&tracked()))
+        .await
+        .unwrap_or_else(|error| {
+            warn!(%error, "the first cgroup scan failed: the next refresh retries");
+            Scan::default()
+        })
+}
+
 fn start_scan(
     decoder: &mut Decoder,
     host: &Arc<impl Host>,
@@ -621,7 +626,7 @@ fn start_scan(
 /// (an OOM victim's cgroup read as its event's path, instead of from /proc): the fuzz
 /// target's entry point, not an API. Returns the triggers made.
 #[doc(hidden)]
-pub fn fuzz_decode(records: &[u8], namespaces: &[String]) -> Vec<crate::pleg::event::Trigger> {
+pub fn fuzz_decode(records: &[u8], namespaces: &[String]) -> Vec<crate::pleg::Trigger> {
     let mut decoder = decode::Decoder::new(index::CgroupIndex::default(), namespaces.to_vec());
     records
         .chunks(std::mem::size_of::<KernelEvent>())
@@ -671,11 +676,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::{decode::test_event, *};
-    use crate::pleg::{
-        event::{Scope, Trigger},
-        generator::{TriggerReceiver, trigger_channel},
-        record::ContainerId,
-    };
+    use crate::pleg::{ContainerId, Scope, Trigger, TriggerReceiver, trigger_channel};
 
     const NAMESPACE: &str = "plegd-native";
     const WAIT: Duration = Duration::from_secs(10);
@@ -907,7 +908,7 @@ mod tests {
         assert_eq!(trigger.scope, Scope::Container(ContainerId("lost".into())));
         assert_eq!(
             trigger.observations[0].kind,
-            crate::pleg::event::ObservationKind::Exec("/bin/sh".into())
+            crate::pleg::ObservationKind::Exec("/bin/sh".into())
         );
         rig.scan_started("losses during the scan scan again").await;
         rig.stop().await;

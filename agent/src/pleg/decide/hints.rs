@@ -1,33 +1,17 @@
 //! What the triggers behind a relist said, by target: the scheduler's bookkeeping, carried with
 //! each batch so the relist can credit events to the sources that saw them, lay the runtime's
 //! own records they carry over its reading, and tell whether the runtime has caught up yet
-//! (`crate::pleg::reconcile`).
+//! (`crate::pleg::decide::reconcile`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::SystemTime,
 };
 
-use crate::pleg::{
-    event::{Observation, Scope, TriggerSource},
+use crate::pleg::model::{
     record::{ContainerId, PodUid, TaskRecord, TaskRecords},
+    trigger::{Observation, Scope, TriggerSource},
 };
-
-/// What a targeted relist is about: a pod, or a container whose pod no relist has seen yet.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Target {
-    Pod(PodUid),
-    Container(ContainerId),
-}
-
-impl Target {
-    pub(crate) fn scope(&self) -> Scope {
-        match self {
-            Self::Pod(uid) => Scope::Pod(uid.clone()),
-            Self::Container(id) => Scope::Container(id.clone()),
-        }
-    }
-}
 
 /// What the triggers coalesced into one target said.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +53,7 @@ impl Hint {
 
 /// The hints behind one relist, by target.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Hints(BTreeMap<Target, Hint>);
+pub struct Hints(BTreeMap<Scope, Hint>);
 
 impl Hints {
     /// What the triggers said about one container of one pod: the pod's hint and the
@@ -79,8 +63,8 @@ impl Hints {
         if self.0.is_empty() {
             return None;
         }
-        let by_pod = self.0.get(&Target::Pod(pod.clone()));
-        let by_container = self.0.get(&Target::Container(container.clone()));
+        let by_pod = self.0.get(&Scope::Pod(pod.clone()));
+        let by_container = self.0.get(&Scope::Container(container.clone()));
         let mut hint: Option<Hint> = None;
         for h in by_pod.into_iter().chain(by_container) {
             let only_this = Hint {
@@ -133,11 +117,11 @@ impl Hints {
     }
 
     /// Each target with its hint.
-    pub fn iter(&self) -> impl Iterator<Item = (&Target, &Hint)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&Scope, &Hint)> {
         self.0.iter()
     }
 
-    pub fn insert(&mut self, target: Target, hint: Hint) {
+    pub fn insert(&mut self, target: Scope, hint: Hint) {
         match self.0.get_mut(&target) {
             Some(existing) => existing.merge(hint),
             None => {
@@ -146,15 +130,15 @@ impl Hints {
         }
     }
 
-    /// The targets, in order.
-    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+    /// The scopes, in order.
+    pub fn scopes(&self) -> impl Iterator<Item = &Scope> {
         self.0.keys()
     }
 }
 
 /// Hints by target; a target given twice has its hints merged, as [`Hints::insert`] does.
-impl FromIterator<(Target, Hint)> for Hints {
-    fn from_iter<I: IntoIterator<Item = (Target, Hint)>>(iter: I) -> Self {
+impl FromIterator<(Scope, Hint)> for Hints {
+    fn from_iter<I: IntoIterator<Item = (Scope, Hint)>>(iter: I) -> Self {
         let mut hints = Self::default();
         for (target, hint) in iter {
             hints.insert(target, hint);
@@ -164,8 +148,8 @@ impl FromIterator<(Target, Hint)> for Hints {
 }
 
 impl IntoIterator for Hints {
-    type Item = (Target, Hint);
-    type IntoIter = std::collections::btree_map::IntoIter<Target, Hint>;
+    type Item = (Scope, Hint);
+    type IntoIter = std::collections::btree_map::IntoIter<Scope, Hint>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
@@ -176,11 +160,15 @@ impl IntoIterator for Hints {
 #[cfg(test)]
 pub(crate) fn pod_hints(
     pod: &str,
-    observations: &[(&str, TriggerSource, crate::pleg::event::ObservationKind)],
+    observations: &[(
+        &str,
+        TriggerSource,
+        crate::pleg::model::trigger::ObservationKind,
+    )],
 ) -> Hints {
     let mut hints = Hints::default();
     hints.insert(
-        Target::Pod(PodUid(pod.to_owned())),
+        Scope::Pod(PodUid(pod.to_owned())),
         Hint {
             sources: observations.iter().map(|(_, source, _)| *source).collect(),
             observed_at: SystemTime::UNIX_EPOCH,
@@ -205,7 +193,7 @@ mod tests {
     use ObservationKind::{Signal, TaskExited, TaskStarted};
 
     use super::*;
-    use crate::pleg::event::ObservationKind;
+    use crate::pleg::model::trigger::ObservationKind;
 
     #[test]
     fn the_task_records_they_carry_and_an_exit_outranks_a_start() {
@@ -253,7 +241,7 @@ mod tests {
             ],
         );
         hints.insert(
-            Target::Container(ContainerId("a".into())),
+            Scope::Container(ContainerId("a".into())),
             Hint {
                 sources: BTreeSet::from([TriggerSource::Containerd]),
                 observed_at: SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1),

@@ -25,11 +25,14 @@ use std::{
 use plegd_proto::v1 as pb;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
 
-use crate::pleg::record::PodRecords;
-
-/// Default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/plegd";
+use crate::{
+    api::convert,
+    config::Config,
+    pleg::{PodLifecycleEvent, PodRecords, Resume, Saved},
+    runtime::{RuntimeKind, transport::endpoint_name},
+};
 
 const STATE_FILE: &str = "state.json";
 const HISTORY_FILE: &str = "history.pb";
@@ -50,7 +53,7 @@ pub struct SavedRun {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Restored {
     pub run: SavedRun,
-    pub history: Vec<pb::Event>,
+    pub history: Vec<PodLifecycleEvent>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -94,6 +97,12 @@ pub enum HistoryError {
     OutOfOrder { sequence: u64 },
     #[error("ends at sequence {last}, the state at {expected}")]
     WrongEnd { last: u64, expected: u64 },
+    #[error("event {sequence}: {source}")]
+    Event {
+        sequence: u64,
+        #[source]
+        source: convert::NotAnEvent,
+    },
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
@@ -104,7 +113,11 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
 }
 
 /// Saves `run` and `history` in `dir` (created 0700).
-pub fn save(dir: &Path, run: &SavedRun, history: &[Arc<pb::Event>]) -> Result<(), StateError> {
+pub fn save(
+    dir: &Path,
+    run: &SavedRun,
+    history: &[Arc<PodLifecycleEvent>],
+) -> Result<(), StateError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -113,7 +126,7 @@ pub fn save(dir: &Path, run: &SavedRun, history: &[Arc<pb::Event>]) -> Result<()
     let mut events = Vec::new();
     for event in history {
         // Writing into a Vec cannot fail.
-        let _ = event.encode_length_delimited(&mut events);
+        let _ = convert::event(event, run.run_id).encode_length_delimited(&mut events);
     }
     write_atomically(&dir.join(HISTORY_FILE), &events)?;
     let state = serde_json::to_vec(&StateFile {
@@ -176,7 +189,20 @@ pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
 }
 
 /// The events of a history file, checked to be in order and to end at `last`.
-fn decode_history(mut bytes: &[u8], last: u64) -> Result<Vec<pb::Event>, HistoryError> {
+fn decode_history(bytes: &[u8], last: u64) -> Result<Vec<PodLifecycleEvent>, HistoryError> {
+    decode_messages(bytes, last)?
+        .iter()
+        .map(|event| {
+            convert::event_from_pb(event).map_err(|source| HistoryError::Event {
+                sequence: event.sequence,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The messages of a history file, checked to be in order and to end at `last`.
+fn decode_messages(mut bytes: &[u8], last: u64) -> Result<Vec<pb::Event>, HistoryError> {
     let mut events: Vec<pb::Event> = Vec::new();
     while !bytes.is_empty() {
         let event = pb::Event::decode_length_delimited(&mut bytes)?;
@@ -220,12 +246,72 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     })
 }
 
+/// What the saved records were read from: a state saved for anything else is not used.
+pub fn runtime_identity(config: &Config, socket: Option<&Path>) -> String {
+    let endpoint = socket.map_or_else(|| "-".to_owned(), endpoint_name);
+    match config.runtime {
+        RuntimeKind::Cri => format!("cri {endpoint}"),
+        RuntimeKind::Containerd => {
+            format!("containerd {endpoint} {}", config.namespaces.join(","))
+        }
+    }
+}
+
+/// The run a clean shutdown saved for `runtime`, if any, to continue: a damaged state is
+/// reported and started over.
+pub fn restore(config: &Config, runtime: &str) -> Option<Resume> {
+    let dir = config.state_dir.as_deref()?;
+    match take(dir, runtime) {
+        Ok(Some(Restored { run, history })) => {
+            info!(
+                run_id = format!("{:x}", run.run_id),
+                sequence = run.sequence,
+                pods = run.records.len(),
+                history = history.len(),
+                "continuing the run saved at the last shutdown"
+            );
+            Some(Resume {
+                run_id: run.run_id,
+                sequence: run.sequence,
+                records: run.records,
+                history,
+            })
+        }
+        Ok(None) => None,
+        Err(e) => {
+            warn!("not using the saved state: {e}; starting a new run");
+            None
+        }
+    }
+}
+
+/// Saves the run for the next start; a failure only costs that start its continuity.
+pub fn keep(config: &Config, runtime: String, saved: Saved) {
+    let Some(dir) = config.state_dir.as_deref() else {
+        return;
+    };
+    let run = SavedRun {
+        runtime,
+        run_id: saved.run_id,
+        sequence: saved.sequence,
+        records: saved.records,
+    };
+    match save(dir, &run, &saved.history) {
+        Ok(()) => info!(
+            dir = %dir.display(),
+            sequence = run.sequence,
+            "saved the run for the next start"
+        ),
+        Err(e) => warn!("cannot save the run: {e}; the next start is a new run"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::pleg::record::{ContainerRecord, Containers, PodRecord, PodUid};
+    use crate::pleg::{ContainerRecord, Containers, PodRecord, PodUid};
 
     fn run(sequence: u64) -> SavedRun {
         let container = ContainerRecord {
@@ -248,16 +334,9 @@ mod tests {
         }
     }
 
-    fn history(range: std::ops::RangeInclusive<u64>) -> Vec<Arc<pb::Event>> {
+    fn history(range: std::ops::RangeInclusive<u64>) -> Vec<Arc<PodLifecycleEvent>> {
         range
-            .map(|sequence| {
-                Arc::new(pb::Event {
-                    sequence,
-                    run_id: 42,
-                    pod_name: "web".into(),
-                    ..pb::Event::default()
-                })
-            })
+            .map(|sequence| Arc::new(crate::runtime::testing::event(sequence, "web")))
             .collect()
     }
 
@@ -284,7 +363,11 @@ mod tests {
                 .collect::<Vec<_>>(),
             [3, 4, 5, 6, 7]
         );
-        assert_eq!(restored.history[0].pod_name, "web");
+        let saved_history: Vec<PodLifecycleEvent> = history(3..=7)
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect();
+        assert_eq!(restored.history, saved_history, "every field comes back");
         // Taken: a second start (as after a crash) is a new run.
         assert_eq!(take(&state_dir, &saved.runtime).unwrap(), None);
         assert_eq!(fs::read_dir(&state_dir).unwrap().count(), 0);

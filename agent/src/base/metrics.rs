@@ -35,8 +35,6 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::pleg::event::TriggerSource;
-
 /// kubelet's buckets (`metrics.DefBuckets`, Prometheus' defaults).
 const KUBELET_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -117,28 +115,224 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
+    kubelet: Kubelet,
+    relists: Relists,
+    syncs: Syncs,
+    sources: Sources,
+    gauges: Gauges,
+    /// Start of the last successful full relist, for the interval histogram.
+    last_full_relist: Mutex<Option<Instant>>,
+}
+
+/// kubelet's PLEG metrics, under kubelet's names.
+struct Kubelet {
     relist_duration: Histogram,
     relist_interval: Histogram,
     discard_events: BareCounter,
     last_seen: Gauge<f64, AtomicU64>,
+}
+
+/// What the relists cost and what asked for them.
+struct Relists {
     triggers: Family<SourceLabel, Counter>,
     relists: Family<ScopeLabel, Counter>,
     answered_by_records: Counter,
     runtime_calls: RuntimeCalls,
     trigger_to_event: Histogram,
+}
+
+/// The sync loop's syncs.
+struct Syncs {
     pod_syncs: Family<ReasonLabel, Counter>,
     event_to_sync: Histogram,
+}
+
+/// The push sources' losses and false alarms.
+struct Sources {
     ringbuf_drops: Counter,
     untracked_cgroups: Counter,
     init_map_errors: Family<OpLabel, Counter>,
     stream_reconnects: Family<SourceLabel, Counter>,
     silent_streams: Family<SourceLabel, Counter>,
     unconfirmed_hints: Family<SourceLabel, Counter>,
+}
+
+/// Read at scrape time.
+struct Gauges {
     watch_subscribers: Gauge,
     pods: Gauge,
     containers: Family<StateLabel, Gauge>,
-    /// Start of the last successful full relist, for the interval histogram.
-    last_full_relist: Mutex<Option<Instant>>,
+}
+
+impl Kubelet {
+    fn register(registry: &mut Registry) -> Self {
+        let relist_duration = Histogram::new(KUBELET_BUCKETS);
+        registry.register(
+            "kubelet_pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG (full relists)",
+            relist_duration.clone(),
+        );
+        let relist_interval = Histogram::new(KUBELET_BUCKETS);
+        registry.register(
+            "kubelet_pleg_relist_interval_seconds",
+            "Interval in seconds between relisting in PLEG (between successful full relists)",
+            relist_interval.clone(),
+        );
+        let discard_events = BareCounter::default();
+        registry.register(
+            "kubelet_pleg_discard_events",
+            "The number of discard events in PLEG (a counter)",
+            discard_events.clone(),
+        );
+        let last_seen = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+        "kubelet_pleg_last_seen_seconds",
+        "Timestamp in seconds when PLEG was last seen active (start of the last successful full relist)",
+        last_seen.clone(),
+    );
+        Self {
+            relist_duration,
+            relist_interval,
+            discard_events,
+            last_seen,
+        }
+    }
+}
+
+impl Relists {
+    fn register(registry: &mut Registry, runtime_calls: RuntimeCalls) -> Self {
+        let triggers = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "plegd_triggers",
+            "Triggers received by the relist scheduler, by source",
+            triggers.clone(),
+        );
+        let relists = Family::<ScopeLabel, Counter>::default();
+        registry.register(
+            "plegd_relists",
+            "Relists that read the runtime, by scope (full or targeted)",
+            relists.clone(),
+        );
+        let answered_by_records = Counter::default();
+        registry.register(
+        "plegd_answered_by_records",
+        "Batches of triggers the runtime's own records they carried (containerd's /tasks/exit, /tasks/start, /containers/delete) answered in full, without reading the runtime",
+        answered_by_records.clone(),
+    );
+        registry.register(
+        "plegd_runtime_calls",
+        "Calls made to the container runtime (CRI or containerd API), by method; event streams not included",
+        runtime_calls.0.clone(),
+    );
+        // 100µs .. ~10s, doubling.
+        let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+        "plegd_trigger_to_event_seconds",
+        "Time from a push source's observation to the event's emission (events some source pointed at)",
+        trigger_to_event.clone(),
+    );
+        Self {
+            triggers,
+            relists,
+            answered_by_records,
+            runtime_calls,
+            trigger_to_event,
+        }
+    }
+}
+
+impl Syncs {
+    fn register(registry: &mut Registry) -> Self {
+        let pod_syncs = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+        "plegd_pod_syncs",
+        "Pod syncs the sync loop handed to its handler (the API's sync watchers), by reason: event, resync or removed",
+        pod_syncs.clone(),
+    );
+        let event_to_sync = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+        "plegd_event_to_sync_seconds",
+        "Time from a pod's event reaching the sync loop to the pod's sync handed to its handler (for the API: queued for every sync watcher, which takes it when it reads)",
+        event_to_sync.clone(),
+    );
+        Self {
+            pod_syncs,
+            event_to_sync,
+        }
+    }
+}
+
+impl Sources {
+    fn register(registry: &mut Registry) -> Self {
+        let ringbuf_drops = Counter::default();
+        registry.register(
+            "plegd_ringbuf_drops",
+            "Kernel events lost because the eBPF ring buffer was full",
+            ringbuf_drops.clone(),
+        );
+        let untracked_cgroups = Counter::default();
+        registry.register(
+        "plegd_untracked_cgroups",
+        "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes)",
+        untracked_cgroups.clone(),
+    );
+        let init_map_errors = Family::<OpLabel, Counter>::default();
+        registry.register(
+        "plegd_init_map_errors",
+        "Failed updates of the eBPF init map from userspace, by operation: seed (a running container's init not given to the probes: no process hints for it) or untrack (a non-container cgroup left in the map, holding a slot until evicted)",
+        init_map_errors.clone(),
+    );
+        let stream_reconnects = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "plegd_stream_reconnects",
+            "Reconnections of runtime event streams, by source",
+            stream_reconnects.clone(),
+        );
+        let silent_streams = Family::<SourceLabel, Counter>::default();
+        registry.register(
+        "plegd_silent_streams",
+        "Runtime event streams declared silent, by source: connected, but plegd's heartbeat published through the runtime did not come back on them in time (each is then reconnected)",
+        silent_streams.clone(),
+    );
+        let unconfirmed_hints = Family::<SourceLabel, Counter>::default();
+        registry.register(
+        "plegd_unconfirmed_hints",
+        "Targeted relists whose runtime reading still did not show what their hint implied after every retry, by source (the next full relist is the safety net)",
+        unconfirmed_hints.clone(),
+    );
+        Self {
+            ringbuf_drops,
+            untracked_cgroups,
+            init_map_errors,
+            stream_reconnects,
+            silent_streams,
+            unconfirmed_hints,
+        }
+    }
+}
+
+impl Gauges {
+    fn register(registry: &mut Registry) -> Self {
+        let watch_subscribers = Gauge::default();
+        registry.register(
+            "plegd_watch_subscribers",
+            "Watch streams currently open",
+            watch_subscribers.clone(),
+        );
+        let pods = Gauge::default();
+        registry.register("plegd_pods", "Pods in the cache", pods.clone());
+        let containers = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "plegd_containers",
+            "Containers (sandboxes included) in the cache, by state",
+            containers.clone(),
+        );
+        Self {
+            watch_subscribers,
+            pods,
+            containers,
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -161,148 +355,17 @@ impl Metrics {
     }
 
     /// A fresh set of metrics whose `plegd_runtime_calls_total` reads `runtime_calls` (the
-    /// counter a connected runtime counts on: [`crate::runtime::Runtime::calls`]).
+    /// counter a connected runtime counts on: the `Runtime` port's `calls`).
     pub fn counting(runtime_calls: RuntimeCalls) -> Self {
         let mut registry = Registry::default();
-        let relist_duration = Histogram::new(KUBELET_BUCKETS);
-        registry.register(
-            "kubelet_pleg_relist_duration_seconds",
-            "Duration in seconds for relisting pods in PLEG (full relists)",
-            relist_duration.clone(),
-        );
-        let relist_interval = Histogram::new(KUBELET_BUCKETS);
-        registry.register(
-            "kubelet_pleg_relist_interval_seconds",
-            "Interval in seconds between relisting in PLEG (between successful full relists)",
-            relist_interval.clone(),
-        );
-        let discard_events = BareCounter::default();
-        registry.register(
-            "kubelet_pleg_discard_events",
-            "The number of discard events in PLEG (a counter)",
-            discard_events.clone(),
-        );
-        let last_seen = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "kubelet_pleg_last_seen_seconds",
-            "Timestamp in seconds when PLEG was last seen active (start of the last successful full relist)",
-            last_seen.clone(),
-        );
-        let triggers = Family::<SourceLabel, Counter>::default();
-        registry.register(
-            "plegd_triggers",
-            "Triggers received by the relist scheduler, by source",
-            triggers.clone(),
-        );
-        let relists = Family::<ScopeLabel, Counter>::default();
-        registry.register(
-            "plegd_relists",
-            "Relists that read the runtime, by scope (full or targeted)",
-            relists.clone(),
-        );
-        let answered_by_records = Counter::default();
-        registry.register(
-            "plegd_answered_by_records",
-            "Batches of triggers the runtime's own records they carried (containerd's /tasks/exit, /tasks/start, /containers/delete) answered in full, without reading the runtime",
-            answered_by_records.clone(),
-        );
-        registry.register(
-            "plegd_runtime_calls",
-            "Calls made to the container runtime (CRI or containerd API), by method; event streams not included",
-            runtime_calls.0.clone(),
-        );
-        // 100µs .. ~10s, doubling.
-        let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
-        registry.register(
-            "plegd_trigger_to_event_seconds",
-            "Time from a push source's observation to the event's emission (events some source pointed at)",
-            trigger_to_event.clone(),
-        );
-        let pod_syncs = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "plegd_pod_syncs",
-            "Pod syncs the sync loop handed to its handler (the API's sync watchers), by reason: event, resync or removed",
-            pod_syncs.clone(),
-        );
-        let event_to_sync = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
-        registry.register(
-            "plegd_event_to_sync_seconds",
-            "Time from a pod's event reaching the sync loop to the pod's sync handed to its handler (for the API: queued for every sync watcher, which takes it when it reads)",
-            event_to_sync.clone(),
-        );
-        let ringbuf_drops = Counter::default();
-        registry.register(
-            "plegd_ringbuf_drops",
-            "Kernel events lost because the eBPF ring buffer was full",
-            ringbuf_drops.clone(),
-        );
-        let untracked_cgroups = Counter::default();
-        registry.register(
-            "plegd_untracked_cgroups",
-            "Container cgroups the eBPF init map could not take: no process hints for them (the relist still finds their changes)",
-            untracked_cgroups.clone(),
-        );
-        let init_map_errors = Family::<OpLabel, Counter>::default();
-        registry.register(
-            "plegd_init_map_errors",
-            "Failed updates of the eBPF init map from userspace, by operation: seed (a running container's init not given to the probes: no process hints for it) or untrack (a non-container cgroup left in the map, holding a slot until evicted)",
-            init_map_errors.clone(),
-        );
-        let stream_reconnects = Family::<SourceLabel, Counter>::default();
-        registry.register(
-            "plegd_stream_reconnects",
-            "Reconnections of runtime event streams, by source",
-            stream_reconnects.clone(),
-        );
-        let silent_streams = Family::<SourceLabel, Counter>::default();
-        registry.register(
-            "plegd_silent_streams",
-            "Runtime event streams declared silent, by source: connected, but plegd's heartbeat published through the runtime did not come back on them in time (each is then reconnected)",
-            silent_streams.clone(),
-        );
-        let unconfirmed_hints = Family::<SourceLabel, Counter>::default();
-        registry.register(
-            "plegd_unconfirmed_hints",
-            "Targeted relists whose runtime reading still did not show what their hint implied after every retry, by source (the next full relist is the safety net)",
-            unconfirmed_hints.clone(),
-        );
-        let watch_subscribers = Gauge::default();
-        registry.register(
-            "plegd_watch_subscribers",
-            "Watch streams currently open",
-            watch_subscribers.clone(),
-        );
-        let pods = Gauge::default();
-        registry.register("plegd_pods", "Pods in the cache", pods.clone());
-        let containers = Family::<StateLabel, Gauge>::default();
-        registry.register(
-            "plegd_containers",
-            "Containers (sandboxes included) in the cache, by state",
-            containers.clone(),
-        );
         Self {
             inner: Arc::new(Inner {
+                kubelet: Kubelet::register(&mut registry),
+                relists: Relists::register(&mut registry, runtime_calls),
+                syncs: Syncs::register(&mut registry),
+                sources: Sources::register(&mut registry),
+                gauges: Gauges::register(&mut registry),
                 registry,
-                relist_duration,
-                relist_interval,
-                discard_events,
-                last_seen,
-                triggers,
-                relists,
-                answered_by_records,
-                runtime_calls,
-                trigger_to_event,
-                pod_syncs,
-                event_to_sync,
-                ringbuf_drops,
-                untracked_cgroups,
-                init_map_errors,
-                stream_reconnects,
-                silent_streams,
-                unconfirmed_hints,
-                watch_subscribers,
-                pods,
-                containers,
                 last_full_relist: Mutex::new(None),
             }),
         }
@@ -310,41 +373,40 @@ impl Metrics {
 
     /// The counter the runtime backends count their calls on.
     pub fn runtime_calls(&self) -> RuntimeCalls {
-        self.inner.runtime_calls.clone()
+        self.inner.relists.runtime_calls.clone()
     }
 
     /// The sync loop fell behind the bus and skipped `count` events (it resyncs every pod
     /// instead): kubelet's discarded events, which it drops on a full channel.
     pub fn discarded_events(&self, count: u64) {
         self.inner
+            .kubelet
             .discard_events
             .0
             .fetch_add(count, Ordering::Relaxed);
     }
 
     /// A hint from `source` was never confirmed by the runtime within the retry budget.
-    pub fn unconfirmed_hint(&self, source: TriggerSource) {
+    pub fn unconfirmed_hint(&self, source: &'static str) {
         self.inner
+            .sources
             .unconfirmed_hints
-            .get_or_create(&SourceLabel {
-                source: source.name(),
-            })
+            .get_or_create(&SourceLabel { source })
             .inc();
     }
 
     /// A trigger from `source` reached the scheduler.
-    pub fn trigger(&self, source: TriggerSource) {
+    pub fn trigger(&self, source: &'static str) {
         self.inner
+            .relists
             .triggers
-            .get_or_create(&SourceLabel {
-                source: source.name(),
-            })
+            .get_or_create(&SourceLabel { source })
             .inc();
     }
 
     /// A batch of triggers was answered by the runtime's records alone.
     pub fn answered_by_records(&self) {
-        self.inner.answered_by_records.inc();
+        self.inner.relists.answered_by_records.inc();
     }
 
     /// A relist started at `started` took `duration`; `succeeded` says whether it listed.
@@ -352,12 +414,16 @@ impl Metrics {
         let scope = if full { "full" } else { "targeted" };
         self.inner
             .relists
+            .relists
             .get_or_create(&ScopeLabel { scope })
             .inc();
         if !full {
             return;
         }
-        self.inner.relist_duration.observe(duration.as_secs_f64());
+        self.inner
+            .kubelet
+            .relist_duration
+            .observe(duration.as_secs_f64());
         if !succeeded {
             return;
         }
@@ -368,6 +434,7 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner());
         if let Some(previous) = last.replace(started) {
             self.inner
+                .kubelet
                 .relist_interval
                 .observe(started.saturating_duration_since(previous).as_secs_f64());
         }
@@ -377,61 +444,67 @@ impl Metrics {
         let unix = wall
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
-        self.inner.last_seen.set(unix.as_secs_f64());
+        self.inner.kubelet.last_seen.set(unix.as_secs_f64());
     }
 
     /// An event was emitted `latency` after a push source observed its change.
     pub fn trigger_to_event(&self, latency: Duration) {
-        self.inner.trigger_to_event.observe(latency.as_secs_f64());
+        self.inner
+            .relists
+            .trigger_to_event
+            .observe(latency.as_secs_f64());
     }
 
     /// The sync loop synced a pod for `reason`, `latency` after the earliest event it stands
     /// for reached the loop (`None`: a sync no event asked for).
     pub fn pod_synced(&self, reason: &'static str, latency: Option<Duration>) {
         self.inner
+            .syncs
             .pod_syncs
             .get_or_create(&ReasonLabel { reason })
             .inc();
         if let Some(latency) = latency {
-            self.inner.event_to_sync.observe(latency.as_secs_f64());
+            self.inner
+                .syncs
+                .event_to_sync
+                .observe(latency.as_secs_f64());
         }
     }
 
     /// The eBPF ring buffer lost `count` kernel events.
     pub fn ringbuf_drops(&self, count: u64) {
-        self.inner.ringbuf_drops.inc_by(count);
+        self.inner.sources.ringbuf_drops.inc_by(count);
     }
 
     /// `count` container cgroups could not be tracked in the eBPF init map.
     pub fn untracked_cgroups(&self, count: u64) {
-        self.inner.untracked_cgroups.inc_by(count);
+        self.inner.sources.untracked_cgroups.inc_by(count);
     }
 
     /// `count` updates of the eBPF init map failed while userspace did `op` (`seed`, `untrack`).
     pub fn init_map_errors(&self, op: &'static str, count: u64) {
         self.inner
+            .sources
             .init_map_errors
             .get_or_create(&OpLabel { op })
             .inc_by(count);
     }
 
     /// `source`'s event stream was declared silent (its heartbeat did not come back).
-    pub fn silent_stream(&self, source: TriggerSource) {
+    pub fn silent_stream(&self, source: &'static str) {
         self.inner
+            .sources
             .silent_streams
-            .get_or_create(&SourceLabel {
-                source: source.name(),
-            })
+            .get_or_create(&SourceLabel { source })
             .inc();
     }
 
     /// A runtime event stream of `source` reconnected.
-    pub fn stream_reconnect(&self, source: TriggerSource) {
+    pub fn stream_reconnect(&self, source: &'static str) {
         self.inner
+            .sources
             .stream_reconnects
-            .get_or_create(&SourceLabel {
-                source: source.name(),
-            })
+            .get_or_create(&SourceLabel { source })
             .inc();
     }
 
@@ -443,10 +516,11 @@ impl Metrics {
         containers: &BTreeMap<&'static str, usize>,
     ) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.inner.watch_subscribers.set(gauge(subscribers));
-        self.inner.pods.set(gauge(pods));
+        self.inner.gauges.watch_subscribers.set(gauge(subscribers));
+        self.inner.gauges.pods.set(gauge(pods));
         for state in ["created", "running", "exited", "unknown"] {
             self.inner
+                .gauges
                 .containers
                 .get_or_create(&StateLabel { state })
                 .set(gauge(containers.get(state).copied().unwrap_or(0)));
@@ -584,15 +658,15 @@ mod tests {
         );
         metrics.relisted(false, t0, Duration::from_millis(1), true);
         metrics.discarded_events(2);
-        metrics.trigger(TriggerSource::Containerd);
+        metrics.trigger("containerd");
         metrics.trigger_to_event(Duration::from_micros(350));
         metrics.pod_synced("event", Some(Duration::from_micros(200)));
         metrics.pod_synced("resync", None);
         metrics.ringbuf_drops(3);
         metrics.untracked_cgroups(4);
         metrics.init_map_errors("untrack", 5);
-        metrics.stream_reconnect(TriggerSource::CriEvents);
-        metrics.unconfirmed_hint(TriggerSource::Ebpf);
+        metrics.stream_reconnect("cri-events");
+        metrics.unconfirmed_hint("ebpf");
         metrics.set_snapshot(2, 1, &BTreeMap::from([("running", 3)]));
         let text = metrics.encode();
         assert_eq!(
@@ -652,7 +726,7 @@ mod tests {
     fn the_classic_text_has_classic_types_and_counter_names() {
         let metrics = Metrics::new();
         metrics.discarded_events(2);
-        metrics.trigger(TriggerSource::Containerd);
+        metrics.trigger("containerd");
         metrics.ringbuf_drops(3);
         let text = metrics.encode_as(Format::Text);
         assert!(

@@ -1,7 +1,7 @@
 //! The pure heart of the PLEG: a container's state before and after, lifecycle events out
 //! (kubelet's `generateEvents`). No runtime, no clock, no channel.
 
-use crate::pleg::{event::PodLifecycleEventType, record::ContainerState};
+use crate::pleg::model::{event::PodLifecycleEventType, record::ContainerState};
 
 /// A container's state as far as the PLEG cares. `NonExistent` makes "appeared" and "vanished"
 /// ordinary transitions of the same table.
@@ -98,12 +98,11 @@ mod tests {
 
     /// Replays events on a container's state, as a consumer would.
     fn apply(state: PlegState, events: &[PodLifecycleEventType]) -> PlegState {
-        events.iter().fold(state, |state, event| match event {
+        events.iter().fold(state, |_, event| match event {
             PodLifecycleEventType::ContainerStarted => PlegState::Running,
             PodLifecycleEventType::ContainerDied => PlegState::Exited,
             PodLifecycleEventType::ContainerChanged => PlegState::Unknown,
             PodLifecycleEventType::ContainerRemoved => PlegState::NonExistent,
-            PodLifecycleEventType::PodSync => state,
         })
     }
 

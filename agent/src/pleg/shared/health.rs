@@ -12,6 +12,10 @@ use std::{
 
 use tokio::time::Instant;
 
+/// How old the last successful full relist may be before the PLEG is unhealthy (kubelet's
+/// `relistThreshold`).
+pub const DEFAULT_RELIST_THRESHOLD: Duration = Duration::from_secs(3 * 60);
+
 /// Why the PLEG is unhealthy. The messages are kubelet's, word for word, since node tooling
 /// greps for them.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -148,7 +152,6 @@ mod tests {
     use tokio::time::advance;
 
     use super::*;
-    use crate::pleg::event::DEFAULT_RELIST_THRESHOLD;
 
     fn health() -> Health {
         Health::new(DEFAULT_RELIST_THRESHOLD)

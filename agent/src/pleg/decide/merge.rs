@@ -11,7 +11,7 @@
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
 //! layer that moved it on says so (a task restarted in place, on the containerd backend).
 
-use crate::pleg::record::{ContainerRecord, ContainerState, Layer, TaskRecord};
+use crate::pleg::model::record::{ContainerRecord, ContainerState, Store, TaskRecord};
 
 /// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
 /// runtime showed now, a complete record with its status; `None`: not read) and `task` (the
@@ -37,12 +37,12 @@ pub fn merge(
             record.exit_code = Some(code);
             record.finished_at = Some(at);
             record.reason.clear();
-            record.confirmed_by = Layer::Task;
+            record.confirmed_by = Store::Task;
         }
         (Some(TaskRecord::Started { at }), ContainerState::Created) => {
             record.state = ContainerState::Running;
             record.started_at = at.or(record.started_at);
-            record.confirmed_by = Layer::Task;
+            record.confirmed_by = Store::Task;
         }
         _ => {}
     }
@@ -84,7 +84,7 @@ pub fn while_running(after: &ContainerRecord, started: Option<TaskRecord>) -> Co
         finished_at: None,
         exit_code: None,
         reason: String::new(),
-        confirmed_by: Layer::Task,
+        confirmed_by: Store::Task,
         ..after.clone()
     }
 }
@@ -94,7 +94,7 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use ContainerState::{Created, Exited, Running, Unknown};
-    use Layer::{Cri, Task};
+    use Store::{Cri, Task};
 
     use super::*;
     use crate::runtime::testing::{container, exited};
@@ -103,7 +103,7 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
     }
 
-    fn record(state: ContainerState, layer: Layer) -> ContainerRecord {
+    fn record(state: ContainerState, layer: Store) -> ContainerRecord {
         let mut c = match state {
             Exited => exited("c", "app", 1, "Error"),
             state => container("c", "app", state),
@@ -120,115 +120,33 @@ mod tests {
     /// (name, committed, shown, task record, wanted state and layer; None: no record).
     type Case = (
         &'static str,
-        Option<(ContainerState, Layer)>,
-        Option<(ContainerState, Layer)>,
+        Option<(ContainerState, Store)>,
+        Option<(ContainerState, Store)>,
         Option<TaskRecord>,
-        Option<(ContainerState, Layer)>,
+        Option<(ContainerState, Store)>,
     );
 
     #[test]
     fn the_record_furthest_on_wins_then_the_cri_stores() {
         let start = Some(TaskRecord::Started { at: Some(at(5)) });
+        #[rustfmt::skip]
         let cases: [Case; 15] = [
+            // (name, committed, shown, task, merged)
             ("nothing known", None, None, Some(EXIT), None),
-            (
-                "first reading",
-                None,
-                Some((Running, Cri)),
-                None,
-                Some((Running, Cri)),
-            ),
-            (
-                "not read",
-                Some((Running, Cri)),
-                None,
-                None,
-                Some((Running, Cri)),
-            ),
-            (
-                "a new reading",
-                Some((Running, Cri)),
-                Some((Exited, Cri)),
-                None,
-                Some((Exited, Cri)),
-            ),
-            (
-                "an exit over running",
-                Some((Running, Cri)),
-                None,
-                Some(EXIT),
-                Some((Exited, Task)),
-            ),
-            (
-                "an exit over created",
-                None,
-                Some((Created, Cri)),
-                Some(EXIT),
-                Some((Exited, Task)),
-            ),
-            (
-                "a start over created",
-                Some((Created, Cri)),
-                None,
-                start,
-                Some((Running, Task)),
-            ),
-            (
-                "a start is no news to running",
-                Some((Running, Cri)),
-                None,
-                start,
-                Some((Running, Cri)),
-            ),
-            (
-                "an exit is no news to exited",
-                Some((Exited, Cri)),
-                None,
-                Some(EXIT),
-                Some((Exited, Cri)),
-            ),
-            (
-                "the store lags the task",
-                Some((Exited, Task)),
-                Some((Running, Cri)),
-                None,
-                Some((Exited, Task)),
-            ),
-            (
-                "the store caught up",
-                Some((Exited, Task)),
-                Some((Exited, Cri)),
-                None,
-                Some((Exited, Cri)),
-            ),
-            (
-                "the store caught up with the task record",
-                Some((Running, Cri)),
-                Some((Exited, Cri)),
-                Some(EXIT),
-                Some((Exited, Cri)),
-            ),
-            (
-                "a task restarted in place",
-                Some((Exited, Task)),
-                Some((Running, Task)),
-                None,
-                Some((Running, Task)),
-            ),
-            (
-                "unknown is in no order",
-                Some((Running, Task)),
-                Some((Unknown, Cri)),
-                None,
-                Some((Unknown, Cri)),
-            ),
-            (
-                "unknown does not undo an exit another layer confirmed",
-                Some((Exited, Task)),
-                Some((Unknown, Cri)),
-                None,
-                Some((Exited, Task)),
-            ),
+            ("first reading", None, Some((Running, Cri)), None, Some((Running, Cri))),
+            ("not read", Some((Running, Cri)), None, None, Some((Running, Cri))),
+            ("a new reading", Some((Running, Cri)), Some((Exited, Cri)), None, Some((Exited, Cri))),
+            ("an exit over running", Some((Running, Cri)), None, Some(EXIT), Some((Exited, Task))),
+            ("an exit over created", None, Some((Created, Cri)), Some(EXIT), Some((Exited, Task))),
+            ("a start over created", Some((Created, Cri)), None, start, Some((Running, Task))),
+            ("a start is no news to running", Some((Running, Cri)), None, start, Some((Running, Cri))),
+            ("an exit is no news to exited", Some((Exited, Cri)), None, Some(EXIT), Some((Exited, Cri))),
+            ("the store lags the task", Some((Exited, Task)), Some((Running, Cri)), None, Some((Exited, Task))),
+            ("the store caught up", Some((Exited, Task)), Some((Exited, Cri)), None, Some((Exited, Cri))),
+            ("the store caught up with the task record", Some((Running, Cri)), Some((Exited, Cri)), Some(EXIT), Some((Exited, Cri))),
+            ("a task restarted in place", Some((Exited, Task)), Some((Running, Task)), None, Some((Running, Task))),
+            ("unknown is in no order", Some((Running, Task)), Some((Unknown, Cri)), None, Some((Unknown, Cri))),
+            ("unknown does not undo an exit another store confirmed", Some((Exited, Task)), Some((Unknown, Cri)), None, Some((Exited, Task))),
         ];
         for (name, committed, shown, task, want) in cases {
             let committed = committed.map(|(s, l)| record(s, l));

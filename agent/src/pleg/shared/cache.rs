@@ -13,7 +13,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::pleg::record::{PodRecord, PodUid};
+use crate::pleg::model::record::{PodRecord, PodUid};
 
 /// What the cache holds for one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,7 +188,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::pleg::record::Containers;
+    use crate::pleg::model::record::Containers;
 
     fn uid(s: &str) -> PodUid {
         PodUid(s.to_owned())

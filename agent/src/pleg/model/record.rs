@@ -2,7 +2,7 @@
 //!
 //! Records are plain data, identical whichever backend (CRI, containerd) produced them, so the
 //! diff, the cache and the tests never see a runtime type; they are saved across restarts
-//! (`crate::state`).
+//! (`crate::daemon::state`).
 
 use std::{cmp::Ordering, collections::BTreeMap, time::SystemTime};
 
@@ -53,19 +53,23 @@ impl ContainerState {
     }
 }
 
-/// Which of the runtime's records a container's state was confirmed by.
+/// Which of the runtime's stores confirmed a container's state. containerd keeps two: its task
+/// service knows of a start or an exit first; its CRI store shows it some 30 ms later, after
+/// the runtime's cleanup. `--confirm` names the one whose word an event waits for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Layer {
+pub enum Store {
     /// The runtime's container store, as CRI (or containerd's container API) shows it.
     #[default]
+    #[serde(alias = "cri")]
     Cri,
     /// The runtime's task service (containerd's shim record of the container's init): it
     /// knows of a start or an exit some 30 ms before the CRI store does, which is updated
     /// only after the runtime's cleanup.
+    #[serde(alias = "task")]
     Task,
 }
 
-impl Layer {
+impl Store {
     /// The lowercase name, as in the API, the config and the output.
     pub fn name(self) -> &'static str {
         match self {
@@ -74,6 +78,23 @@ impl Layer {
         }
     }
 }
+
+/// A store named by its lowercase name (`--confirm task`).
+impl std::str::FromStr for Store {
+    type Err = UnknownStore;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        [Self::Task, Self::Cri]
+            .into_iter()
+            .find(|store| store.name() == name)
+            .ok_or_else(|| UnknownStore(name.to_owned()))
+    }
+}
+
+/// A name that is no store's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a store: task or cri")]
+pub struct UnknownStore(String);
 
 /// What the runtime's task service recorded about a container's init process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,9 +126,9 @@ pub struct ContainerRecord {
     pub exit_code: Option<i32>,
     /// Runtime's reason for the state, e.g. "Error", "OOMKilled", "Completed".
     pub reason: String,
-    /// The record the state comes from; [`Layer::Task`] until the CRI store catches up.
+    /// The record the state comes from; [`Store::Task`] until the CRI store catches up.
     #[serde(default)]
-    pub confirmed_by: Layer,
+    pub confirmed_by: Store,
 }
 
 /// One pod as listed by the runtime.

@@ -5,16 +5,13 @@
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, HashMap, HashSet},
-    hash::BuildHasher,
+    hash::{BuildHasher, Hash, Hasher},
     sync::Arc,
 };
 
 use smallvec::SmallVec;
 
-use crate::pleg::{
-    reconcile::listing_fingerprint,
-    record::{ContainerId, ContainerRecord, PodRecord, PodRecords, PodUid},
-};
+use crate::pleg::model::record::{ContainerId, ContainerRecord, PodRecord, PodRecords, PodUid};
 
 /// The committed records, with a container index over them.
 ///
@@ -95,10 +92,6 @@ impl Committed {
         self.pods.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
-
     pub fn get(&self, uid: &PodUid) -> Option<&PodRecord> {
         self.pods.get(uid.0.as_bytes()).map(|entry| &*entry.record)
     }
@@ -121,7 +114,7 @@ impl Committed {
             .collect()
     }
 
-    /// The fingerprint of what [`crate::pleg::reconcile::inspection_needed`] reads of a
+    /// The fingerprint of what [`crate::pleg::decide::reconcile::inspection_needed`] reads of a
     /// listing: equal for two listings (barring a 64-bit collision) only if the one needs an
     /// inspection whenever the other does, against the same record.
     pub fn fingerprint(&self, listed: &PodRecord, tombstones: &HashSet<ContainerId>) -> u64 {
@@ -138,7 +131,7 @@ impl Committed {
 
     /// Makes `new` the record of pod `uid` (`None`: the pod is gone). `same_containers`: the
     /// caller found that `new` holds the containers (by id) the committed record holds
-    /// ([`crate::pleg::reconcile::PodPlan::same_containers`]); when false, they are compared
+    /// ([`crate::pleg::decide::reconcile::PodPlan::same_containers`]); when false, they are compared
     /// here.
     pub fn commit(&mut self, uid: &PodUid, new: Option<Arc<PodRecord>>, same_containers: bool) {
         let Some(pod) = new else {
@@ -190,11 +183,28 @@ fn index_containers(index: &mut HashMap<ContainerId, PodUid>, uid: &PodUid, pod:
     }
 }
 
+/// A fingerprint of what reconcile's `inspection_needed` reads of a listed pod: its containers but those
+/// the runtime recorded deleted, each by its id, state and confirming store, in order.
+fn listing_fingerprint(
+    listed: &PodRecord,
+    tombstones: &HashSet<ContainerId>,
+    mut hasher: impl Hasher,
+) -> u64 {
+    for c in listed
+        .containers
+        .values()
+        .filter(|c| !tombstones.contains(&c.id))
+    {
+        (&c.id, c.state, c.confirmed_by).hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{
-        pleg::record::ContainerState::{Exited, Running},
+        pleg::model::record::ContainerState::{Exited, Running},
         runtime::testing::{container, pod},
     };
 
@@ -216,7 +226,7 @@ mod tests {
         assert_eq!(committed.container(&b).map(|c| c.state), Some(Running));
         committed.commit(&uid, None, false);
         assert_eq!(committed.pod_of(&b), None);
-        assert!(committed.is_empty());
+        assert_eq!(committed.len(), 0);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::{
 use tokio::sync::Notify;
 
 use super::{PodSync, SyncHandler};
-use crate::pleg::record::PodUid;
+use crate::pleg::model::record::PodUid;
 
 /// Which syncs a consumer wants.
 pub type SyncFilter = Box<dyn Fn(&PodSync) -> bool + Send + Sync>;
@@ -210,7 +210,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{pleg::cache::CachedPod, runtime::testing::pod as record, sync_loop::SyncReason};
+    use crate::{
+        pleg::{shared::cache::CachedPod, sync_loop::SyncReason},
+        runtime::testing::pod as record,
+    };
 
     fn sync(pod: &str, reason: SyncReason, sequence: u64) -> PodSync {
         PodSync {

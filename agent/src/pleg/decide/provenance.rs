@@ -5,9 +5,12 @@
 use std::{collections::BTreeSet, time::SystemTime};
 
 use crate::pleg::{
-    event::{PodLifecycleEvent, PodLifecycleEventType, Says, TriggerSource},
-    hints::Hints,
-    record::{ContainerRecord, PodRecord},
+    decide::hints::Hints,
+    model::{
+        event::{PodLifecycleEvent, PodLifecycleEventType},
+        record::{ContainerRecord, PodRecord},
+        trigger::{Says, TriggerSource},
+    },
 };
 
 /// One change reconcile found: a container of a pod, the event, and the record the event
@@ -37,7 +40,7 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
         pod: pod.uid.clone(),
         pod_namespace: pod.namespace.clone(),
         pod_name: pod.name.clone(),
-        container_id: Some(record.id.clone()),
+        container_id: record.id.clone(),
         container_name: record.name.clone(),
         event_type,
         observed_at: hint.as_ref().map_or(read_at, |h| h.observed_at),
@@ -62,24 +65,20 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
 }
 
 /// Credits an event its relist found with no hint about its container (`[Relist]`) to a hint
-/// still queued for that container (`riders`, see `Batch::riders`), when that hint saw what
+/// still queued for that container (`queued`, see `Batch::queued`), when that hint saw what
 /// the event announces: its sources, its time, and those of its observations that say so (a
 /// queued start's exec does not ride on a death).
-pub fn credit(event: &mut PodLifecycleEvent, riders: &Hints) {
-    if riders.is_empty() || event.sources != [TriggerSource::Relist] {
+pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
+    if queued.is_empty() || event.sources != [TriggerSource::Relist] {
         return;
     }
     let says = match event.event_type {
         PodLifecycleEventType::ContainerStarted => Says::Started,
         PodLifecycleEventType::ContainerDied => Says::Died,
         PodLifecycleEventType::ContainerRemoved => Says::Deleted,
-        PodLifecycleEventType::ContainerChanged | PodLifecycleEventType::PodSync => return,
+        PodLifecycleEventType::ContainerChanged => return,
     };
-    let Some(hint) = event
-        .container_id
-        .as_ref()
-        .and_then(|id| riders.for_container(&event.pod, id))
-    else {
+    let Some(hint) = queued.for_container(&event.pod, &event.container_id) else {
         return;
     };
     let saw: Vec<_> = hint
@@ -107,9 +106,11 @@ mod tests {
     use super::*;
     use crate::{
         pleg::{
-            event::{Observation, ObservationKind},
-            hints::{Hint, Target},
-            record::{ContainerId, ContainerState, Layer, PodUid},
+            decide::hints::Hint,
+            model::{
+                record::{ContainerId, ContainerState, PodUid, Store},
+                trigger::{Observation, ObservationKind, Scope},
+            },
         },
         runtime::testing::{self, container, exited},
     };
@@ -142,8 +143,8 @@ mod tests {
     /// (sources, observed_at ms, observation count) of an event.
     type Row = (Vec<TriggerSource>, u64, usize);
 
-    /// (name, the hints by target, the event's row).
-    type Case = (&'static str, Vec<(Target, Hint)>, Row);
+    /// (name, the hints by scope, the event's row).
+    type Case = (&'static str, Vec<(Scope, Hint)>, Row);
 
     fn row(e: &PodLifecycleEvent) -> Row {
         (
@@ -186,15 +187,15 @@ mod tests {
             ),
             (
                 "a pod hint credits its container with only its own shown observations",
-                vec![(Target::Pod(PodUid("p".into())), pod_hint())],
+                vec![(Scope::Pod(PodUid("p".into())), pod_hint())],
                 (vec![Ebpf], 300, 1),
             ),
             (
                 "a container hint merges with the pod's: both sources, the earliest time",
                 vec![
-                    (Target::Pod(PodUid("p".into())), pod_hint()),
+                    (Scope::Pod(PodUid("p".into())), pod_hint()),
                     (
-                        Target::Container(ContainerId("a".into())),
+                        Scope::Container(ContainerId("a".into())),
                         hint(
                             &[Containerd],
                             200,
@@ -207,14 +208,14 @@ mod tests {
             (
                 "a hint about another container does not credit this one",
                 vec![(
-                    Target::Container(ContainerId("b".into())),
+                    Scope::Container(ContainerId("b".into())),
                     hint(&[Containerd], 200, vec![]),
                 )],
                 (vec![Relist], read_at_ms, 0),
             ),
             (
                 "a hint of no source (a read the relist asked for itself) credits the relist",
-                vec![(Target::Pod(PodUid("p".into())), hint(&[], 100, vec![]))],
+                vec![(Scope::Pod(PodUid("p".into())), hint(&[], 100, vec![]))],
                 (vec![Relist], read_at_ms, 0),
             ),
         ];
@@ -240,7 +241,7 @@ mod tests {
     fn a_change_found_with_no_hint_is_credited_to_a_queued_one_that_saw_it() {
         let read_at_ms = 1_000;
         let pod = testing::pod("p", "web", [exited("a", "app", 137, "Error")]);
-        let pod_target = || Target::Pod(PodUid("p".into()));
+        let pod_target = || Scope::Pod(PodUid("p".into()));
         let died_hint = || {
             hint(
                 &[Ebpf],
@@ -252,11 +253,11 @@ mod tests {
                 ],
             )
         };
-        // (name, the batch's own hints, the riders, the event's row)
-        type Riding = (&'static str, Vec<(Target, Hint)>, Vec<(Target, Hint)>, Row);
-        let cases: Vec<Riding> = vec![
+        // (name, the batch's own hints, the queued ones, the event's row)
+        type Queued = (&'static str, Vec<(Scope, Hint)>, Vec<(Scope, Hint)>, Row);
+        let cases: Vec<Queued> = vec![
             (
-                "no rider: the relist's own",
+                "nothing queued: the relist's own",
                 vec![],
                 vec![],
                 (vec![Relist], read_at_ms, 0),
@@ -285,7 +286,7 @@ mod tests {
                 (vec![Relist], read_at_ms, 0),
             ),
             (
-                "a queued death rides only with its own observations among others",
+                "a queued death credits only its own observations among others",
                 vec![],
                 vec![(
                     pod_target(),
@@ -303,7 +304,7 @@ mod tests {
             (
                 "an event its batch's hints credited keeps them",
                 vec![(
-                    Target::Container(ContainerId("a".into())),
+                    Scope::Container(ContainerId("a".into())),
                     hint(
                         &[Containerd],
                         400,
@@ -314,24 +315,35 @@ mod tests {
                 (vec![Containerd], 400, 1),
             ),
         ];
-        for (name, own, riding, want) in cases {
-            let (own, riders): (Hints, Hints) =
-                (own.into_iter().collect(), riding.into_iter().collect());
-            let change = Change {
-                pod: &pod,
-                event_type: ContainerDied,
-                record: &pod.containers[&ContainerId("a".into())],
-            };
-            let mut got = event(change, &own, at(read_at_ms));
-            credit(&mut got, &riders);
-            assert_eq!(row(&got), want, "{name}");
+        for (name, own, queued, want) in cases {
+            assert_eq!(died_credited(&pod, own, queued, read_at_ms), want, "{name}");
         }
+    }
+
+    /// The row of container `a`'s death in `pod`, found by a batch with hints `own` and
+    /// credited to `queued`.
+    fn died_credited(
+        pod: &PodRecord,
+        own: Vec<(Scope, Hint)>,
+        queued: Vec<(Scope, Hint)>,
+        read_at_ms: u64,
+    ) -> Row {
+        let (own, queued): (Hints, Hints) =
+            (own.into_iter().collect(), queued.into_iter().collect());
+        let change = Change {
+            pod,
+            event_type: ContainerDied,
+            record: &pod.containers[&ContainerId("a".into())],
+        };
+        let mut got = event(change, &own, at(read_at_ms));
+        credit(&mut got, &queued);
+        row(&got)
     }
 
     #[test]
     fn an_event_carries_the_state_it_announces() {
         let mut died = exited("a", "app", 137, "OOMKilled");
-        died.confirmed_by = Layer::Task;
+        died.confirmed_by = Store::Task;
         let pod = testing::pod("p", "web", [died.clone()]);
         let change = Change {
             pod: &pod,
@@ -341,7 +353,7 @@ mod tests {
         let got = event(change, &Hints::default(), at(0));
         assert_eq!(
             (got.exit_code, got.reason.as_str(), got.confirmed_by),
-            (Some(137), "OOMKilled", Some(Layer::Task))
+            (Some(137), "OOMKilled", Some(Store::Task))
         );
     }
 }

@@ -20,19 +20,23 @@ use std::{
 
 pub mod fit;
 
-use clap::{ArgMatches, Args, FromArgMatches as _, ValueEnum, parser::ValueSource};
+use clap::{
+    ArgMatches, Args, FromArgMatches as _, ValueEnum, builder::TypedValueParser as _,
+    parser::ValueSource,
+};
 use serde::{Deserialize, Deserializer};
 
 pub use crate::output::OutputFormat;
 use crate::{
     pleg::{
-        event::{DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_RELIST_PERIOD, DEFAULT_RELIST_THRESHOLD},
-        record::Layer,
-        relist::DEFAULT_INSPECT_CONCURRENCY,
+        DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_INSPECT_CONCURRENCY, DEFAULT_RELIST_PERIOD,
+        DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Store,
     },
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
-    sync_loop::DEFAULT_RESYNC_INTERVAL,
 };
+
+/// Default directory of the run saved at a clean shutdown.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/plegd";
 
 /// Default path of the API socket.
 pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
@@ -94,28 +98,6 @@ impl Config {
     pub fn with_plan(mut self, plan: &fit::Plan) -> Self {
         self.sources = plan.on.iter().copied().collect();
         self
-    }
-}
-
-/// Which of the runtime's records confirms a container's start or exit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Confirm {
-    /// The runtime's task service where it has one (containerd: its `/tasks/start` and
-    /// `/tasks/exit` events, or the task's status on a kernel hint), about 30 ms before its CRI
-    /// store shows the change; the CRI store elsewhere (CRI-O).
-    #[default]
-    Task,
-    /// The CRI store only: every event announces a state that CRI already shows.
-    Cri,
-}
-
-impl From<Confirm> for Layer {
-    fn from(confirm: Confirm) -> Self {
-        match confirm {
-            Confirm::Task => Layer::Task,
-            Confirm::Cri => Layer::Cri,
-        }
     }
 }
 
@@ -292,12 +274,20 @@ pub struct RunArgs {
     )]
     pub emit_changed: Option<bool>,
 
-    /// Which of the runtime's records confirms a start or an exit: `task` sends ContainerDied
+    /// Which of the runtime's stores confirms a start or an exit: `task` sends ContainerDied
     /// as soon as containerd's task service recorded the exit, with its code and time (CRI's
-    /// reason follows in the cache, with no second event); `cri` waits until the CRI store
-    /// shows it, for consumers that read CRI right after each event.
-    #[arg(long, env = "PLEGD_CONFIRM", value_enum, default_value = "task")]
-    pub confirm: Option<Confirm>,
+    /// reason follows in the cache, with no second event); on runtimes without one (CRI-O),
+    /// the CRI store. `cri` waits until the CRI store shows it, for consumers that read CRI
+    /// right after each event.
+    #[arg(
+        long,
+        env = "PLEGD_CONFIRM",
+        value_name = "STORE",
+        value_parser = clap::builder::PossibleValuesParser::new(["task", "cri"])
+            .map(|name| name.parse::<Store>().expect("a possible value names a store")),
+        default_value = "task"
+    )]
+    pub confirm: Option<Store>,
 
     /// Event output on stdout.
     #[arg(long, env = "PLEGD_OUTPUT", value_enum, default_value = "text")]
@@ -364,7 +354,7 @@ pub struct RunArgs {
         long,
         env = "PLEGD_STATE_DIR",
         value_name = "DIR",
-        default_value = crate::state::DEFAULT_STATE_DIR
+        default_value = DEFAULT_STATE_DIR
     )]
     pub state_dir: Option<PathBuf>,
 
@@ -373,7 +363,7 @@ pub struct RunArgs {
         long,
         env = "PLEGD_EVENT_HISTORY",
         value_name = "N",
-        default_value = crate::bus::DEFAULT_EVENT_HISTORY.to_string()
+        default_value = crate::base::bus::DEFAULT_EVENT_HISTORY.to_string()
     )]
     pub event_history: Option<usize>,
 
@@ -382,7 +372,7 @@ pub struct RunArgs {
         long,
         env = "PLEGD_WATCH_QUEUE",
         value_name = "N",
-        default_value = crate::bus::DEFAULT_WATCH_QUEUE.to_string()
+        default_value = crate::base::bus::DEFAULT_WATCH_QUEUE.to_string()
     )]
     pub watch_queue: Option<usize>,
 
@@ -463,7 +453,7 @@ pub struct Config {
     pub event_channel_capacity: usize,
     pub inspect_concurrency: usize,
     pub emit_changed: bool,
-    pub confirm: Confirm,
+    pub confirm: Store,
     pub output: OutputFormat,
     pub log_format: LogFormat,
     /// Unix socket of the API.

@@ -1,0 +1,422 @@
+//! `plegd run` and `plegd check`: the PLEG wired to a runtime, its push sources, the event
+//! output and the API's view, until shutdown.
+//!
+//! - `connect`: reaching the runtime at start, with backoff.
+//! - `push`: the push sources (the kernel probes, the runtime's event streams).
+//! - `state`: the run saved at a clean shutdown and continued at the next start.
+//! - `notify`: systemd's readiness protocol.
+//! - `check`: `plegd check`, what the node offers.
+
+pub mod check;
+mod connect;
+mod notify;
+mod push;
+pub(crate) mod state;
+
+use std::time::Duration;
+
+use tokio::{io::AsyncWrite, task::JoinSet};
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
+use tracing::{info, warn};
+
+pub use self::{
+    connect::{Connected, StartError, connect},
+    push::{EbpfStart, PushSources, load_ebpf},
+};
+use crate::{
+    api::Shared,
+    base::metrics::Metrics,
+    config::Config,
+    output,
+    pleg::{
+        DEFAULT_KERNEL_GRACE, Options, Pleg, RelistConfig, Running, Runtime, Store, SyncConfig,
+        SyncHandler, TriggerSource,
+    },
+    sources::status::SourceRegistry,
+};
+
+/// How long stdout may take, at shutdown, to take the events not yet written; a reader that
+/// stopped reading is abandoned after it (like a watcher that stopped reading).
+const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// A running daemon: it owns everything it started. [`Daemon::run`] ends it in order;
+/// dropping it aborts what is left.
+pub struct Daemon {
+    pleg: Pleg,
+    running: Running,
+    shared: Shared,
+    /// The push sources and the tasks that tune the PLEG from their states.
+    sources: JoinSet<()>,
+    /// Cancels the push sources.
+    stop_sources: CancellationToken,
+    stdout: AbortOnDropHandle<std::io::Result<()>>,
+    /// Tells systemd once the first full relist filled the cache.
+    ready: AbortOnDropHandle<()>,
+    config: Config,
+    /// What the saved records are read from.
+    runtime_id: String,
+}
+
+impl Daemon {
+    /// Starts the daemon on `runtime`, writing one line per event to `out`; continues the run
+    /// saved in `config.state_dir` if there is one for this runtime. The sync loop hands each
+    /// pod sync to the API's sync watchers and then to `handler` (`()`: none of one's own).
+    pub fn start<R, W, H>(
+        runtime: R,
+        push: PushSources,
+        config: &Config,
+        out: W,
+        handler: H,
+    ) -> Self
+    where
+        R: Runtime,
+        W: AsyncWrite + Unpin + Send + 'static,
+        H: SyncHandler,
+    {
+        let metrics = Metrics::counting(runtime.calls());
+        let runtime_id = state::runtime_identity(config, push.runtime_socket.as_deref());
+        let resume = state::restore(config, &runtime_id);
+        let (pleg, running) = Pleg::start(
+            runtime,
+            handler,
+            options(config),
+            resume,
+            new_run_id(),
+            &metrics,
+        );
+        // From the start's first event: stdout misses none, however late it subscribes.
+        let events = pleg
+            .events()
+            .consume(pleg.first_sequence(), config.event_channel_capacity)
+            .expect("the start's first sequence is kept");
+        let stdout = tokio::spawn(output::write_events(
+            pleg.events().clone(),
+            events,
+            out,
+            config.output,
+        ));
+        let registry = SourceRegistry::with_metrics(metrics.clone());
+        let stop_sources = CancellationToken::new();
+        let mut sources = JoinSet::new();
+        tune(&pleg, &registry, config, &mut sources);
+        push::Starter {
+            config,
+            triggers: pleg.triggers(),
+            registry: &registry,
+            metrics: &metrics,
+            shutdown: &stop_sources,
+        }
+        .start(push, &mut sources);
+        info!(
+            period = ?config.relist_period,
+            slow_period = ?config.slow_relist_period,
+            threshold = ?config.relist_threshold,
+            sources = ?config.sources,
+            "plegd running"
+        );
+        // systemd (`Type=notify`) starts the units ordered after plegd once the cache holds
+        // the node's pods; a no-op without $NOTIFY_SOCKET.
+        let ready = tokio::spawn(notify::ready_after_first_relist(pleg.health().clone()));
+        Self {
+            shared: Shared {
+                pleg: pleg.clone(),
+                sources: registry,
+                metrics,
+            },
+            pleg,
+            running,
+            sources,
+            stop_sources,
+            stdout: AbortOnDropHandle::new(stdout),
+            ready: AbortOnDropHandle::new(ready),
+            config: config.clone(),
+            runtime_id,
+        }
+    }
+
+    /// What the API serves.
+    pub fn shared(&self) -> Shared {
+        self.shared.clone()
+    }
+
+    /// Runs until `shutdown`, or until stdout cannot be written, then stops in order: the
+    /// PLEG (its last relist, then its events: each consumer ends after what it has queued),
+    /// stdout (given a grace to take what is left), the push sources; then the run is saved
+    /// for the next start. Returns stdout's error, if it failed.
+    pub async fn run(mut self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let stdout_failed = tokio::select! {
+            () = shutdown.cancelled() => None,
+            written = &mut self.stdout => Some(written),
+        };
+        shutdown.cancel();
+        self.ready.abort();
+        notify::send(notify::STOPPING);
+        let saved = self.running.stop().await;
+        let written = match stdout_failed {
+            Some(written) => written,
+            None => drain(self.stdout).await,
+        };
+        self.stop_sources.cancel();
+        self.sources.shutdown().await;
+        // Every event is in the bus's history, which is saved with the reading: the next start
+        // continues the run whatever stdout managed to write.
+        if let Some(saved) = saved {
+            state::keep(&self.config, self.runtime_id, saved);
+        }
+        drop(self.pleg);
+        info!("plegd stopped");
+        match written {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                warn!(error = %e, "writing events failed; stopping");
+                Err(e)
+            }
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+/// Waits for stdout to take the events not written yet, for [`STDOUT_DRAIN_GRACE`] at most.
+async fn drain(
+    mut stdout: AbortOnDropHandle<std::io::Result<()>>,
+) -> Result<std::io::Result<()>, tokio::task::JoinError> {
+    match tokio::time::timeout(STDOUT_DRAIN_GRACE, &mut stdout).await {
+        Ok(written) => written,
+        Err(_) => {
+            warn!(
+                grace = ?STDOUT_DRAIN_GRACE,
+                "stdout is not being read; abandoning the events not written yet"
+            );
+            Ok(Ok(()))
+        }
+    }
+}
+
+/// The PLEG's settings in `config`.
+fn options(config: &Config) -> Options {
+    Options {
+        relist: RelistConfig {
+            inspect_concurrency: config.inspect_concurrency,
+            emit_changed: config.emit_changed,
+            confirm: config.confirm,
+        },
+        relist_period: config.relist_period,
+        relist_threshold: config.relist_threshold,
+        event_history: config.event_history,
+        watch_queue: config.watch_queue,
+        event_channel_capacity: config.event_channel_capacity,
+        sync: SyncConfig {
+            resync_interval: config.sync_frequency,
+            ..SyncConfig::default()
+        },
+        last_relist: config.state_dir.is_some(),
+    }
+}
+
+/// Tunes the PLEG from the push sources' states: the full relist period (slow while one is
+/// connected), and, where containerd's task events confirm, the kernel triggers' grace.
+fn tune(pleg: &Pleg, registry: &SourceRegistry, config: &Config, tasks: &mut JoinSet<()>) {
+    let tuning = pleg.tuning();
+    tasks.spawn(registry.clone().drive_relist_period(
+        tuning.period.clone(),
+        config.relist_period,
+        config.slow_relist_period,
+    ));
+    if config.confirm == Store::Task {
+        tasks.spawn(registry.clone().drive_kernel_grace(
+            tuning.kernel_grace.clone(),
+            TriggerSource::Containerd,
+            DEFAULT_KERNEL_GRACE,
+        ));
+    }
+}
+
+/// Runs the daemon on `runtime` until `shutdown` ([`Daemon::start`], then [`Daemon::run`]);
+/// `started` receives what the API serves once everything is wired.
+pub async fn serve<R, W, H>(
+    runtime: R,
+    push: PushSources,
+    config: &Config,
+    out: W,
+    handler: H,
+    shutdown: CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<Shared>>,
+) -> std::io::Result<()>
+where
+    R: Runtime,
+    W: AsyncWrite + Unpin + Send + 'static,
+    H: SyncHandler,
+{
+    let daemon = Daemon::start(runtime, push, config, out, handler);
+    if let Some(started) = started {
+        // The receiver may have stopped caring; the daemon runs regardless.
+        let _ = started.send(daemon.shared());
+    }
+    daemon.run(shutdown).await
+}
+
+/// A new run id: random, so a client can tell a restarted daemon (whose sequences start
+/// again at 1) from the one it watched.
+pub fn new_run_id() -> u64 {
+    let id = getrandom::u64().unwrap_or_else(|error| {
+        // The kernel's generator does not fail on Linux; if it ever did, the clock still
+        // tells two runs apart.
+        warn!(%error, "no random run id; using the clock");
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64
+    });
+    // 0 means "any run" in WatchRequest.
+    id.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{
+        config::{OutputFormat, RunArgs, SourceName},
+        pleg::ContainerState,
+        runtime::testing::{FakeRuntime, container},
+    };
+
+    /// A container that exits with no trigger before a clean stop (its hint still queued, or
+    /// none yet): the relist before saving publishes its death with the code, and the saved
+    /// reading has it exited, so the next start owes it nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_stop_relists_before_saving() {
+        let state = tempfile::tempdir().unwrap();
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            // No periodic relist while the test runs: only the first one and the last.
+            relist_period: Some(Duration::from_secs(600)),
+            slow_relist_period: Some(Duration::from_secs(600)),
+            relist_threshold: Some(Duration::from_secs(1200)),
+            state_dir: Some(state.path().to_owned()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        runtime.add_pod("p", "ns", "p");
+        runtime.set_container("p", container("c", "app", ContainerState::Running));
+        let shutdown = CancellationToken::new();
+        let (started, shared) = tokio::sync::oneshot::channel();
+        let daemon = tokio::spawn({
+            let (runtime, shutdown, config) = (runtime.clone(), shutdown.clone(), config.clone());
+            async move {
+                let push = PushSources::none();
+                serve(
+                    runtime,
+                    push,
+                    &config,
+                    tokio::io::sink(),
+                    (),
+                    shutdown,
+                    Some(started),
+                )
+                .await
+            }
+        });
+        let shared = shared.await.unwrap();
+        let mut watcher = shared.pleg.events().consume(1, 16).unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(20), watcher.next())
+            .await
+            .expect("the first relist's event")
+            .unwrap();
+        assert_eq!(first.container_id.0, "c");
+
+        runtime.set_state("p", "c", ContainerState::Exited, Some(3));
+        shutdown.cancel();
+        daemon.await.unwrap().unwrap();
+
+        let saved = state::take(state.path(), &state::runtime_identity(&config, None))
+            .unwrap()
+            .expect("a saved run");
+        let died = saved.history.last().expect("the death in the history");
+        assert_eq!(
+            (
+                died.container_id.0.as_str(),
+                died.event_type,
+                died.exit_code
+            ),
+            (
+                "c",
+                crate::pleg::PodLifecycleEventType::ContainerDied,
+                Some(3)
+            )
+        );
+        let pod = &saved.run.records[&crate::pleg::PodUid("p".to_owned())];
+        assert_eq!(
+            pod.containers[&crate::pleg::ContainerId("c".to_owned())].state,
+            ContainerState::Exited
+        );
+    }
+
+    /// stdout is a pipe nobody reads: the relist neither waits on it nor spins, a watcher
+    /// still gets every event, and shutdown abandons stdout after its grace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_stdout_delays_nobody_and_is_abandoned_at_shutdown() {
+        const PODS: usize = 300;
+        let period = Duration::from_millis(10);
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            relist_period: Some(period),
+            output: Some(OutputFormat::Json),
+            state_dir: Some("none".into()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        // Holds a few lines: the writer blocks for good after them.
+        let (stdout, _never_read) = tokio::io::duplex(1024);
+        let shutdown = CancellationToken::new();
+        let (started, shared) = tokio::sync::oneshot::channel();
+        let daemon = tokio::spawn({
+            let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
+            async move {
+                let push = PushSources::none();
+                serve(runtime, push, &config, stdout, (), shutdown, Some(started)).await
+            }
+        });
+        let shared = shared.await.unwrap();
+        let mut watcher = shared.pleg.events().consume(0, 10 * PODS).unwrap();
+
+        for i in 0..PODS {
+            let pod = format!("p{i}");
+            runtime.add_pod(&pod, "ns", &pod);
+            runtime.set_container(
+                &pod,
+                container(&format!("c{i}"), "app", ContainerState::Running),
+            );
+        }
+        let deadline = Duration::from_secs(20);
+        let mut started_containers = 0;
+        while started_containers < PODS {
+            let event = tokio::time::timeout(deadline, watcher.next())
+                .await
+                .expect("the watcher gets every event while stdout is stalled")
+                .expect("subscription alive");
+            started_containers += usize::from(!event.container_id.0.is_empty());
+        }
+
+        // Idle relists at the period, not a loop: about 50 in half a second.
+        let before = runtime.list_calls().len();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let lists = runtime.list_calls().len() - before;
+        assert!(lists <= 60, "{lists} lists in 500 ms at a 10 ms period");
+
+        let stopping = Instant::now();
+        shutdown.cancel();
+        tokio::time::timeout(STDOUT_DRAIN_GRACE + Duration::from_secs(5), daemon)
+            .await
+            .expect("shutdown does not wait for stdout beyond its grace")
+            .unwrap()
+            .unwrap();
+        assert!(
+            stopping.elapsed() >= STDOUT_DRAIN_GRACE,
+            "stdout was given its grace"
+        );
+    }
+}

@@ -1,0 +1,688 @@
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use ContainerState::{Created, Exited, Running};
+use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
+use PodLifecycleEventType::{ContainerDied, ContainerRemoved, ContainerStarted};
+use TriggerSource::{Containerd, Ebpf};
+
+use super::*;
+use crate::{
+    pleg::model::trigger::{Observation, TriggerSource},
+    runtime::testing::{container, exited, pod},
+};
+
+fn at(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn id(id: &str) -> ContainerId {
+    ContainerId(id.to_owned())
+}
+
+fn uid(uid: &str) -> PodUid {
+    PodUid(uid.to_owned())
+}
+
+const TASK: Settings = Settings {
+    confirm: Store::Task,
+    emit_changed: false,
+};
+const CRI: Settings = Settings {
+    confirm: Store::Cri,
+    emit_changed: false,
+};
+
+/// Pod "p" holding container "c" in `state` (none: an empty committed set).
+fn committed(state: Option<ContainerState>) -> Committed {
+    let mut committed = Committed::default();
+    if let Some(state) = state {
+        committed.commit(
+            &uid("p"),
+            Some(Arc::new(pod("p", "web", [record(state)]))),
+            false,
+        );
+    }
+    committed
+}
+
+fn record(state: ContainerState) -> ContainerRecord {
+    match state {
+        Exited => exited("c", "app", 2, "Error"),
+        state => container("c", "app", state),
+    }
+}
+
+/// A hint on pod "p" (or container "c" when `on_container`) carrying `kinds` about "c".
+fn hints(on_container: bool, source: TriggerSource, kinds: &[ObservationKind]) -> Hints {
+    let target = if on_container {
+        Scope::Container(id("c"))
+    } else {
+        Scope::Pod(uid("p"))
+    };
+    let mut hints = Hints::default();
+    hints.insert(
+        target,
+        Hint {
+            sources: BTreeSet::from([source]),
+            observed_at: at(10),
+            observations: kinds
+                .iter()
+                .map(|kind| {
+                    let kind = kind.clone();
+                    (id("c"), Observation { source, kind })
+                })
+                .collect(),
+            unspecific: kinds.is_empty(),
+        },
+    );
+    hints
+}
+
+fn reading(covers: Covers, pods: Vec<(&str, PodReading)>) -> Reading {
+    Reading {
+        covers,
+        pods: pods.into_iter().map(|(u, r)| (uid(u), r)).collect(),
+        tasks: TaskRecords::new(),
+        read_at: at(50),
+    }
+}
+
+fn inspected(state: ContainerState) -> PodReading {
+    PodReading::Inspected(pod("p", "web", [record(state)]))
+}
+
+/// Pod "p" read by container ids: "c" in `state`, unless `gone` holds it.
+fn read_alone(state: ContainerState, gone: &[&str]) -> PodReading {
+    let gone: Vec<ContainerId> = gone.iter().map(|g| id(g)).collect();
+    let shown: Vec<ContainerRecord> = Some(record(state))
+        .filter(|r| !gone.contains(&r.id))
+        .into_iter()
+        .collect();
+    PodReading::Containers {
+        pod: pod("p", "web", shown),
+        gone,
+    }
+}
+
+/// A pod's plan as collected.
+struct Planned {
+    record: Option<PodRecord>,
+    events: Vec<PodLifecycleEvent>,
+}
+
+/// Collects each pod's plan, committing it as the relist does.
+struct Collect {
+    committed: Committed,
+    pods: Vec<Planned>,
+}
+
+impl Act for Collect {
+    fn committed(&self) -> &Committed {
+        &self.committed
+    }
+
+    fn act(&mut self, pod: PodPlan<'_>) {
+        let record = pod.record.clone().map(Arc::new);
+        self.committed.commit(&pod.uid, record, pod.same_containers);
+        self.pods.push(Planned {
+            record: pod.record,
+            events: pod.events.collect(),
+        });
+    }
+}
+
+/// [`super::reconcile`] against `committed`: the pods' plans as handed over, and what is
+/// left.
+fn reconcile(
+    committed: &Committed,
+    reading: Reading,
+    hints: &Hints,
+    queued: &Hints,
+    tombstones: &HashSet<ContainerId>,
+    settings: Settings,
+) -> (Vec<Planned>, FollowUp) {
+    let mut out = Collect {
+        committed: committed.clone(),
+        pods: Vec::new(),
+    };
+    let plan = super::reconcile(&mut out, reading, hints, queued, tombstones, settings);
+    (out.pods, plan)
+}
+
+/// (type, exit code, confirmed by) of each event.
+type EventRow = (PodLifecycleEventType, Option<i32>, Option<Store>);
+
+fn rows(pods: &[Planned]) -> Vec<EventRow> {
+    pods.iter()
+        .flat_map(|p| &p.events)
+        .map(|e| (e.event_type, e.exit_code, e.confirmed_by))
+        .collect()
+}
+
+fn whys(plan: &FollowUp) -> Vec<Why> {
+    plan.reread.iter().map(|a| a.why).collect()
+}
+
+struct Case {
+    name: &'static str,
+    committed: Option<ContainerState>,
+    reading: Reading,
+    hints: Hints,
+    settings: Settings,
+    events: Vec<EventRow>,
+    reread: Vec<Why>,
+    /// The pod is to be read once more for the CRI store.
+    settles: bool,
+}
+
+fn exit(code: i32) -> ObservationKind {
+    TaskExited { code, at: at(9) }
+}
+
+/// Runs each case through reconcile, against its pod `p` committed as `case.committed`.
+fn check(cases: impl IntoIterator<Item = Case>) {
+    for case in cases {
+        let (pods, plan) = reconcile(
+            &committed(case.committed),
+            case.reading,
+            &case.hints,
+            &Hints::default(),
+            &HashSet::new(),
+            case.settings,
+        );
+        assert_eq!(rows(&pods), case.events, "{}: events", case.name);
+        assert_eq!(whys(&plan), case.reread, "{}: reread", case.name);
+        let settles = plan.settling == [uid("p")];
+        assert_eq!(settles, case.settles, "{}: settling {plan:?}", case.name);
+    }
+}
+
+const TASK_STORE: Option<Store> = Some(Store::Task);
+const CRI_STORE: Option<Store> = Some(Store::Cri);
+
+fn nothing() -> Reading {
+    Reading::none(at(50))
+}
+
+/// What the runtime recorded (containerd's task events, a deletion) answers a hint without
+/// a reading; a kernel hint alone never does, nor a record when confirming at the CRI store.
+#[test]
+fn the_runtimes_own_records_answer_unread() {
+    check([
+        Case {
+            name: "a task exit answers a death unread, and awaits the CRI store",
+            committed: Some(Running),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[exit(137)]),
+            settings: TASK,
+            events: vec![(ContainerDied, Some(137), TASK_STORE)],
+            reread: vec![],
+            settles: true,
+        },
+        Case {
+            name: "a task start answers a start unread",
+            committed: Some(Created),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[TaskStarted { at: at(8) }]),
+            settings: TASK,
+            events: vec![(ContainerStarted, None, TASK_STORE)],
+            reread: vec![],
+            settles: true,
+        },
+        Case {
+            name: "a deletion answers a removal unread",
+            committed: Some(Exited),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[Deleted]),
+            settings: TASK,
+            events: vec![(ContainerRemoved, Some(2), CRI_STORE)],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a start and an exit of a created container are two events",
+            committed: Some(Created),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[TaskStarted { at: at(8) }, exit(1)]),
+            settings: TASK,
+            events: vec![
+                (ContainerStarted, None, TASK_STORE),
+                (ContainerDied, Some(1), TASK_STORE),
+            ],
+            reread: vec![],
+            settles: true,
+        },
+        Case {
+            name: "a kernel death alone is only where to look",
+            committed: Some(Running),
+            reading: nothing(),
+            hints: hints(false, Ebpf, &[OomKilled]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![Why::Unreflected],
+            settles: false,
+        },
+        Case {
+            name: "an unspecific hint is not answered without a reading",
+            committed: Some(Running),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![Why::Unreflected],
+            settles: false,
+        },
+        Case {
+            name: "confirming at the CRI layer takes no task record",
+            committed: Some(Running),
+            reading: nothing(),
+            hints: hints(false, Containerd, &[exit(137)]),
+            settings: CRI,
+            events: vec![],
+            reread: vec![Why::Unreflected],
+            settles: false,
+        },
+    ]);
+}
+
+/// A reading of the pod confirms what a kernel hint said, or leaves it to read again.
+#[test]
+fn a_reading_confirms_what_the_hints_said_or_leaves_it_to_read_again() {
+    check([
+        Case {
+            name: "a kernel death is confirmed by the inspection that shows it",
+            committed: Some(Running),
+            reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]),
+            hints: hints(false, Ebpf, &[OomKilled]),
+            settings: TASK,
+            events: vec![(ContainerDied, Some(2), CRI_STORE)],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "an inspection that does not show it yet leaves it to read again",
+            committed: Some(Running),
+            reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Running))]),
+            hints: hints(false, Ebpf, &[OomKilled]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![Why::Unreflected],
+            settles: false,
+        },
+        Case {
+            name: "a failed inspection is read again and changes nothing",
+            committed: Some(Running),
+            reading: reading(Covers::Pod(uid("p")), vec![("p", PodReading::Failed)]),
+            hints: hints(false, Ebpf, &[OomKilled]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![Why::Failed],
+            settles: false,
+        },
+        Case {
+            name: "a pod gone is a death and a removal",
+            committed: Some(Running),
+            reading: reading(Covers::Node, vec![("p", PodReading::Gone)]),
+            hints: Hints::default(),
+            settings: TASK,
+            events: vec![
+                (ContainerDied, None, CRI_STORE),
+                (ContainerRemoved, None, CRI_STORE),
+            ],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a pod listed as committed is no news",
+            committed: Some(Running),
+            reading: reading(Covers::Node, vec![]),
+            hints: hints(false, Containerd, &[]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a container first seen exited is a death",
+            committed: None,
+            reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]),
+            hints: Hints::default(),
+            settings: TASK,
+            events: vec![(ContainerDied, Some(2), CRI_STORE)],
+            reread: vec![],
+            settles: false,
+        },
+    ]);
+}
+
+/// Containers read by their id, and pods read whole that are gone.
+#[test]
+fn containers_read_by_their_id() {
+    check([
+        Case {
+            name: "a new container read by its id is its pod's news",
+            committed: None,
+            reading: reading(
+                Covers::Containers(vec![id("c")]),
+                vec![("p", read_alone(Running, &[]))],
+            ),
+            hints: hints(true, Ebpf, &[Exec("/bin/sleep".into())]),
+            settings: TASK,
+            events: vec![(ContainerStarted, None, CRI_STORE)],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a container not found is no news, and nothing is left to read",
+            committed: None,
+            reading: reading(Covers::Containers(vec![id("c")]), vec![]),
+            hints: hints(true, Ebpf, &[Present]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a container its status read finds gone died and went",
+            committed: Some(Running),
+            reading: reading(
+                Covers::Containers(vec![id("c")]),
+                vec![("p", read_alone(Running, &["c"]))],
+            ),
+            hints: hints(false, Ebpf, &[Signal(9)]),
+            settings: TASK,
+            events: vec![
+                (ContainerDied, None, CRI_STORE),
+                (ContainerRemoved, None, CRI_STORE),
+            ],
+            reread: vec![],
+            settles: false,
+        },
+        Case {
+            name: "a container read by its id that does not show the exit yet is read again",
+            committed: Some(Running),
+            reading: reading(
+                Covers::Containers(vec![id("c")]),
+                vec![("p", read_alone(Running, &[]))],
+            ),
+            hints: hints(false, Ebpf, &[Signal(9)]),
+            settings: TASK,
+            events: vec![],
+            reread: vec![Why::Unreflected],
+            settles: false,
+        },
+        Case {
+            // Committed as each pod is decided: that the container was in the pod read is
+            // a fact of before the plan.
+            name: "a pod read whole and gone shows its container's death",
+            committed: Some(Running),
+            reading: reading(Covers::Pod(uid("p")), vec![("p", PodReading::Gone)]),
+            hints: hints(true, Ebpf, &[Signal(9)]),
+            settings: TASK,
+            events: vec![
+                (ContainerDied, None, CRI_STORE),
+                (ContainerRemoved, None, CRI_STORE),
+            ],
+            reread: vec![],
+            settles: false,
+        },
+    ]);
+}
+
+#[test]
+fn the_cri_store_catching_up_rewrites_the_record_without_an_event() {
+    let mut dead = record(Exited);
+    dead.confirmed_by = Store::Task;
+    dead.reason = String::new();
+    let mut committed = Committed::default();
+    committed.commit(&uid("p"), Some(Arc::new(pod("p", "web", [dead]))), false);
+    let read = reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]);
+    let (pods, plan) = reconcile(
+        &committed,
+        read,
+        &Hints::default(),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(rows(&pods), vec![]);
+    let record = pods[0].record.as_ref().expect("the pod stays");
+    let c = record
+        .containers
+        .get(&id("c"))
+        .expect("the container stays");
+    assert_eq!((c.confirmed_by, c.reason.as_str()), (Store::Cri, "Error"));
+    assert_eq!(whys(&plan), vec![]);
+}
+
+#[test]
+fn a_deleted_container_is_not_brought_back_by_a_listing_that_lags() {
+    let tombstones = HashSet::from([id("c")]);
+    let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
+    let (pods, plan) = reconcile(
+        &committed(None),
+        read,
+        &Hints::default(),
+        &Hints::default(),
+        &tombstones,
+        TASK,
+    );
+    assert_eq!(rows(&pods), vec![]);
+    assert!(pods.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn a_start_recorded_by_a_queued_hint_is_announced_before_the_death_read() {
+    // Never committed, first read exited (a kernel hint's full listing found it); the
+    // containerd start sits in a hint waiting for its retry.
+    let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
+    let start = hints(true, Containerd, &[TaskStarted { at: at(8) }]);
+    let (cri, task) = (Some(Store::Cri), Some(Store::Task));
+    let none = Hints::default();
+    for (queued, settings, events) in [
+        (&none, TASK, vec![(ContainerDied, Some(2), cri)]),
+        (
+            &start,
+            TASK,
+            vec![
+                (ContainerStarted, None, task),
+                (ContainerDied, Some(2), cri),
+            ],
+        ),
+        // Confirming at the CRI store no runtime record is taken, a queued hint's neither.
+        (&start, CRI, vec![(ContainerDied, Some(2), cri)]),
+    ] {
+        let (pods, plan) = reconcile(
+            &committed(None),
+            read.clone(),
+            &none,
+            queued,
+            &HashSet::new(),
+            settings,
+        );
+        assert_eq!(rows(&pods), events, "queued {queued:?}, {settings:?}");
+        let reread = whys(&plan);
+        assert_eq!(
+            reread,
+            vec![],
+            "a queued hint is not the batch's to read again"
+        );
+    }
+}
+
+#[test]
+fn a_deletion_is_remembered_for_later_readings() {
+    let (pods, plan) = reconcile(
+        &committed(Some(Exited)),
+        Reading::none(at(50)),
+        &hints(false, Containerd, &[Deleted]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(plan.deleted, vec![id("c")]);
+    assert_eq!(pods[0].record, None, "its pod held only it");
+}
+
+#[test]
+fn a_full_relist_inspects_only_the_pods_that_moved_on() {
+    let old = pod("p", "web", [record(Running)]);
+    let none = HashSet::new();
+    assert!(!inspection_needed(&old, &old, &none), "as committed");
+    let died = pod("p", "web", [container("c", "app", Exited)]);
+    assert!(inspection_needed(&old, &died, &none), "a death");
+    let more = pod(
+        "p",
+        "web",
+        [record(Running), container("d", "side", Created)],
+    );
+    assert!(inspection_needed(&old, &more, &none), "a container more");
+    let tombstones = HashSet::from([id("d")]);
+    assert!(
+        !inspection_needed(&old, &more, &tombstones),
+        "a deleted one lingering in the listing"
+    );
+    assert!(inspection_needed(&more, &old, &none), "a container fewer");
+    let other = pod("p", "web", [container("b", "app", Running)]);
+    assert!(
+        inspection_needed(&old, &other, &none),
+        "another container in its place"
+    );
+    let mut confirmed = record(Exited);
+    confirmed.confirmed_by = Store::Task;
+    let by_task = pod("p", "web", [confirmed]);
+    assert!(
+        inspection_needed(&by_task, &died, &none),
+        "the CRI store caught up with the task service"
+    );
+}
+
+#[test]
+fn a_targeted_relist_reads_the_containers_its_hints_name() {
+    let mut settling = record(Exited);
+    settling.confirmed_by = Store::Task;
+    let by_task = pod("p", "web", [settling, container("d", "side", Running)]);
+    let cases = [
+        (
+            "hints naming containers",
+            hints(false, Containerd, &[exit(137)]),
+            ToRead::Containers(vec![id("c")]),
+        ),
+        (
+            "a hint naming none",
+            hints(false, Containerd, &[]),
+            ToRead::Whole,
+        ),
+        (
+            "no hint: what only the task layer confirmed",
+            Hints::default(),
+            ToRead::Containers(vec![id("c")]),
+        ),
+    ];
+    for (name, hints, read) in cases {
+        assert_eq!(what_to_read(Some(&by_task), &hints), read, "{name}");
+    }
+    let settled = pod("p", "web", [record(Exited)]);
+    assert_eq!(
+        what_to_read(Some(&settled), &Hints::default()),
+        ToRead::Containers(vec![]),
+        "nothing left to settle"
+    );
+}
+
+/// Pod "p" holding "c" and "d", both running.
+fn c_and_d_running() -> Committed {
+    let mut committed = Committed::default();
+    committed.commit(
+        &uid("p"),
+        Some(Arc::new(pod(
+            "p",
+            "web",
+            [record(Running), container("d", "side", Running)],
+        ))),
+        false,
+    );
+    committed
+}
+
+#[test]
+fn a_container_read_by_its_id_leaves_the_rest_of_its_pod_as_committed() {
+    let committed = c_and_d_running();
+    let read = reading(
+        Covers::Containers(vec![id("c")]),
+        vec![("p", read_alone(Exited, &[]))],
+    );
+    let (pods, plan) = reconcile(
+        &committed,
+        read,
+        &hints(false, Ebpf, &[Signal(9)]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        vec![(ContainerDied, Some(2), Some(Store::Cri))]
+    );
+    let record = pods[0].record.as_ref().expect("the pod stays");
+    let states: Vec<_> = record.containers.values().map(|c| c.state).collect();
+    assert_eq!(states, vec![Exited, Running], "d is as committed");
+    assert_eq!(whys(&plan), vec![]);
+}
+
+#[test]
+fn only_what_the_node_does_not_show_yet_is_read_again() {
+    let committed = c_and_d_running();
+    let observation = |source, kind| Observation { source, kind };
+    let mut hints = Hints::default();
+    hints.insert(
+        Scope::Pod(uid("p")),
+        Hint {
+            sources: BTreeSet::from([Ebpf, Containerd]),
+            observed_at: at(10),
+            observations: vec![
+                (id("c"), observation(Ebpf, Signal(9))),
+                (id("d"), observation(Containerd, exit(1))),
+            ],
+            unspecific: false,
+        },
+    );
+    let (pods, plan) = reconcile(
+        &committed,
+        Reading::none(at(50)),
+        &hints,
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        vec![(ContainerDied, Some(1), Some(Store::Task))]
+    );
+    let [again] = plan.reread.as_slice() else {
+        panic!("one target to read again: {:?}", plan.reread);
+    };
+    assert_eq!(
+        again.hint.observations,
+        vec![(id("c"), observation(Ebpf, Signal(9)))],
+        "d's exit is shown"
+    );
+    assert_eq!(again.hint.sources, BTreeSet::from([Ebpf]));
+    assert_eq!(
+        what_to_read(committed.get(&uid("p")), &unanswered(&plan.reread)),
+        ToRead::Containers(vec![id("c")])
+    );
+}
+
+#[test]
+fn task_statuses_are_read_only_for_kernel_hints_the_runtime_does_not_show() {
+    let kernel = hints(false, Ebpf, &[OomKilled]);
+    assert_eq!(tasks_to_read(&kernel, |_| Some(Running)), vec![id("c")]);
+    assert_eq!(tasks_to_read(&kernel, |_| Some(Exited)), vec![]);
+    assert_eq!(tasks_to_read(&kernel, |_| None), vec![], "unknown");
+    let exec = hints(false, Ebpf, &[Exec("/bin/sh".into())]);
+    assert_eq!(tasks_to_read(&exec, |_| Some(Created)), vec![id("c")]);
+    assert_eq!(tasks_to_read(&exec, |_| Some(Running)), vec![]);
+    let carried = hints(false, Containerd, &[exit(137)]);
+    assert_eq!(tasks_to_read(&carried, |_| Some(Running)), vec![]);
+}

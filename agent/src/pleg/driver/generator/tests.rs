@@ -1,0 +1,346 @@
+use std::{sync::Arc, time::SystemTime};
+
+use super::*;
+use crate::{
+    pleg::{
+        decide::scheduler::{DEFAULT_MAX_RETRIES, SchedulerConfig},
+        driver::{
+            relist::RelistConfig,
+            sink::Notices,
+            triggers::{TriggerSender, observed_trigger_channel},
+        },
+        model::{
+            event::{Notice, PodLifecycleEvent, PodLifecycleEventType},
+            record::{ContainerId, ContainerState, PodUid},
+            trigger::{Observation, ObservationKind, TriggerSource},
+        },
+        shared::{cache::PodCache, health::Health},
+    },
+    runtime::testing::{FakeRuntime, container},
+};
+
+struct Harness {
+    runtime: FakeRuntime,
+    triggers: TriggerSender,
+    events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
+    period: watch::Sender<Duration>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Stopped<FakeRuntime>>,
+    metrics: Metrics,
+}
+
+fn start(period: Duration) -> Harness {
+    start_observed(period, None)
+}
+
+fn start_observed(period: Duration, notices: Option<Notices>) -> Harness {
+    let runtime = FakeRuntime::new();
+    let health = Arc::new(Health::new(Duration::from_secs(180)));
+    let (tx, events) = mpsc::unbounded_channel();
+    let relister = Relister::new(
+        runtime.clone(),
+        Arc::new(PodCache::new()),
+        health,
+        Arc::new(tx),
+        RelistConfig::default(),
+    );
+    let metrics = Metrics::new();
+    let scheduler = RelistScheduler::new(
+        SchedulerConfig {
+            full_relist_period: period,
+            ..SchedulerConfig::default()
+        },
+        Instant::now(),
+    );
+    let (triggers, receiver) = observed_trigger_channel(notices, true);
+    let (tuning, tuned) = tuning(period);
+    let shutdown = CancellationToken::new();
+    let generator = Generator {
+        relister,
+        scheduler,
+        triggers: receiver,
+        tuned,
+        metrics: metrics.clone(),
+    };
+    let task = tokio::spawn(generator.run(shutdown.clone()));
+    Harness {
+        runtime,
+        triggers,
+        events,
+        period: tuning.period,
+        shutdown,
+        task,
+        metrics,
+    }
+}
+
+fn add_running(runtime: &FakeRuntime, pod: &str, id: &str) {
+    runtime.add_pod(pod, "ns", pod);
+    runtime.set_container(pod, container(id, "app", ContainerState::Running));
+}
+
+fn trigger(id: &str) -> Trigger {
+    Trigger {
+        scope: Scope::Container(ContainerId(id.into())),
+        source: TriggerSource::Containerd,
+        observed_at: SystemTime::now(),
+        observations: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn triggers_saying_only_presence_pass_only_where_presence_is_news() {
+    let with = |kinds: &[ObservationKind]| Trigger {
+        observations: kinds
+            .iter()
+            .map(|kind| Observation {
+                source: TriggerSource::Containerd,
+                kind: kind.clone(),
+            })
+            .collect(),
+        ..trigger("c")
+    };
+    let started = ObservationKind::TaskStarted {
+        at: SystemTime::now(),
+    };
+    let cases = [
+        ("presence alone", vec![ObservationKind::Present], false),
+        (
+            "presence and a start",
+            vec![ObservationKind::Present, started],
+            true,
+        ),
+        ("no observation: something changed", vec![], true),
+    ];
+    for (name, kinds, passes) in cases {
+        for presence in [false, true] {
+            let (tx, mut rx) = observed_trigger_channel(None, presence);
+            tx.send(with(&kinds));
+            drop(tx);
+            let passed = rx.recv().await.is_some();
+            assert_eq!(
+                passed,
+                passes || presence,
+                "{name}, presence news: {presence}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_failed_is_read_whole_once_it_answers_again() {
+    let mut h = start(Duration::from_secs(3600));
+    // The first full relist, and every one while the runtime keeps failing, fails.
+    h.runtime.fail_lists(true);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(h.events.try_recv().is_err());
+    // Sources that lost the runtime are not told it answers.
+    let answered = h.triggers.runtime_answered_since(t0);
+    let mut answered = std::pin::pin!(answered);
+    assert!(futures::poll!(&mut answered).is_pending());
+    // It answers again, with a container no hint is left about.
+    h.runtime.fail_lists(false);
+    add_running(&h.runtime, "p", "c");
+    let event = tokio::time::timeout(2 * FULL_RELIST_AFTER_ERROR, h.events.recv())
+        .await
+        .expect("a full relist soon after the runtime answers, not at the next period")
+        .unwrap();
+    assert_eq!(event.container_id, ContainerId("c".into()));
+    assert_eq!(event.sources, vec![TriggerSource::Relist]);
+    // Now they are.
+    tokio::time::timeout(Duration::from_millis(1), answered)
+        .await
+        .expect("the sources are told the runtime answers");
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_read_by_a_relist_is_credited_to_a_trigger_that_came_while_it_ran() {
+    let mut h = start(Duration::from_secs(1));
+    add_running(&h.runtime, "p", "c");
+    let started = h.events.recv().await.unwrap();
+    assert_eq!(started.event_type, PodLifecycleEventType::ContainerStarted);
+    // The next full relist (no hint of its own) waits on a slow runtime; meanwhile the
+    // container is killed and the kernel's trigger comes.
+    h.runtime.set_delay(Some(Duration::from_millis(50)));
+    tokio::time::sleep(Duration::from_millis(1010)).await;
+    h.runtime
+        .set_state("p", "c", ContainerState::Exited, Some(137));
+    let signal = Observation {
+        source: TriggerSource::Ebpf,
+        kind: ObservationKind::Signal(9),
+    };
+    h.triggers.send(Trigger {
+        source: TriggerSource::Ebpf,
+        observations: vec![signal.clone()],
+        ..trigger("c")
+    });
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(died.event_type, PodLifecycleEventType::ContainerDied);
+    assert_eq!(died.sources, vec![TriggerSource::Ebpf]);
+    assert_eq!(died.observations, vec![signal]);
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn periodic_full_relist_finds_changes() {
+    let mut h = start(Duration::from_secs(1));
+    add_running(&h.runtime, "p", "c");
+    let event = h.events.recv().await.unwrap();
+    assert_eq!(event.event_type, PodLifecycleEventType::ContainerStarted);
+    assert_eq!(event.sources, vec![TriggerSource::Relist]);
+    h.shutdown.cancel();
+    // Stopped, it hands back the reading to save.
+    let (records, sequence) = h.task.await.unwrap().relister.into_saved();
+    assert_eq!(sequence, 1);
+    assert!(records.contains_key(&PodUid("p".into())));
+}
+
+/// A trigger not relisted when the generator stops is handed back with its hints, for
+/// the last relist before saving; with none pending, nothing is.
+#[tokio::test(start_paused = true)]
+async fn triggers_not_relisted_at_the_stop_are_handed_back() {
+    let mut h = start(Duration::from_secs(3600));
+    add_running(&h.runtime, "p", "c");
+    h.events.recv().await.unwrap();
+    // Sent and stopped before the loop runs again: it sees the stop first.
+    h.triggers.send(trigger("c"));
+    h.shutdown.cancel();
+    let stopped = h.task.await.unwrap();
+    assert_eq!(
+        stopped.pending.scopes().collect::<Vec<_>>(),
+        [&Scope::Pod(PodUid("p".into()))]
+    );
+
+    let h = start(Duration::from_secs(3600));
+    h.shutdown.cancel();
+    assert!(h.task.await.unwrap().pending.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trigger_relists_long_before_the_period() {
+    let mut h = start(Duration::from_secs(3600));
+    add_running(&h.runtime, "p", "c");
+    // The first full relist (due at start) sees the pod.
+    assert_eq!(
+        h.events.recv().await.unwrap().event_type,
+        PodLifecycleEventType::ContainerStarted
+    );
+    let before = tokio::time::Instant::now();
+    h.runtime
+        .set_state("p", "c", ContainerState::Exited, Some(137));
+    h.triggers.send(trigger("c"));
+    let event = h.events.recv().await.unwrap();
+    assert_eq!(event.event_type, PodLifecycleEventType::ContainerDied);
+    assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+    assert!(tokio::time::Instant::now() - before < Duration::from_secs(1));
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
+    let mut h = start(Duration::from_secs(3600));
+    // Let the first (empty) full relist run.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The task service started it: the CRI store must come to show it.
+    let mut started = trigger("late");
+    started.observations = vec![Observation {
+        source: TriggerSource::Containerd,
+        kind: ObservationKind::TaskStarted {
+            at: SystemTime::now(),
+        },
+    }];
+    h.triggers.send(started);
+    // The runtime learns of the container only after the first targeted relist.
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    add_running(&h.runtime, "p", "late");
+    let event = h.events.recv().await.unwrap();
+    assert_eq!(event.container_id, ContainerId("late".into()));
+    assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+    assert_eq!(event.pod, PodUid("p".into()));
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_the_runtime_never_confirms_is_retried_then_counted() {
+    let mut h = start(Duration::from_secs(3600));
+    add_running(&h.runtime, "p", "c");
+    h.events.recv().await.unwrap();
+    let counted = "plegd_unconfirmed_hints_total{source=\"containerd\"} 1";
+    assert!(!h.metrics.encode().contains(counted));
+    // A source says c died; the runtime keeps showing it running.
+    let reads_before = h.runtime.read_calls().len();
+    h.triggers.send(Trigger {
+        observations: vec![Observation {
+            source: TriggerSource::Containerd,
+            kind: ObservationKind::ExitCode(1),
+        }],
+        ..trigger("c")
+    });
+    // Well past the whole retry budget (about 4.5 s), in paused time.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let retries = h.runtime.read_calls().len() - reads_before;
+    assert_eq!(retries, 1 + DEFAULT_MAX_RETRIES as usize);
+    assert!(
+        h.metrics.encode().contains(counted),
+        "{}",
+        h.metrics.encode()
+    );
+    assert!(h.events.try_recv().is_err(), "no event: nothing changed");
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+/// A notice as a line: its kind, container and observations.
+fn told(notice: &Notice) -> String {
+    let kinds: Vec<_> = notice.observations.iter().map(|o| &o.kind).collect();
+    format!("{:?} {} {kinds:?}", notice.kind, notice.container_id)
+}
+
+/// A kernel observation is told as the source hands it over, and told unconfirmed once the
+/// relists that looked for it give up.
+#[tokio::test(start_paused = true)]
+async fn kernel_observations_are_told_ahead_then_unconfirmed() {
+    let notices = Notices::new(Arc::new(PodCache::new()));
+    let mut told_ones = notices.subscribe();
+    let mut h = start_observed(Duration::from_secs(3600), Some(notices));
+    add_running(&h.runtime, "p", "c");
+    h.events.recv().await.unwrap();
+    // Not a kernel trigger: no notice.
+    h.triggers.send(trigger("c"));
+    h.triggers.send(Trigger {
+        source: TriggerSource::Ebpf,
+        observations: vec![Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::Signal(9),
+        }],
+        ..trigger("c")
+    });
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let mut lines = Vec::new();
+    while let Ok(notice) = told_ones.try_recv() {
+        lines.push(told(&notice));
+    }
+    assert_eq!(lines, ["Ahead c [Signal(9)]", "Unconfirmed c [Signal(9)]"]);
+    assert!(h.events.try_recv().is_err(), "no event: nothing changed");
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shortening_the_period_takes_effect_at_once() {
+    let mut h = start(Duration::from_secs(3600));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    add_running(&h.runtime, "p", "c");
+    h.period.send(Duration::from_secs(1)).unwrap();
+    let started = tokio::time::Instant::now();
+    h.events.recv().await.unwrap();
+    assert!(tokio::time::Instant::now() - started <= Duration::from_secs(1));
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}

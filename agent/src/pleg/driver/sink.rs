@@ -1,0 +1,126 @@
+//! Where the PLEG's output goes: the relist hands each event to an [`EventSink`], one call per
+//! event, in sequence order; the generator tells kernel observations on their own as
+//! [`Notice`]s.
+//!
+//! The PLEG's own sink publishes on its event bus, the single fan-out whose subscribers (API
+//! watchers, the sync loop, stdout) each have their own bounded queue: publishing never waits
+//! on a consumer, so no consumer can stall the relist or make it discard.
+
+use std::{sync::Arc, time::SystemTime};
+
+use tokio::sync::{broadcast, mpsc};
+
+use crate::{
+    base::{bus::EventBus, metrics::Metrics},
+    pleg::{
+        model::{
+            event::{Notice, NoticeKind, PodLifecycleEvent},
+            record::{ContainerId, PodUid},
+            trigger::{Observation, TriggerSource},
+        },
+        shared::cache::PodCache,
+    },
+};
+
+/// Kernel notices not yet read by the slowest consumer that asked for them; past that, it
+/// skips the oldest (notices are a preview: the events that confirm them are never skipped).
+pub const NOTICE_QUEUE: usize = 1024;
+
+/// Takes each event the relist generates. Must not block.
+pub trait EventSink: Send + Sync + 'static {
+    fn publish(&self, event: PodLifecycleEvent);
+}
+
+/// For tests and tools: events land in an unbounded channel (dropped once its receiver is).
+impl EventSink for mpsc::UnboundedSender<PodLifecycleEvent> {
+    fn publish(&self, event: PodLifecycleEvent) {
+        let _ = self.send(event);
+    }
+}
+
+/// The PLEG's sink: each event counted in the trigger-to-event latency and published on the
+/// bus. Never blocks.
+#[derive(Clone, Debug)]
+pub struct BusSink {
+    pub bus: EventBus<PodLifecycleEvent>,
+    pub metrics: Metrics,
+}
+
+impl EventSink for BusSink {
+    fn publish(&self, event: PodLifecycleEvent) {
+        if event.sources.iter().any(|s| *s != TriggerSource::Relist) {
+            self.metrics.trigger_to_event(
+                event
+                    .emitted_at
+                    .duration_since(event.observed_at)
+                    .unwrap_or_default(),
+            );
+        }
+        self.bus.publish(Arc::new(event));
+    }
+}
+
+/// The fan-out of [`Notice`]s, named after the pods the cache knows. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Notices {
+    sender: broadcast::Sender<Arc<Notice>>,
+    cache: Arc<PodCache>,
+}
+
+impl Notices {
+    pub fn new(cache: Arc<PodCache>) -> Self {
+        Self {
+            sender: broadcast::channel(NOTICE_QUEUE).0,
+            cache,
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Notice>> {
+        self.sender.subscribe()
+    }
+
+    /// Tells `observations` of `container`: nothing when no consumer asked, or when none is
+    /// shown (a cgroup made says only where to look).
+    pub fn tell(
+        &self,
+        kind: NoticeKind,
+        container: &ContainerId,
+        observations: &[Observation],
+        observed_at: SystemTime,
+    ) {
+        if self.sender.receiver_count() == 0 || !observations.iter().any(|o| o.kind.is_shown()) {
+            return;
+        }
+        // The pod as last read: a container the runtime has not shown yet has none.
+        let pod = self.cache.pods().into_iter().find_map(|(_, cached)| {
+            let pod = cached.record?;
+            pod.containers.contains_key(container).then_some(pod)
+        });
+        let notice = Notice {
+            kind,
+            pod: pod
+                .as_ref()
+                .map_or_else(|| PodUid(String::new()), |p| p.uid.clone()),
+            pod_namespace: pod
+                .as_ref()
+                .map(|p| p.namespace.clone())
+                .unwrap_or_default(),
+            pod_name: pod.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+            container_id: container.clone(),
+            container_name: pod
+                .as_ref()
+                .and_then(|p| p.containers.get(container))
+                .map(|c| c.name.clone())
+                .unwrap_or_default(),
+            observations: observations
+                .iter()
+                .filter(|o| o.kind.is_shown())
+                .cloned()
+                .collect(),
+            observed_at,
+            emitted_at: SystemTime::now(),
+        };
+        // A consumer that left meanwhile: nothing to do.
+        let _ = self.sender.send(Arc::new(notice));
+    }
+}

@@ -1,0 +1,103 @@
+//! What the PLEG emits: one lifecycle event per change of a container's runtime record.
+
+use std::time::SystemTime;
+
+use crate::{
+    base::bus::Sequenced,
+    pleg::model::{
+        record::{ContainerId, PodUid, Store},
+        trigger::{Observation, TriggerSource},
+    },
+};
+
+/// Kind of a lifecycle event (kubelet's `PodLifeCycleEventType`, without `PodSync`: plegd's
+/// level-triggered face is the sync loop's pod syncs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PodLifecycleEventType {
+    /// A container (or sandbox) is now running.
+    ContainerStarted,
+    /// A container (or sandbox) is now exited, or vanished while running.
+    ContainerDied,
+    /// An exited container (or sandbox) no longer exists.
+    ContainerRemoved,
+    /// A container's state became unknown (or created). Not sent by default: kubelet considers
+    /// it unreliable.
+    ContainerChanged,
+}
+
+impl PodLifecycleEventType {
+    /// The name, as in the API's documentation, the output and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ContainerStarted => "ContainerStarted",
+            Self::ContainerDied => "ContainerDied",
+            Self::ContainerRemoved => "ContainerRemoved",
+            Self::ContainerChanged => "ContainerChanged",
+        }
+    }
+}
+
+/// One lifecycle event, as kubelet's PLEG would emit it plus plegd's provenance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodLifecycleEvent {
+    /// Increases by one per sent event, across all pods, for the life of the run.
+    pub sequence: u64,
+    pub pod: PodUid,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    /// The container (or sandbox) the event is about.
+    pub container_id: ContainerId,
+    /// Empty for sandboxes.
+    pub container_name: String,
+    pub event_type: PodLifecycleEventType,
+    /// When the change was first seen: by the earliest trigger, else by the relist's list call.
+    pub observed_at: SystemTime,
+    pub emitted_at: SystemTime,
+    /// Sources of the triggers that led to the event; `[Relist]` when none did.
+    pub sources: Vec<TriggerSource>,
+    /// What the triggers saw about this container.
+    pub observations: Vec<Observation>,
+    /// The runtime's exit code of the container, once exited (as of the record announced; for
+    /// `ContainerRemoved`, its last one).
+    pub exit_code: Option<i32>,
+    /// The runtime's reason for the state ("Error", "OOMKilled", "Completed"); empty when the
+    /// record that confirmed the state has none (the task service's: its CRI store tells the
+    /// reason a moment later, in the cache and the pod's next sync).
+    pub reason: String,
+    /// Which of the runtime's stores confirmed the state announced; `None` for a container
+    /// removed unseen.
+    pub confirmed_by: Option<Store>,
+}
+
+impl Sequenced for PodLifecycleEvent {
+    fn sequence(&self) -> u64 {
+        self.sequence
+    }
+}
+
+/// What a kernel observation is, told on its own: never a PLEG event, never numbered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// Seen by the kernel, ahead of the runtime's word: the event that carries it follows if
+    /// the runtime confirms it.
+    Ahead,
+    /// The runtime never confirmed it.
+    Unconfirmed,
+}
+
+/// Kernel observations about one container, for the consumers that asked to see them before
+/// (or without) the runtime's confirmation; best effort.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub kind: NoticeKind,
+    /// The pod as last committed; empty for a container no relist has seen yet.
+    pub pod: PodUid,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub container_id: ContainerId,
+    pub container_name: String,
+    /// What the kernel saw: only observations consumers are shown.
+    pub observations: Vec<Observation>,
+    pub observed_at: SystemTime,
+    pub emitted_at: SystemTime,
+}

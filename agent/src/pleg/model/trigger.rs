@@ -1,0 +1,184 @@
+//! What drives the PLEG: the triggers sources hand it, and the observations they carry.
+
+use std::time::SystemTime;
+
+use crate::pleg::model::record::{ContainerId, PodUid, TaskRecord};
+
+/// Where a trigger (and so an event) came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TriggerSource {
+    /// A kernel tracepoint seen by the eBPF programs.
+    Ebpf,
+    /// containerd's native event stream.
+    Containerd,
+    /// CRI `GetContainerEvents`.
+    CriEvents,
+    /// A relist that nothing specific asked for (the periodic safety net).
+    Relist,
+}
+
+impl TriggerSource {
+    /// The lowercase name, as in the API, metrics and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Containerd => "containerd",
+            Self::CriEvents => "cri-events",
+            Self::Relist => "relist",
+        }
+    }
+}
+
+/// What a trigger or a hint is about, and what a relist reads: the node, one pod, or one
+/// container (its pod, once a relist has tied it to one). A targeted relist reads a pod or a
+/// container; a full relist, the node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Every pod.
+    All,
+    /// One pod.
+    Pod(PodUid),
+    /// One container (or sandbox) by its id: the pod holding it, or the container alone while
+    /// no relist has seen it.
+    Container(ContainerId),
+}
+
+/// A fact a source saw that runtime records may not carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub source: TriggerSource,
+    pub kind: ObservationKind,
+}
+
+/// What an [`Observation`] says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObservationKind {
+    /// The container's main process exited with this code.
+    ExitCode(i32),
+    /// The container's main process was killed by this signal.
+    Signal(i32),
+    /// The kernel's OOM killer chose a process of the container.
+    OomKilled,
+    /// A process of the container executed this binary.
+    Exec(String),
+    /// The container's main process exited, with no status known (a kernel without BTF).
+    Exited,
+    /// The container's cgroup was removed: its processes are gone and its task deleted.
+    CgroupRemoved,
+    /// The runtime's task service started the container's init (containerd `/tasks/start`):
+    /// the runtime's own record, not a kernel hint.
+    TaskStarted { at: SystemTime },
+    /// The runtime's task service recorded the init's exit (containerd `/tasks/exit`).
+    TaskExited { code: i32, at: SystemTime },
+    /// The runtime deleted the container (containerd `/containers/delete`, CRI's
+    /// `CONTAINER_DELETED_EVENT`). containerd publishes it a moment before its CRI store
+    /// forgets the container.
+    Deleted,
+    /// The runtime holds the container, and says nothing of its init (containerd
+    /// `/containers/create` and `/update`, `/tasks/create`, `/paused`, `/resumed`; a container
+    /// cgroup made): news only of a container plegd has not read yet. Not shown to consumers.
+    Present,
+    /// The runtime deleted the container's task (containerd `/tasks/delete`): its init is gone.
+    /// Not shown to consumers (the exit that came before it is).
+    TaskDeleted,
+}
+
+/// What an observation says of its container's life, in the lifecycle's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Says {
+    /// It exists.
+    Present,
+    /// Its init started.
+    Started,
+    /// Its init is gone.
+    Died,
+    /// The container is gone.
+    Deleted,
+}
+
+impl ObservationKind {
+    /// The runtime's task record this observation is, if it is one (and not a kernel hint).
+    pub fn task_record(&self) -> Option<TaskRecord> {
+        match *self {
+            Self::TaskStarted { at } => Some(TaskRecord::Started { at: Some(at) }),
+            Self::TaskExited { code, at } => Some(TaskRecord::Exited { code, at }),
+            _ => None,
+        }
+    }
+
+    /// Whether it is the runtime's own record of a change (not a kernel hint): as good as a
+    /// reading of the runtime, when confirming at the task layer.
+    pub fn is_runtime_record(&self) -> bool {
+        matches!(
+            self,
+            Self::TaskStarted { .. } | Self::TaskExited { .. } | Self::Deleted
+        )
+    }
+
+    /// What it says of the container's life.
+    pub fn says(&self) -> Says {
+        match self {
+            Self::Present => Says::Present,
+            Self::Exec(_) | Self::TaskStarted { .. } => Says::Started,
+            Self::ExitCode(_)
+            | Self::Signal(_)
+            | Self::Exited
+            | Self::CgroupRemoved
+            | Self::OomKilled
+            | Self::TaskExited { .. }
+            | Self::TaskDeleted => Says::Died,
+            Self::Deleted => Says::Deleted,
+        }
+    }
+
+    /// Whether consumers see it on events (the others only tell plegd where to look).
+    pub fn is_shown(&self) -> bool {
+        !matches!(self, Self::Present | Self::TaskDeleted)
+    }
+}
+
+/// A hint that part of the node may have changed: relist `scope` soon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub scope: Scope,
+    pub source: TriggerSource,
+    /// When the source saw the change (wall clock, so it can be shown to users).
+    pub observed_at: SystemTime,
+    /// Facts about the container of a [`Scope::Container`] trigger. Observations of pod or
+    /// node wide triggers cannot be tied to a container and are dropped by the scheduler.
+    pub observations: Vec<Observation>,
+}
+
+impl Trigger {
+    /// Whether it says only that its container exists: news only where a created container
+    /// is (`ContainerChanged`). One with no observation says something changed, which only a
+    /// reading answers.
+    pub fn only_presence(&self) -> bool {
+        !self.observations.is_empty()
+            && self
+                .observations
+                .iter()
+                .all(|o| o.kind.says() == Says::Present)
+    }
+}
+
+/// `source:fact`, as the output prints it (`ebpf:signal=9`, `containerd:exit_code=137`).
+impl std::fmt::Display for Observation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = self.source.name();
+        match &self.kind {
+            ObservationKind::ExitCode(code) | ObservationKind::TaskExited { code, .. } => {
+                write!(f, "{source}:exit_code={code}")
+            }
+            ObservationKind::Signal(signal) => write!(f, "{source}:signal={signal}"),
+            ObservationKind::OomKilled => write!(f, "{source}:oom_killed"),
+            ObservationKind::Exec(path) => write!(f, "{source}:exec={path}"),
+            ObservationKind::Exited => write!(f, "{source}:exited"),
+            ObservationKind::CgroupRemoved => write!(f, "{source}:cgroup_removed"),
+            ObservationKind::TaskStarted { .. } => write!(f, "{source}:task_started"),
+            ObservationKind::Deleted => write!(f, "{source}:deleted"),
+            ObservationKind::Present => write!(f, "{source}:present"),
+            ObservationKind::TaskDeleted => write!(f, "{source}:task_deleted"),
+        }
+    }
+}
