@@ -35,6 +35,19 @@ use crate::{
     runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
 };
 
+/// The values of `--confirm`: each store, and what confirming there means.
+fn stores() -> [clap::builder::PossibleValue; 2] {
+    [
+        clap::builder::PossibleValue::new("task").help(
+            "The runtime's task service where it has one (containerd: its `/tasks/start` and \
+         `/tasks/exit` events, or the task's status on a kernel hint), about 30 ms before its \
+         CRI store shows the change; the CRI store elsewhere (CRI-O)",
+        ),
+        clap::builder::PossibleValue::new("cri")
+            .help("The CRI store only: every event announces a state that CRI already shows"),
+    ]
+}
+
 /// Default directory of the run saved at a clean shutdown.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/plegd";
 
@@ -276,14 +289,13 @@ pub struct RunArgs {
 
     /// Which of the runtime's stores confirms a start or an exit: `task` sends ContainerDied
     /// as soon as containerd's task service recorded the exit, with its code and time (CRI's
-    /// reason follows in the cache, with no second event); on runtimes without one (CRI-O),
-    /// the CRI store. `cri` waits until the CRI store shows it, for consumers that read CRI
-    /// right after each event.
+    /// reason follows in the cache, with no second event); `cri` waits until the CRI store
+    /// shows it, for consumers that read CRI right after each event.
     #[arg(
         long,
         env = "PLEGD_CONFIRM",
         value_name = "STORE",
-        value_parser = clap::builder::PossibleValuesParser::new(["task", "cri"])
+        value_parser = clap::builder::PossibleValuesParser::new(stores())
             .map(|name| name.parse::<Store>().expect("a possible value names a store")),
         default_value = "task"
     )]
