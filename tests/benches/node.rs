@@ -341,6 +341,7 @@ impl Bench {
                 // Past the first full relist and inspection of every pod.
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let cpu = bench::cpu_percent(&[plegd.pid(), containerd], window).await;
+                let (series, container_series) = bench::series_count_at(plegd.metrics)?;
                 rows.push(json!({
                     "mode": mode.key,
                     "containers": count,
@@ -348,6 +349,8 @@ impl Bench {
                     "containerd_cpu": cpu[1],
                     "containerd_added_cpu": cpu[1] - baseline,
                     "rss_bytes": bench::rss_bytes(plegd.pid()),
+                    "series": series,
+                    "container_series": container_series,
                 }));
                 plegd.stop();
             }

@@ -358,6 +358,26 @@ pub fn metric_series_at(
         .collect())
 }
 
+/// How many series the /metrics served at `address` has: all of them, and those of the
+/// per-container counters (`plegd_container_*`), which follow what the node runs.
+pub fn series_count_at(address: SocketAddr) -> anyhow::Result<(usize, usize)> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    let samples: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let containers = samples
+        .iter()
+        .filter(|l| l.starts_with("plegd_container_"))
+        .count();
+    Ok((samples.len(), containers))
+}
+
 /// A local TCP port free a moment ago.
 fn free_port() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()

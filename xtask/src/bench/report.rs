@@ -469,13 +469,13 @@ fn start_table(m: &Value) -> String {
 
 fn idle_table(m: &Value) -> String {
     let mut t = String::from(
-        "| mode | containers | plegd CPU % | containerd CPU % | containerd added % (− baseline) | plegd RSS MiB |\n|---|---|---|---|---|---|\n",
+        "| mode | containers | plegd CPU % | containerd CPU % | containerd added % (− baseline) | plegd RSS MiB | metric series (per-container counters') |\n|---|---|---|---|---|---|---|\n",
     );
     for row in m["idle"].as_array().into_iter().flatten() {
         let f = |k: &str| row[k].as_f64().map_or("".into(), |v| format!("{v:.2}"));
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             if row["mode"] == "none" {
                 "baseline: no plegd"
             } else {
@@ -488,6 +488,10 @@ fn idle_table(m: &Value) -> String {
             row["rss_bytes"]
                 .as_f64()
                 .map_or("".into(), |b| format!("{:.1}", b / (1 << 20) as f64)),
+            row["series"].as_u64().map_or(String::new(), |n| format!(
+                "{n} ({})",
+                row["container_series"]
+            )),
         );
     }
     t
