@@ -4,7 +4,10 @@
 //! watchers. Events carry the runtime's exit code and reason as cached when they were
 //! published, so a `ContainerDied` line says how the container ended.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
@@ -47,8 +50,19 @@ pub struct EventLine {
     pub exit_code: Option<i32>,
     /// The runtime's reason ("Error", "OOMKilled", "Completed"), for exited containers.
     pub reason: Option<String>,
-    /// Which of the runtime's records confirmed the state: "task" or "cri".
+    /// Which of the runtime's stores confirmed the state: "task" or "cri".
     pub confirmed_by: Option<&'static str>,
+    /// The signal that ended the container's init, on a death.
+    pub signal: Option<i32>,
+    pub image: String,
+    pub attempt: u32,
+    /// Who the container is on the host, once known (`null` fields: not known).
+    pub cgroup_id: Option<u64>,
+    pub cgroup_path: Option<String>,
+    pub init_pid: Option<u32>,
+    /// The pod's labels and annotations plegd keeps (`--pod-labels`, `--pod-annotations`).
+    pub pod_labels: BTreeMap<String, String>,
+    pub pod_annotations: BTreeMap<String, String>,
     pub observations: Vec<String>,
 }
 
@@ -70,6 +84,14 @@ impl EventLine {
             exit_code: event.exit_code,
             reason: Some(event.reason.clone()).filter(|r| !r.is_empty()),
             confirmed_by: event.confirmed_by.map(|store| store.name()),
+            signal: event.signal,
+            image: event.image.clone(),
+            attempt: event.attempt,
+            cgroup_id: event.host.as_ref().and_then(|h| h.cgroup_id),
+            cgroup_path: event.host.as_ref().and_then(|h| h.cgroup_path.clone()),
+            init_pid: event.host.as_ref().and_then(|h| h.init_pid),
+            pod_labels: event.pod_labels.clone(),
+            pod_annotations: event.pod_annotations.clone(),
             observations: event
                 .observations
                 .iter()

@@ -7,10 +7,10 @@
 //! `ContainerStarted`, `ContainerDied` and (once the harness removed it) `ContainerRemoved`,
 //! each exactly once and in that order. `ContainerDied` carries the exit code CRI recorded last
 //! (137 after `kill -9`, the code of a normal exit, 137 with reason `OOMKilled` after an OOM
-//! kill). Its reason is CRI's (`Completed`, `Error`, `OOMKilled`) or empty: when containerd's
-//! task service confirms an exit before its CRI store does, plegd publishes the death with the
-//! task's exit code and no reason, and the store's reason makes no second event (the `reason`
-//! field of plegd.v1 `Event` says so). A container whose exit CRI never recorded before it was
+//! kill). Its reason is the one CRI showed last (`Completed`, `Error`, `OOMKilled`); one that
+//! differed when told is counted, not failed, when a `ContainerChanged` corrected it or it is
+//! CRI's first word or one containerd's rule gives the code ([`Report::reasons_differing`]).
+//! A container whose exit CRI never recorded before it was
 //! removed (containerd 1.6 shows an exit racing its restart as UNKNOWN, exit 255, for a while)
 //! still owes its death, with any exit code: kubelet's PLEG reports running or unknown ->
 //! non-existent as died, then removed.
@@ -51,6 +51,10 @@
 //! While plegd followed the runtime by full relists alone, its push source lost
 //! ([`Folding::polled`]), a state that overlaps that span folds as in polling mode, within
 //! the span's relist period plus polling's margin:
+//! - plegd stopped: the outage. What its push sources said then is lost, so a container that
+//!   exited then is found by the restarted one's full relists alone, a second apart until its
+//!   sources are healthy: the CRI store may show the exit just after the first, and the
+//!   container go before the next;
 //! - containerd's event stream silent: from the first fast full relist after plegd found it
 //!   to the stream connected again;
 //! - kernel events lost in a full ring buffer, the kernel the only push source: from a loss
@@ -127,6 +131,11 @@ pub struct Exit {
     pub reason: String,
 }
 
+/// The reason CRI showed for a death once more, read just before the container's removal:
+/// containerd's CRI plugin handles an OOM kill's event apart from the exit, and may show
+/// "Error" first and "OOMKilled" a moment later.
+pub type LaterReason = Option<String>;
+
 /// One container's ground truth: what the harness did and what the runtime said.
 #[derive(Clone, Debug)]
 pub struct Truth {
@@ -135,8 +144,10 @@ pub struct Truth {
     pub pod: String,
     pub pid_mode: PidMode,
     pub action: Action,
-    /// CRI's last record of its exit before removal; `None` when CRI never showed it exited.
+    /// CRI's record of its exit when it first showed it; `None` when CRI never showed it exited.
     pub exit: Option<Exit>,
+    /// CRI's reason read again before its removal (`None`: not read again).
+    pub later_reason: LaterReason,
     /// Whether the harness removed it.
     pub removed: bool,
     pub timing: Timing,
@@ -354,6 +365,13 @@ pub struct Report {
     pub out_of_order: Vec<Finding>,
     /// A `ContainerDied` (or a listed exit) with the wrong exit code or reason.
     pub mismatched: Vec<Finding>,
+    /// Deaths whose reason when they were told is not the one CRI showed last: corrected
+    /// since by a ContainerChanged, or one CRI showed first, or one containerd's rule gives
+    /// the code (an OOM kill one of plegd and CRI saw and the other did not). Not wrong:
+    /// counted, as the churn audit's answer to how often the reason at emission differs.
+    pub reasons_differing: Vec<Finding>,
+    /// Of those, the deaths whose reason a ContainerChanged corrected.
+    pub reasons_corrected: usize,
     /// Sequence numbers missing within a run.
     pub gaps: Vec<Finding>,
     /// Legitimately not received (see the module doc).
@@ -378,7 +396,8 @@ impl fmt::Display for Report {
         writeln!(
             f,
             "lifecycles {}, transitions expected {}, received {}, resynced {}, folded {}, \
-             lost {}, duplicated {}, out of order {}, wrong exit {}, sequence gaps {}",
+             lost {}, duplicated {}, out of order {}, wrong exit {}, sequence gaps {}, \
+             reasons differing from CRI's {} ({} corrected by a ContainerChanged)",
             self.lifecycles,
             self.expected,
             self.received,
@@ -389,6 +408,8 @@ impl fmt::Display for Report {
             self.out_of_order.len(),
             self.mismatched.len(),
             self.gaps.len(),
+            self.reasons_differing.len(),
+            self.reasons_corrected,
         )?;
         let actions: Vec<String> = self
             .by_action
@@ -402,6 +423,7 @@ impl fmt::Display for Report {
             ("out of order", &self.out_of_order),
             ("wrong exit", &self.mismatched),
             ("sequence gap", &self.gaps),
+            ("reason differing", &self.reasons_differing),
             ("folded", &self.folded),
         ] {
             for finding in findings {
@@ -469,7 +491,7 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
     let owed = if truth.removed { 3 } else { 2 };
     report.expected += owed;
     let mut account = Account::default();
-    for record in records {
+    for (at, record) in records.iter().enumerate() {
         match record {
             Record::Event(event) => {
                 let Some(transition) = Transition::from_event_type(&event.event_type) else {
@@ -498,7 +520,11 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
                 }
                 account.next = k + 1;
                 if transition == Transition::Died {
-                    check_exit(truth, event.exit_code, &event.reason, folding, report);
+                    let told = Told {
+                        reason: &event.reason,
+                        corrected: corrected_reason(&records[at + 1..]),
+                    };
+                    check_exit(truth, event.exit_code, told, folding, report);
                 }
             }
             Record::Resync(resync) => {
@@ -507,9 +533,13 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
                     Some(Listed::Running) => 1,
                     Some(Listed::Exited(exit)) => {
                         match exit {
-                            Some(exit) => {
-                                check_exit(truth, Some(exit.code), &exit.reason, folding, report)
-                            }
+                            Some(exit) => check_exit(
+                                truth,
+                                Some(exit.code),
+                                Told::listed(&exit.reason),
+                                folding,
+                                report,
+                            ),
                             // Listed by the new run's first relist, removed before its status
                             // call: no status was left to read the exit from.
                             None if truth
@@ -525,7 +555,7 @@ fn audit_container(truth: &Truth, records: &[&Record], folding: Folding, report:
                                         .to_owned(),
                                 })
                             }
-                            None => check_exit(truth, None, "", folding, report),
+                            None => check_exit(truth, None, Told::listed(""), folding, report),
                         }
                         2
                     }
@@ -638,14 +668,44 @@ fn elapsed(from: Option<SystemTime>, to: Option<SystemTime>) -> Option<Duration>
     Some(to?.duration_since(from?).unwrap_or_default())
 }
 
+/// A death's reason as a consumer was told it.
+#[derive(Clone, Copy)]
+struct Told<'a> {
+    /// On the ContainerDied, or in a listing.
+    reason: &'a str,
+    /// By a ContainerChanged after the ContainerDied, where the CRI store showed another.
+    corrected: Option<&'a str>,
+}
+
+impl<'a> Told<'a> {
+    fn listed(reason: &'a str) -> Self {
+        Self {
+            reason,
+            corrected: None,
+        }
+    }
+}
+
+/// The reason the last ContainerChanged of a container's `later` records carries (they follow
+/// its ContainerDied), if one does.
+fn corrected_reason<'a>(later: &[&'a Record]) -> Option<&'a str> {
+    later.iter().rev().find_map(|record| match record {
+        Record::Event(e) if e.event_type == "ContainerChanged" && !e.reason.is_empty() => {
+            Some(e.reason.as_str())
+        }
+        _ => None,
+    })
+}
+
 /// Holds a reported exit against the runtime's.
 fn check_exit(
     truth: &Truth,
     code: Option<i32>,
-    reason: &str,
+    told: Told<'_>,
     folding: Folding,
     report: &mut Report,
 ) {
+    let reason = told.reason;
     let wrong = |detail: String| Finding {
         container_id: truth.container_id.clone(),
         transition: Some(Transition::Died),
@@ -682,7 +742,14 @@ fn check_exit(
             })
         }
         None => match elapsed(shown, truth.timing.removed) {
-            Some(gone) if gone < folding.window_over(shown, truth.timing.removed) => {
+            // The exited state began when the container ended, whenever CRI showed it: an exit
+            // in a polled span (a restarted plegd's sources heard nothing of it) is found by
+            // full relists alone, even once CRI shows it after the span.
+            Some(gone)
+                if gone
+                    < folding
+                        .window_over(truth.timing.finished.or(shown), truth.timing.removed) =>
+            {
                 report.folded.push(Finding {
                     detail: format!(
                         "no exit code: removed {gone:?} after the runtime showed its exit"
@@ -695,13 +762,46 @@ fn check_exit(
                 exit.code, exit.reason
             ))),
         },
-        Some(code) if code != exit.code || !(reason.is_empty() || reason == exit.reason) => {
-            report.mismatched.push(wrong(format!(
-                "exit {code} {reason:?}, the runtime recorded {} {:?} ({})",
-                exit.code, exit.reason, truth.action
-            )))
-        }
-        Some(_) => {}
+        Some(code) if code != exit.code => report.mismatched.push(wrong(format!(
+            "exit {code} {reason:?}, the runtime recorded {} {:?} ({})",
+            exit.code, exit.reason, truth.action
+        ))),
+        Some(code) => check_reason(truth, exit, code, told, report),
+    }
+}
+
+/// Holds a death's reason against the one CRI showed last (empty: told by an older plegd, or
+/// by a listing without one). One that differs when told is counted; the last a consumer
+/// was told (a ContainerChanged's correction, else the death's) is wrong unless it is CRI's
+/// last word, its first, or another containerd's rule gives the code (an OOM kill plegd saw
+/// and CRI never recorded, or one CRI recorded and plegd never learned of: across a restart
+/// of plegd, a ring buffer overflow).
+fn check_reason(truth: &Truth, exit: &Exit, code: i32, told: Told<'_>, report: &mut Report) {
+    let last = truth.later_reason.as_deref().unwrap_or(&exit.reason);
+    if told.reason.is_empty() || told.reason == last {
+        return;
+    }
+    let finally = told.corrected.unwrap_or(told.reason);
+    let finding = Finding {
+        container_id: truth.container_id.clone(),
+        transition: Some(Transition::Died),
+        detail: format!(
+            "exit {code} {:?}{}, CRI showed {:?} then {last:?} ({})",
+            told.reason,
+            told.corrected
+                .map(|c| format!(" corrected to {c:?}"))
+                .unwrap_or_default(),
+            exit.reason,
+            truth.action
+        ),
+    };
+    report.reasons_corrected += usize::from(told.corrected.is_some());
+    let by_rule =
+        finally == "OOMKilled" || finally == if code == 0 { "Completed" } else { "Error" };
+    if finally == last || finally == exit.reason || by_rule {
+        report.reasons_differing.push(finding);
+    } else {
+        report.mismatched.push(finding);
     }
 }
 
@@ -766,6 +866,7 @@ mod tests {
                 code,
                 reason: reason.to_owned(),
             }),
+            later_reason: None,
             removed: true,
             timing: Timing {
                 created: Some(at(0)),
@@ -905,7 +1006,8 @@ mod tests {
         // Confirmed by the task service: the code, no reason yet.
         list.extend(lifecycle("task", 137, ""));
         list.extend(lifecycle("code", 143, "Error"));
-        list.extend(lifecycle("reason", 137, "Error"));
+        // No rule gives a code of 137 "Completed".
+        list.extend(lifecycle("reason", 137, "Completed"));
         let report = check(&truths, &events(&list), WINDOW);
         assert_eq!(
             transitions(&report.mismatched),
@@ -915,6 +1017,53 @@ mod tests {
             ]
         );
         assert!(report.lost.is_empty());
+    }
+
+    /// containerd's CRI plugin may show a death's "Error" first and its "OOMKilled" a moment
+    /// later (it handles the OOM event apart): the last word is the one, the first a
+    /// correction; an OOM kill CRI never recorded too; a reason neither CRI nor containerd's
+    /// rule gives the code is wrong.
+    #[test]
+    fn a_deaths_reason_is_cris_last_word() {
+        let later = |mut t: Truth, reason: &str| {
+            t.later_reason = Some(reason.to_owned());
+            t
+        };
+        let unrecorded = truth("unrecorded", 137, "Error", 3000, 5000);
+        let truths = [
+            later(truth("late-oom", 137, "Error", 3000, 5000), "OOMKilled"),
+            later(truth("first-word", 137, "Error", 3000, 5000), "OOMKilled"),
+            unrecorded,
+            later(truth("never", 137, "Error", 3000, 5000), "Error"),
+            later(truth("corrected", 137, "Error", 3000, 5000), "OOMKilled"),
+            later(truth("miscorrected", 137, "Error", 3000, 5000), "OOMKilled"),
+        ];
+        let mut list = lifecycle("late-oom", 137, "OOMKilled");
+        list.extend(lifecycle("first-word", 137, "Error"));
+        list.extend(lifecycle("unrecorded", 137, "OOMKilled"));
+        list.extend(lifecycle("never", 137, "Completed"));
+        list.extend(lifecycle("corrected", 137, "Error"));
+        list.push(("corrected", "ContainerChanged", Some(137), "OOMKilled"));
+        list.extend(lifecycle("miscorrected", 137, "Error"));
+        list.push(("miscorrected", "ContainerChanged", Some(137), "Completed"));
+        let report = check(&truths, &events(&list), WINDOW);
+        assert_eq!(
+            transitions(&report.reasons_differing),
+            [
+                ("first-word", Some(Transition::Died)),
+                ("unrecorded", Some(Transition::Died)),
+                ("corrected", Some(Transition::Died))
+            ]
+        );
+        assert_eq!(report.reasons_corrected, 2);
+        assert_eq!(
+            transitions(&report.mismatched),
+            [
+                ("never", Some(Transition::Died)),
+                ("miscorrected", Some(Transition::Died))
+            ]
+        );
+        assert!(!report.is_clean());
     }
 
     #[test]
@@ -1041,6 +1190,12 @@ mod tests {
         assert_eq!(mismatched(polled(1800, 5000)), 0);
         assert_eq!(mismatched(polled(0, 900)), 1, "before the exit");
         assert_eq!(mismatched(polled(2100, 5000)), 1, "after the removal");
+        // Ended in the span (plegd down), shown exited by CRI after it.
+        let mut late = truths[0].clone();
+        late.timing.exit_shown = Some(at(1000));
+        late.timing.finished = Some(at(700));
+        let report = check(&[late], &events(&list), polled(500, 800));
+        assert!(report.mismatched.is_empty(), "{report}");
         let report = check(&truths, &events(&list), polled(1800, 5000));
         assert_eq!(
             transitions(&report.folded),

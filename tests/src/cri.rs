@@ -138,6 +138,14 @@ impl ContainerSpec {
         }
     }
 
+    /// A 32 MiB container whose init is the process the OOM killer kills.
+    pub fn oom_init(name: &str) -> Self {
+        Self {
+            memory_limit: Some(32 << 20),
+            ..Self::shell(name, "exec dd if=/dev/zero of=/dev/null bs=200M count=1")
+        }
+    }
+
     /// Its init execs itself `execs` times (each exec of a container's init is a kernel event
     /// plegd's eBPF probes report), then sleeps.
     pub fn exec_storm(name: &str, execs: u32) -> Self {

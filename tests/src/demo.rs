@@ -102,8 +102,10 @@ pub async fn run(plegd: &Path, pause: Duration) -> anyhow::Result<()> {
         .await?;
     tokio::time::sleep(pause).await;
 
-    say("container hog allocates past its 32 MiB limit: ContainerDied, OOMKilled");
-    let hog = cri.run_container(&pod, &ContainerSpec::oom("hog")).await?;
+    say("container hog's init allocates past its 32 MiB limit: ContainerDied, OOMKilled");
+    let hog = cri
+        .run_container(&pod, &ContainerSpec::oom_init("hog"))
+        .await?;
     cri.wait_state(&hog, ContainerState::ContainerExited, STEP_TIMEOUT)
         .await?;
     tokio::time::sleep(pause).await;

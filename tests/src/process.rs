@@ -151,6 +151,17 @@ pub fn which(binary: &str) -> Option<std::path::PathBuf> {
         })
 }
 
+/// `promtool`: the one `cargo xtask setup` unpacks under `.xtask/prometheus` (xtask's
+/// `PROMTOOL`), else one in PATH.
+pub fn promtool() -> Option<std::path::PathBuf> {
+    let unpacked = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.xtask/prometheus/usr/bin/promtool");
+    if unpacked.is_file() {
+        return Some(unpacked);
+    }
+    which("promtool")
+}
+
 /// Processes whose argument list contains `needle` as consecutive arguments.
 pub fn find_by_args(needle: &[&str]) -> Vec<i32> {
     let Ok(entries) = fs::read_dir("/proc") else {

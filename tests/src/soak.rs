@@ -492,8 +492,15 @@ impl Injection<'_> {
                 });
             }
         }
+        let up = SystemTime::now();
+        let polled = matches!(fault, Fault::PlegdKill | Fault::PlegdTerm).then_some(Polled {
+            from: down,
+            to: up,
+            window: POLLING_PERIOD + RELIST_MARGIN,
+        });
         Ok(Injected {
-            outage: Some((down, SystemTime::now())),
+            outage: Some((down, up)),
+            polled,
             ..Injected::default()
         })
     }
@@ -783,6 +790,8 @@ pub(crate) async fn lifecycle(
     let status = exited(cri, &id).await?;
     let exit_shown = SystemTime::now();
     tokio::time::sleep(draw.lingers).await;
+    // CRI's reason once more: containerd handles an OOM kill's event apart from the exit.
+    let later_reason = cri.container_status(&id).await.ok().map(|s| s.reason);
     let removed = SystemTime::now();
     match &own_pod {
         Some(pod) => cri.remove_pod(pod).await?,
@@ -801,6 +810,7 @@ pub(crate) async fn lifecycle(
             code: status.exit_code,
             reason: status.reason.clone(),
         }),
+        later_reason,
         removed: true,
         timing: Timing {
             created: Some(created),

@@ -1,7 +1,7 @@
 //! The files under deploy/ are read the way their consumers read them, so a typo fails here:
 //! the systemd unit by `systemd-analyze verify`, the example config by `Config::load`, the
 //! Kubernetes manifests by the API's own types (k8s-openapi), the alerts against the metrics
-//! plegd really exports.
+//! plegd really exports and by `promtool test rules` against the cases of alerts.test.yaml.
 
 use std::{
     collections::BTreeSet,
@@ -352,6 +352,8 @@ fn exported_series() -> BTreeSet<String> {
     }
     metrics.init_map_errors("seed", 1);
     metrics.set_snapshot(0, 0, &std::collections::BTreeMap::new());
+    metrics.container_started("default", "web", "app");
+    metrics.container_terminated("default", "web", "app", "OOMKilled");
     let text = metrics.encode();
     let mut series = BTreeSet::new();
     for line in text.lines() {
@@ -414,4 +416,36 @@ fn every_alert_names_metrics_plegd_exports() {
     ] {
         assert!(alerts.contains(wanted), "{wanted} missing");
     }
+}
+
+/// The alerts fire, and stay quiet, as alerts.test.yaml's cases say: `promtool test rules` on
+/// the rules of alerts.yaml's `spec.groups`.
+#[test]
+fn alerts_fire_as_their_cases_say() {
+    let promtool = plegd_tests::process::promtool()
+        .expect("promtool (`cargo xtask setup` unpacks it under .xtask/prometheus)");
+    let rule: serde_yaml::Value =
+        serde_yaml::from_str(&read(&deploy("kubernetes/alerts.yaml"))).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    let groups =
+        serde_yaml::Mapping::from_iter([("groups".into(), rule["spec"]["groups"].clone())]);
+    std::fs::write(&rules, serde_yaml::to_string(&groups).unwrap()).unwrap();
+    let mut cases: serde_yaml::Value =
+        serde_yaml::from_str(&read(&deploy("kubernetes/alerts.test.yaml"))).unwrap();
+    cases["rule_files"] = vec![serde_yaml::Value::from(rules.display().to_string())].into();
+    let test = dir.path().join("alerts.test.yaml");
+    std::fs::write(&test, serde_yaml::to_string(&cases).unwrap()).unwrap();
+    let output = Command::new(&promtool)
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "promtool test rules:\n{said}");
+    assert!(said.contains("SUCCESS"), "{said}");
 }

@@ -60,7 +60,7 @@ fn check_classic(text: &str) {
 
 /// `promtool check metrics` on `text`, if promtool is installed: (success, its output).
 async fn promtool(text: &str) -> Option<(bool, String)> {
-    let mut child = tokio::process::Command::new("promtool")
+    let mut child = tokio::process::Command::new(plegd_tests::process::promtool()?)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

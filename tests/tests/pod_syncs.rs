@@ -5,11 +5,7 @@
 
 mod support;
 
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use plegd::{
     api::Listeners,
@@ -22,13 +18,8 @@ use plegd::{
     },
 };
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
-use plegd_tests::{
-    Node,
-    cri::ContainerSpec,
-    process::{Terminating, plegd_binary},
-};
-use serde_json::Value;
-use support::{RunningPlegd, ServedApi, config};
+use plegd_tests::{Node, cri::ContainerSpec};
+use support::{RunningPlegd, ServedApi, WatchLines, config};
 use tokio_util::sync::CancellationToken;
 use tonic::{
     Streaming,
@@ -210,34 +201,8 @@ async fn plegd_watch_pod_syncs_prints_json_lines() {
     let mut syncs = sync_pods(&mut client, false).await;
     read_until(&mut syncs, "the pod cached", |s| s.pod_uid == pod.uid).await;
 
-    let mut child = Command::new(plegd_binary().unwrap())
-        .arg("watch")
-        .arg("--socket")
-        .arg(&api.socket)
-        .args(["--pod-syncs", "--initial", "--output", "json"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _watcher = Terminating(child);
-    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut next = async || -> Value {
-        let line = tokio::time::timeout(DEADLINE, lines.recv())
-            .await
-            .expect("a line in time")
-            .expect("plegd watch alive");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
-    };
-    let first = next().await;
+    let mut lines = WatchLines::spawn(&api.socket, &["--pod-syncs", "--initial"]);
+    let first = lines.next(DEADLINE).await;
     assert_eq!(first["reason"], "resync", "{first}");
     assert_eq!(first["pod_uid"].as_str(), Some(pod.uid.as_str()));
     assert_eq!(
@@ -247,12 +212,9 @@ async fn plegd_watch_pod_syncs_prints_json_lines() {
     assert_eq!(first["status"]["containers"][0]["sandbox"], true);
 
     cri.remove_pod(&pod).await.unwrap();
-    let removed = loop {
-        let line = next().await;
-        if line["reason"] == "removed" {
-            break line;
-        }
-    };
+    let removed = lines
+        .until(DEADLINE, |line| line["reason"] == "removed")
+        .await;
     assert_eq!(removed["pod_name"], "listed");
     assert!(removed["status"].is_null(), "{removed}");
     assert!(removed["sequence"].as_u64() > Some(0), "{removed}");

@@ -72,8 +72,8 @@ pub const BUILD_PACKAGES: &[&str] = &[
 /// its stubs; grpc-tools for the well-known .protos; python3-venv for the venv it installs
 /// PyPI's current grpcio into); `systemd` for `systemd-analyze verify` of
 /// deploy/systemd/plegd.service (tests/tests/deploy.rs; the package installs without being PID
-/// 1). `prometheus` (for `promtool check metrics`) is left out: 19 MB that install and enable a
-/// Prometheus server; the metrics format test runs promtool only where it is installed.
+/// 1). `prometheus` is not installed (it would install and enable a Prometheus server): its
+/// `promtool` is unpacked under `.xtask/` instead ([`PROMTOOL`]).
 pub const TEST_PACKAGES: &[&str] = &[
     "systemd",
     "python3-grpcio",
@@ -95,6 +95,14 @@ pub const VM_APT_PACKAGES: &[&str] = &[
 
 /// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
 pub const VIRTME_NG_VERSION: &str = "1.42";
+
+/// Where Debian's `prometheus` package is unpacked, relative to the workspace root (ignored by
+/// git), for its `promtool` (`promtool test rules` of deploy/kubernetes/alerts.yaml, `promtool
+/// check metrics`): nothing of it is installed or runs as a service.
+pub const PROMETHEUS_DIR: &str = ".xtask/prometheus";
+
+/// The unpacked `promtool`, relative to the workspace root.
+pub const PROMTOOL: &str = ".xtask/prometheus/usr/bin/promtool";
 
 /// The venv holding virtme-ng, relative to the workspace root (ignored by git).
 const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
@@ -371,6 +379,9 @@ fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<
     }
     if extras.buf {
         buf_cli(opts, &mut summary)?;
+    }
+    if extras.test_packages {
+        promtool(opts, &mut summary)?;
     }
     let vm = if series.is_empty() {
         None
@@ -1222,6 +1233,55 @@ fn buf_cli(opts: &Options, summary: &mut Summary) -> Result<()> {
         );
     }
     summary.add(STEP, State::Installed, detail);
+    Ok(())
+}
+
+/// `promtool`, unpacked from Debian's `prometheus` package (the system's apt sources) under
+/// [`PROMETHEUS_DIR`].
+fn promtool(opts: &Options, summary: &mut Summary) -> Result<()> {
+    const STEP: &str = "promtool";
+    let root = workspace::root();
+    let program = root.join(PROMTOOL);
+    if is_executable(&program) {
+        let version = program_version(&program).unwrap_or_default();
+        say(STEP, format!("already unpacked: {version}"));
+        summary.add(STEP, State::Present, program.display().to_string());
+        return Ok(());
+    }
+    if opts.check {
+        say(STEP, format!("missing: {}", program.display()));
+        summary.add(STEP, State::Missing, program.display().to_string());
+        return Ok(());
+    }
+    say(
+        STEP,
+        format!("unpacking Debian's prometheus package into {PROMETHEUS_DIR} (nothing installed)"),
+    );
+    let debs = tempfile::tempdir().context("a directory for the download")?;
+    let download = || {
+        stream(
+            Command::new("apt-get")
+                .args(["-q", "download", "prometheus"])
+                .current_dir(debs.path()),
+        )
+    };
+    // The package lists may be missing on a machine whose packages were all there already.
+    if download().is_err() {
+        apt_update()?;
+        download().context("downloading Debian's prometheus package")?;
+    }
+    let deb = std::fs::read_dir(debs.path())?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    let target = root.join(PROMETHEUS_DIR);
+    let _ = std::fs::remove_dir_all(&target);
+    capture(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&target))?;
+    let version =
+        program_version(&program).with_context(|| format!("{} does not run", program.display()))?;
+    say(STEP, format!("unpacked {version}"));
+    summary.add(STEP, State::Installed, program.display().to_string());
     Ok(())
 }
 

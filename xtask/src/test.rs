@@ -180,12 +180,14 @@ const NODE_CHURN: usize = 12;
 const MATRIX_RELEASES: &[&str] = &["1.7", "2.1"];
 
 /// The suites run on them: the runtime's event streams (containerd's and CRI's), the eBPF
-/// path, the parts that differ between releases, and plegd beside other subscribers of those
-/// streams (whose sharing differs between releases too).
+/// path, the parts that differ between releases (the reasons their CRI stores show), and plegd
+/// beside other subscribers of those streams (whose sharing differs between releases too).
 const MATRIX_SUITES: &[&str] = &[
     "cri_events",
     "event_sources",
     "ebpf_events",
+    "event_json",
+    "exit_reasons",
     "good_neighbour",
 ];
 

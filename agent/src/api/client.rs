@@ -5,6 +5,7 @@
 //! the pods, and follows from that listing on.
 
 use std::{
+    collections::BTreeMap,
     io::Write,
     path::{Path, PathBuf},
     time::{Duration, SystemTime},
@@ -337,6 +338,18 @@ pub struct WatchLine {
     pub sources: Vec<String>,
     pub exit_code: Option<i32>,
     pub reason: String,
+    /// Which of the runtime's stores confirmed the state: "task" or "cri".
+    pub confirmed_by: Option<&'static str>,
+    /// The signal that ended the container's init, on a death (`null`: none known).
+    pub signal: Option<i32>,
+    pub image: String,
+    pub attempt: u32,
+    /// Who the container is on the host (`null`: not known).
+    pub cgroup_id: Option<u64>,
+    pub cgroup_path: Option<String>,
+    pub init_pid: Option<u32>,
+    pub pod_labels: BTreeMap<String, String>,
+    pub pod_annotations: BTreeMap<String, String>,
     pub observations: Vec<String>,
 }
 
@@ -344,6 +357,7 @@ impl WatchLine {
     pub fn new(event: &pb::Event) -> Self {
         let observed = from_timestamp(event.observed_at.as_ref());
         let emitted = from_timestamp(event.emitted_at.as_ref());
+        let host = event.host.as_ref();
         Self {
             sequence: event.sequence,
             run_id: format!("{:x}", event.run_id),
@@ -359,6 +373,17 @@ impl WatchLine {
             sources: event.sources().map(|s| source_name(s).to_owned()).collect(),
             exit_code: event.exit_code,
             reason: event.reason.clone(),
+            confirmed_by: store_from_pb(event.confirmed_by()).map(Store::name),
+            signal: Some(event.signal).filter(|signal| *signal != 0),
+            image: event.image.clone(),
+            attempt: event.attempt,
+            cgroup_id: host.map(|h| h.cgroup_id).filter(|id| *id != 0),
+            cgroup_path: host
+                .map(|h| h.cgroup_path.clone())
+                .filter(|path| !path.is_empty()),
+            init_pid: host.map(|h| h.init_pid).filter(|pid| *pid != 0),
+            pod_labels: event.pod_labels.clone().into_iter().collect(),
+            pod_annotations: event.pod_annotations.clone().into_iter().collect(),
             observations: event.observations.iter().map(observation_text).collect(),
         }
     }
@@ -715,6 +740,8 @@ mod tests {
                 uid: "u".into(),
                 namespace: "default".into(),
                 name: "web".into(),
+                labels: Default::default(),
+                annotations: Default::default(),
                 containers: vec![
                     container("", true, pb::ContainerState::Running),
                     pb::ContainerStatus {

@@ -1,16 +1,16 @@
 //! plegd's domain types to `plegd.v1` messages, and back: written once, used wherever a
 //! message is made or read (the API's watchers, the saved run's history, `plegd watch`).
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use plegd_proto::v1 as pb;
 use prost_types::Timestamp;
 
 use crate::{
     pleg::{
-        CachedPod, ContainerId, ContainerRecord, ContainerState, HealthError, Notice, NoticeKind,
-        Observation, ObservationKind, PodCache, PodLifecycleEvent, PodLifecycleEventType,
-        PodRecord, PodSync, PodUid, Store, SyncReason, TriggerSource,
+        CachedPod, ContainerId, ContainerRecord, ContainerState, HealthError, HostIdentity, Notice,
+        NoticeKind, Observation, ObservationKind, PodCache, PodLifecycleEvent,
+        PodLifecycleEventType, PodRecord, PodSync, PodUid, Store, SyncReason, TriggerSource,
     },
     sources::status::{SourceState, SourceStatus},
 };
@@ -48,6 +48,30 @@ pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
         exit_code: event.exit_code,
         reason: event.reason.clone(),
         confirmed_by: event.confirmed_by.map_or(pb::Layer::Unspecified, layer) as i32,
+        signal: event.signal.unwrap_or(0),
+        image: event.image.clone(),
+        attempt: event.attempt,
+        host: event.host.as_deref().map(host),
+        pod_labels: event.pod_labels.clone().into_iter().collect(),
+        pod_annotations: event.pod_annotations.clone().into_iter().collect(),
+    }
+}
+
+/// Who a container is on the host, as served.
+pub fn host(host: &HostIdentity) -> pb::HostIdentity {
+    pb::HostIdentity {
+        cgroup_id: host.cgroup_id.unwrap_or(0),
+        cgroup_path: host.cgroup_path.clone().unwrap_or_default(),
+        init_pid: host.init_pid.unwrap_or(0),
+    }
+}
+
+/// Who a container is on the host, back from a message (0 and empty: not known).
+fn host_from_pb(host: &pb::HostIdentity) -> HostIdentity {
+    HostIdentity {
+        cgroup_id: Some(host.cgroup_id).filter(|id| *id != 0),
+        cgroup_path: Some(host.cgroup_path.clone()).filter(|path| !path.is_empty()),
+        init_pid: Some(host.init_pid).filter(|pid| *pid != 0),
     }
 }
 
@@ -74,6 +98,12 @@ pub fn event_from_pb(message: &pb::Event) -> Result<PodLifecycleEvent, NotAnEven
         exit_code: message.exit_code,
         reason: message.reason.clone(),
         confirmed_by: store_from_pb(message.confirmed_by()),
+        signal: Some(message.signal).filter(|signal| *signal != 0),
+        image: message.image.clone(),
+        attempt: message.attempt,
+        host: message.host.as_ref().map(|h| Arc::new(host_from_pb(h))),
+        pod_labels: message.pod_labels.clone().into_iter().collect(),
+        pod_annotations: message.pod_annotations.clone().into_iter().collect(),
     })
 }
 
@@ -172,7 +202,9 @@ pub fn observation(o: &Observation) -> Option<pb::Observation> {
         ObservationKind::TaskStarted { .. } => Kind::TaskStarted(true),
         ObservationKind::TaskExited { code, .. } => Kind::ExitCode(*code),
         ObservationKind::Deleted => Kind::Deleted(true),
-        ObservationKind::Present | ObservationKind::TaskDeleted => return None,
+        ObservationKind::Present | ObservationKind::TaskDeleted | ObservationKind::Identity(_) => {
+            return None;
+        }
     };
     Some(pb::Observation {
         source: source(o.source) as i32,
@@ -193,6 +225,7 @@ pub fn observation_from_pb(o: &pb::Observation) -> Option<Observation> {
         Kind::CgroupRemoved(_) => ObservationKind::CgroupRemoved,
         Kind::TaskStarted(_) => ObservationKind::TaskStarted {
             at: SystemTime::UNIX_EPOCH,
+            pid: 0,
         },
         Kind::Deleted(_) => ObservationKind::Deleted,
     };
@@ -250,6 +283,8 @@ fn pod(record: &PodRecord, read_at: Option<SystemTime>) -> pb::PodStatus {
         name: record.name.clone(),
         containers: record.containers.values().map(container).collect(),
         timestamp: read_at.map(timestamp),
+        labels: record.labels.clone().into_iter().collect(),
+        annotations: record.annotations.clone().into_iter().collect(),
     }
 }
 
@@ -268,6 +303,8 @@ fn container(c: &ContainerRecord) -> pb::ContainerStatus {
         sandbox: c.sandbox,
         has_exit_code: c.exit_code.is_some(),
         confirmed_by: layer(c.confirmed_by) as i32,
+        host: c.host.as_deref().map(host),
+        oom_killed: c.oom_killed(),
     }
 }
 
@@ -383,6 +420,7 @@ mod tests {
             exit_code: Some(137),
             reason: "Error".into(),
             confirmed_by: Some(Store::Task),
+            ..crate::runtime::testing::event(3, "p")
         };
         let e = event(&domain, 9);
         assert_eq!(e.sequence, 3);
@@ -400,6 +438,19 @@ mod tests {
             [Some(pb::observation::Kind::OomKilled(true))]
         );
         assert_eq!(from_timestamp(e.observed_at.as_ref()), Some(at));
+        assert_eq!(
+            (e.signal, e.image.as_str()),
+            (9, "localhost/busybox:latest")
+        );
+        let host = e.host.clone().unwrap();
+        assert_eq!(
+            (host.cgroup_id, host.cgroup_path.as_str(), host.init_pid),
+            (4242, "/k8s.io/c1", 4243)
+        );
+        assert_eq!(e.pod_labels["app"], "p");
+        // And back: what a message carries of the event is the event.
+        let back = event_from_pb(&event(&crate::runtime::testing::event(3, "p"), 9)).unwrap();
+        assert_eq!(back, crate::runtime::testing::event(3, "p"));
         let unconfirmed = PodLifecycleEvent {
             confirmed_by: None,
             ..domain
@@ -423,6 +474,8 @@ mod tests {
                 crate::runtime::testing::exited(&id.0, "app", 137, "Error"),
             )]
             .into(),
+            labels: Default::default(),
+            annotations: Default::default(),
         };
         cache.set(
             record.uid.clone(),

@@ -616,6 +616,7 @@ fn refresh_snapshot(shared: &Shared) {
         live_pods,
         &containers,
     );
+    shared.forget_gone_pods();
 }
 
 #[cfg(test)]

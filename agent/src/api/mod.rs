@@ -30,3 +30,18 @@ pub struct Shared {
     pub sources: SourceRegistry,
     pub metrics: Metrics,
 }
+
+impl Shared {
+    /// Drops the per-container series of pods the cache has not held for a while
+    /// ([`crate::base::metrics::GONE_POD_SERIES_RETENTION`]).
+    pub fn forget_gone_pods(&self) {
+        let pods = self.pleg.cache().pods();
+        let live: std::collections::BTreeSet<(&str, &str)> = pods
+            .iter()
+            .filter_map(|(_, p)| p.record.as_ref())
+            .map(|record| (record.namespace.as_str(), record.name.as_str()))
+            .collect();
+        self.metrics
+            .forget_gone_pods(&live, std::time::Instant::now());
+    }
+}

@@ -220,7 +220,7 @@ pub async fn list_pods(shared: &Shared) -> Result<pb::ListPodsResponse, ListPods
     let _listing = shared.pleg.cache().listing();
     Ok(pb::ListPodsResponse {
         sequence: shared.pleg.events().last_sequence(),
-        pods: convert::pods(&shared.pleg.cache()),
+        pods: convert::pods(shared.pleg.cache()),
         run_id: shared.pleg.events().run_id(),
     })
 }

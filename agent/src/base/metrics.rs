@@ -15,7 +15,7 @@
 //! PromQL's `rate()` does not look at the type).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -88,6 +88,28 @@ struct StateLabel {
     state: &'static str,
 }
 
+/// Labels of `plegd_container_starts_total`: the container, by its pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ContainerLabels {
+    namespace: String,
+    pod: String,
+    container: String,
+}
+
+/// Labels of `plegd_container_terminations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct TerminationLabels {
+    namespace: String,
+    pod: String,
+    container: String,
+    reason: String,
+}
+
+/// How long a pod's per-container series stay once the pod is gone: long enough for every
+/// scraper to read the last counts (a few intervals), short enough that the series count stays
+/// bounded by what the node runs.
+pub const GONE_POD_SERIES_RETENTION: Duration = Duration::from_secs(5 * 60);
+
 /// A counter exposed under its exact name (no `_total`), as kubelet's Prometheus text does.
 #[derive(Clone, Debug, Default)]
 struct BareCounter(Arc<AtomicU64>);
@@ -120,6 +142,7 @@ struct Inner {
     syncs: Syncs,
     sources: Sources,
     gauges: Gauges,
+    containers: ContainerCounters,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -155,6 +178,23 @@ struct Sources {
     stream_reconnects: Family<SourceLabel, Counter>,
     silent_streams: Family<SourceLabel, Counter>,
     unconfirmed_hints: Family<SourceLabel, Counter>,
+}
+
+/// Each container's starts and terminations, exact: incremented once per event plegd emits.
+struct ContainerCounters {
+    starts: Family<ContainerLabels, Counter>,
+    terminations: Family<TerminationLabels, Counter>,
+    corrections: Counter,
+    /// Each pod's series, by (namespace, name), and since when the pod is gone.
+    series: Mutex<BTreeMap<(String, String), PodSeries>>,
+}
+
+/// The series of one pod.
+#[derive(Debug, Default)]
+struct PodSeries {
+    starts: BTreeSet<ContainerLabels>,
+    terminations: BTreeSet<TerminationLabels>,
+    gone_since: Option<Instant>,
 }
 
 /// Read at scrape time.
@@ -335,6 +375,40 @@ impl Gauges {
     }
 }
 
+impl ContainerCounters {
+    fn register(registry: &mut Registry) -> Self {
+        let starts = Family::<ContainerLabels, Counter>::default();
+        registry.register(
+            "plegd_container_starts",
+            "Container starts plegd emitted (ContainerStarted), by container; sandboxes not counted. Exact: one per event, whatever falls between two scrapes",
+            starts.clone(),
+        );
+        let terminations = Family::<TerminationLabels, Counter>::default();
+        registry.register(
+            "plegd_container_terminations",
+            "Container deaths plegd emitted (ContainerDied), by container and the reason on the event (OOMKilled, Completed, Error, ...); sandboxes not counted. Exact: one per event",
+            terminations.clone(),
+        );
+        let corrections = Counter::default();
+        registry.register(
+            "plegd_reason_corrections",
+            "Deaths whose reason the CRI store, catching up, showed other than the one their event told (the pod's status takes the store's)",
+            corrections.clone(),
+        );
+        Self {
+            starts,
+            terminations,
+            corrections,
+            series: Mutex::default(),
+        }
+    }
+
+    fn series(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), PodSeries>> {
+        // Sets updated in single statements: a poisoned lock is still consistent.
+        self.series.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -365,6 +439,7 @@ impl Metrics {
                 syncs: Syncs::register(&mut registry),
                 sources: Sources::register(&mut registry),
                 gauges: Gauges::register(&mut registry),
+                containers: ContainerCounters::register(&mut registry),
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
@@ -506,6 +581,82 @@ impl Metrics {
             .stream_reconnects
             .get_or_create(&SourceLabel { source })
             .inc();
+    }
+
+    /// A container of pod `namespace`/`pod` started. Its terminations by OOM kill and by
+    /// error are made too, at 0: an alert on their `increase()` sees the first one (a series
+    /// that appears at 1 shows no increase).
+    pub fn container_started(&self, namespace: &str, pod: &str, container: &str) {
+        let labels = ContainerLabels {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            container: container.to_owned(),
+        };
+        let counters = &self.inner.containers;
+        counters.starts.get_or_create(&labels).inc();
+        let mut series = counters.series();
+        let of_pod = series
+            .entry((labels.namespace.clone(), labels.pod.clone()))
+            .or_default();
+        of_pod.gone_since = None;
+        for reason in ["OOMKilled", "Error"] {
+            let termination = TerminationLabels {
+                namespace: labels.namespace.clone(),
+                pod: labels.pod.clone(),
+                container: labels.container.clone(),
+                reason: reason.to_owned(),
+            };
+            let _made = counters.terminations.get_or_create(&termination);
+            of_pod.terminations.insert(termination);
+        }
+        of_pod.starts.insert(labels);
+    }
+
+    /// A container of pod `namespace`/`pod` died, for `reason`.
+    pub fn container_terminated(&self, namespace: &str, pod: &str, container: &str, reason: &str) {
+        let labels = TerminationLabels {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            container: container.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let counters = &self.inner.containers;
+        counters.terminations.get_or_create(&labels).inc();
+        let mut series = counters.series();
+        let of_pod = series
+            .entry((labels.namespace.clone(), labels.pod.clone()))
+            .or_default();
+        of_pod.gone_since = None;
+        of_pod.terminations.insert(labels);
+    }
+
+    /// The CRI store showed a death's reason other than the one its event told.
+    pub fn reason_corrected(&self) {
+        self.inner.containers.corrections.inc();
+    }
+
+    /// Drops the per-container series of pods gone from `live` (by namespace and name) for
+    /// [`GONE_POD_SERIES_RETENTION`] by `now`; notes since when the others are gone.
+    pub fn forget_gone_pods(&self, live: &BTreeSet<(&str, &str)>, now: Instant) {
+        let counters = &self.inner.containers;
+        let mut series = counters.series();
+        series.retain(|(namespace, name), of_pod| {
+            if live.contains(&(namespace.as_str(), name.as_str())) {
+                of_pod.gone_since = None;
+                return true;
+            }
+            let since = *of_pod.gone_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < GONE_POD_SERIES_RETENTION {
+                return true;
+            }
+            for labels in &of_pod.starts {
+                counters.starts.remove(labels);
+            }
+            for labels in &of_pod.terminations {
+                counters.terminations.remove(labels);
+            }
+            false
+        });
     }
 
     /// Sets the gauges read at scrape time: watchers, pods, containers by state.
@@ -785,5 +936,53 @@ mod tests {
         for (accept, expected) in cases {
             assert_eq!(Format::negotiate(accept), expected, "{accept:?}");
         }
+    }
+
+    /// Every start and death counts once, whatever falls between two scrapes; a pod's series go
+    /// a while after the pod, not before.
+    #[test]
+    fn container_counters_are_exact_and_forgotten_after_their_pod() {
+        let metrics = Metrics::new();
+        for _ in 0..3 {
+            metrics.container_started("ns", "web", "app");
+            metrics.container_terminated("ns", "web", "app", "OOMKilled");
+        }
+        metrics.container_terminated("ns", "web", "app", "Completed");
+        metrics.container_started("ns", "db", "pg");
+        let text = metrics.encode();
+        let series = |name: &str, labels: &str| format!("{name}_total{{{labels}}}");
+        let web = r#"namespace="ns",pod="web",container="app""#;
+        assert_eq!(value(&text, &series("plegd_container_starts", web)), 3.0);
+        let oom = format!(r#"{web},reason="OOMKilled""#);
+        assert_eq!(
+            value(&text, &series("plegd_container_terminations", &oom)),
+            3.0
+        );
+        let completed = format!(r#"{web},reason="Completed""#);
+        assert_eq!(
+            value(&text, &series("plegd_container_terminations", &completed)),
+            1.0
+        );
+        // Made at the start, at 0: the first error is an increase.
+        let error = format!(r#"{web},reason="Error""#);
+        assert_eq!(
+            value(&text, &series("plegd_container_terminations", &error)),
+            0.0
+        );
+
+        // web is gone, db lives on.
+        let t0 = Instant::now();
+        let live = BTreeSet::from([("ns", "db")]);
+        metrics.forget_gone_pods(&live, t0);
+        metrics.forget_gone_pods(&live, t0 + GONE_POD_SERIES_RETENTION / 2);
+        assert!(
+            metrics
+                .encode()
+                .contains(&series("plegd_container_starts", web))
+        );
+        metrics.forget_gone_pods(&live, t0 + GONE_POD_SERIES_RETENTION);
+        let text = metrics.encode();
+        assert!(!text.contains(r#"pod="web""#), "{text}");
+        assert!(text.contains(r#"pod="db""#), "{text}");
     }
 }

@@ -32,7 +32,7 @@ use crate::{
         DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_INSPECT_CONCURRENCY, DEFAULT_RELIST_PERIOD,
         DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Store,
     },
-    runtime::{DEFAULT_CALL_TIMEOUT, RuntimeKind},
+    runtime::{DEFAULT_CALL_TIMEOUT, Keys, PodMetadata, RuntimeKind},
 };
 
 /// The values of `--confirm`: each store, and what confirming there means.
@@ -161,6 +161,27 @@ pub struct RunArgs {
     )]
     pub namespaces: Option<Vec<String>>,
 
+    /// Pod labels to carry on events and pod statuses, comma separated; `*` for all. They
+    /// come with the runtime's listing of the pod's sandbox (no call more per event).
+    /// [default: none]
+    #[arg(
+        long,
+        env = "PLEGD_POD_LABELS",
+        value_delimiter = ',',
+        value_name = "KEY,..."
+    )]
+    pub pod_labels: Option<Vec<String>>,
+
+    /// Pod annotations to carry on events and pod statuses, comma separated; `*` for all
+    /// (`--runtime cri` only: containerd's own API does not show them). [default: none]
+    #[arg(
+        long,
+        env = "PLEGD_POD_ANNOTATIONS",
+        value_delimiter = ',',
+        value_name = "KEY,..."
+    )]
+    pub pod_annotations: Option<Vec<String>>,
+
     /// Period of the full relist.
     #[arg(
         long,
@@ -276,7 +297,8 @@ pub struct RunArgs {
     pub inspect_concurrency: Option<usize>,
 
     /// Also emit ContainerChanged (a container became unknown or created), which kubelet
-    /// computes but does not send.
+    /// computes but does not send. A death's reason corrected by the CRI store is sent as a
+    /// ContainerChanged either way.
     #[arg(
         long,
         env = "PLEGD_EMIT_CHANGED",
@@ -288,9 +310,10 @@ pub struct RunArgs {
     pub emit_changed: Option<bool>,
 
     /// Which of the runtime's stores confirms a start or an exit: `task` sends ContainerDied
-    /// as soon as containerd's task service recorded the exit, with its code and time (CRI's
-    /// reason follows in the cache, with no second event); `cri` waits until the CRI store
-    /// shows it, for consumers that read CRI right after each event.
+    /// as soon as containerd's task service recorded the exit, with its code, time and the
+    /// reason CRI will show (by containerd's rule; should CRI show another, a
+    /// ContainerChanged says so); `cri` waits until the CRI store shows it, for consumers
+    /// that read CRI right after each event.
     #[arg(
         long,
         env = "PLEGD_CONFIRM",
@@ -448,6 +471,8 @@ pub struct Config {
     /// `None`: detect from the well-known sockets.
     pub runtime_endpoint: Option<String>,
     pub namespaces: Vec<String>,
+    /// Which of a pod's labels and annotations its records and events carry.
+    pub pod_metadata: PodMetadata,
     pub relist_period: Duration,
     pub slow_relist_period: Duration,
     /// Enabled push sources (never [`SourceName::Relist`], which always runs): what was asked
@@ -567,6 +592,12 @@ impl Config {
             runtime: first(a.runtime, f.runtime, d.runtime),
             runtime_endpoint: a.runtime_endpoint.or(f.runtime_endpoint),
             namespaces: first(a.namespaces, f.namespaces, d.namespaces),
+            pod_metadata: PodMetadata {
+                labels: Keys::from_list(&a.pod_labels.or(f.pod_labels).unwrap_or_default()),
+                annotations: Keys::from_list(
+                    &a.pod_annotations.or(f.pod_annotations).unwrap_or_default(),
+                ),
+            },
             relist_period: first(a.relist_period, f.relist_period, d.relist_period),
             slow_relist_period: first(
                 a.slow_relist_period,

@@ -66,6 +66,7 @@ pub async fn connect(
     let options = RuntimeOptions {
         call_timeout: config.runtime_timeout,
         namespaces: config.namespaces.clone(),
+        pod_metadata: config.pod_metadata.clone(),
         ..RuntimeOptions::default()
     };
     let mut backoff = Backoff::new(Exponential::doubling(

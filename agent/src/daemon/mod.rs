@@ -35,6 +35,10 @@ use crate::{
     sources::status::SourceRegistry,
 };
 
+/// How often the per-container series of gone pods are dropped, beside each scrape: on a
+/// node nobody scrapes they stay bounded too.
+const SERIES_HOUSEKEEPING: Duration = Duration::from_secs(60);
+
 /// How long stdout may take, at shutdown, to take the events not yet written; a reader that
 /// stopped reading is abandoned after it (like a watcher that stopped reading).
 const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
@@ -52,6 +56,8 @@ pub struct Daemon {
     stdout: AbortOnDropHandle<std::io::Result<()>>,
     /// Tells systemd once the first full relist filled the cache.
     ready: AbortOnDropHandle<()>,
+    /// Drops the metric series of pods gone ([`SERIES_HOUSEKEEPING`]).
+    series: AbortOnDropHandle<()>,
     config: Config,
     /// What the saved records are read from.
     runtime_id: String,
@@ -79,7 +85,7 @@ impl Daemon {
         let (pleg, running) = Pleg::start(
             runtime,
             handler,
-            options(config),
+            options(config, &push),
             resume,
             new_run_id(),
             &metrics,
@@ -117,18 +123,21 @@ impl Daemon {
         // systemd (`Type=notify`) starts the units ordered after plegd once the cache holds
         // the node's pods; a no-op without $NOTIFY_SOCKET.
         let ready = tokio::spawn(notify::ready_after_first_relist(pleg.health().clone()));
+        let shared = Shared {
+            pleg: pleg.clone(),
+            sources: registry,
+            metrics,
+        };
+        let series = tokio::spawn(forget_gone_pods(shared.clone()));
         Self {
-            shared: Shared {
-                pleg: pleg.clone(),
-                sources: registry,
-                metrics,
-            },
+            shared,
             pleg,
             running,
             sources,
             stop_sources,
             stdout: AbortOnDropHandle::new(stdout),
             ready: AbortOnDropHandle::new(ready),
+            series: AbortOnDropHandle::new(series),
             config: config.clone(),
             runtime_id,
         }
@@ -150,6 +159,7 @@ impl Daemon {
         };
         shutdown.cancel();
         self.ready.abort();
+        self.series.abort();
         notify::send(notify::STOPPING);
         let saved = self.running.stop().await;
         let written = match stdout_failed {
@@ -176,6 +186,15 @@ impl Daemon {
     }
 }
 
+/// Drops the metric series of gone pods every [`SERIES_HOUSEKEEPING`], until aborted.
+async fn forget_gone_pods(shared: Shared) {
+    let mut tick = tokio::time::interval(SERIES_HOUSEKEEPING);
+    loop {
+        tick.tick().await;
+        shared.forget_gone_pods();
+    }
+}
+
 /// Waits for stdout to take the events not written yet, for [`STDOUT_DRAIN_GRACE`] at most.
 async fn drain(
     mut stdout: AbortOnDropHandle<std::io::Result<()>>,
@@ -192,13 +211,14 @@ async fn drain(
     }
 }
 
-/// The PLEG's settings in `config`.
-fn options(config: &Config) -> Options {
+/// The PLEG's settings in `config`, with `push` the push sources it will have.
+fn options(config: &Config, push: &PushSources) -> Options {
     Options {
         relist: RelistConfig {
             inspect_concurrency: config.inspect_concurrency,
             emit_changed: config.emit_changed,
             confirm: config.confirm,
+            oom_witness: push.oom_witness(config),
         },
         relist_period: config.relist_period,
         relist_threshold: config.relist_threshold,

@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 use crate::{
     base::metrics::Metrics,
     config::{Config, Mode, SourceName, fit},
-    pleg::{TriggerSender, TriggerSource},
+    pleg::{OomWitness, TriggerSender, TriggerSource},
     runtime::{CRI_NAMESPACE, RuntimeKind},
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
@@ -30,6 +30,16 @@ pub struct PushSources {
 }
 
 impl PushSources {
+    /// Whose word on an OOM kill decides a death's reason: containerd's, where its event
+    /// stream (`/tasks/oom`) will reach plegd, as its CRI store takes no other.
+    pub fn oom_witness(&self, config: &Config) -> OomWitness {
+        if self.runtime_socket.is_some() && config.source_enabled(SourceName::Containerd) {
+            OomWitness::Runtime
+        } else {
+            OomWitness::Any
+        }
+    }
+
     /// No push source: the periodic relist alone (a fake runtime, or an embedding of plegd's
     /// core that has no runtime socket).
     pub fn none() -> Self {

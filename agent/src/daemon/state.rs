@@ -325,6 +325,8 @@ mod tests {
             namespace: "default".into(),
             name: "web".into(),
             containers: Containers::from([(container.id.clone(), container)]),
+            labels: Default::default(),
+            annotations: Default::default(),
         };
         SavedRun {
             runtime: "Cri unix:///run/containerd/containerd.sock".into(),

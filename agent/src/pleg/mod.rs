@@ -83,11 +83,11 @@ pub use self::{
     model::{
         event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
         record::{
-            ContainerId, ContainerRecord, ContainerState, Containers, PodRecord, PodRecords,
-            PodUid, Store, TaskRecord, UnknownStore,
+            ContainerId, ContainerRecord, ContainerState, Containers, HostIdentity, OomWitness,
+            PodRecord, PodRecords, PodUid, Store, TaskRecord, UnknownStore, exit_reason,
         },
         runtime::{ContainerRead, Runtime, RuntimeError},
-        trigger::{Observation, ObservationKind, Scope, Trigger, TriggerSource},
+        trigger::{Identity, Observation, ObservationKind, Scope, Trigger, TriggerSource},
     },
     shared::{
         cache::{CachedPod, PodCache},

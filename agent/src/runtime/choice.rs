@@ -16,7 +16,7 @@ use crate::{
         ContainerId, ContainerRead, PodRecord, PodUid, Runtime, RuntimeError, Scope, TaskRecord,
     },
     runtime::{
-        CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, RuntimeVersion,
+        CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, PodMetadata, RuntimeVersion,
         containerd::{ConnectError, ContainerdRuntime},
         cri::CriRuntime,
     },
@@ -129,6 +129,8 @@ pub struct RuntimeOptions {
     pub namespaces: Vec<String>,
     /// Where the backend counts its calls ([`crate::base::metrics::Metrics::runtime_calls`]).
     pub calls: RuntimeCalls,
+    /// Which of a pod's labels and annotations its record keeps.
+    pub pod_metadata: PodMetadata,
 }
 
 impl Default for RuntimeOptions {
@@ -137,6 +139,7 @@ impl Default for RuntimeOptions {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             namespaces: vec![CRI_NAMESPACE.to_owned()],
             calls: RuntimeCalls::default(),
+            pod_metadata: PodMetadata::default(),
         }
     }
 }
@@ -156,18 +159,10 @@ impl AnyRuntime {
         options: RuntimeOptions,
     ) -> Result<Self, ConnectError> {
         Ok(match kind {
-            RuntimeKind::Cri => {
-                Self::Cri(CriRuntime::connect(socket, options.call_timeout, options.calls).await?)
+            RuntimeKind::Cri => Self::Cri(CriRuntime::connect(socket, &options).await?),
+            RuntimeKind::Containerd => {
+                Self::Containerd(ContainerdRuntime::connect(socket, &options).await?)
             }
-            RuntimeKind::Containerd => Self::Containerd(
-                ContainerdRuntime::connect(
-                    socket,
-                    &options.namespaces,
-                    options.call_timeout,
-                    options.calls,
-                )
-                .await?,
-            ),
         })
     }
 

@@ -13,10 +13,10 @@
 //! start time: `started_at` is always `None`.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use containerd_client::{
@@ -33,10 +33,10 @@ use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
         ContainerId, ContainerRecord, ContainerState, Containers, PodRecord, PodUid, Runtime,
-        RuntimeError, Scope, Store,
+        RuntimeError, Scope, Store, exit_reason,
     },
     runtime::{
-        RuntimeVersion,
+        Keys, RuntimeOptions, RuntimeVersion,
         cri::{CriRuntime, apply_status, container_state},
         labels::{
             CONTAINER_NAME_ANNOTATION, CONTAINER_NAME_LABEL, KIND_LABEL, POD_NAME_LABEL,
@@ -66,6 +66,9 @@ pub struct ContainerdRuntime {
     namespaces: Vec<Namespace>,
     /// The CRI plugin on the same socket, for CRI containers whose task it has deleted.
     cri: CriRuntime,
+    /// Which of a pod's labels its record keeps: the CRI plugin writes the pod's labels on its
+    /// sandbox container (its annotations it keeps to itself).
+    pod_labels: Keys,
     ran: Arc<RunMemory>,
 }
 
@@ -98,30 +101,31 @@ struct Entry {
 impl ContainerdRuntime {
     /// Connects to containerd's socket; reads `namespaces` (`k8s.io` if empty). Namespace
     /// names are checked before connecting.
-    pub async fn connect(
-        socket: &Path,
-        namespaces: &[impl AsRef<str>],
-        call_timeout: Duration,
-        calls: RuntimeCalls,
-    ) -> Result<Self, ConnectError> {
-        let mut namespaces = namespaces
+    pub async fn connect(socket: &Path, options: &RuntimeOptions) -> Result<Self, ConnectError> {
+        let mut namespaces = options
+            .namespaces
             .iter()
-            .map(|n| n.as_ref().parse())
+            .map(|n| n.parse())
             .collect::<Result<Vec<Namespace>, _>>()?;
         if namespaces.is_empty() {
             namespaces.push(Namespace::cri());
         }
-        let channel = connect_unix(socket, call_timeout).await?;
+        let channel = connect_unix(socket, options.call_timeout).await?;
         let caller = Caller {
             endpoint: endpoint_name(socket),
-            timeout: call_timeout,
-            calls,
+            timeout: options.call_timeout,
+            calls: options.calls.clone(),
         };
         Ok(Self {
-            cri: CriRuntime::from_channel(caller.clone(), channel.clone()),
+            cri: CriRuntime::from_channel(
+                caller.clone(),
+                channel.clone(),
+                options.pod_metadata.clone(),
+            ),
             caller,
             channel,
             namespaces,
+            pod_labels: options.pod_metadata.labels.clone(),
             ran: Arc::default(),
         })
     }
@@ -180,7 +184,14 @@ impl ContainerdRuntime {
         let tasks: HashMap<&str, &Process> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
         Ok(containers
             .iter()
-            .map(|c| entry(namespace.as_str(), c, tasks.get(c.id.as_str()).copied()))
+            .map(|c| {
+                entry(
+                    namespace.as_str(),
+                    c,
+                    tasks.get(c.id.as_str()).copied(),
+                    &self.pod_labels,
+                )
+            })
             .collect())
     }
 
@@ -192,7 +203,12 @@ impl ContainerdRuntime {
     ) -> Result<Vec<Entry>, RuntimeError> {
         try_join_all(containers.iter().map(|c| async move {
             let task = self.task(namespace, &c.id).await?;
-            Ok(entry(namespace.as_str(), c, task.as_ref()))
+            Ok(entry(
+                namespace.as_str(),
+                c,
+                task.as_ref(),
+                &self.pod_labels,
+            ))
         }))
         .await
     }
@@ -384,6 +400,8 @@ struct PodIdentity {
     uid: PodUid,
     namespace: String,
     name: String,
+    /// Those kept of the pod's labels, on its sandbox's entry.
+    labels: BTreeMap<String, String>,
 }
 
 /// Who a container is: its pod, its name and whether it is a sandbox.
@@ -428,6 +446,7 @@ fn identity(namespace: &str, container: &Container) -> Identity {
                 namespace: lookup(POD_NAMESPACE_LABEL, SANDBOX_NAMESPACE_ANNOTATION)
                     .unwrap_or_default(),
                 name: lookup(POD_NAME_LABEL, SANDBOX_NAME_ANNOTATION).unwrap_or_default(),
+                labels: BTreeMap::new(),
             },
             // Sandboxes have no container name, as in CRI.
             name: if sandbox {
@@ -443,6 +462,7 @@ fn identity(namespace: &str, container: &Container) -> Identity {
                 uid: PodUid(format!("{namespace}/{}", container.id)),
                 namespace: namespace.to_owned(),
                 name: container.id.clone(),
+                labels: BTreeMap::new(),
             },
             name: container.id.clone(),
             sandbox,
@@ -475,14 +495,12 @@ fn task_state(task: Option<&Process>) -> ContainerState {
     }
 }
 
-/// containerd cannot tell an OOM kill from another SIGKILL; the reason says only whether the
-/// exit was clean.
-fn exit_reason(exit_code: i32) -> &'static str {
-    if exit_code == 0 { "Completed" } else { "Error" }
-}
-
-fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entry {
-    let identity = identity(namespace, container);
+/// One container and its task; a sandbox's entry carries the pod's labels `kept`.
+fn entry(namespace: &str, container: &Container, task: Option<&Process>, kept: &Keys) -> Entry {
+    let mut identity = identity(namespace, container);
+    if identity.sandbox {
+        identity.pod.labels = kept.keep(&container.labels);
+    }
     let state = task_state(task);
     let exited = task.filter(|_| state == ContainerState::Exited);
     let exit_code = exited.and_then(|t| i32::try_from(t.exit_status).ok());
@@ -502,9 +520,16 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entr
         started_at: None,
         finished_at: exited.and_then(|t| time_from_timestamp(t.exited_at.as_ref())),
         exit_code,
-        reason: exit_code.map(exit_reason).unwrap_or_default().to_owned(),
+        // The task service cannot tell an OOM kill from another SIGKILL: the OOM the
+        // runtime recorded makes the reason when the record is merged.
+        reason: exit_code
+            .map(|code| exit_reason(code, false))
+            .unwrap_or_default()
+            .to_owned(),
         // Read from the task service itself (CRI's store only where the task is gone).
         confirmed_by: Store::Task,
+        oom_killed_by: BTreeSet::new(),
+        host: None,
     };
     Entry {
         namespace: namespace.to_owned(),
@@ -518,15 +543,18 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>) -> Entr
 fn assemble(entries: Vec<Entry>) -> Vec<PodRecord> {
     let mut pods: BTreeMap<PodUid, PodRecord> = BTreeMap::new();
     for Entry { pod, record, .. } in entries {
-        pods.entry(pod.uid.clone())
-            .or_insert_with(|| PodRecord {
-                uid: pod.uid,
-                namespace: pod.namespace,
-                name: pod.name,
-                containers: Containers::new(),
-            })
-            .containers
-            .insert(record.id.clone(), record);
+        let held = pods.entry(pod.uid.clone()).or_insert_with(|| PodRecord {
+            uid: pod.uid,
+            namespace: pod.namespace,
+            name: pod.name,
+            containers: Containers::new(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        });
+        if record.sandbox && !pod.labels.is_empty() {
+            held.labels = pod.labels;
+        }
+        held.containers.insert(record.id.clone(), record);
     }
     pods.into_values().collect()
 }
@@ -547,6 +575,8 @@ fn quote(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use prost_types::{Any, Timestamp};
 
     use super::*;
@@ -630,7 +660,8 @@ mod tests {
             PodIdentity {
                 uid: PodUid("uid-1".into()),
                 namespace: "prod".into(),
-                name: "web".into()
+                name: "web".into(),
+                labels: BTreeMap::new(),
             }
         );
         assert_eq!(id.name, "nginx");
@@ -683,7 +714,8 @@ mod tests {
             PodIdentity {
                 uid: PodUid("plegd-native/web".into()),
                 namespace: "plegd-native".into(),
-                name: "web".into()
+                name: "web".into(),
+                labels: BTreeMap::new(),
             }
         );
         assert_eq!(id.name, "web");
@@ -693,7 +725,7 @@ mod tests {
     #[test]
     fn stopped_tasks_give_exit_code_reason_and_time() {
         let c = container("c", &[], &[]);
-        let killed = entry("ns", &c, Some(&process(Status::Stopped, 137)));
+        let killed = entry("ns", &c, Some(&process(Status::Stopped, 137)), &Keys::None);
         assert_eq!(killed.record.state, ContainerState::Exited);
         assert_eq!(killed.record.exit_code, Some(137));
         assert_eq!(killed.record.reason, "Error");
@@ -705,9 +737,9 @@ mod tests {
             killed.record.created_at,
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(5))
         );
-        let clean = entry("ns", &c, Some(&process(Status::Stopped, 0)));
+        let clean = entry("ns", &c, Some(&process(Status::Stopped, 0)), &Keys::None);
         assert_eq!(clean.record.reason, "Completed");
-        let running = entry("ns", &c, Some(&process(Status::Running, 0)));
+        let running = entry("ns", &c, Some(&process(Status::Running, 0)), &Keys::None);
         assert_eq!(
             (running.record.exit_code, running.record.finished_at),
             (None, None)
@@ -721,6 +753,7 @@ mod tests {
             "k8s.io",
             &container("s", &[(KIND_LABEL, "sandbox")], &[]),
             None,
+            &Keys::None,
         );
         assert_eq!(sandbox.record.state, ContainerState::Exited);
         assert!(!sandbox.ask_cri);
@@ -728,9 +761,10 @@ mod tests {
             "k8s.io",
             &container("c", &[(KIND_LABEL, "container")], &[]),
             None,
+            &Keys::None,
         );
         assert!(c.ask_cri);
-        let native = entry("ns", &container("n", &[], &[]), None);
+        let native = entry("ns", &container("n", &[], &[]), None, &Keys::None);
         assert_eq!(native.record.state, ContainerState::Created);
         assert!(!native.ask_cri);
     }
@@ -742,7 +776,7 @@ mod tests {
         let running = process(Status::Running, 0);
         let stopped = process(Status::Stopped, 137);
         let state_after = |task: Option<&Process>, full: bool| {
-            let mut entries = vec![entry("ns", &solo, task)];
+            let mut entries = vec![entry("ns", &solo, task, &Keys::None)];
             memory.apply(&mut entries, full);
             entries.remove(0).record
         };
@@ -787,9 +821,24 @@ mod tests {
     fn entries_are_grouped_by_pod() {
         let labels = |uid: &'static str| [(POD_UID_LABEL, uid), (KIND_LABEL, "container")];
         let entries = vec![
-            entry("k8s.io", &container("a", &labels("p1"), &[]), None),
-            entry("k8s.io", &container("b", &labels("p1"), &[]), None),
-            entry("k8s.io", &container("c", &labels("p2"), &[]), None),
+            entry(
+                "k8s.io",
+                &container("a", &labels("p1"), &[]),
+                None,
+                &Keys::None,
+            ),
+            entry(
+                "k8s.io",
+                &container("b", &labels("p1"), &[]),
+                None,
+                &Keys::None,
+            ),
+            entry(
+                "k8s.io",
+                &container("c", &labels("p2"), &[]),
+                None,
+                &Keys::None,
+            ),
         ];
         let pods = assemble(entries);
         assert_eq!(pods.len(), 2);

@@ -6,7 +6,7 @@
 //! NOTREADY -> Exited).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::Path,
     time::{Duration, SystemTime},
 };
@@ -26,7 +26,7 @@ use crate::{
         Runtime, RuntimeError, Scope, Store, TaskRecord,
     },
     runtime::{
-        RuntimeVersion, known_status,
+        PodMetadata, RuntimeOptions, RuntimeVersion, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
         transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name, found},
@@ -41,30 +41,37 @@ pub struct CriRuntime {
     /// containerd's task service on the same socket, in the CRI plugin's namespace (absent on
     /// other runtimes: it says so once and is not asked again).
     tasks: TaskService,
+    /// Which of a pod's labels and annotations (its sandbox's) its record keeps.
+    pod_metadata: PodMetadata,
 }
 
 impl CriRuntime {
     /// Connects to the CRI socket; fails (naming it) if nothing listens there.
-    pub async fn connect(
-        socket: &Path,
-        call_timeout: Duration,
-        calls: RuntimeCalls,
-    ) -> Result<Self, RuntimeError> {
-        let channel = connect_unix(socket, call_timeout).await?;
+    pub async fn connect(socket: &Path, options: &RuntimeOptions) -> Result<Self, RuntimeError> {
+        let channel = connect_unix(socket, options.call_timeout).await?;
         let caller = Caller {
             endpoint: endpoint_name(socket),
-            timeout: call_timeout,
-            calls,
+            timeout: options.call_timeout,
+            calls: options.calls.clone(),
         };
-        Ok(Self::from_channel(caller, channel))
+        Ok(Self::from_channel(
+            caller,
+            channel,
+            options.pod_metadata.clone(),
+        ))
     }
 
     /// A client on an existing channel (the containerd backend shares its own).
-    pub(crate) fn from_channel(caller: Caller, channel: Channel) -> Self {
+    pub(crate) fn from_channel(
+        caller: Caller,
+        channel: Channel,
+        pod_metadata: PodMetadata,
+    ) -> Self {
         Self {
             tasks: TaskService::new(caller.clone(), channel.clone(), Namespace::cri()),
             caller,
             client: RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE),
+            pod_metadata,
         }
     }
 
@@ -159,7 +166,7 @@ impl CriRuntime {
         }));
         let (in_sandboxes, labelled) = try_join(in_sandboxes, labelled).await?;
         let containers = in_sandboxes.into_iter().flatten().chain(labelled).collect();
-        Ok(assemble(sandboxes, containers))
+        Ok(assemble(sandboxes, containers, &self.pod_metadata))
     }
 
     /// The pod holding a container or sandbox id (kernel hints know only the cgroup's id), in
@@ -239,7 +246,12 @@ impl CriRuntime {
                     || sandbox_identity(status.metadata.as_ref()),
                     PodIdentity::of,
                 );
-                identity.with(sandbox_status_record(&status))
+                let mut pod = identity.with(sandbox_status_record(&status));
+                // The pod's labels and annotations are its sandbox's: a container read alone
+                // keeps those committed (reconcile), a sandbox brings its own.
+                pod.labels = self.pod_metadata.labels.keep(&status.labels);
+                pod.annotations = self.pod_metadata.annotations.keep(&status.annotations);
+                pod
             }),
         };
         Ok(ContainerRead {
@@ -260,7 +272,9 @@ impl CriRuntime {
     async fn list_container_pod(&self, id: &ContainerId) -> Result<Vec<PodRecord>, RuntimeError> {
         match self.find_pod(id).await? {
             Found::Pod(uid) => self.list_pod(&uid).await,
-            Found::Orphan(container) => Ok(assemble(Vec::new(), vec![*container])),
+            Found::Orphan(container) => {
+                Ok(assemble(Vec::new(), vec![*container], &self.pod_metadata))
+            }
             Found::Nothing => Ok(Vec::new()),
         }
     }
@@ -289,7 +303,7 @@ impl Runtime for CriRuntime {
             Scope::All => {
                 let (sandboxes, containers) =
                     try_join(self.sandboxes(None), self.containers(None)).await?;
-                Ok(assemble(sandboxes, containers))
+                Ok(assemble(sandboxes, containers, &self.pod_metadata))
             }
             Scope::Pod(uid) => self.list_pod(uid).await,
             Scope::Container(id) => self.list_container_pod(id).await,
@@ -413,6 +427,8 @@ fn status_record(status: &cri::ContainerStatus) -> ContainerRecord {
         exit_code: None,
         reason: String::new(),
         confirmed_by: Store::Cri,
+        oom_killed_by: BTreeSet::new(),
+        host: None,
     };
     apply_status(&mut record, status);
     record
@@ -447,13 +463,20 @@ impl PodIdentity {
 
     /// The pod holding `record` alone.
     fn with(self, record: ContainerRecord) -> PodRecord {
-        let mut containers = Containers::new();
-        containers.insert(record.id.clone(), record);
+        let mut pod = self.with_none();
+        pod.containers.insert(record.id.clone(), record);
+        pod
+    }
+
+    /// The pod, holding no record yet.
+    fn with_none(self) -> PodRecord {
         PodRecord {
             uid: self.uid,
             namespace: self.namespace,
             name: self.name,
-            containers,
+            containers: Containers::new(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         }
     }
 }
@@ -526,6 +549,8 @@ fn sandbox_of(
         exit_code: None,
         reason: String::new(),
         confirmed_by: Store::Cri,
+        oom_killed_by: BTreeSet::new(),
+        host: None,
     }
 }
 
@@ -548,25 +573,27 @@ fn container_record(container: &cri::Container) -> ContainerRecord {
         exit_code: None,
         reason: String::new(),
         confirmed_by: Store::Cri,
+        oom_killed_by: BTreeSet::new(),
+        host: None,
     }
 }
 
 /// Groups listed sandboxes and containers into pods (containers listed twice, e.g. by sandbox
-/// id and by label, count once).
-fn assemble(sandboxes: Vec<cri::PodSandbox>, containers: Vec<cri::Container>) -> Vec<PodRecord> {
+/// id and by label, count once); each pod keeps what `kept` says of its sandbox's labels and
+/// annotations.
+fn assemble(
+    sandboxes: Vec<cri::PodSandbox>,
+    containers: Vec<cri::Container>,
+    kept: &PodMetadata,
+) -> Vec<PodRecord> {
     let by_id: HashMap<&str, &cri::PodSandbox> =
         sandboxes.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut pods: BTreeMap<PodUid, PodRecord> = BTreeMap::new();
     let mut add = |identity: PodIdentity, record: ContainerRecord| {
         pods.entry(identity.uid.clone())
-            .or_insert_with(|| PodRecord {
-                uid: identity.uid,
-                namespace: identity.namespace,
-                name: identity.name,
-                containers: Containers::new(),
-            })
+            .or_insert_with(|| identity.with_none())
             .containers
-            .insert(record.id.clone(), record);
+            .insert(record.id.clone(), record)
     };
     for sandbox in &sandboxes {
         add(sandbox_pod(sandbox), sandbox_record(sandbox));
@@ -576,6 +603,14 @@ fn assemble(sandboxes: Vec<cri::PodSandbox>, containers: Vec<cri::Container>) ->
             container_pod(container, &by_id),
             container_record(container),
         );
+    }
+    if *kept != PodMetadata::default() {
+        for sandbox in &sandboxes {
+            if let Some(pod) = pods.get_mut(&sandbox_pod(sandbox).uid) {
+                pod.labels = kept.labels.keep(&sandbox.labels);
+                pod.annotations = kept.annotations.keep(&sandbox.annotations);
+            }
+        }
     }
     pods.into_values().collect()
 }
@@ -668,6 +703,7 @@ mod tests {
                 container("c2", "s1", C::ContainerExited),
                 container("c3", "s2", C::ContainerCreated),
             ],
+            &PodMetadata::default(),
         );
         assert_eq!(pods.len(), 2);
         let first = &pods[0];
@@ -714,7 +750,7 @@ mod tests {
             (POD_NAME_LABEL.into(), "web".into()),
             (POD_NAMESPACE_LABEL.into(), "prod".into()),
         ]);
-        let pods = assemble(Vec::new(), vec![orphan]);
+        let pods = assemble(Vec::new(), vec![orphan], &PodMetadata::default());
         assert_eq!(pods.len(), 1);
         assert_eq!(
             (
@@ -735,6 +771,7 @@ mod tests {
                 "gone",
                 cri::ContainerState::ContainerExited,
             )],
+            &PodMetadata::default(),
         );
         assert_eq!(pods[0].uid, PodUid("gone".into()));
         assert!(pods[0].containers.contains_key(&ContainerId("c1".into())));
@@ -746,6 +783,7 @@ mod tests {
         let pods = assemble(
             vec![sandbox("s1", "uid-1", cri::PodSandboxState::SandboxReady)],
             vec![c.clone(), c],
+            &PodMetadata::default(),
         );
         assert_eq!(pods[0].containers.len(), 2);
     }

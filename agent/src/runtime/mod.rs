@@ -20,7 +20,11 @@ pub(crate) mod tasks;
 pub mod testing;
 pub(crate) mod transport;
 
-use std::{fmt, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    time::Duration,
+};
 
 pub use choice::{AnyRuntime, EndpointError, RuntimeKind, RuntimeOptions, UnknownRuntimeKind};
 pub use containerd::{ConnectError, ContainerdRuntime};
@@ -43,6 +47,57 @@ impl fmt::Display for RuntimeVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.name, self.version)
     }
+}
+
+/// Which of a pod's labels (or annotations) its record keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Keys {
+    /// None: the default, so a record costs nothing more.
+    #[default]
+    None,
+    /// Those of these keys the pod has.
+    These(BTreeSet<String>),
+    /// Every one.
+    All,
+}
+
+impl Keys {
+    /// The keys a `--pod-labels` value names: `*` for all, none for an empty list.
+    pub fn from_list(list: &[String]) -> Self {
+        if list.iter().any(|key| key == "*") {
+            Self::All
+        } else if list.is_empty() {
+            Self::None
+        } else {
+            Self::These(list.iter().cloned().collect())
+        }
+    }
+
+    /// What of `map` is kept.
+    pub fn keep<'a>(
+        &self,
+        map: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> BTreeMap<String, String> {
+        let kept = |key: &String| match self {
+            Self::None => false,
+            Self::These(keys) => keys.contains(key),
+            Self::All => true,
+        };
+        if *self == Self::None {
+            return BTreeMap::new();
+        }
+        map.into_iter()
+            .filter(|(key, _)| kept(key))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    }
+}
+
+/// Which of its pods' metadata a backend keeps in their records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodMetadata {
+    pub labels: Keys,
+    pub annotations: Keys,
 }
 
 /// `listed`'s record in `known` when a status call would only repeat it: the runtime's status

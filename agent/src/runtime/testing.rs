@@ -8,9 +8,9 @@ use std::{
 };
 
 use crate::pleg::{
-    ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, Observation,
-    ObservationKind, PodLifecycleEvent, PodLifecycleEventType, PodRecord, PodUid, Runtime,
-    RuntimeError, Scope, Store, TaskRecord, TriggerSource,
+    ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, HostIdentity,
+    Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType, PodRecord, PodUid,
+    Runtime, RuntimeError, Scope, Store, TaskRecord, TriggerSource,
 };
 
 const ENDPOINT: &str = "fake";
@@ -64,6 +64,8 @@ pub fn pod(
         namespace: "ns".to_owned(),
         name: name.to_owned(),
         containers: containers.into_iter().map(|c| (c.id.clone(), c)).collect(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
     }
 }
 
@@ -82,12 +84,15 @@ pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord
         exit_code: (state == ContainerState::Exited).then_some(0),
         reason: String::new(),
         confirmed_by: Store::Cri,
+        oom_killed_by: BTreeSet::new(),
+        host: None,
     }
 }
 
 /// A `ContainerDied` of exit 137 event of sequence `sequence` about container `c1` ("app") of
-/// pod `pod` (uid and name) in namespace `ns`, that eBPF (signal 9) and containerd saw, at
-/// 1,800,000,000.123456789 s after the epoch; change what a test looks at.
+/// pod `pod` (uid and name, and its label `app`) in namespace `ns`, that eBPF (signal 9) and
+/// containerd saw, at 1,800,000,000.123456789 s after the epoch, with every field set; change
+/// what a test looks at.
 pub fn event(sequence: u64, pod: &str) -> PodLifecycleEvent {
     let at = std::time::UNIX_EPOCH + Duration::from_nanos(1_800_000_000_123_456_789);
     PodLifecycleEvent {
@@ -108,6 +113,16 @@ pub fn event(sequence: u64, pod: &str) -> PodLifecycleEvent {
         exit_code: Some(137),
         reason: "Error".to_owned(),
         confirmed_by: Some(Store::Task),
+        signal: Some(9),
+        image: "localhost/busybox:latest".to_owned(),
+        attempt: 0,
+        host: Some(Arc::new(HostIdentity {
+            cgroup_id: Some(4242),
+            cgroup_path: Some("/k8s.io/c1".to_owned()),
+            init_pid: Some(4243),
+        })),
+        pod_labels: BTreeMap::from([("app".to_owned(), pod.to_owned())]),
+        pod_annotations: BTreeMap::new(),
     }
 }
 
@@ -123,6 +138,8 @@ impl FakeRuntime {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             containers: Containers::new(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         };
         self.lock().pods.insert(pod.uid.clone(), pod);
     }

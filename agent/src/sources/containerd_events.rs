@@ -380,10 +380,14 @@ fn task_event(
             ObservationKind::Present,
         ),
         // Only a container's init is started as a task; execs publish /tasks/exec-started.
-        "start" => said(
-            TaskStart::decode(payload)?.container_id,
-            ObservationKind::TaskStarted { at: published },
-        ),
+        "start" => {
+            let start = TaskStart::decode(payload)?;
+            let pid = start.pid;
+            said(
+                start.container_id,
+                ObservationKind::TaskStarted { at: published, pid },
+            )
+        }
         "paused" => said(
             TaskPaused::decode(payload)?.container_id,
             ObservationKind::Present,
@@ -503,7 +507,7 @@ mod tests {
             trigger.observations,
             [Observation {
                 source: TriggerSource::Containerd,
-                kind: ObservationKind::TaskStarted { at: at(5) }
+                kind: ObservationKind::TaskStarted { at: at(5), pid: 42 }
             }]
         );
     }

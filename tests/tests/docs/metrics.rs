@@ -64,6 +64,8 @@ fn every_family() -> Metrics {
     metrics.unconfirmed_hint(TriggerSource::Ebpf.name());
     metrics.pod_synced("event", None);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
+    metrics.container_started("default", "web", "app");
+    metrics.container_terminated("default", "web", "app", "OOMKilled");
     metrics
 }
 
@@ -76,6 +78,31 @@ fn samples(family: &Family) -> String {
         _ => format!("`{}`", family.name),
     }
 }
+
+/// Example PromQL over the container counters, as docs/metrics.md shows them: what each
+/// answers, and the query (`promtool check rules` parses each, below).
+const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "OOM kills per namespace in the last hour",
+        r#"sum by (namespace) (increase(plegd_container_terminations_total{reason="OOMKilled"}[1h]))"#,
+    ),
+    (
+        "Container deaths (kubelet restarts most of them) in the last hour, by reason",
+        "sum by (reason) (increase(plegd_container_terminations_total[1h]))",
+    ),
+    (
+        "The ten containers that died most often in the last hour, other than by completing",
+        r#"topk(10, sum by (namespace, pod, container) (increase(plegd_container_terminations_total{reason!="Completed"}[1h])))"#,
+    ),
+    (
+        "Container starts per node in the last 5 minutes",
+        "sum by (instance) (increase(plegd_container_starts_total[5m]))",
+    ),
+    (
+        "Deaths whose reason the CRI store corrected after their event (should stay 0)",
+        "increase(plegd_reason_corrections_total[1d])",
+    ),
+];
 
 pub fn reference() -> String {
     let metrics = every_family();
@@ -134,5 +161,49 @@ pub fn reference() -> String {
             super::cell(&classic.help),
         );
     }
+    out.push_str(
+        "\n## Example queries\n\n\
+         The container counters rise by exactly one per event plegd emits, so `increase()` over \
+         them counts every start and death, however many fall between two scrapes (a \
+         container's series are made at 0 at its start, so its first death is an increase \
+         too). A removed pod's series are dropped 5 to 6 minutes after its removal (scraped or not): the count of \
+         series follows what the node runs.\n\n",
+    );
+    for (what, query) in EXAMPLES {
+        let _ = writeln!(out, "{what}:\n\n```promql\n{query}\n```\n");
+    }
+    out.push_str(
+        "`deploy/kubernetes/alerts.yaml` alerts on them: `PlegdContainerOOMKilled` and \
+         `PlegdContainerCrashLooping` (unit-tested by `promtool test rules` in the suite).\n",
+    );
     out
+}
+
+#[test]
+fn example_queries_are_promql() {
+    let promtool = plegd_tests::process::promtool()
+        .expect("promtool (`cargo xtask setup` unpacks it under .xtask/prometheus)");
+    let rules: String = EXAMPLES
+        .iter()
+        .enumerate()
+        .map(|(n, (_, query))| format!("      - record: example:{n}\n        expr: '{query}'\n"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("examples.yaml");
+    std::fs::write(
+        &file,
+        format!("groups:\n  - name: examples\n    rules:\n{rules}"),
+    )
+    .unwrap();
+    let output = std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -556,3 +556,65 @@ pub fn has_cri_events(containerd: &PrivateContainerd, test: &str) -> bool {
     }
     has
 }
+
+/// `plegd watch --output json` with `args` against `socket`: its lines as they come.
+pub struct WatchLines {
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    _watcher: plegd_tests::process::Terminating,
+}
+
+impl WatchLines {
+    pub fn spawn(socket: &Path, args: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(plegd_tests::process::plegd_binary().unwrap())
+            .arg("watch")
+            .arg("--socket")
+            .arg(socket)
+            .args(["--output", "json"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("plegd watch starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            lines,
+            _watcher: plegd_tests::process::Terminating(child),
+        }
+    }
+
+    /// The next line, parsed, within `deadline`.
+    pub async fn next(&mut self, deadline: Duration) -> Value {
+        let line = tokio::time::timeout(deadline, self.lines.recv())
+            .await
+            .expect("a line in time")
+            .expect("plegd watch alive");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// Lines until one satisfies `done`, within `deadline` each; the last.
+    pub async fn until(
+        &mut self,
+        deadline: Duration,
+        mut done: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        loop {
+            let line = self.next(deadline).await;
+            if done(&line) {
+                return line;
+            }
+        }
+    }
+}

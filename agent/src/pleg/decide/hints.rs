@@ -199,6 +199,7 @@ mod tests {
     fn the_task_records_they_carry_and_an_exit_outranks_a_start() {
         let start = TaskStarted {
             at: SystemTime::UNIX_EPOCH,
+            pid: 0,
         };
         let exit = TaskExited {
             code: 137,

@@ -11,20 +11,36 @@
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
 //! layer that moved it on says so (a task restarted in place, on the containerd backend).
 
-use crate::pleg::model::record::{ContainerRecord, ContainerState, Store, TaskRecord};
+use std::collections::BTreeSet;
+
+use crate::pleg::model::{
+    record::{
+        ContainerRecord, ContainerState, HostIdentity, OomWitness, Store, TaskRecord, exit_reason,
+    },
+    trigger::TriggerSource,
+};
 
 /// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
 /// runtime showed now, a complete record with its status; `None`: not read) and `task` (the
 /// task service's record, when confirming at the task layer). `None` when neither record
-/// exists: a container never read cannot be built from a task record alone.
+/// exists: a container never read cannot be built from a task record alone. `witness`: whose
+/// word on an OOM kill decides the reason of an exit only the task service confirmed.
 pub fn merge(
     committed: Option<&ContainerRecord>,
     shown: Option<ContainerRecord>,
     task: Option<TaskRecord>,
+    witness: OomWitness,
 ) -> Option<ContainerRecord> {
     let mut record = match (committed, shown) {
         (Some(committed), Some(shown)) if lags(&shown, committed) => committed.clone(),
-        (_, Some(shown)) => shown,
+        (Some(committed), Some(shown)) => ContainerRecord {
+            // What plegd learned of the container (its OOM kill, who it is on the host) no
+            // reading carries: it stays.
+            oom_killed_by: &shown.oom_killed_by | &committed.oom_killed_by,
+            host: shown.host.clone().or_else(|| committed.host.clone()),
+            ..shown
+        },
+        (None, Some(shown)) => shown,
         (Some(committed), None) => committed.clone(),
         (None, None) => return None,
     };
@@ -36,7 +52,6 @@ pub fn merge(
             record.state = ContainerState::Exited;
             record.exit_code = Some(code);
             record.finished_at = Some(at);
-            record.reason.clear();
             record.confirmed_by = Store::Task;
         }
         (Some(TaskRecord::Started { at }), ContainerState::Created) => {
@@ -46,10 +61,47 @@ pub fn merge(
         }
         _ => {}
     }
+    settle_reason(&mut record, witness);
     Some(record)
 }
 
-/// Whether `shown` would change `committed`'s state or the layer confirming it (what
+/// What a relist learned of a container beyond its state: that the OOM killer killed one of
+/// its processes, and who it is on the host. Laid over its record, which keeps both.
+pub fn learn(
+    record: &mut ContainerRecord,
+    oom_killed_by: &BTreeSet<TriggerSource>,
+    host: Option<&HostIdentity>,
+    witness: OomWitness,
+) {
+    record.oom_killed_by.extend(oom_killed_by);
+    if let Some(host) = host {
+        let merged = match &record.host {
+            Some(known) => known.updated(host),
+            None => host.clone(),
+        };
+        if record.host.as_deref() != Some(&merged) {
+            record.host = Some(std::sync::Arc::new(merged));
+        }
+    }
+    settle_reason(record, witness);
+}
+
+/// The reason of an exit only the task service confirmed: the one the CRI store will show
+/// (the task service itself keeps none). CRI shows none for a sandbox.
+fn settle_reason(record: &mut ContainerRecord, witness: OomWitness) {
+    if record.state == ContainerState::Exited
+        && !record.sandbox
+        && record.confirmed_by == Store::Task
+        && let Some(code) = record.exit_code
+    {
+        let reason = exit_reason(code, record.oom_killed_for(witness));
+        if record.reason != reason {
+            record.reason = reason.to_owned();
+        }
+    }
+}
+
+/// Whether `shown` would change `committed`'s state or the store confirming it (what
 /// [`merge`] without a task record decides, without building the record).
 pub fn moves_on(committed: &ContainerRecord, shown: &ContainerRecord) -> bool {
     !lags(shown, committed)
@@ -98,6 +150,8 @@ mod tests {
 
     use super::*;
     use crate::runtime::testing::{container, exited};
+
+    const ANY: OomWitness = OomWitness::Any;
 
     fn at(ms: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
@@ -151,29 +205,104 @@ mod tests {
         for (name, committed, shown, task, want) in cases {
             let committed = committed.map(|(s, l)| record(s, l));
             let shown = shown.map(|(s, l)| record(s, l));
-            let got = merge(committed.as_ref(), shown.clone(), task);
+            let got = merge(committed.as_ref(), shown.clone(), task, OomWitness::Any);
             assert_eq!(got.map(|c| (c.state, c.confirmed_by)), want, "{name}");
         }
     }
 
     #[test]
-    fn a_task_exit_brings_its_code_and_time_and_no_reason_yet() {
-        let merged = merge(Some(&record(Running, Cri)), None, Some(EXIT)).expect("a record");
+    fn a_task_exit_brings_its_code_and_time_and_the_reason_the_cri_store_will_show() {
+        let merged = merge(Some(&record(Running, Cri)), None, Some(EXIT), ANY).expect("a record");
         assert_eq!(merged.exit_code, Some(137));
         assert_eq!(merged.finished_at, Some(SystemTime::UNIX_EPOCH));
-        assert_eq!(merged.reason, "");
+        assert_eq!(merged.reason, "Error");
+        let clean = Some(TaskRecord::Exited {
+            code: 0,
+            at: SystemTime::UNIX_EPOCH,
+        });
+        let merged = merge(Some(&record(Running, Cri)), None, clean, ANY).expect("a record");
+        assert_eq!(merged.reason, "Completed");
+        // An OOM kill recorded while it ran is the reason, whatever the code (a child was the
+        // victim, the init exited 0 after it).
+        let killed = ContainerRecord {
+            oom_killed_by: BTreeSet::from([TriggerSource::Containerd]),
+            ..record(Running, Cri)
+        };
+        let merged = merge(Some(&killed), None, clean, ANY).expect("a record");
+        assert_eq!(
+            (merged.reason.as_str(), merged.exit_code),
+            ("OOMKilled", Some(0))
+        );
+        // Learned after the exit was merged: the reason follows, until the CRI store tells.
+        let mut exited = merge(Some(&record(Running, Cri)), None, Some(EXIT), ANY).unwrap();
+        learn(
+            &mut exited,
+            &BTreeSet::from([TriggerSource::Ebpf]),
+            None,
+            ANY,
+        );
+        assert_eq!(exited.reason, "OOMKilled");
+        let mut shown = exited.clone();
+        shown.confirmed_by = Cri;
+        shown.reason = "Error".into();
+        learn(
+            &mut shown,
+            &BTreeSet::from([TriggerSource::Ebpf]),
+            None,
+            ANY,
+        );
+        assert_eq!(shown.reason, "Error", "the CRI store's reason stands");
         let started = merge(
             Some(&record(Created, Cri)),
             None,
             Some(TaskRecord::Started { at: Some(at(9)) }),
+            ANY,
         )
         .expect("a record");
         assert_eq!(started.started_at, Some(at(9)));
     }
 
+    /// Where containerd's event stream reaches plegd, only its own record of an OOM kill
+    /// decides the reason, as only that one reaches its CRI store: the kernel's word of one
+    /// the shim did not see is no reason CRI ever shows.
+    #[test]
+    fn with_the_runtime_as_witness_only_its_oom_record_is_the_reason() {
+        let runtime = OomWitness::Runtime;
+        let mut told_by_kernel =
+            merge(Some(&record(Running, Cri)), None, Some(EXIT), runtime).expect("a record");
+        learn(
+            &mut told_by_kernel,
+            &BTreeSet::from([TriggerSource::Ebpf]),
+            None,
+            runtime,
+        );
+        assert_eq!(told_by_kernel.reason, "Error");
+        assert!(
+            told_by_kernel.oom_killed(),
+            "still learned, for its observation"
+        );
+        learn(
+            &mut told_by_kernel,
+            &BTreeSet::from([TriggerSource::Containerd]),
+            None,
+            runtime,
+        );
+        assert_eq!(told_by_kernel.reason, "OOMKilled");
+    }
+
+    #[test]
+    fn a_sandbox_has_no_reason_as_cri_shows_none() {
+        let sandbox = ContainerRecord {
+            sandbox: true,
+            ..record(Running, Cri)
+        };
+        let merged = merge(Some(&sandbox), None, Some(EXIT), ANY).expect("a record");
+        assert_eq!((merged.state, merged.reason.as_str()), (Exited, ""));
+    }
+
     #[test]
     fn the_run_no_reading_showed_is_running_from_the_tasks_start() {
-        let after = merge(Some(&record(Created, Cri)), None, Some(EXIT)).expect("a record");
+        let after = merge(Some(&record(Created, Cri)), None, Some(EXIT), ANY).expect("a record");
         let during = while_running(&after, Some(TaskRecord::Started { at: Some(at(3)) }));
         assert_eq!(
             (

@@ -9,7 +9,7 @@ use crate::pleg::{
     model::{
         event::{PodLifecycleEvent, PodLifecycleEventType},
         record::{ContainerRecord, PodRecord},
-        trigger::{Says, TriggerSource},
+        trigger::{Observation, ObservationKind, Says, TriggerSource},
     },
 };
 
@@ -35,7 +35,7 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
     let hint = hints
         .for_container(&pod.uid, &record.id)
         .filter(|h| !h.sources.is_empty());
-    PodLifecycleEvent {
+    let mut event = PodLifecycleEvent {
         sequence: 0,
         pod: pod.uid.clone(),
         pod_namespace: pod.namespace.clone(),
@@ -49,35 +49,81 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
             || vec![TriggerSource::Relist],
             |h| h.sources.iter().copied().collect(),
         ),
+        // Those that speak of what the event announces: a batch may hold an exec that came
+        // after the start it read, and the death that followed.
         observations: hint
             .map(|h| {
                 h.observations
                     .into_iter()
                     .map(|(_, o)| o)
-                    .filter(|o| o.kind.is_shown())
+                    .filter(|o| o.kind.is_shown() && announces(event_type, o.kind.says()))
                     .collect()
             })
             .unwrap_or_default(),
         exit_code: record.exit_code,
         reason: record.reason.clone(),
         confirmed_by: Some(record.confirmed_by),
+        signal: None,
+        image: record.image.clone(),
+        attempt: record.attempt,
+        host: record.host.clone(),
+        pod_labels: pod.labels.clone(),
+        pod_annotations: pod.annotations.clone(),
+    };
+    if event_type == PodLifecycleEventType::ContainerDied {
+        // An OOM kill the record learned in an earlier relist (its init lived on then, or
+        // died a moment later): still the death's, as a source saw it.
+        for &source in &record.oom_killed_by {
+            let oom = Observation {
+                source,
+                kind: ObservationKind::OomKilled,
+            };
+            if !event.observations.contains(&oom) {
+                event.observations.push(oom);
+            }
+        }
+    }
+    event.signal = signal_of(&event);
+    event
+}
+
+/// The signal that ended a dead container's init: the kernel's word, else the runtime's exit
+/// status above 128 (containerd reports a death by signal as 128 + the signal).
+fn signal_of(event: &PodLifecycleEvent) -> Option<i32> {
+    if event.event_type != PodLifecycleEventType::ContainerDied {
+        return None;
+    }
+    let kernel = event.observations.iter().find_map(|o| match o.kind {
+        ObservationKind::Signal(signal) => Some(signal),
+        _ => None,
+    });
+    kernel.or_else(|| {
+        event
+            .exit_code
+            .filter(|code| (129..=128 + 64).contains(code))
+            .map(|code| code - 128)
+    })
+}
+
+/// Whether an observation that `says` this speaks of what an event of `event_type` announces
+/// (an OOM kill, of a death).
+fn announces(event_type: PodLifecycleEventType, says: Says) -> bool {
+    match event_type {
+        PodLifecycleEventType::ContainerStarted => says == Says::Started,
+        PodLifecycleEventType::ContainerDied => matches!(says, Says::Died | Says::OomKill),
+        PodLifecycleEventType::ContainerRemoved => says == Says::Deleted,
+        PodLifecycleEventType::ContainerChanged => false,
     }
 }
 
 /// Credits an event its relist found with no hint about its container (`[Relist]`) to a hint
 /// still queued for that container (`queued`, see `Batch::queued`), when that hint saw what
 /// the event announces: its sources, its time, and those of its observations that say so (a
-/// queued start's exec does not ride on a death).
+/// queued start's exec does not ride on a death; an OOM kill does).
 pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
     if queued.is_empty() || event.sources != [TriggerSource::Relist] {
         return;
     }
-    let says = match event.event_type {
-        PodLifecycleEventType::ContainerStarted => Says::Started,
-        PodLifecycleEventType::ContainerDied => Says::Died,
-        PodLifecycleEventType::ContainerRemoved => Says::Deleted,
-        PodLifecycleEventType::ContainerChanged => return,
-    };
     let Some(hint) = queued.for_container(&event.pod, &event.container_id) else {
         return;
     };
@@ -85,7 +131,7 @@ pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
         .observations
         .into_iter()
         .map(|(_, o)| o)
-        .filter(|o| o.kind.says() == says)
+        .filter(|o| announces(event.event_type, o.kind.says()))
         .collect();
     if saw.is_empty() {
         return;
@@ -94,13 +140,14 @@ pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
     event.sources = sources.into_iter().collect();
     event.observed_at = event.observed_at.min(hint.observed_at);
     event.observations = saw.into_iter().filter(|o| o.kind.is_shown()).collect();
+    event.signal = signal_of(event);
 }
 
 #[cfg(test)]
 mod tests {
     use std::{collections::BTreeSet, time::Duration};
 
-    use PodLifecycleEventType::{ContainerDied, ContainerStarted};
+    use PodLifecycleEventType::ContainerDied;
     use TriggerSource::{Containerd, Ebpf, Relist};
 
     use super::*;
@@ -176,6 +223,8 @@ mod tests {
                     observation("b", Ebpf, ObservationKind::Exited),
                     // Only says where to look: never on an event.
                     observation("a", Ebpf, ObservationKind::Present),
+                    // Of its start, which an earlier relist read: not on its death.
+                    observation("a", Ebpf, ObservationKind::Exec("/bin/sh".into())),
                 ],
             )
         };
@@ -223,7 +272,7 @@ mod tests {
             let hints: Hints = targets.into_iter().collect();
             let change = Change {
                 pod: &pod,
-                event_type: ContainerStarted,
+                event_type: ContainerDied,
                 record: &pod.containers[&ContainerId("a".into())],
             };
             let got = event(change, &hints, at(read_at_ms));

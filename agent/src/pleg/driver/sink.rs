@@ -9,12 +9,14 @@
 use std::{sync::Arc, time::SystemTime};
 
 use tokio::sync::{broadcast, mpsc};
+use tracing::info;
 
 use crate::{
     base::{bus::EventBus, metrics::Metrics},
     pleg::{
+        decide::reconcile::Correction,
         model::{
-            event::{Notice, NoticeKind, PodLifecycleEvent},
+            event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
             record::{ContainerId, PodUid},
             trigger::{Observation, TriggerSource},
         },
@@ -29,6 +31,11 @@ pub const NOTICE_QUEUE: usize = 1024;
 /// Takes each event the relist generates. Must not block.
 pub trait EventSink: Send + Sync + 'static {
     fn publish(&self, event: PodLifecycleEvent);
+
+    /// The CRI store shows a death's reason other than the one its event told.
+    fn corrected(&self, pod: &PodUid, correction: &Correction) {
+        let _ = (pod, correction);
+    }
 }
 
 /// For tests and tools: events land in an unbounded channel (dropped once its receiver is).
@@ -56,7 +63,51 @@ impl EventSink for BusSink {
                     .unwrap_or_default(),
             );
         }
+        self.count(&event);
         self.bus.publish(Arc::new(event));
+    }
+
+    /// Counted and said: a consumer that acted on the event's reason acted on another than the
+    /// one kubelet will show. The pod's status (and its next sync) carries CRI's.
+    fn corrected(&self, pod: &PodUid, correction: &Correction) {
+        info!(
+            %pod,
+            container = %correction.container,
+            told = correction.told,
+            shown = correction.shown,
+            "the CRI store shows another reason for the death than its event told"
+        );
+        self.metrics.reason_corrected();
+    }
+}
+
+impl BusSink {
+    /// Each container's starts and terminations, by reason (sandboxes are not counted, as
+    /// kube-state-metrics does not).
+    fn count(&self, event: &PodLifecycleEvent) {
+        if event.container_name.is_empty() {
+            return;
+        }
+        let (namespace, pod, container) = (
+            event.pod_namespace.as_str(),
+            event.pod_name.as_str(),
+            event.container_name.as_str(),
+        );
+        match event.event_type {
+            PodLifecycleEventType::ContainerStarted => {
+                self.metrics.container_started(namespace, pod, container);
+            }
+            PodLifecycleEventType::ContainerDied => {
+                let reason = if event.reason.is_empty() {
+                    "Unknown"
+                } else {
+                    &event.reason
+                };
+                self.metrics
+                    .container_terminated(namespace, pod, container, reason);
+            }
+            PodLifecycleEventType::ContainerRemoved | PodLifecycleEventType::ContainerChanged => {}
+        }
     }
 }
 

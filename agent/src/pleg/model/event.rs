@@ -1,11 +1,11 @@
 //! What the PLEG emits: one lifecycle event per change of a container's runtime record.
 
-use std::time::SystemTime;
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
 
 use crate::{
     base::bus::Sequenced,
     pleg::model::{
-        record::{ContainerId, PodUid, Store},
+        record::{ContainerId, HostIdentity, PodUid, Store},
         trigger::{Observation, TriggerSource},
     },
 };
@@ -60,13 +60,23 @@ pub struct PodLifecycleEvent {
     /// The runtime's exit code of the container, once exited (as of the record announced; for
     /// `ContainerRemoved`, its last one).
     pub exit_code: Option<i32>,
-    /// The runtime's reason for the state ("Error", "OOMKilled", "Completed"); empty when the
-    /// record that confirmed the state has none (the task service's: its CRI store tells the
-    /// reason a moment later, in the cache and the pod's next sync).
+    /// The runtime's reason for the state ("Error", "OOMKilled", "Completed"); for a death
+    /// the task service confirmed, the one the CRI store will show (`record::exit_reason`).
     pub reason: String,
     /// Which of the runtime's stores confirmed the state announced; `None` for a container
     /// removed unseen.
     pub confirmed_by: Option<Store>,
+    /// The signal that ended the container's init, on a death: the kernel's word, else the
+    /// runtime's exit status above 128.
+    pub signal: Option<i32>,
+    /// The container's image and restart attempt.
+    pub image: String,
+    pub attempt: u32,
+    /// Who the container is on the host, once known.
+    pub host: Option<Arc<HostIdentity>>,
+    /// The pod's labels and annotations that plegd keeps (none by default).
+    pub pod_labels: BTreeMap<String, String>,
+    pub pod_annotations: BTreeMap<String, String>,
 }
 
 impl Sequenced for PodLifecycleEvent {

@@ -4,9 +4,16 @@
 //! diff, the cache and the tests never see a runtime type; they are saved across restarts
 //! (`crate::daemon::state`).
 
-use std::{cmp::Ordering, collections::BTreeMap, time::SystemTime};
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::SystemTime,
+};
 
 use serde::{Deserialize, Serialize};
+
+use crate::pleg::model::trigger::TriggerSource;
 
 /// A pod's uid (`io.kubernetes.pod.uid`), or the container id for a container that has no pod.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -124,11 +131,87 @@ pub struct ContainerRecord {
     pub finished_at: Option<SystemTime>,
     /// Exit code once exited (from a status call; a list call does not carry it).
     pub exit_code: Option<i32>,
-    /// Runtime's reason for the state, e.g. "Error", "OOMKilled", "Completed".
+    /// Runtime's reason for the state, e.g. "Error", "OOMKilled", "Completed"; for an exit
+    /// the task service confirmed, the one its CRI store will show ([`exit_reason`]).
     pub reason: String,
     /// The record the state comes from; [`Store::Task`] until the CRI store catches up.
     #[serde(default)]
     pub confirmed_by: Store,
+    /// The sources that said the OOM killer killed a process of the container while it ran
+    /// (containerd recorded it, or the kernel said so): the reason of the exit that follows,
+    /// whichever process it was.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub oom_killed_by: BTreeSet<TriggerSource>,
+    /// Who it is on the host, once the kernel or the runtime said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Arc<HostIdentity>>,
+}
+
+impl ContainerRecord {
+    /// Whether the OOM killer killed one of its processes while it ran.
+    pub fn oom_killed(&self) -> bool {
+        !self.oom_killed_by.is_empty()
+    }
+
+    /// Whether `witness` says the OOM killer killed one of its processes: what decides its
+    /// death's reason until the CRI store shows one.
+    pub fn oom_killed_for(&self, witness: OomWitness) -> bool {
+        match witness {
+            OomWitness::Any => self.oom_killed(),
+            OomWitness::Runtime => self.oom_killed_by.contains(&TriggerSource::Containerd),
+        }
+    }
+}
+
+/// Whose word on an OOM kill decides a death's reason before the CRI store shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OomWitness {
+    /// Any source's: the kernel's too. Where containerd's event stream does not reach plegd,
+    /// the kernel's is the only word there is.
+    #[default]
+    Any,
+    /// containerd's own record (`/tasks/oom`), the one its CRI store takes: its shim sees an
+    /// OOM kill only once it watches the container's cgroup, and one the kernel saw before
+    /// (a process that runs out of memory as it starts) is no reason CRI ever shows.
+    Runtime,
+}
+
+/// Who a container is on the host: its cgroup (as the kernel's probes know it) and its init's
+/// pid (as the kernel or the runtime said): what an agent joins plegd's events to its own
+/// data by.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostIdentity {
+    /// The cgroup2 id of its cgroup (the inode of the cgroup's directory).
+    pub cgroup_id: Option<u64>,
+    /// Its cgroup's path below the cgroup2 root.
+    pub cgroup_path: Option<String>,
+    /// The host pid of its init.
+    pub init_pid: Option<u32>,
+}
+
+impl HostIdentity {
+    /// `self` with what `newer` says laid over it.
+    pub fn updated(&self, newer: &HostIdentity) -> HostIdentity {
+        HostIdentity {
+            cgroup_id: newer.cgroup_id.or(self.cgroup_id),
+            cgroup_path: newer
+                .cgroup_path
+                .clone()
+                .or_else(|| self.cgroup_path.clone()),
+            init_pid: newer.init_pid.or(self.init_pid),
+        }
+    }
+}
+
+/// The reason containerd's CRI store shows for an exit with `code` (its `toCRIContainerStatus`,
+/// the same in 1.6, 1.7 and 2.1): "OOMKilled" once it recorded an OOM kill of the container,
+/// which it keeps whatever the code, else "Completed" for 0 and "Error" for any other.
+pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
+    match (oom_killed, code) {
+        (true, _) => "OOMKilled",
+        (false, 0) => "Completed",
+        (false, _) => "Error",
+    }
 }
 
 /// One pod as listed by the runtime.
@@ -139,6 +222,12 @@ pub struct PodRecord {
     pub name: String,
     /// Sandboxes and containers, keyed by id (sorted, so diffs are deterministic).
     pub containers: Containers,
+    /// The pod's labels and annotations (its sandbox's), those kept by `--pod-labels` and
+    /// `--pod-annotations` (none by default).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl PodRecord {
@@ -149,6 +238,8 @@ impl PodRecord {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             containers: Containers::new(),
+            labels: self.labels.clone(),
+            annotations: self.annotations.clone(),
         }
     }
 }

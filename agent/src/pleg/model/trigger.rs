@@ -1,11 +1,14 @@
 //! What drives the PLEG: the triggers sources hand it, and the observations they carry.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use crate::pleg::model::record::{ContainerId, PodUid, TaskRecord};
 
 /// Where a trigger (and so an event) came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum TriggerSource {
     /// A kernel tracepoint seen by the eBPF programs.
     Ebpf,
@@ -57,7 +60,9 @@ pub enum ObservationKind {
     ExitCode(i32),
     /// The container's main process was killed by this signal.
     Signal(i32),
-    /// The kernel's OOM killer chose a process of the container.
+    /// The kernel's OOM killer chose a process of the container (containerd's `/tasks/oom`,
+    /// the kernel's `mark_victim`): not a death by itself (a child may be the victim while the
+    /// init lives on), but the reason of the one that follows.
     OomKilled,
     /// A process of the container executed this binary.
     Exec(String),
@@ -65,9 +70,9 @@ pub enum ObservationKind {
     Exited,
     /// The container's cgroup was removed: its processes are gone and its task deleted.
     CgroupRemoved,
-    /// The runtime's task service started the container's init (containerd `/tasks/start`):
-    /// the runtime's own record, not a kernel hint.
-    TaskStarted { at: SystemTime },
+    /// The runtime's task service started the container's init (containerd `/tasks/start`),
+    /// whose host pid is `pid` (0: not said): the runtime's own record, not a kernel hint.
+    TaskStarted { at: SystemTime, pid: u32 },
     /// The runtime's task service recorded the init's exit (containerd `/tasks/exit`).
     TaskExited { code: i32, at: SystemTime },
     /// The runtime deleted the container (containerd `/containers/delete`, CRI's
@@ -81,6 +86,21 @@ pub enum ObservationKind {
     /// The runtime deleted the container's task (containerd `/tasks/delete`): its init is gone.
     /// Not shown to consumers (the exit that came before it is).
     TaskDeleted,
+    /// Who the container is on the host, as the kernel knows it: its cgroup, its init. Rides
+    /// on the kernel's other observations; not shown to consumers as an observation (events
+    /// and statuses carry it as the container's identity).
+    Identity(Identity),
+}
+
+/// A container's identity on the host, as the kernel's probes know it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The cgroup2 id of its cgroup (the inode of the cgroup's directory).
+    pub cgroup_id: u64,
+    /// Its cgroup's path below the cgroup2 root.
+    pub cgroup_path: Arc<str>,
+    /// The host pid of its init, when the observation is about the init.
+    pub init_pid: Option<u32>,
 }
 
 /// What an observation says of its container's life, in the lifecycle's order.
@@ -90,6 +110,9 @@ pub enum Says {
     Present,
     /// Its init started.
     Started,
+    /// The OOM killer killed one of its processes (the init, or another: only a death says
+    /// the init is gone).
+    OomKill,
     /// Its init is gone.
     Died,
     /// The container is gone.
@@ -100,7 +123,7 @@ impl ObservationKind {
     /// The runtime's task record this observation is, if it is one (and not a kernel hint).
     pub fn task_record(&self) -> Option<TaskRecord> {
         match *self {
-            Self::TaskStarted { at } => Some(TaskRecord::Started { at: Some(at) }),
+            Self::TaskStarted { at, .. } => Some(TaskRecord::Started { at: Some(at) }),
             Self::TaskExited { code, at } => Some(TaskRecord::Exited { code, at }),
             _ => None,
         }
@@ -118,22 +141,23 @@ impl ObservationKind {
     /// What it says of the container's life.
     pub fn says(&self) -> Says {
         match self {
-            Self::Present => Says::Present,
+            Self::Present | Self::Identity(_) => Says::Present,
             Self::Exec(_) | Self::TaskStarted { .. } => Says::Started,
+            Self::OomKilled => Says::OomKill,
             Self::ExitCode(_)
             | Self::Signal(_)
             | Self::Exited
             | Self::CgroupRemoved
-            | Self::OomKilled
             | Self::TaskExited { .. }
             | Self::TaskDeleted => Says::Died,
             Self::Deleted => Says::Deleted,
         }
     }
 
-    /// Whether consumers see it on events (the others only tell plegd where to look).
+    /// Whether consumers see it on events (the others only tell plegd where to look, or who
+    /// the container is).
     pub fn is_shown(&self) -> bool {
-        !matches!(self, Self::Present | Self::TaskDeleted)
+        !matches!(self, Self::Present | Self::TaskDeleted | Self::Identity(_))
     }
 }
 
@@ -150,9 +174,9 @@ pub struct Trigger {
 }
 
 impl Trigger {
-    /// Whether it says only that its container exists: news only where a created container
-    /// is (`ContainerChanged`). One with no observation says something changed, which only a
-    /// reading answers.
+    /// Whether it says only that its container exists (who it is, at most): news only where a
+    /// created container is (`ContainerChanged`). One with no observation says something
+    /// changed, which only a reading answers.
     pub fn only_presence(&self) -> bool {
         !self.observations.is_empty()
             && self
@@ -179,6 +203,9 @@ impl std::fmt::Display for Observation {
             ObservationKind::Deleted => write!(f, "{source}:deleted"),
             ObservationKind::Present => write!(f, "{source}:present"),
             ObservationKind::TaskDeleted => write!(f, "{source}:task_deleted"),
+            ObservationKind::Identity(identity) => {
+                write!(f, "{source}:cgroup={}", identity.cgroup_id)
+            }
         }
     }
 }

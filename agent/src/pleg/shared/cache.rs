@@ -200,6 +200,8 @@ mod tests {
             namespace: "ns".to_owned(),
             name: s.to_owned(),
             containers: Containers::new(),
+            labels: Default::default(),
+            annotations: Default::default(),
         })
     }
 

@@ -4,13 +4,14 @@
 
 use std::{
     collections::{HashSet, VecDeque},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
 
 use crate::{
-    pleg::{ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSource},
+    pleg::{ContainerId, Identity, Observation, ObservationKind, Scope, Trigger, TriggerSource},
     sources::ebpf::{cgroup_path, index::CgroupIndex},
 };
 
@@ -67,6 +68,15 @@ fn insert_bounded<T: Eq + std::hash::Hash>(set: &mut HashSet<T>, value: T, max: 
     set.insert(value);
 }
 
+/// Who a container is: cgroup `cgroup_id` at `path`, its init `init` (when the event is its).
+fn identity(cgroup_id: u64, path: Arc<str>, init: Option<u32>) -> ObservationKind {
+    ObservationKind::Identity(Identity {
+        cgroup_id,
+        cgroup_path: path,
+        init_pid: init,
+    })
+}
+
 /// A trigger of the eBPF source for container `id`.
 fn trigger(id: &str, observed_at: SystemTime, observations: Vec<ObservationKind>) -> Trigger {
     Trigger {
@@ -118,7 +128,10 @@ impl Decoder {
                     Some(owner) => Decoded::trigger(trigger(
                         &owner.container_id,
                         observed_at,
-                        vec![ObservationKind::Present],
+                        vec![
+                            ObservationKind::Present,
+                            identity(event.cgroup_id, path.into(), None),
+                        ],
                     )),
                     // The probes track every cgroup at container depth until told otherwise.
                     None => {
@@ -139,9 +152,12 @@ impl Decoder {
             Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
             Some(KernelEventKind::Exec | KernelEventKind::Exit) => {
                 match self.index.get(event.cgroup_id) {
-                    Some(owner) => {
-                        Decoded::trigger(init_trigger(&owner.container_id, event, observed_at))
-                    }
+                    Some(owner) => Decoded::trigger(init_trigger(
+                        &owner.container_id,
+                        self.index.path(event.cgroup_id),
+                        event,
+                        observed_at,
+                    )),
                     None if self.untracked.contains(&event.cgroup_id) => Decoded::default(),
                     None => {
                         if self.unplaced.len() >= MAX_UNPLACED {
@@ -173,10 +189,14 @@ impl Decoder {
     /// creation was lost), what its init did that waited for a name, then its removal.
     fn removed(&mut self, event: &KernelEvent, observed_at: SystemTime) -> Decoded {
         self.untracked.remove(&event.cgroup_id);
+        let path: Arc<str> = self
+            .index
+            .path(event.cgroup_id)
+            .unwrap_or_else(|| text(&event.path).into());
         let owner = self
             .index
             .remove(event.cgroup_id)
-            .or_else(|| cgroup_path::parse(&text(&event.path), &self.namespaces));
+            .or_else(|| cgroup_path::parse(&path, &self.namespaces));
         let mut held = Vec::new();
         self.unplaced.retain(|(e, at)| {
             let about = e.cgroup_id == event.cgroup_id;
@@ -190,12 +210,15 @@ impl Decoder {
         };
         let mut triggers: Vec<Trigger> = held
             .iter()
-            .map(|(e, at)| init_trigger(&owner.container_id, e, *at))
+            .map(|(e, at)| init_trigger(&owner.container_id, Some(Arc::clone(&path)), e, *at))
             .collect();
         triggers.push(trigger(
             &owner.container_id,
             observed_at,
-            vec![ObservationKind::CgroupRemoved],
+            vec![
+                ObservationKind::CgroupRemoved,
+                identity(event.cgroup_id, path, None),
+            ],
         ));
         Decoded {
             triggers,
@@ -210,7 +233,8 @@ impl Decoder {
         self.unplaced
             .retain(|(event, at)| match self.index.get(event.cgroup_id) {
                 Some(owner) => {
-                    triggers.push(init_trigger(&owner.container_id, event, *at));
+                    let path = self.index.path(event.cgroup_id);
+                    triggers.push(init_trigger(&owner.container_id, path, event, *at));
                     false
                 }
                 None => true,
@@ -219,8 +243,13 @@ impl Decoder {
     }
 }
 
-/// The trigger of an init's exec or exit in container `id`'s cgroup.
-fn init_trigger(id: &str, event: &KernelEvent, observed_at: SystemTime) -> Trigger {
+/// The trigger of an init's exec or exit in container `id`'s cgroup (at `path`, when known).
+fn init_trigger(
+    id: &str,
+    path: Option<Arc<str>>,
+    event: &KernelEvent,
+    observed_at: SystemTime,
+) -> Trigger {
     let observation = if event.kind == KernelEventKind::Exec as u32 {
         ObservationKind::Exec(text(&event.path))
     } else if event.flags & EVENT_HAS_EXIT_STATUS != 0 {
@@ -228,7 +257,9 @@ fn init_trigger(id: &str, event: &KernelEvent, observed_at: SystemTime) -> Trigg
     } else {
         ObservationKind::Exited
     };
-    trigger(id, observed_at, vec![observation])
+    let mut observations = vec![observation];
+    observations.extend(path.map(|path| identity(event.cgroup_id, path, Some(event.pid))));
+    trigger(id, observed_at, observations)
 }
 
 /// A wait status as an observation: killed by a signal, or exited with a code.

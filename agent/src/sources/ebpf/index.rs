@@ -6,6 +6,7 @@ use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use crate::sources::ebpf::cgroup_path::{self, CgroupOwner};
@@ -66,7 +67,8 @@ impl CgroupMode {
 #[derive(Debug, Default)]
 pub struct CgroupIndex {
     root: PathBuf,
-    owners: HashMap<u64, (CgroupOwner, String)>,
+    /// Shared paths: each trigger about a container carries its cgroup's.
+    owners: HashMap<u64, (CgroupOwner, Arc<str>)>,
     /// The changes made since a scan started, replayed on its result by [`Self::replace`]:
     /// the scan runs while events keep coming, and may have walked past a cgroup before its
     /// mkdir or rmdir.
@@ -76,7 +78,7 @@ pub struct CgroupIndex {
 /// One change to the index made from an event.
 #[derive(Debug)]
 enum Change {
-    Insert(u64, CgroupOwner, String),
+    Insert(u64, CgroupOwner, Arc<str>),
     Remove(u64),
 }
 
@@ -113,7 +115,7 @@ impl CgroupIndex {
                 .into_owned();
             match cgroup_path::parse(&relative, namespaces) {
                 Some(owner) => {
-                    self.owners.insert(metadata.ino(), (owner, relative));
+                    self.owners.insert(metadata.ino(), (owner, relative.into()));
                 }
                 // Containers do not nest: only descend into what is not one.
                 None => self.walk(&path, namespaces, depth + 1),
@@ -134,11 +136,19 @@ impl CgroupIndex {
         namespaces: &[String],
     ) -> Option<&CgroupOwner> {
         let owner = cgroup_path::parse(path, namespaces)?;
+        let path: Arc<str> = path.into();
         if let Some(journal) = &mut self.journal {
-            journal.push(Change::Insert(cgroup_id, owner.clone(), path.to_owned()));
+            journal.push(Change::Insert(cgroup_id, owner.clone(), Arc::clone(&path)));
         }
-        self.owners.insert(cgroup_id, (owner, path.to_owned()));
+        self.owners.insert(cgroup_id, (owner, path));
         self.get(cgroup_id)
+    }
+
+    /// The path of an indexed cgroup below the cgroup2 root.
+    pub fn path(&self, cgroup_id: u64) -> Option<Arc<str>> {
+        self.owners
+            .get(&cgroup_id)
+            .map(|(_, path)| Arc::clone(path))
     }
 
     /// Forgets a removed cgroup; returns its owner if it was a container's.

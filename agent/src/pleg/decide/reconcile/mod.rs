@@ -13,7 +13,7 @@
 //! source saw; one that is not is handed back to be read again, with why.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     time::SystemTime,
 };
 
@@ -24,16 +24,16 @@ use crate::pleg::{
         committed::Committed,
         diff::transition,
         hints::{Hint, Hints},
-        merge::{merge, moves_on, while_running},
+        merge::{learn, merge, moves_on, while_running},
         provenance::{Change, event},
     },
     model::{
         event::{PodLifecycleEvent, PodLifecycleEventType},
         record::{
-            ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid, Store, TaskRecord,
-            TaskRecords, side_by_side,
+            ContainerId, ContainerRecord, ContainerState, HostIdentity, OomWitness, PodRecord,
+            PodUid, Store, TaskRecord, TaskRecords, side_by_side,
         },
-        trigger::{ObservationKind, Says, Scope},
+        trigger::{Observation, ObservationKind, Says, Scope, TriggerSource},
     },
 };
 
@@ -46,6 +46,8 @@ pub struct Settings {
     pub confirm: Store,
     /// Send `ContainerChanged` events; kubelet computes but never sends them.
     pub emit_changed: bool,
+    /// Whose word on an OOM kill decides the reason of a death the task service confirmed.
+    pub oom_witness: OomWitness,
 }
 
 /// What a reading covers: where it can say a container is absent.
@@ -151,6 +153,36 @@ pub struct PodPlan<'e> {
     /// dropped with the drain. One buffer, not one per pod: why is in docs/design.md ("The
     /// full relist at node scale").
     pub events: std::vec::Drain<'e, PodLifecycleEvent>,
+    /// Deaths whose reason the CRI store, catching up, shows other than the one their event
+    /// told (from the task service's record and containerd's rule): the record takes CRI's,
+    /// and `events` holds a ContainerChanged with it.
+    pub corrected: Vec<Correction>,
+}
+
+/// A death's reason as its event told it, and as the CRI store shows it since.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Correction {
+    pub container: ContainerId,
+    pub told: String,
+    pub shown: String,
+}
+
+impl Correction {
+    /// The correction of `told` (a death the task service confirmed, its reason predicted)
+    /// by `shown` (the CRI store's record of it), if they differ.
+    fn of(told: &ContainerRecord, shown: &ContainerRecord) -> Option<Self> {
+        let exited = |c: &ContainerRecord, store| {
+            c.state == ContainerState::Exited && c.confirmed_by == store
+        };
+        // An empty reason was told by no one (a record an older plegd saved): the store
+        // fills it in.
+        let differ = !told.reason.is_empty() && told.reason != shown.reason;
+        (exited(told, Store::Task) && exited(shown, Store::Cri) && differ).then(|| Self {
+            container: told.id.clone(),
+            told: told.reason.clone(),
+            shown: shown.reason.clone(),
+        })
+    }
 }
 
 /// Carries out each pod's plan as reconcile decides it: the relist writes the cache, publishes
@@ -270,7 +302,8 @@ impl Decide<'_> {
         if (new.is_none() || !inspected) && new.as_ref() == old {
             return None;
         }
-        pod_events(old, new.as_ref(), self, events);
+        let mut corrected = Vec::new();
+        pod_events(old, new.as_ref(), self, events, &mut corrected);
         let same_containers = old
             .zip(new.as_ref())
             .is_some_and(|(old, new)| old.containers.keys().eq(new.containers.keys()));
@@ -279,6 +312,7 @@ impl Decide<'_> {
             record: new,
             same_containers,
             events: events.drain(..),
+            corrected,
         })
     }
 }
@@ -317,20 +351,57 @@ impl<'h> Before<'h> {
 }
 
 /// The runtime records a relist takes: the task records (those the hints carry, and those
-/// read), the starts the task service recorded, and the containers the runtime deleted. Empty
-/// when confirming at the CRI layer, which takes none of them.
+/// read), the starts the task service recorded, and the containers the runtime deleted (none
+/// when confirming at the CRI store, which takes none of them); and what the hints taught of
+/// containers beyond their state.
 struct Records<'a> {
     tasks: TaskRecords,
     started: TaskRecords,
     deleted: HashSet<&'a ContainerId>,
     tombstones: &'a HashSet<ContainerId>,
+    learned: HashMap<&'a ContainerId, Learned>,
+    /// Whose word on an OOM kill decides a death's reason.
+    witness: OomWitness,
+}
+
+/// What the hints taught of a container beyond its state ([`learn`]).
+#[derive(Debug, Default)]
+struct Learned {
+    oom_killed_by: BTreeSet<TriggerSource>,
+    host: Option<HostIdentity>,
+}
+
+impl Learned {
+    /// What `observation` teaches, laid over what was learned before.
+    fn take(&mut self, observation: &Observation) {
+        let host = match &observation.kind {
+            ObservationKind::OomKilled => {
+                self.oom_killed_by.insert(observation.source);
+                return;
+            }
+            ObservationKind::Identity(identity) => HostIdentity {
+                cgroup_id: Some(identity.cgroup_id),
+                cgroup_path: Some(identity.cgroup_path.to_string()),
+                init_pid: identity.init_pid,
+            },
+            &ObservationKind::TaskStarted { pid, .. } if pid != 0 => HostIdentity {
+                init_pid: Some(pid),
+                ..HostIdentity::default()
+            },
+            _ => return,
+        };
+        self.host = Some(match &self.host {
+            Some(known) => known.updated(&host),
+            None => host,
+        });
+    }
 }
 
 impl<'a> Records<'a> {
     /// `read`: the task statuses the reading read.
     fn of(
         hints: &'a Hints,
-        queued: &Hints,
+        queued: &'a Hints,
         read: TaskRecords,
         tombstones: &'a HashSet<ContainerId>,
         settings: Settings,
@@ -340,7 +411,21 @@ impl<'a> Records<'a> {
             started: TaskRecords::new(),
             deleted: HashSet::new(),
             tombstones,
+            learned: HashMap::new(),
+            witness: settings.oom_witness,
         };
+        // The queued hints too: an OOM kill waiting in the kernel's grace is the reason of
+        // the exit the runtime's own event answers now. The batch's own last: theirs stands.
+        for (id, observation) in queued.observations().chain(hints.observations()) {
+            if matches!(
+                observation.kind,
+                ObservationKind::OomKilled
+                    | ObservationKind::Identity(_)
+                    | ObservationKind::TaskStarted { .. }
+            ) {
+                records.learned.entry(id).or_default().take(observation);
+            }
+        }
         if settings.confirm != Store::Task {
             return records;
         }
@@ -372,9 +457,22 @@ impl<'a> Records<'a> {
         self.deleted.contains(id) || self.tombstones.contains(id)
     }
 
-    /// Whether a record of the runtime's speaks of `id` (so its pod is reconciled unread).
+    /// Whether a record of the runtime's, or something learned, speaks of `id` (so its pod is
+    /// reconciled unread).
     fn speak_of(&self, id: &ContainerId) -> bool {
-        self.tasks.contains_key(id) || self.deleted.contains(id)
+        self.tasks.contains_key(id) || self.deleted.contains(id) || self.learned.contains_key(id)
+    }
+
+    /// Lays what was learned of `id` over its record.
+    fn teach(&self, id: &ContainerId, record: &mut ContainerRecord) {
+        if let Some(learned) = self.learned.get(id) {
+            learn(
+                record,
+                &learned.oom_killed_by,
+                learned.host.as_ref(),
+                self.witness,
+            );
+        }
     }
 }
 
@@ -389,6 +487,7 @@ fn considered(
         .tasks
         .keys()
         .chain(records.deleted.iter().copied())
+        .chain(records.learned.keys().copied())
         .filter_map(|id| committed.pod_of(id))
         .collect();
     spoken.sort();
@@ -434,6 +533,16 @@ fn new_pod(
         }
         Some(PodReading::Failed) => return None,
     };
+    // A pod's labels and annotations are its sandbox's: a reading without the sandbox (its
+    // containers read by id) keeps the ones committed.
+    if let Some(old) = old {
+        if pod.labels.is_empty() {
+            pod.labels.clone_from(&old.labels);
+        }
+        if pod.annotations.is_empty() {
+            pod.annotations.clone_from(&old.annotations);
+        }
+    }
     let found = std::mem::take(&mut pod.containers);
     let committed = old.into_iter().flat_map(|p| p.containers.iter());
     let task = |id: &ContainerId| (!records.is_deleted(id)).then(|| records.tasks.get(id).copied());
@@ -441,14 +550,18 @@ fn new_pod(
         .filter_map(|sides| match sides {
             (old, Some((id, found))) => {
                 let task = task(&id)?;
-                Some((id, merge(old.map(|(_, c)| c), Some(found), task)?))
+                let mut record = merge(old.map(|(_, c)| c), Some(found), task, records.witness)?;
+                records.teach(&id, &mut record);
+                Some((id, record))
             }
             (Some((id, old)), None) => {
                 let task = task(id)?;
                 if shown.absent(id) {
                     return None;
                 }
-                Some((id.clone(), merge(Some(old), None, task)?))
+                let mut record = merge(Some(old), None, task, records.witness)?;
+                records.teach(id, &mut record);
+                Some((id.clone(), record))
             }
             (None, None) => None,
         })
@@ -477,12 +590,14 @@ impl Shown {
     }
 }
 
-/// The events of a pod that went from `old` to `new`, by container id, put in `events`.
+/// The events of a pod that went from `old` to `new`, by container id, put in `events`; the
+/// reasons the CRI store corrected, in `corrected`.
 fn pod_events<'a>(
     old: Option<&'a PodRecord>,
     new: Option<&'a PodRecord>,
     decide: &Decide<'_>,
     events: &mut Vec<PodLifecycleEvent>,
+    corrected: &mut Vec<Correction>,
 ) {
     let Decide {
         records,
@@ -500,10 +615,38 @@ fn pod_events<'a>(
             (None, Some((id, after))) => (id, None, Some(after)),
             (None, None) => continue,
         };
+        // A death's reason told from the task service's record, which the CRI store shows
+        // otherwise: the consumer is told by a ContainerChanged carrying the store's reason
+        // (whatever `emit_changed` says: that governs news of created containers), so its
+        // pod is synced too.
+        if let Some((correction, shown)) = before
+            .zip(after)
+            .and_then(|(told, shown)| Correction::of(told, shown).map(|c| (c, shown)))
+        {
+            corrected.push(correction);
+            events.push(event(
+                Change {
+                    pod,
+                    event_type: PodLifecycleEventType::ContainerChanged,
+                    record: shown,
+                },
+                hints,
+                *read_at,
+            ));
+        }
         // A container gone: its last record, with what the task service recorded of its end.
         let gone = match after {
             Some(_) => None,
-            None => merge(before, None, records.tasks.get(id).copied()),
+            None => merge(
+                before,
+                None,
+                records.tasks.get(id).copied(),
+                records.witness,
+            )
+            .map(|mut last| {
+                records.teach(id, &mut last);
+                last
+            }),
         };
         let Some(last) = after.or(gone.as_ref()) else {
             continue;
@@ -707,13 +850,23 @@ impl World<'_> {
         let gone = state.is_none() && (deleted || (known && self.covers(id)));
         match says {
             // A container created and not started yet makes no event: it is read with its
-            // start (or by the next full relist), not for its presence alone.
-            Says::Present => !self.emit_changed || known || state.is_some() || self.covers(id),
+            // start (or by the next full relist), not for its presence alone. When its
+            // ContainerChanged is to be sent, a reading that did not find it (containerd
+            // publishes /containers/create before its CRI store holds the container) is
+            // followed by another, unless the runtime said it deleted it.
+            Says::Present => !self.emit_changed || known || state.is_some() || deleted,
             Says::Started => {
                 gone || matches!(
                     state,
                     Some(ContainerState::Running | ContainerState::Exited)
                 )
+            }
+            // The OOM kill of a process is news of the container's reason, not of its state
+            // (the init may live on): shown once its record holds it.
+            Says::OomKill => {
+                gone || self.after.container(id).is_some_and(|record| {
+                    record.oom_killed() || record.state == ContainerState::Exited
+                })
             }
             Says::Died => {
                 gone || matches!(

@@ -1,8 +1,12 @@
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use ContainerState::{Created, Exited, Running};
 use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
-use PodLifecycleEventType::{ContainerDied, ContainerRemoved, ContainerStarted};
+use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
 use TriggerSource::{Containerd, Ebpf};
 
 use super::*;
@@ -26,10 +30,12 @@ fn uid(uid: &str) -> PodUid {
 const TASK: Settings = Settings {
     confirm: Store::Task,
     emit_changed: false,
+    oom_witness: OomWitness::Any,
 };
 const CRI: Settings = Settings {
     confirm: Store::Cri,
     emit_changed: false,
+    oom_witness: OomWitness::Any,
 };
 
 /// Pod "p" holding container "c" in `state` (none: an empty committed set).
@@ -108,6 +114,7 @@ fn read_alone(state: ContainerState, gone: &[&str]) -> PodReading {
 struct Planned {
     record: Option<PodRecord>,
     events: Vec<PodLifecycleEvent>,
+    corrected: Vec<Correction>,
 }
 
 /// Collects each pod's plan, committing it as the relist does.
@@ -127,6 +134,7 @@ impl Act for Collect {
         self.pods.push(Planned {
             record: pod.record,
             events: pod.events.collect(),
+            corrected: pod.corrected,
         });
     }
 }
@@ -223,7 +231,7 @@ fn the_runtimes_own_records_answer_unread() {
             name: "a task start answers a start unread",
             committed: Some(Created),
             reading: nothing(),
-            hints: hints(false, Containerd, &[TaskStarted { at: at(8) }]),
+            hints: hints(false, Containerd, &[TaskStarted { at: at(8), pid: 0 }]),
             settings: TASK,
             events: vec![(ContainerStarted, None, TASK_STORE)],
             reread: vec![],
@@ -243,7 +251,11 @@ fn the_runtimes_own_records_answer_unread() {
             name: "a start and an exit of a created container are two events",
             committed: Some(Created),
             reading: nothing(),
-            hints: hints(false, Containerd, &[TaskStarted { at: at(8) }, exit(1)]),
+            hints: hints(
+                false,
+                Containerd,
+                &[TaskStarted { at: at(8), pid: 0 }, exit(1)],
+            ),
             settings: TASK,
             events: vec![
                 (ContainerStarted, None, TASK_STORE),
@@ -256,7 +268,7 @@ fn the_runtimes_own_records_answer_unread() {
             name: "a kernel death alone is only where to look",
             committed: Some(Running),
             reading: nothing(),
-            hints: hints(false, Ebpf, &[OomKilled]),
+            hints: hints(false, Ebpf, &[Signal(9)]),
             settings: TASK,
             events: vec![],
             reread: vec![Why::Unreflected],
@@ -293,7 +305,7 @@ fn a_reading_confirms_what_the_hints_said_or_leaves_it_to_read_again() {
             name: "a kernel death is confirmed by the inspection that shows it",
             committed: Some(Running),
             reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Exited))]),
-            hints: hints(false, Ebpf, &[OomKilled]),
+            hints: hints(false, Ebpf, &[Signal(9)]),
             settings: TASK,
             events: vec![(ContainerDied, Some(2), CRI_STORE)],
             reread: vec![],
@@ -303,7 +315,7 @@ fn a_reading_confirms_what_the_hints_said_or_leaves_it_to_read_again() {
             name: "an inspection that does not show it yet leaves it to read again",
             committed: Some(Running),
             reading: reading(Covers::Pod(uid("p")), vec![("p", inspected(Running))]),
-            hints: hints(false, Ebpf, &[OomKilled]),
+            hints: hints(false, Ebpf, &[Signal(9)]),
             settings: TASK,
             events: vec![],
             reread: vec![Why::Unreflected],
@@ -313,7 +325,7 @@ fn a_reading_confirms_what_the_hints_said_or_leaves_it_to_read_again() {
             name: "a failed inspection is read again and changes nothing",
             committed: Some(Running),
             reading: reading(Covers::Pod(uid("p")), vec![("p", PodReading::Failed)]),
-            hints: hints(false, Ebpf, &[OomKilled]),
+            hints: hints(false, Ebpf, &[Signal(9)]),
             settings: TASK,
             events: vec![],
             reread: vec![Why::Failed],
@@ -380,6 +392,21 @@ fn containers_read_by_their_id() {
             settings: TASK,
             events: vec![],
             reread: vec![],
+            settles: false,
+        },
+        Case {
+            // containerd publishes /containers/create before its CRI store holds the
+            // container: a ContainerChanged to send is worth another look.
+            name: "with ContainerChanged sent, a created container not found yet is read again",
+            committed: None,
+            reading: reading(Covers::Containers(vec![id("c")]), vec![]),
+            hints: hints(true, Containerd, &[Present]),
+            settings: Settings {
+                emit_changed: true,
+                ..TASK
+            },
+            events: vec![],
+            reread: vec![Why::Unreflected],
             settles: false,
         },
         Case {
@@ -476,7 +503,7 @@ fn a_start_recorded_by_a_queued_hint_is_announced_before_the_death_read() {
     // Never committed, first read exited (a kernel hint's full listing found it); the
     // containerd start sits in a hint waiting for its retry.
     let read = reading(Covers::Node, vec![("p", inspected(Exited))]);
-    let start = hints(true, Containerd, &[TaskStarted { at: at(8) }]);
+    let start = hints(true, Containerd, &[TaskStarted { at: at(8), pid: 0 }]);
     let (cri, task) = (Some(Store::Cri), Some(Store::Task));
     let none = Hints::default();
     for (queued, settings, events) in [
@@ -676,7 +703,7 @@ fn only_what_the_node_does_not_show_yet_is_read_again() {
 
 #[test]
 fn task_statuses_are_read_only_for_kernel_hints_the_runtime_does_not_show() {
-    let kernel = hints(false, Ebpf, &[OomKilled]);
+    let kernel = hints(false, Ebpf, &[Signal(9)]);
     assert_eq!(tasks_to_read(&kernel, |_| Some(Running)), vec![id("c")]);
     assert_eq!(tasks_to_read(&kernel, |_| Some(Exited)), vec![]);
     assert_eq!(tasks_to_read(&kernel, |_| None), vec![], "unknown");
@@ -685,4 +712,180 @@ fn task_statuses_are_read_only_for_kernel_hints_the_runtime_does_not_show() {
     assert_eq!(tasks_to_read(&exec, |_| Some(Running)), vec![]);
     let carried = hints(false, Containerd, &[exit(137)]);
     assert_eq!(tasks_to_read(&carried, |_| Some(Running)), vec![]);
+}
+
+/// Container "c" of pod "p" as the plans left it.
+fn planned_container(pods: &[Planned]) -> &ContainerRecord {
+    let pod = pods
+        .iter()
+        .find_map(|p| p.record.as_ref())
+        .expect("a plan of pod p");
+    &pod.containers[&id("c")]
+}
+
+/// An OOM kill of one of a running container's processes says nothing of its state (the init
+/// may live on): it is learned with no reading and no event, and is the reason of the death
+/// that follows, whatever its code.
+#[test]
+fn an_oom_kill_is_learned_unread_and_is_the_reason_of_the_death_that_follows() {
+    for source in [Ebpf, Containerd] {
+        let (pods, plan) = reconcile(
+            &committed(Some(Running)),
+            nothing(),
+            &hints(false, source, &[OomKilled]),
+            &Hints::default(),
+            &HashSet::new(),
+            TASK,
+        );
+        assert_eq!(rows(&pods), vec![], "{source:?}: no event");
+        assert_eq!(whys(&plan), vec![], "{source:?}: nothing to read");
+        let learned = planned_container(&pods);
+        assert_eq!(
+            learned.oom_killed_by,
+            BTreeSet::from([source]),
+            "{source:?}"
+        );
+        assert_eq!(learned.state, Running, "{source:?}");
+
+        let mut after = Committed::default();
+        let mut oomed = pod("p", "web", [learned.clone()]);
+        oomed.uid = uid("p");
+        after.commit(&uid("p"), Some(Arc::new(oomed)), false);
+        let (pods, _) = reconcile(
+            &after,
+            nothing(),
+            &hints(false, Containerd, &[exit(0)]),
+            &Hints::default(),
+            &HashSet::new(),
+            TASK,
+        );
+        let died = &pods[0].events[0];
+        assert_eq!(
+            (died.event_type, died.exit_code, died.reason.as_str()),
+            (ContainerDied, Some(0), "OOMKilled"),
+            "{source:?}"
+        );
+    }
+}
+
+/// The OOM kill and the exit in one batch (containerd's /tasks/oom, or the kernel's kill held
+/// in its grace, answered by /tasks/exit): the death carries the reason, and the signal.
+#[test]
+fn a_death_and_its_oom_kill_in_one_batch_tell_the_reason_and_the_signal() {
+    let (pods, _) = reconcile(
+        &committed(Some(Running)),
+        nothing(),
+        &hints(false, Containerd, &[OomKilled, exit(137)]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    let died = &pods[0].events[0];
+    assert_eq!(
+        (died.reason.as_str(), died.signal, died.confirmed_by),
+        ("OOMKilled", Some(9), Some(Store::Task))
+    );
+    // The kernel's OOM kill still queued (in its grace) when the runtime's exit is read.
+    let (pods, _) = reconcile(
+        &committed(Some(Running)),
+        nothing(),
+        &hints(false, Containerd, &[exit(137)]),
+        &hints(true, Ebpf, &[OomKilled]),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(pods[0].events[0].reason, "OOMKilled");
+}
+
+/// Who a container is on the host comes with the kernel's observations of it (and the
+/// runtime's start): its record keeps it, and its events carry it.
+#[test]
+fn the_containers_identity_on_the_host_is_kept_and_carried() {
+    let identity = ObservationKind::Identity(crate::pleg::model::trigger::Identity {
+        cgroup_id: 7,
+        cgroup_path: "/k8s.io/c".into(),
+        init_pid: Some(41),
+    });
+    let (pods, _) = reconcile(
+        &committed(Some(Created)),
+        nothing(),
+        &hints(false, Containerd, &[TaskStarted { at: at(8), pid: 42 }]),
+        &hints(true, Ebpf, &[Exec("/bin/sh".into()), identity]),
+        &HashSet::new(),
+        TASK,
+    );
+    let started = &pods[0].events[0];
+    assert_eq!(started.event_type, ContainerStarted);
+    let host = started.host.as_deref().expect("the identity on the event");
+    assert_eq!(
+        (host.cgroup_id, host.cgroup_path.as_deref(), host.init_pid),
+        (Some(7), Some("/k8s.io/c"), Some(42)),
+        "the runtime's pid stands where both said one"
+    );
+    assert_eq!(planned_container(&pods).host.as_deref(), Some(host));
+}
+
+/// A death whose reason the task service's record decided, and the CRI store shows another:
+/// the record takes the store's, the plan says so, and a ContainerChanged tells consumers
+/// (with `emit_changed` off: it is no news of a created container).
+#[test]
+fn the_cri_store_correcting_a_deaths_reason_is_said() {
+    let mut told = exited("c", "app", 137, "Error");
+    told.confirmed_by = Store::Task;
+    let mut before = Committed::default();
+    before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
+    let shown = PodReading::Inspected(pod("p", "web", [exited("c", "app", 137, "OOMKilled")]));
+    let (pods, _) = reconcile(
+        &before,
+        reading(Covers::Pod(uid("p")), vec![("p", shown)]),
+        &Hints::default(),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        vec![(ContainerChanged, Some(137), Some(Store::Cri))]
+    );
+    assert_eq!(pods[0].events[0].reason, "OOMKilled");
+    assert_eq!(
+        pods[0].corrected,
+        vec![Correction {
+            container: id("c"),
+            told: "Error".into(),
+            shown: "OOMKilled".into(),
+        }]
+    );
+    assert_eq!(planned_container(&pods).reason, "OOMKilled");
+}
+
+/// A pod's labels and annotations come with its sandbox: a reading of its containers by id
+/// (without them) keeps the committed ones, and the events carry them.
+#[test]
+fn a_pods_labels_outlive_a_reading_of_its_containers_alone() {
+    let mut labelled = pod("p", "web", [record(Created)]);
+    labelled.labels = BTreeMap::from([("app".into(), "web".into())]);
+    labelled.annotations = BTreeMap::from([("owner".into(), "alice".into())]);
+    let mut before = Committed::default();
+    before.commit(&uid("p"), Some(Arc::new(labelled.clone())), false);
+    let (pods, _) = reconcile(
+        &before,
+        reading(
+            Covers::Containers(vec![id("c")]),
+            vec![("p", read_alone(Running, &[]))],
+        ),
+        &hints(true, Ebpf, &[Exec("/bin/sh".into())]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    let record = pods[0].record.as_ref().expect("the pod stays");
+    assert_eq!(
+        (&record.labels, &record.annotations),
+        (&labelled.labels, &labelled.annotations)
+    );
+    let started = &pods[0].events[0];
+    assert_eq!(started.event_type, ContainerStarted);
+    assert_eq!(started.pod_labels, labelled.labels);
+    assert_eq!(started.pod_annotations, labelled.annotations);
 }

@@ -102,6 +102,7 @@ async fn triggers_saying_only_presence_pass_only_where_presence_is_news() {
     };
     let started = ObservationKind::TaskStarted {
         at: SystemTime::now(),
+        pid: 0,
     };
     let cases = [
         ("presence alone", vec![ObservationKind::Present], false),
@@ -252,6 +253,7 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
         source: TriggerSource::Containerd,
         kind: ObservationKind::TaskStarted {
             at: SystemTime::now(),
+            pid: 0,
         },
     }];
     h.triggers.send(started);

@@ -36,7 +36,10 @@ use crate::pleg::{
     driver::sink::EventSink,
     model::{
         event::PodLifecycleEvent,
-        record::{ContainerId, ContainerState, PodRecord, PodRecords, PodUid, Store, TaskRecords},
+        record::{
+            ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store,
+            TaskRecords,
+        },
         runtime::{ContainerRead, Runtime, RuntimeError},
         trigger::Scope,
     },
@@ -91,6 +94,9 @@ pub struct RelistConfig {
     /// The runtime record that confirms a start, an exit or a removal (see
     /// [`crate::pleg::decide::merge`]).
     pub confirm: Store,
+    /// Whose word on an OOM kill decides the reason of a death the task service confirmed:
+    /// containerd's own where its event stream reaches plegd.
+    pub oom_witness: OomWitness,
 }
 
 impl Default for RelistConfig {
@@ -99,6 +105,7 @@ impl Default for RelistConfig {
             inspect_concurrency: DEFAULT_INSPECT_CONCURRENCY,
             emit_changed: false,
             confirm: Store::Task,
+            oom_witness: OomWitness::Any,
         }
     }
 }
@@ -351,6 +358,7 @@ impl<R: Runtime> Relister<R> {
         let settings = Settings {
             confirm: self.config.confirm,
             emit_changed: self.config.emit_changed,
+            oom_witness: self.config.oom_witness,
         };
         let mut publisher = Publisher {
             committed: &mut self.committed,
@@ -637,6 +645,9 @@ impl Act for Publisher<'_> {
             None => cache.delete(&pod.uid),
         }
         self.publish(pod.events);
+        for correction in &pod.corrected {
+            self.sink.corrected(&pod.uid, correction);
+        }
         self.committed.commit(&pod.uid, record, pod.same_containers);
     }
 }

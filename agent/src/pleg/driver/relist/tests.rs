@@ -514,8 +514,13 @@ async fn a_task_exit_confirms_a_death_with_no_runtime_call() {
     );
     assert!(drain(&mut h.events).is_empty());
 
-    // CRI caught up: no second event, its reason reaches the cache.
+    // CRI caught up, and showed another reason than the one told (plegd missed the OOM
+    // kill): its reason reaches the cache, and a ContainerChanged says so.
     let mut record = cached(&h, "p", "c");
+    assert_eq!(
+        record.reason, "Error",
+        "containerd's rule for 137 without an OOM kill"
+    );
     record.reason = "OOMKilled".into();
     record.confirmed_by = Store::Cri;
     h.runtime.set_container("p", record);
@@ -528,7 +533,12 @@ async fn a_task_exit_confirms_a_death_with_no_runtime_call() {
         (outcome.settling, outcome.inspected),
         (vec![], vec![uid("p")])
     );
-    assert!(drain(&mut h.events).is_empty());
+    let events = drain(&mut h.events);
+    assert_eq!(summary(&events), [ev("p", "c", ContainerChanged)]);
+    assert_eq!(
+        (events[0].reason.as_str(), events[0].confirmed_by),
+        ("OOMKilled", Some(Store::Cri))
+    );
     let c = cached(&h, "p", "c");
     assert_eq!(
         (c.reason.as_str(), c.confirmed_by),
@@ -565,6 +575,7 @@ async fn a_task_record_beside_an_unspecific_hint_still_reads() {
 async fn a_start_the_task_service_recorded_is_published_though_the_reading_shows_the_exit() {
     let started = ObservationKind::TaskStarted {
         at: SystemTime::UNIX_EPOCH + Duration::from_secs(3),
+        pid: 0,
     };
     let runtime_said = |observations: &[ObservationKind]| {
         let observations: Vec<_> = observations

@@ -1,0 +1,264 @@
+//! A ContainerDied leaves with its reason: the one containerd's CRI store shows once it has
+//! caught up (kill -9, exit 0, exit 3, an OOM kill of the init, an OOM kill of a child then
+//! the init's death), in the default mode (eBPF and containerd's events), on whichever
+//! containerd release the harness runs (`PLEGD_TEST_CONTAINERD`: the suite runs this file on
+//! 1.6, 1.7 and 2.1). And an OOM kill of a child whose init lives on is no death: at most one
+//! runtime read, the container's status says it, and the init's death that follows carries it.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_cri::v1::ContainerState;
+use plegd::{
+    config::{Mode, SourceName},
+    pleg::{ContainerId, PodUid},
+};
+use plegd_tests::{
+    Node, PrivateContainerd,
+    cri::{ContainerSpec, Cri, Pod},
+    wait,
+};
+use serde_json::Value;
+use support::{RunningPlegd, push_config};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Far longer than the test: every event comes from the push sources.
+const SLOW: Duration = Duration::from_secs(300);
+
+/// One test at a time: each plegd's kernel probes see every container on the host, and the
+/// runtime reads the other test's containers cost would be counted as this one's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A 32 MiB container whose init lives on while a child it starts is OOM-killed.
+fn oom_child(name: &str) -> ContainerSpec {
+    ContainerSpec {
+        memory_limit: Some(32 << 20),
+        ..ContainerSpec::shell(
+            name,
+            "(dd if=/dev/zero of=/dev/null bs=200M count=1); exec sleep 2147483647",
+        )
+    }
+}
+
+/// plegd in its default mode (the kernel's probes and containerd's events, full relists far
+/// apart) on `containerd`, its sources connected.
+async fn start(containerd: &PrivateContainerd) -> RunningPlegd {
+    let config = push_config(
+        containerd,
+        &[SourceName::Ebpf, SourceName::Containerd],
+        Mode::Auto,
+        SLOW,
+    );
+    let plegd = RunningPlegd::start(config).await;
+    plegd.wait_sources_connected(1, DEADLINE).await;
+    plegd
+}
+
+/// Waits until CRI shows `id` exited; its reason.
+async fn cri_reason(cri: &Cri, id: &str) -> String {
+    cri.wait_state(id, ContainerState::ContainerExited, DEADLINE)
+        .await
+        .unwrap()
+        .reason
+}
+
+/// The reason `id`'s ContainerDied told, and that CRI shows; asserted equal.
+async fn same_reason(plegd: &mut RunningPlegd, cri: &Cri, id: &str, what: &str) -> String {
+    plegd
+        .wait_container(id, &["ContainerStarted", "ContainerDied"], DEADLINE)
+        .await;
+    let died = plegd.last_of(id).clone();
+    let shown = cri_reason(cri, id).await;
+    assert_eq!(died["reason"], Value::from(shown.clone()), "{what}: {died}");
+    assert!(
+        died["confirmed_by"] == "task" || died["confirmed_by"] == "cri",
+        "{what}: {died}"
+    );
+    eprintln!(
+        "{what}: ContainerDied exit {} reason {} (CRI: {shown}), confirmed by {}",
+        died["exit_code"], died["reason"], died["confirmed_by"]
+    );
+    shown
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_death_leaves_with_the_reason_cri_shows() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let mut plegd = start(&containerd).await;
+    let pod = cri.run_pod("reasons").await.unwrap();
+
+    let killed = cri
+        .run_container(&pod, &ContainerSpec::sleeper("killed"))
+        .await
+        .unwrap();
+    plegd
+        .wait_container(&killed, &["ContainerStarted"], DEADLINE)
+        .await;
+    tasks.kill_init(&killed).await.unwrap();
+    assert_eq!(
+        same_reason(&mut plegd, &cri, &killed, "kill -9").await,
+        "Error"
+    );
+
+    for (code, expected) in [(0, "Completed"), (3, "Error")] {
+        let exits = cri
+            .run_container(&pod, &ContainerSpec::exiting(&format!("exit-{code}"), code))
+            .await
+            .unwrap();
+        let what = format!("exit {code}");
+        assert_eq!(same_reason(&mut plegd, &cri, &exits, &what).await, expected);
+    }
+
+    let hog = cri
+        .run_container(&pod, &ContainerSpec::oom_init("hog"))
+        .await
+        .unwrap();
+    let shown = same_reason(&mut plegd, &cri, &hog, "OOM kill of the init").await;
+    assert_eq!(plegd.last_of(&hog)["exit_code"], 137);
+    assert_eq!(shown, "OOMKilled");
+
+    // The deaths above were confirmed by containerd's task records: their pod is read again
+    // once the CRI store has caught up. Counted apart from the child's OOM kill below.
+    let cache = plegd.shared.pleg.cache().clone();
+    let uid = PodUid(pod.uid.clone());
+    wait::until("the CRI store's records of the first pod", DEADLINE, || {
+        let settled = cache.get(&uid).record.is_some_and(|pod| {
+            pod.containers
+                .values()
+                .all(|c| c.confirmed_by == plegd::pleg::Store::Cri)
+        });
+        async move { anyhow::Ok(settled.then_some(())) }
+    })
+    .await
+    .unwrap();
+    let own = cri.run_pod("child-oom").await.unwrap();
+    child_oom_then_kill(&mut plegd, &cri, &tasks, &own).await;
+    plegd.stop().await;
+}
+
+/// A child's OOM kill: no ContainerDied, at most one runtime read, the container's status says
+/// it; then a kill -9 of the init: ContainerDied 137, reason OOMKilled, as CRI says.
+async fn child_oom_then_kill(
+    plegd: &mut RunningPlegd,
+    cri: &Cri,
+    tasks: &plegd_tests::native::Native,
+    pod: &Pod,
+) {
+    let worker = cri.run_container(pod, &oom_child("worker")).await.unwrap();
+    plegd
+        .wait_container(&worker, &["ContainerStarted"], DEADLINE)
+        .await;
+    let calls = |plegd: &RunningPlegd| -> f64 {
+        plegd
+            .metrics()
+            .iter()
+            .filter(|(series, _)| series.starts_with("plegd_runtime_calls_total"))
+            .map(|(_, value)| value)
+            .sum()
+    };
+    let before = calls(plegd);
+    let cache = plegd.shared.pleg.cache().clone();
+    let (uid, id) = (PodUid(pod.uid.clone()), ContainerId(worker.clone()));
+    wait::until(
+        "the child's OOM kill on the container's status",
+        DEADLINE,
+        || {
+            let record = cache.get(&uid).record;
+            let oom = record.and_then(|pod| pod.containers.get(&id).map(|c| c.oom_killed()));
+            async move { anyhow::Ok(oom.filter(|oom| *oom)) }
+        },
+    )
+    .await
+    .unwrap();
+    // The runtime's word the kill needs no more than one read of it; the grace of the kernel's
+    // trigger and containerd's own event both have come and gone by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reads = calls(plegd) - before;
+    eprintln!("OOM kill of a child: {reads} runtime calls");
+    assert!(reads <= 1.0, "{reads} runtime calls for a child's OOM kill");
+    plegd.drain(Duration::from_millis(200)).await;
+    assert_eq!(
+        support::types_of(&plegd.events, &worker),
+        ["ContainerStarted"],
+        "no death: the init lives on"
+    );
+    let status = cri.container_status(&worker).await.unwrap();
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+
+    tasks.kill_init(&worker).await.unwrap();
+    let shown = same_reason(plegd, cri, &worker, "OOM kill of a child, then kill -9").await;
+    assert_eq!(plegd.last_of(&worker)["exit_code"], 137);
+    assert_eq!(shown, "OOMKilled");
+}
+
+/// Each death and start counts once, by reason, however many fall between two scrapes:
+/// `N` OOM kills and `N` exits raise their counters by exactly `N`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn termination_counters_rise_by_exactly_the_deaths() {
+    const N: usize = 3;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
+    let mut plegd = start(&containerd).await;
+    let pod = cri.run_pod("counted").await.unwrap();
+    let total = |plegd: &RunningPlegd, family: &str, reason: Option<&str>| -> f64 {
+        plegd
+            .metrics()
+            .iter()
+            .filter(|(series, _)| series.starts_with(&format!("{family}{{")))
+            .filter(|(series, _)| {
+                series.contains(r#"pod="counted""#)
+                    && reason.is_none_or(|r| series.contains(&format!(r#"reason="{r}""#)))
+            })
+            .map(|(_, value)| value)
+            .sum()
+    };
+    let before = (
+        total(
+            &plegd,
+            "plegd_container_terminations_total",
+            Some("OOMKilled"),
+        ),
+        total(&plegd, "plegd_container_terminations_total", Some("Error")),
+        total(&plegd, "plegd_container_starts_total", None),
+    );
+    let mut ids = Vec::new();
+    for i in 0..N {
+        ids.push(
+            cri.run_container(&pod, &ContainerSpec::oom_init(&format!("hog-{i}")))
+                .await
+                .unwrap(),
+        );
+        let spec = ContainerSpec::exiting(&format!("fails-{i}"), 3);
+        ids.push(cri.run_container(&pod, &spec).await.unwrap());
+    }
+    for id in &ids {
+        plegd
+            .wait_container(id, &["ContainerStarted", "ContainerDied"], DEADLINE)
+            .await;
+    }
+    let after = (
+        total(
+            &plegd,
+            "plegd_container_terminations_total",
+            Some("OOMKilled"),
+        ),
+        total(&plegd, "plegd_container_terminations_total", Some("Error")),
+        total(&plegd, "plegd_container_starts_total", None),
+    );
+    let n = N as f64;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (n, n, 2.0 * n),
+        "OOM kills, errors and starts: {before:?} -> {after:?}"
+    );
+    plegd.stop().await;
+}
