@@ -9,6 +9,7 @@ fn the_report_names_every_subject_and_the_probes_load() {
         "kernel",
         "probe cgroup_mkdir",
         "probe sched_process_exit",
+        "probe cgroup_mkdir attached",
         "exit group_dead",
         "exit status",
         "cgroups",
@@ -31,7 +32,9 @@ fn the_report_names_every_subject_and_the_probes_load() {
 /// carry their status on the kernels this project runs on.
 #[test]
 fn the_running_kernel_gives_the_exit_code_offset() {
-    let offset = plegd::sources::ebpf::btf::running_kernel_exit_code_offset()
+    use plegd::sources::ebpf::btf::{KernelTypes, Types as _};
+    let offset = KernelTypes::running()
+        .and_then(|types| types.member_offset("task_struct", "exit_code"))
         .expect("task_struct.exit_code in /sys/kernel/btf/vmlinux");
     // task_struct is a few KiB; an offset past that is a misread.
     assert!((8..16 * 1024).contains(&offset), "offset {offset}");

@@ -550,9 +550,10 @@ impl Bench {
     }
 }
 
-/// Per plegd program: runs and total in-kernel run time so far, from the kernel's bpf_stats.
-/// The kernel keeps 15 characters of a name (`sched_process_e` is exec and exit): programs of
-/// one name are told apart by load order, which is `PROGRAMS` order.
+/// Per plegd probe: runs and total in-kernel run time so far, from the kernel's bpf_stats.
+/// The kernel keeps 15 characters of a name (`sched_process_e` is exec and exit, raw or
+/// not): programs of one name are told apart by load order, one program per probe in
+/// `PROGRAMS` order.
 fn bpf_costs() -> Vec<(&'static str, u64, Duration)> {
     let mut infos: Vec<_> = aya::programs::loaded_programs().flatten().collect();
     infos.sort_by_key(|info| std::cmp::Reverse(info.id()));
@@ -562,10 +563,15 @@ fn bpf_costs() -> Vec<(&'static str, u64, Duration)> {
         .rev()
         .map(|spec| spec.name)
     {
-        // The newest loaded program whose kernel name is a prefix of ours, not yet taken.
+        // The newest loaded program whose kernel name is a prefix of one of this probe's
+        // (its classic program's, or a raw one's, which starts with it), not yet taken.
         let Some(at) = infos.iter().position(|info| {
-            info.name_as_str()
-                .is_some_and(|n| !n.is_empty() && program.starts_with(n))
+            info.name_as_str().is_some_and(|n| {
+                !n.is_empty()
+                    && plegd::sources::ebpf::features::PROGRAM_NAMES
+                        .iter()
+                        .any(|name| name.starts_with(program) && name.starts_with(n))
+            })
         }) else {
             continue;
         };

@@ -144,18 +144,12 @@ pub async fn check(plan: Plan) -> anyhow::Result<()> {
     let imported_ok = imported.is_ok();
     report.result("images", imported);
     report.result("plegd-ready", plegd_ready());
+    // The kernel's own setting, left as it is (Debian's is 3).
     let paranoid = perf_event_paranoid()?;
-    // The journal is read from here on: what plegd logged without its probes is expected.
-    let mut since = unix_now();
-    if paranoid > 2 {
-        report.result("paranoid-degrades", paranoid_degrades(paranoid));
-        std::fs::write(PERF_EVENT_PARANOID, "2\n")
-            .with_context(|| format!("writing {PERF_EVENT_PARANOID}"))?;
-        since = unix_now();
-        run("systemctl", &["restart", UNIT])?;
-        println!("{MARK} note kernel.perf_event_paranoid {paranoid} -> 2, plegd restarted");
-    }
+    let since = unix_now();
+    report.result("ebpf-attached", ebpf_attached(paranoid));
     report.result("plegd-check", plegd_check_sandboxed());
+    report.result("daemonset-capabilities", daemonset_capabilities());
     report.result("hardening", hardening());
     let cri = Cri::connect_socket(Path::new(CONTAINERD_SOCKET), CgroupDriver::Systemd).await;
     match (cri, imported_ok) {
@@ -355,15 +349,20 @@ fn sandboxed_check() -> anyhow::Result<(Vec<String>, String)> {
     }
     cmd.args([PLEGD, "check"]);
     let out = cmd.output().context("systemd-run plegd check")?;
+    Ok(check_lines_of(&out))
+}
+
+/// The `ok`/`NO` lines of a `plegd check`'s output, spaces squeezed, and its stderr.
+fn check_lines_of(out: &std::process::Output) -> (Vec<String>, String) {
     let lines = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with("ok ") || l.starts_with("NO "))
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect();
-    Ok((
+    (
         lines,
         String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-    ))
+    )
 }
 
 /// The `plegd check` line about `subject` ("eBPF probes", "probe ").
@@ -377,25 +376,116 @@ fn check_lines<'a>(lines: &'a [String], subject: &str) -> Vec<&'a String> {
 /// `plegd check` under the unit's sandbox loads and attaches every probe.
 fn plegd_check_sandboxed() -> anyhow::Result<String> {
     let (lines, stderr) = sandboxed_check()?;
-    let probes = check_lines(&lines, "probe ");
-    let summary = check_lines(&lines, "eBPF probes");
+    every_probe_attached(&lines, &stderr, "the unit's sandbox")
+}
+
+/// The capabilities deploy/kubernetes/daemonset.yaml gives plegd's container (`add`, after
+/// `drop: [ALL]`).
+fn daemonset_added_capabilities() -> anyhow::Result<Vec<String>> {
+    use serde::Deserialize as _;
+    let text = include_str!("../../deploy/kubernetes/daemonset.yaml");
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let manifest = serde_yaml::Value::deserialize(document)?;
+        if manifest["kind"] != "DaemonSet" {
+            continue;
+        }
+        let containers = manifest["spec"]["template"]["spec"]["containers"]
+            .as_sequence()
+            .context("the DaemonSet's containers")?;
+        let plegd = containers
+            .iter()
+            .find(|c| c["name"] == "plegd")
+            .context("no container plegd in the DaemonSet")?;
+        let add = plegd["securityContext"]["capabilities"]["add"]
+            .as_sequence()
+            .context("the plegd container adds no capability")?;
+        return Ok(add
+            .iter()
+            .filter_map(|c| c.as_str().map(str::to_lowercase))
+            .collect());
+    }
+    bail!("no DaemonSet in deploy/kubernetes/daemonset.yaml")
+}
+
+/// `plegd check` as root with the DaemonSet's capabilities and no other (its bounding set:
+/// what root's exec gets) loads and attaches every probe. Kernels before 5.11 charge BPF maps
+/// to RLIMIT_MEMLOCK, which the manifest says needs SYS_RESOURCE there.
+fn daemonset_capabilities() -> anyhow::Result<String> {
+    let mut caps = daemonset_added_capabilities()?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    if kernel_before(&release, (5, 11)) {
+        caps.push("sys_resource".to_owned());
+    }
+    let bounding = format!(
+        "-all,{}",
+        caps.iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--inh-caps",
+            "-all",
+            "--bounding-set",
+            &bounding,
+            PLEGD,
+            "check",
+        ])
+        .output()
+        .context("setpriv plegd check")?;
+    let (lines, stderr) = check_lines_of(&out);
+    every_probe_attached(
+        &lines,
+        &stderr,
+        &format!("the DaemonSet's capabilities ({bounding})"),
+    )
+}
+
+/// Whether a kernel `release` ("5.10.0-32-amd64") is older than `(major, minor)`.
+fn kernel_before(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    found < (major, minor)
+}
+
+/// `plegd check`'s lines: every probe attached, the eBPF summary ok; the summary and the
+/// optional features it lacks.
+fn every_probe_attached(lines: &[String], stderr: &str, under: &str) -> anyhow::Result<String> {
+    let probes = check_lines(lines, "probe ");
+    let summary = check_lines(lines, "eBPF probes");
     let all_ok = !probes.is_empty()
         && probes.iter().all(|l| l.starts_with("ok "))
         && summary.first().is_some_and(|l| l.starts_with("ok "));
     ensure!(
         all_ok,
-        "under the unit's sandbox: {} (stderr: {stderr})",
+        "under {under}: {} (stderr: {stderr})",
         lines.join("; ")
     );
+    let attached: Vec<&str> = check_lines(lines, "probe ")
+        .into_iter()
+        .filter(|l| l.contains(" attached "))
+        .map(|l| {
+            if l.contains("raw tracepoint") {
+                "raw"
+            } else {
+                "perf_event_open"
+            }
+        })
+        .collect();
     let optional: Vec<&str> = lines
         .iter()
         .filter(|l| l.starts_with("NO "))
         .map(String::as_str)
         .collect();
     Ok(format!(
-        "{}; {} probe lines ok; not ok (optional): {}",
+        "under {under}: {}; {} probe lines ok, attached as {}; not ok (optional): {}",
         summary[0],
         probes.len(),
+        attached.join(", "),
         if optional.is_empty() {
             "none".to_owned()
         } else {
@@ -404,38 +494,38 @@ fn plegd_check_sandboxed() -> anyhow::Result<String> {
     ))
 }
 
-/// On a kernel that restricts perf events (`perf_event_paranoid` above 2, Debian's default),
-/// the unit's capabilities cannot attach a tracepoint: plegd must say so and run on without
-/// eBPF (READY, holding no capability), as the design's degradation promises.
-fn paranoid_degrades(paranoid: u32) -> anyhow::Result<String> {
-    let (lines, _) = sandboxed_check()?;
-    let summary = check_lines(&lines, "eBPF probes");
-    let mode = check_lines(&lines, "--mode auto");
-    let unit = show(UNIT, &["ActiveState", "SubState"])?;
+/// At the kernel's own `perf_event_paranoid` (Debian's 3, where `perf_event_open` needs
+/// CAP_SYS_ADMIN), the unit as installed runs with its probes: its eBPF source is up, and
+/// every probe attached without perf_event_open where the kernel is that strict.
+fn ebpf_attached(paranoid: u32) -> anyhow::Result<String> {
+    let health = Command::new(PLEGD)
+        .args(["health", "--output", "json", "--socket", API_SOCKET])
+        .output()
+        .context("plegd health")?;
+    let health: Value = serde_json::from_slice(&health.stdout)
+        .with_context(|| format!("plegd health: {}", String::from_utf8_lossy(&health.stdout)))?;
+    let ebpf = health["sources"]
+        .as_array()
+        .and_then(|sources| sources.iter().find(|s| s["source"] == "ebpf"))
+        .with_context(|| format!("no eBPF source in {health}"))?;
     ensure!(
-        unit["ActiveState"] == "active" && unit["SubState"] == "running",
-        "plegd is {}/{} without eBPF",
-        unit["ActiveState"],
-        unit["SubState"]
+        ebpf["state"] == "connected",
+        "perf_event_paranoid {paranoid}: plegd's eBPF source is {}",
+        ebpf
     );
-    let pid = main_pid()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .map(str::trim)
-        .unwrap_or("?")
-        .to_owned();
+    let (lines, stderr) = sandboxed_check()?;
+    let classic: Vec<&String> = check_lines(&lines, "probe ")
+        .into_iter()
+        .filter(|l| l.contains(" attached ") && !l.contains("raw tracepoint"))
+        .collect();
     ensure!(
-        eff == "0000000000000000",
-        "without its probes plegd still holds CapEff {eff}"
+        paranoid <= 2 || classic.is_empty(),
+        "perf_event_paranoid {paranoid}, yet attached through perf_event_open: {classic:?} \
+         (stderr: {stderr})"
     );
     Ok(format!(
-        "perf_event_paranoid {paranoid}: under the unit's capabilities `plegd check` says {} / {}; \
-         plegd active without eBPF, CapEff {eff}. The checks below run with \
-         kernel.perf_event_paranoid=2",
-        summary.first().map_or("no eBPF line", |l| l.as_str()),
-        mode.first().map_or("no mode line", |l| l.as_str()),
+        "perf_event_paranoid {paranoid} (untouched): the unit's eBPF source is {}",
+        ebpf["state"]
     ))
 }
 
@@ -730,6 +820,7 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
     }
     let folding = Folding {
         outage,
+        polled: outage.map(|(down, up)| soak::polled_across_a_restart(down, up)),
         ..soak::Mode::Default.folding()
     };
     let report = audit::check(&truths, &watcher.records(), folding);
@@ -738,10 +829,12 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
         let _ = clients.0.remove_pod(pod).await;
     }
     let summary = report.to_string();
-    // Only lifecycles in flight during the restarts may fail (their runtime calls broke).
+    // plegd is judged, not the harness: a lifecycle whose own runtime calls broke across the
+    // restarts (a broken pipe, a sandbox the restart took) has no ground truth and is left out,
+    // however many; what plegd reported of every other one must hold.
     let reasons = abandoned_why(&why);
     ensure!(
-        report.expected > 0 && report.is_clean() && abandoned <= CHURN_IN_FLIGHT,
+        report.expected > 0 && report.is_clean(),
         "seed {seed}, {abandoned} abandoned{reasons}: {summary}"
     );
     Ok(format!(
@@ -1138,6 +1231,22 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(kernel_before("5.10.0-32-amd64", (5, 11)));
+        assert!(!kernel_before("6.1.0-57-amd64", (5, 11)));
+        assert!(!kernel_before("5.11.0", (5, 11)));
+        assert!(kernel_before("4.19.0-27-amd64", (5, 11)));
+    }
+
+    #[test]
+    fn the_daemonset_adds_the_units_capabilities() {
+        assert_eq!(
+            daemonset_added_capabilities().unwrap(),
+            ["bpf", "perfmon", "setpcap"]
+        );
+    }
 
     #[test]
     fn abandoned_lifecycles_are_told_by_error_with_ids_masked() {

@@ -458,6 +458,17 @@ struct Injection<'a> {
     prefix: &'a str,
 }
 
+/// A restart of plegd from `down` to `up`: what its push sources said then is lost, so what
+/// changed then is found by the restarted plegd's full relists alone, a second apart until its
+/// sources are healthy ([`Folding::polled`]).
+pub fn polled_across_a_restart(down: SystemTime, up: SystemTime) -> Polled {
+    Polled {
+        from: down,
+        to: up,
+        window: POLLING_PERIOD + RELIST_MARGIN,
+    }
+}
+
 /// What injecting a fault left.
 #[derive(Default)]
 struct Injected {
@@ -493,11 +504,8 @@ impl Injection<'_> {
             }
         }
         let up = SystemTime::now();
-        let polled = matches!(fault, Fault::PlegdKill | Fault::PlegdTerm).then_some(Polled {
-            from: down,
-            to: up,
-            window: POLLING_PERIOD + RELIST_MARGIN,
-        });
+        let polled = matches!(fault, Fault::PlegdKill | Fault::PlegdTerm)
+            .then(|| polled_across_a_restart(down, up));
         Ok(Injected {
             outage: Some((down, up)),
             polled,

@@ -178,20 +178,20 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
     plegd.stop().await;
 }
 
-/// `--mode auto` where the probes cannot load falls back with the reason; `--mode ebpf` fails
-/// fast with it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
-    // Force a load failure the way an old kernel would: with tracefs unmounted the loader
-    // cannot check the tracepoints. Done in a child process with its own mount namespace so
-    // the rest of the machine (and other tests) keep tracefs.
+/// Runs `auto_mode_child` in a mount namespace of its own where `hidden` (tracefs, the
+/// kernel's BTF) are empty tmpfs: the rest of the machine, and other tests, keep them.
+fn in_a_mount_namespace_without(hidden: &[&str]) {
+    let mounts: String = hidden
+        .iter()
+        .map(|dir| format!("umount {dir} 2>/dev/null; mount -t tmpfs none {dir} && "))
+        .collect();
     let output = std::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
-            "umount /sys/kernel/tracing 2>/dev/null; mount -t tmpfs none /sys/kernel/tracing && {} --exact auto_mode_child --nocapture --include-ignored",
+            "{mounts}{} --exact auto_mode_child --nocapture --include-ignored",
             std::env::current_exe().unwrap().display()
         ))
-        .env("PLEGD_AUTO_MODE_CHILD", "1")
+        .env("PLEGD_AUTO_MODE_CHILD", hidden.join(" "))
         .output()
         .expect("unshare runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -203,11 +203,35 @@ async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
     assert!(stdout.contains("1 passed"), "{stdout}");
 }
 
-/// Runs inside `auto_mode_runs_without_ebpf_when_it_cannot_load`'s mount namespace.
+const TRACEFS: &str = "/sys/kernel/tracing";
+const BTF: &str = "/sys/kernel/btf";
+
+/// `--mode auto` where the probes can attach in no way (no tracefs for the classic
+/// tracepoints, no BTF for the raw ones: an old kernel) falls back with the reason; `--mode
+/// ebpf` fails fast with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_runs_without_ebpf_when_it_cannot_load() {
+    in_a_mount_namespace_without(&[TRACEFS, BTF]);
+}
+
+/// Without tracefs the probes attach as raw tracepoints, which need none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_tracepoints_need_no_tracefs() {
+    in_a_mount_namespace_without(&[TRACEFS]);
+}
+
+/// Without BTF the probes fall back to the classic tracepoints, one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_btf_the_classic_tracepoints_attach() {
+    in_a_mount_namespace_without(&[BTF]);
+}
+
+/// Runs inside a mount namespace of [`in_a_mount_namespace_without`].
 #[tokio::test]
-#[ignore = "run by auto_mode_runs_without_ebpf_when_it_cannot_load in its own mount namespace"]
+#[ignore = "run by the tests above in a mount namespace of its own"]
 async fn auto_mode_child() {
-    assert_eq!(std::env::var("PLEGD_AUTO_MODE_CHILD").as_deref(), Ok("1"));
+    let hidden =
+        std::env::var("PLEGD_AUTO_MODE_CHILD").expect("run by in_a_mount_namespace_without");
     let with_mode = |mode| {
         Config::load(&RunArgs {
             mode: Some(mode),
@@ -215,16 +239,28 @@ async fn auto_mode_child() {
         })
         .unwrap()
     };
-    match daemon::load_ebpf(&with_mode(Mode::Auto)).expect("auto mode never fails") {
-        EbpfStart::Unavailable(reason) => {
-            assert!(reason.to_string().contains("tracefs"), "{reason}")
+    let (no_tracefs, no_btf) = (hidden.contains(TRACEFS), hidden.contains(BTF));
+    let loaded = daemon::load_ebpf(&with_mode(Mode::Auto)).expect("auto mode never fails");
+    match (loaded, no_tracefs && no_btf) {
+        (EbpfStart::Unavailable(reason), true) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("tracefs"), "{reason}");
+            assert!(reason.contains("btf"), "{reason}");
+            let error = daemon::load_ebpf(&with_mode(Mode::Ebpf))
+                .err()
+                .expect("ebpf mode fails fast");
+            assert!(error.to_string().contains("tracefs"), "{error}");
         }
-        _ => panic!("the probes loaded without tracefs"),
+        (EbpfStart::Loaded(probes), false) => {
+            let programs = probes.program_names();
+            assert_eq!(programs.len(), 5, "{programs:?}");
+            let raw = programs.iter().filter(|p| p.contains("_raw")).count();
+            assert_eq!(raw, if no_btf { 0 } else { 5 }, "{programs:?}");
+        }
+        (EbpfStart::Unavailable(reason), false) => panic!("the probes did not load: {reason}"),
+        (EbpfStart::Off, _) => panic!("auto mode turned eBPF off"),
+        (EbpfStart::Loaded(_), true) => panic!("the probes loaded without tracefs and BTF"),
     }
-    let error = daemon::load_ebpf(&with_mode(Mode::Ebpf))
-        .err()
-        .expect("ebpf mode fails fast");
-    assert!(error.to_string().contains("tracefs"), "{error}");
 }
 
 /// The same death seen by the kernel and by containerd's event stream yields one

@@ -33,8 +33,8 @@ const TEST_BINARIES: &[&str] = &["ebpf_probes", "ebpf_events"];
 /// its kill -9 reach plegd through eBPF.
 const QUICK_TEST: &str = "ebpf_smoke";
 
-/// `plegd check` lines that must say `ok` in the VM, besides every `probe ...` line (one per
-/// program). Others may say NO: "runtime socket" (the harness starts its containerd later,
+/// `plegd check` lines that must say `ok` in the VM (run with the unit's capabilities), besides
+/// every `probe ...` line (what each probe needs, and how it attached). Others may say NO: "runtime socket" (the harness starts its containerd later,
 /// inside the tests) and optional kernel features ("exit group_dead" is new in 6.16).
 const REQUIRED_CHECKS: &[&str] = &["kernel", "cgroups", "eBPF probes"];
 
@@ -264,9 +264,15 @@ fn guest_script(built: &Built, opts: &Options, tests_dir: &Path) -> String {
          export TMPDIR=/run/xtask-tmp\n",
     );
     let _ = writeln!(s, "cd {} || exit 1", q(tests_dir));
+    // Under the unit's (and the DaemonSet's) capabilities alone, as root: what root's exec
+    // gets is its bounding set. Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, which
+    // the unit raises with LimitMEMLOCK and the DaemonSet with SYS_RESOURCE.
     let _ = writeln!(
         s,
-        "mark begin check\n{} check\nmark end check $?",
+        "case \"$(uname -r)\" in 5.10.*) memlock=,+sys_resource;; *) memlock=;; esac\n\
+         mark begin check\n\
+         setpriv --inh-caps -all --bounding-set \"-all,+bpf,+perfmon,+setpcap$memlock\" {} check\n\
+         mark end check $?",
         q(&built.plegd)
     );
     for (name, path) in &built.tests {
@@ -691,7 +697,9 @@ not json
             filter: Some("a b".into()),
         };
         let script = guest_script(&built, &opts, Path::new("/w/tests"));
-        assert!(script.contains("mark begin check\n/t/debug/plegd check\nmark end check $?\n"));
+        assert!(script.contains(
+            "mark begin check\nsetpriv --inh-caps -all --bounding-set \"-all,+bpf,+perfmon,+setpcap$memlock\" /t/debug/plegd check\nmark end check $?\n"
+        ));
         assert!(script.contains("'/t/my dir/ebpf_events-1' --test-threads=1 'a b'\n"));
         assert!(script.ends_with("mark done\n"));
     }

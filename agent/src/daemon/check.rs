@@ -44,17 +44,9 @@ pub fn report(settings: &Config) -> (String, bool) {
         .map(|r| r.trim().to_owned())
         .unwrap_or_else(|e| format!("unknown ({e})"));
     lines.push(Line::new("kernel", true, kernel));
-    if std::path::Path::new(TRACEFS).join("events").is_dir() {
-        // What each probe needs, feature by feature.
-        for (subject, ok, detail) in KernelFeatures::probe(TRACEFS).describe() {
-            lines.push(Line::new(subject, ok, detail));
-        }
-    } else {
-        lines.push(Line::new(
-            "tracefs",
-            false,
-            format!("not mounted at {TRACEFS} (mount -t tracefs tracefs {TRACEFS})"),
-        ));
+    // What each probe needs, feature by feature, and how it would attach.
+    for (subject, ok, detail) in KernelFeatures::probe(TRACEFS).describe() {
+        lines.push(Line::new(subject, ok, detail));
     }
     lines.push(match CgroupMode::detect() {
         CgroupMode::V1 => Line::new("cgroups", false, "v1 only: no cgroup2 ids for the probes"),
@@ -90,14 +82,20 @@ pub fn report(settings: &Config) -> (String, bool) {
         }
     }
     let (ebpf_ok, load) = match Probes::load(crate::sources::ebpf::DEFAULT_RING_BYTES) {
-        Ok(probes) => (
-            true,
-            format!(
-                "{} programs load and attach: {}",
-                probes.program_names().len(),
-                probes.program_names().join(", ")
-            ),
-        ),
+        Ok(probes) => {
+            // How each probe attached under this process's capabilities.
+            for (subject, ok, detail) in probes.describe_attachment() {
+                lines.push(Line::new(subject, ok, detail));
+            }
+            (
+                true,
+                format!(
+                    "{} programs load and attach: {}",
+                    probes.program_names().len(),
+                    probes.program_names().join(", ")
+                ),
+            )
+        }
         Err(e) => (false, e.to_string()),
     };
     lines.push(Line::new("eBPF probes", ebpf_ok, load));

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     base::metrics::Metrics,
@@ -68,10 +68,16 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
     }
     match Probes::load(config.ebpf_ring_bytes) {
         Ok(probes) => {
-            // Said once: what this kernel lacks, and what that costs (`plegd check` lists all).
+            // Said once: what this kernel lacks, and what that costs (`plegd check` lists all),
+            // and how each probe attached.
             for (subject, available, detail) in probes.features().describe() {
                 if !available {
                     info!("eBPF {subject}: {detail}");
+                }
+            }
+            for (subject, attached, detail) in probes.describe_attachment() {
+                if attached {
+                    debug!("eBPF {subject}: {detail}");
                 }
             }
             Ok(EbpfStart::Loaded(probes))

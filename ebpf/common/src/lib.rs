@@ -73,7 +73,14 @@ pub struct KernelEvent {
 /// load time. Each optional feature is described on its own, so a kernel that lacks one loses
 /// only that one.
 ///
-/// Layout (12 bytes): `task_exit_code: u32 @0`, `exit_group_dead: u32 @4`, `flags: u32 @8`.
+/// The raw tracepoint programs (`*_raw`) read the tracepoint's arguments, the kernel's own
+/// structs, where the classic ones read the tracefs record: the offsets of the members they
+/// read come from the kernel's BTF, and the loader attaches a raw program only when it found
+/// every offset it reads.
+///
+/// Layout (40 bytes, every field a `u32`, no padding): `task_exit_code @0`, `exit_group_dead
+/// @4`, `flags @8`, `cgroup_root @12`, `root_hierarchy_id @16`, `cgroup_level @20`,
+/// `cgroup_kn @24`, `kn_id @28`, `bprm_filename @32`, `task_pid @36`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeConfig {
@@ -86,12 +93,30 @@ pub struct ProbeConfig {
     pub exit_group_dead: u32,
     /// `PROBE_*` bits.
     pub flags: u32,
+    /// `struct cgroup`: `root` (a `struct cgroup_root *`).
+    pub cgroup_root: u32,
+    /// `struct cgroup_root`: `int hierarchy_id`.
+    pub root_hierarchy_id: u32,
+    /// `struct cgroup`: `int level`.
+    pub cgroup_level: u32,
+    /// `struct cgroup`: `kn` (a `struct kernfs_node *`).
+    pub cgroup_kn: u32,
+    /// `struct kernfs_node`: `u64 id`, the cgroup's id.
+    pub kn_id: u32,
+    /// `struct linux_binprm`: `filename` (a `const char *`).
+    pub bprm_filename: u32,
+    /// `struct task_struct`: `pid_t pid`, valid with [`PROBE_OOM_TASK`].
+    pub task_pid: u32,
 }
 
 /// [`ProbeConfig::flags`]: `task_exit_code` is set; exits carry their wait status.
 pub const PROBE_EXIT_CODE: u32 = 1;
 /// [`ProbeConfig::flags`]: `exit_group_dead` is set.
 pub const PROBE_GROUP_DEAD: u32 = 2;
+/// [`ProbeConfig::flags`]: `oom/mark_victim`'s first argument is the victim's
+/// `struct task_struct *` (and `task_pid` is set), not its pid (kernels since 6.9, and the
+/// stable releases the change went back to).
+pub const PROBE_OOM_TASK: u32 = 4;
 
 /// Tracepoint field offsets the programs read (from the tracefs `format` files of this
 /// kernel); the loader checks them before attaching.

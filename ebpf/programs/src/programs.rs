@@ -5,14 +5,14 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use plegd_common::{
     EVENT_HAS_EXIT_STATUS, EVENTS_RING_BYTES, INIT_CGROUPS, KernelEvent, KernelEventKind,
-    LOST_INIT_SLOTS, LOST_RING_FULL, PROBE_EXIT_CODE, PROBE_GROUP_DEAD, ProbeConfig,
-    tracepoint_offsets as tp,
+    LOST_INIT_SLOTS, LOST_RING_FULL, PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_TASK,
+    ProbeConfig, tracepoint_offsets as tp,
 };
 
 /// Events for userspace.
@@ -44,6 +44,13 @@ static PROBE_CONFIG: ProbeConfig = ProbeConfig {
     task_exit_code: 0,
     exit_group_dead: 0,
     flags: 0,
+    cgroup_root: 0,
+    root_hierarchy_id: 0,
+    cgroup_level: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    bprm_filename: 0,
+    task_pid: 0,
 };
 
 /// The cgroup2 hierarchy's id in cgroup tracepoints (v1 hierarchies count from 1).
@@ -51,51 +58,177 @@ const CGROUP2_HIERARCHY: i32 = 0;
 /// Below this depth no container cgroup lives (`/k8s.io/<id>` is level 2).
 const MIN_CONTAINER_LEVEL: i32 = 2;
 
+// Each probe comes twice: as a classic tracepoint (the tracefs record, attached through
+// perf_event_open, which a kernel with perf_event_paranoid 3 and CONFIG_SECURITY_PERF_EVENTS_
+// RESTRICT, Debian's, grants only to CAP_SYS_ADMIN) and as a raw tracepoint (the tracepoint's
+// arguments, attached with BPF_RAW_TRACEPOINT_OPEN: CAP_BPF and CAP_PERFMON suffice). The
+// loader attaches one of the two per probe; both read into the same logic.
+
 #[tracepoint(category = "cgroup", name = "cgroup_mkdir")]
 pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
-    match try_cgroup_change(&ctx, KernelEventKind::CgroupMkdir) {
-        Ok(ret) | Err(ret) => ret,
-    }
+    result(read_cgroup_record(&ctx).and_then(|c| cgroup_change(c, KernelEventKind::CgroupMkdir)))
 }
 
 #[tracepoint(category = "cgroup", name = "cgroup_rmdir")]
 pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
-    match try_cgroup_change(&ctx, KernelEventKind::CgroupRmdir) {
-        Ok(ret) | Err(ret) => ret,
-    }
+    result(read_cgroup_record(&ctx).and_then(|c| cgroup_change(c, KernelEventKind::CgroupRmdir)))
+}
+
+#[raw_tracepoint(tracepoint = "cgroup_mkdir")]
+pub fn cgroup_mkdir_raw(ctx: RawTracePointContext) -> u32 {
+    result(read_cgroup_args(&ctx).and_then(|c| cgroup_change(c, KernelEventKind::CgroupMkdir)))
+}
+
+#[raw_tracepoint(tracepoint = "cgroup_rmdir")]
+pub fn cgroup_rmdir_raw(ctx: RawTracePointContext) -> u32 {
+    result(read_cgroup_args(&ctx).and_then(|c| cgroup_change(c, KernelEventKind::CgroupRmdir)))
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    match try_exec(&ctx) {
-        Ok(ret) | Err(ret) => ret,
-    }
+    result(exec(|| {
+        // SAFETY: offset checked by the loader; a __data_loc field's low 16 bits are the
+        // offset of its data from the context.
+        unsafe {
+            ctx.read_at::<u32>(tp::EXEC_FILENAME)
+                .map(|loc| (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize))
+                .map_err(|_| 1)
+        }
+    }))
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec_raw(ctx: RawTracePointContext) -> u32 {
+    result(exec(|| {
+        let bprm = ctx.arg::<u64>(2) as *const u8;
+        // SAFETY: a probe read at an offset from this kernel's BTF.
+        unsafe {
+            bpf_probe_read_kernel(bprm.add(probe_config().bprm_filename as usize) as *const u64)
+        }
+        .map(|filename| filename as *const u8)
+        .map_err(|_| 1)
+    }))
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    match try_exit(&ctx) {
-        Ok(ret) | Err(ret) => ret,
-    }
+    let config = probe_config();
+    let group_dead = if config.flags & PROBE_GROUP_DEAD != 0 {
+        // SAFETY: offset found in this kernel's tracepoint format by the loader.
+        match unsafe { ctx.read_at::<u8>(config.exit_group_dead as usize) } {
+            Ok(dead) => Some(dead != 0),
+            Err(_) => return 1,
+        }
+    } else {
+        None
+    };
+    result(exit(group_dead))
+}
+
+/// `sched_process_exit(struct task_struct *p)`, kernels before ~6.16.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit_raw(_ctx: RawTracePointContext) -> u32 {
+    result(exit(None))
+}
+
+/// `sched_process_exit(struct task_struct *p, bool group_dead)`, kernels since ~6.16. A
+/// program of its own: a raw tracepoint program that reads past the tracepoint's arguments
+/// does not attach.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit_raw_group(ctx: RawTracePointContext) -> u32 {
+    result(exit(Some(ctx.arg::<u64>(1) & 0xff != 0)))
 }
 
 #[tracepoint(category = "oom", name = "mark_victim")]
 pub fn mark_victim(ctx: TracePointContext) -> u32 {
-    match try_oom(&ctx) {
+    // SAFETY: offset checked by the loader.
+    result(
+        unsafe { ctx.read_at::<i32>(tp::OOM_PID) }
+            .map_err(|_| 1)
+            .and_then(oom),
+    )
+}
+
+/// `mark_victim(int pid)`, or since 6.9 (and the stable releases it went back to)
+/// `mark_victim(struct task_struct *task, uid_t uid)`.
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn mark_victim_raw(ctx: RawTracePointContext) -> u32 {
+    let config = probe_config();
+    let arg = ctx.arg::<u64>(0);
+    let victim = if config.flags & PROBE_OOM_TASK != 0 {
+        let task = arg as *const u8;
+        // SAFETY: a probe read at an offset from this kernel's BTF.
+        unsafe { bpf_probe_read_kernel(task.add(config.task_pid as usize) as *const i32) }
+            .map_err(|_| 1)
+    } else {
+        Ok(arg as i32)
+    };
+    result(victim.and_then(oom))
+}
+
+fn result(ret: Result<u32, u32>) -> u32 {
+    match ret {
         Ok(ret) | Err(ret) => ret,
     }
 }
 
-fn try_cgroup_change(ctx: &TracePointContext, kind: KernelEventKind) -> Result<u32, u32> {
-    // SAFETY: offsets checked against this kernel's tracepoint format by the loader.
-    let (root, level, id, path_loc) = unsafe {
-        (
-            ctx.read_at::<i32>(tp::CGROUP_ROOT).map_err(|_| 1u32)?,
-            ctx.read_at::<i32>(tp::CGROUP_LEVEL).map_err(|_| 1u32)?,
-            ctx.read_at::<u64>(tp::CGROUP_ID).map_err(|_| 1u32)?,
-            ctx.read_at::<u32>(tp::CGROUP_PATH).map_err(|_| 1u32)?,
-        )
+/// What a cgroup tracepoint says: the hierarchy, the level, the cgroup's id, its path.
+struct CgroupChange {
+    root: i32,
+    level: i32,
+    id: u64,
+    path: *const u8,
+}
+
+fn read_cgroup_record(ctx: &TracePointContext) -> Result<CgroupChange, u32> {
+    // SAFETY: offsets checked against this kernel's tracepoint format by the loader; a
+    // __data_loc field's low 16 bits are the offset of its data from the context.
+    unsafe {
+        let path_loc = ctx.read_at::<u32>(tp::CGROUP_PATH).map_err(|_| 1u32)?;
+        Ok(CgroupChange {
+            root: ctx.read_at::<i32>(tp::CGROUP_ROOT).map_err(|_| 1u32)?,
+            level: ctx.read_at::<i32>(tp::CGROUP_LEVEL).map_err(|_| 1u32)?,
+            id: ctx.read_at::<u64>(tp::CGROUP_ID).map_err(|_| 1u32)?,
+            path: (ctx.as_ptr() as *const u8).add((path_loc & 0xffff) as usize),
+        })
+    }
+}
+
+/// `cgroup_mkdir|rmdir(struct cgroup *cgrp, const char *path)`: the record's fields read
+/// where the kernel's `TP_fast_assign` reads them (`cgrp->root->hierarchy_id`, `cgrp->level`,
+/// `cgroup_id(cgrp)`: `cgrp->kn->id`).
+fn read_cgroup_args(ctx: &RawTracePointContext) -> Result<CgroupChange, u32> {
+    let config = probe_config();
+    let cgroup = ctx.arg::<u64>(0) as *const u8;
+    let at = |base: *const u8, offset: u32| {
+        // SAFETY: pointer arithmetic only; every read below is a probe read.
+        unsafe { base.add(offset as usize) }
     };
+    // SAFETY: probe reads at offsets from this kernel's BTF.
+    unsafe {
+        let root = bpf_probe_read_kernel(at(cgroup, config.cgroup_root) as *const u64)
+            .map_err(|_| 1u32)? as *const u8;
+        let kn = bpf_probe_read_kernel(at(cgroup, config.cgroup_kn) as *const u64)
+            .map_err(|_| 1u32)? as *const u8;
+        Ok(CgroupChange {
+            root: bpf_probe_read_kernel(at(root, config.root_hierarchy_id) as *const i32)
+                .map_err(|_| 1u32)?,
+            level: bpf_probe_read_kernel(at(cgroup, config.cgroup_level) as *const i32)
+                .map_err(|_| 1u32)?,
+            id: bpf_probe_read_kernel(at(kn, config.kn_id) as *const u64).map_err(|_| 1u32)?,
+            path: ctx.arg::<u64>(1) as *const u8,
+        })
+    }
+}
+
+fn cgroup_change(change: CgroupChange, kind: KernelEventKind) -> Result<u32, u32> {
+    let CgroupChange {
+        root,
+        level,
+        id,
+        path,
+    } = change;
     if root != CGROUP2_HIERARCHY || level < MIN_CONTAINER_LEVEL {
         return Ok(0);
     }
@@ -112,12 +245,12 @@ fn try_cgroup_change(ctx: &TracePointContext, kind: KernelEventKind) -> Result<u
             let _ = INITS.remove(&id);
         }
     }
-    // SAFETY: a __data_loc field's low 16 bits are the offset of its data from the context.
-    let path = unsafe { (ctx.as_ptr() as *const u8).add((path_loc & 0xffff) as usize) };
     emit(kind, current_tgid(), id, 0, 0, Some(path))
 }
 
-fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
+/// A process execs (the probe runs in it); `filename` reads the file's name, only for a
+/// container's init: every exec on the node comes here.
+fn exec(filename: impl FnOnce() -> Result<*const u8, u32>) -> Result<u32, u32> {
     // SAFETY: no preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let tgid = current_tgid() as u32;
@@ -132,38 +265,26 @@ fn try_exec(ctx: &TracePointContext) -> Result<u32, u32> {
         // Any other process of the container.
         Some(_) => return Ok(0),
     }
-    // SAFETY: offset checked by the loader; __data_loc as above.
-    let filename = unsafe {
-        let loc = ctx.read_at::<u32>(tp::EXEC_FILENAME).map_err(|_| 1u32)?;
-        (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize)
-    };
     emit(
         KernelEventKind::Exec,
         tgid as u64,
         cgroup,
         0,
         0,
-        Some(filename),
+        Some(filename()?),
     )
 }
 
-fn try_exit(ctx: &TracePointContext) -> Result<u32, u32> {
+/// A thread exits (the probe runs in it); `group_dead`: whether it is its process's last,
+/// where the kernel says.
+fn exit(group_dead: Option<bool>) -> Result<u32, u32> {
     let config = probe_config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = pid_tgid >> 32;
-    let process_gone = if config.flags & PROBE_GROUP_DEAD != 0 {
-        // SAFETY: offset found in this kernel's tracepoint format by the loader.
-        unsafe {
-            ctx.read_at::<u8>(config.exit_group_dead as usize)
-                .map_err(|_| 1u32)?
-                != 0
-        }
-    } else {
-        // Without group_dead, the main thread's exit stands for the process's: an init is
-        // nearly always single-threaded or leaves through exit_group, and the runtime
-        // confirms the death before any event.
-        pid_tgid & 0xffff_ffff == tgid
-    };
+    // Without group_dead, the main thread's exit stands for the process's: an init is nearly
+    // always single-threaded or leaves through exit_group, and the runtime confirms the death
+    // before any event.
+    let process_gone = group_dead.unwrap_or(pid_tgid & 0xffff_ffff == tgid);
     if !process_gone {
         return Ok(0);
     }
@@ -211,9 +332,8 @@ fn current_tgid() -> u64 {
     bpf_get_current_pid_tgid() >> 32
 }
 
-fn try_oom(ctx: &TracePointContext) -> Result<u32, u32> {
-    // SAFETY: offset checked by the loader.
-    let victim = unsafe { ctx.read_at::<i32>(tp::OOM_PID).map_err(|_| 1u32)? };
+/// The OOM killer chose `victim` (the probe runs in the task that hit the limit).
+fn oom(victim: i32) -> Result<u32, u32> {
     // SAFETY: no preconditions. In a memcg OOM the probe runs in the task that hit the limit,
     // usually a process of the same container; userspace prefers the victim's own cgroup.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };

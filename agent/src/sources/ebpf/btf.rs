@@ -1,10 +1,11 @@
-//! The kernel's BTF (`/sys/kernel/btf/vmlinux`), read with `btfparse`, for the one kernel field
-//! the exit probe reads beyond its tracepoint (which carries no exit status):
-//! `task_struct.exit_code`. kprobes and fentry are not available everywhere and aya 0.14 does
-//! not expose CO-RE for such reads, so userspace reads the offset here and hands it to the
-//! programs.
+//! The kernel's BTF (`/sys/kernel/btf/vmlinux`), read with `btfparse`: the offsets of the
+//! kernel's struct members the probes read (`task_struct.exit_code` for an exit's status, which
+//! no tracepoint carries; and every field the raw tracepoint programs read from the
+//! tracepoint's arguments), and the raw tracepoints' prototypes (`btf_trace_<name>`, the
+//! typedef the kernel declares for each tracepoint since 5.5). aya 0.14 does not expose CO-RE
+//! for such reads, so userspace reads the offsets here and hands them to the programs.
 //!
-//! The field may sit inside anonymous structs or unions (randstruct kernels and some distro
+//! A field may sit inside anonymous structs or unions (randstruct kernels and some distro
 //! configurations wrap members that way); `btfparse` resolves a member through them and adds
 //! their offsets.
 
@@ -32,6 +33,10 @@ pub enum BtfError {
         name: &'static str,
         member: &'static str,
     },
+    #[error("no prototype btf_trace_{tracepoint} in BTF (kernels before 5.5)")]
+    MissingPrototype { tracepoint: &'static str },
+    #[error("no BTF: {0}")]
+    Unreadable(String),
 }
 
 impl From<btfparse::Error> for BtfError {
@@ -44,37 +49,98 @@ impl From<btfparse::Error> for BtfError {
     }
 }
 
-/// The byte offset of `task_struct.exit_code` (a wait status: `code << 8 | signal`) in a raw
-/// BTF blob.
-pub fn exit_code_offset(blob: &[u8]) -> Result<u32, BtfError> {
-    member_offset(blob, "task_struct", "exit_code")
+/// What the probes ask of the kernel's types; [`KernelTypes`] answers from BTF.
+pub trait Types {
+    /// The byte offset of `member` in struct `name`.
+    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError>;
+    /// The arguments a raw tracepoint program of `tracepoint` gets (its `TP_PROTO`, without
+    /// the context pointer every one starts with).
+    fn tracepoint_args(&self, tracepoint: &'static str) -> Result<Vec<Arg>, BtfError>;
 }
 
-/// [`exit_code_offset`] of the running kernel.
-pub fn running_kernel_exit_code_offset() -> Result<u32, BtfError> {
-    exit_code_offset(&std::fs::read("/sys/kernel/btf/vmlinux")?)
+/// What a raw tracepoint argument is, as far as the programs care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Pointer,
+    Integer,
+    Other,
 }
 
-/// The byte offset of `member` in struct `name`, through anonymous structs and unions.
-fn member_offset(blob: &[u8], name: &'static str, member: &'static str) -> Result<u32, BtfError> {
-    let types = TypeInformation::new(&Blob(blob))?;
-    // Looked up among structs, not by name alone: a forward declaration or another kind of
-    // type may share the name.
-    let id = types
-        .get()
-        .iter()
-        .find(|&(&id, kind)| {
-            matches!(kind, TypeVariant::Struct(_)) && types.name_of(id).as_deref() == Some(name)
-        })
-        .map(|(&id, _)| id)
-        .ok_or(BtfError::MissingStruct { name })?;
-    match types.offset_of(id, member) {
-        Ok((_, Offset::ByteOffset(offset))) => Ok(offset),
-        Ok((_, Offset::BitOffsetAndSize(..))) => Err(BtfError::Bitfield { name, member }),
-        Err(e) if e.kind() == btfparse::ErrorKind::InvalidTypePath => {
-            Err(BtfError::MissingMember { name, member })
+/// The running kernel's types, parsed once (tens of milliseconds) and asked many times.
+pub struct KernelTypes(TypeInformation);
+
+impl KernelTypes {
+    /// The running kernel's BTF.
+    pub fn running() -> Result<Self, BtfError> {
+        Self::parse(&std::fs::read("/sys/kernel/btf/vmlinux")?)
+    }
+
+    /// A raw BTF blob.
+    pub fn parse(blob: &[u8]) -> Result<Self, BtfError> {
+        Ok(Self(TypeInformation::new(&Blob(blob))?))
+    }
+
+    /// `id` with typedefs and qualifiers looked through.
+    fn resolved(&self, mut id: u32) -> Option<TypeVariant> {
+        loop {
+            let kind = self.0.from_id(id)?;
+            id = match &kind {
+                TypeVariant::Typedef(t) => *t.tid(),
+                TypeVariant::Const(t) => *t.tid(),
+                TypeVariant::Volatile(t) => *t.tid(),
+                TypeVariant::Restrict(t) => *t.tid(),
+                _ => return Some(kind),
+            };
         }
-        Err(e) => Err(e.into()),
+    }
+}
+
+impl Types for KernelTypes {
+    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError> {
+        let types = &self.0;
+        // Looked up among structs, not by name alone: a forward declaration or another kind
+        // of type may share the name.
+        let id = types
+            .get()
+            .iter()
+            .find(|&(&id, kind)| {
+                matches!(kind, TypeVariant::Struct(_)) && types.name_of(id).as_deref() == Some(name)
+            })
+            .map(|(&id, _)| id)
+            .ok_or(BtfError::MissingStruct { name })?;
+        match types.offset_of(id, member) {
+            Ok((_, Offset::ByteOffset(offset))) => Ok(offset),
+            Ok((_, Offset::BitOffsetAndSize(..))) => Err(BtfError::Bitfield { name, member }),
+            Err(e) if e.kind() == btfparse::ErrorKind::InvalidTypePath => {
+                Err(BtfError::MissingMember { name, member })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn tracepoint_args(&self, tracepoint: &'static str) -> Result<Vec<Arg>, BtfError> {
+        let missing = || BtfError::MissingPrototype { tracepoint };
+        let typedef = self
+            .0
+            .id_of(&format!("btf_trace_{tracepoint}"))
+            .ok_or_else(missing)?;
+        let Some(TypeVariant::Ptr(pointer)) = self.resolved(typedef) else {
+            return Err(missing());
+        };
+        let Some(TypeVariant::FuncProto(prototype)) = self.resolved(*pointer.tid()) else {
+            return Err(missing());
+        };
+        Ok(prototype
+            .parameter_list()
+            .iter()
+            // The first is the context (`void *__data`).
+            .skip(1)
+            .map(|parameter| match self.resolved(parameter.tid()) {
+                Some(TypeVariant::Ptr(_)) => Arg::Pointer,
+                Some(TypeVariant::Int(_) | TypeVariant::Enum(_)) => Arg::Integer,
+                _ => Arg::Other,
+            })
+            .collect())
     }
 }
 
@@ -153,9 +219,20 @@ mod tests {
         blob
     }
 
+    fn member_offset(
+        blob: &[u8],
+        name: &'static str,
+        member: &'static str,
+    ) -> Result<u32, BtfError> {
+        KernelTypes::parse(blob)?.member_offset(name, member)
+    }
+
     #[test]
     fn exit_code_is_found_inside_anonymous_members() {
-        assert_eq!(exit_code_offset(&synthetic()).unwrap(), 0x7d0);
+        assert_eq!(
+            member_offset(&synthetic(), "task_struct", "exit_code").unwrap(),
+            0x7d0
+        );
     }
 
     #[test]
@@ -177,13 +254,54 @@ mod tests {
             member_offset(&blob, "mm_struct", "pgd"),
             Err(BtfError::MissingStruct { .. })
         ));
+        assert!(matches!(
+            KernelTypes::parse(&blob)
+                .unwrap()
+                .tracepoint_args("mark_victim"),
+            Err(BtfError::MissingPrototype { .. })
+        ));
     }
 
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
         let blob = synthetic();
         for len in 0..blob.len() {
-            assert!(exit_code_offset(&blob[..len]).is_err(), "len {len}");
+            assert!(
+                member_offset(&blob[..len], "task_struct", "exit_code").is_err(),
+                "len {len}"
+            );
+        }
+    }
+
+    /// The running kernel's BTF, where it has one: the prototypes and members the raw
+    /// programs read are there (this machine: 6.18).
+    #[test]
+    fn the_running_kernels_types_have_what_the_raw_programs_read() {
+        let Ok(types) = KernelTypes::running() else {
+            return;
+        };
+        assert_eq!(
+            types.tracepoint_args("cgroup_mkdir").unwrap(),
+            [Arg::Pointer, Arg::Pointer]
+        );
+        assert_eq!(
+            types.tracepoint_args("sched_process_exec").unwrap(),
+            [Arg::Pointer, Arg::Integer, Arg::Pointer]
+        );
+        assert_eq!(
+            types.tracepoint_args("sched_process_exit").unwrap()[0],
+            Arg::Pointer
+        );
+        for (name, member) in [
+            ("cgroup", "root"),
+            ("cgroup_root", "hierarchy_id"),
+            ("cgroup", "level"),
+            ("cgroup", "kn"),
+            ("kernfs_node", "id"),
+            ("linux_binprm", "filename"),
+            ("task_struct", "pid"),
+        ] {
+            assert!(types.member_offset(name, member).is_ok(), "{name}.{member}");
         }
     }
 }

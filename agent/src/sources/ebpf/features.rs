@@ -1,24 +1,44 @@
-//! What the running kernel offers the probes, one feature at a time: each program's tracepoint
-//! and the fields it reads (from tracefs `format` files), the optional `group_dead` field of
-//! `sched_process_exit`, and `task_struct.exit_code` from BTF. A kernel that lacks an optional
-//! feature loses that feature only; the cgroup tracepoints are the one thing the source cannot
-//! do without (they tell which cgroups are containers' and where their inits are tracked).
+//! What the running kernel offers the probes, one probe at a time, and how each attaches.
 //!
-//! Signedness and sizes in the format files differ between kernels (6.1 says `signed:1` for
-//! `char comm[16]` and `__data_loc` fields, later kernels 0); only offsets matter here.
+//! Each probe has two programs. The raw tracepoint program reads the tracepoint's arguments
+//! (the kernel's own structs, at offsets from BTF) and attaches through `bpf(2)`
+//! (`BPF_RAW_TRACEPOINT_OPEN`): CAP_BPF and CAP_PERFMON suffice. The classic one reads the
+//! tracefs record and attaches through `perf_event_open(2)`, which a kernel built with
+//! `CONFIG_SECURITY_PERF_EVENTS_RESTRICT` and running with `kernel.perf_event_paranoid` 3
+//! (Debian's 5.10, 6.1 and 6.12, as installed) grants only to CAP_SYS_ADMIN. The raw one is
+//! preferred where the kernel's BTF has the tracepoint's prototype and every member it reads;
+//! the classic one stays the fallback, where its tracefs fields are where it reads them. A
+//! kernel that lacks both for an optional probe loses that probe only; the cgroup probes are
+//! the one thing the source cannot do without (they tell which cgroups are containers' and
+//! where their inits are tracked).
+//!
+//! Argument lists differ between kernels: `sched_process_exit` gained `group_dead` in ~6.16
+//! (a program of its own: a raw program that reads past the arguments does not attach), and
+//! `mark_victim` passes the victim's task rather than its pid since 6.9 (and in the stable
+//! releases the change went back to). Signedness and sizes in the tracefs format files differ
+//! too (6.1 says `signed:1` for `char comm[16]` and `__data_loc` fields, later kernels 0);
+//! only offsets matter here.
 
-use plegd_common::{PROBE_EXIT_CODE, PROBE_GROUP_DEAD, ProbeConfig, tracepoint_offsets as tp};
+use plegd_common::{
+    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_TASK, ProbeConfig, tracepoint_offsets as tp,
+};
 
-use crate::sources::ebpf::btf::{self, BtfError};
+use crate::sources::ebpf::btf::{Arg, BtfError, KernelTypes, Types};
 
-/// One program: its name in the object, its tracepoint, the fields it reads at fixed offsets,
-/// and what is lost without it.
+/// Fits a probe's raw program to the kernel's types: the program, with the offsets it reads
+/// written into the config; or why it does not fit.
+type RawFit = fn(&dyn Types, &mut ProbeConfig) -> Result<&'static str, String>;
+
+/// One probe: its classic program's name (the probe's name), its tracepoint, the fields the
+/// classic program reads at fixed offsets, how its raw program fits, and what is lost without
+/// it.
 #[derive(Debug)]
 pub struct ProgramSpec {
     pub name: &'static str,
     pub category: &'static str,
     pub tracepoint: &'static str,
     fields: &'static [(&'static str, usize)],
+    raw: RawFit,
     /// `None`: the source cannot run without it. `Some(loss)`: what users lose without it.
     pub without: Option<&'static str>,
 }
@@ -30,13 +50,14 @@ const CGROUP_FIELDS: &[(&str, usize)] = &[
     ("path", tp::CGROUP_PATH),
 ];
 
-/// Every program of the eBPF object.
+/// Every probe of the eBPF object.
 pub const PROGRAMS: &[ProgramSpec] = &[
     ProgramSpec {
         name: "cgroup_mkdir",
         category: "cgroup",
         tracepoint: "cgroup_mkdir",
         fields: CGROUP_FIELDS,
+        raw: |types, config| raw_cgroup(types, config, "cgroup_mkdir", "cgroup_mkdir_raw"),
         without: None,
     },
     ProgramSpec {
@@ -44,6 +65,7 @@ pub const PROGRAMS: &[ProgramSpec] = &[
         category: "cgroup",
         tracepoint: "cgroup_rmdir",
         fields: CGROUP_FIELDS,
+        raw: |types, config| raw_cgroup(types, config, "cgroup_rmdir", "cgroup_rmdir_raw"),
         without: None,
     },
     ProgramSpec {
@@ -51,6 +73,7 @@ pub const PROGRAMS: &[ProgramSpec] = &[
         category: "sched",
         tracepoint: "sched_process_exec",
         fields: &[("filename", tp::EXEC_FILENAME)],
+        raw: raw_exec,
         without: Some("no start hints: starts are found by the relist and the runtime streams"),
     },
     ProgramSpec {
@@ -58,6 +81,7 @@ pub const PROGRAMS: &[ProgramSpec] = &[
         category: "sched",
         tracepoint: "sched_process_exit",
         fields: &[],
+        raw: raw_exit,
         without: Some("no exit hints: deaths are found by the relist and the runtime streams"),
     },
     ProgramSpec {
@@ -65,101 +89,260 @@ pub const PROGRAMS: &[ProgramSpec] = &[
         category: "oom",
         tracepoint: "mark_victim",
         fields: &[("pid", tp::OOM_PID)],
+        raw: raw_oom,
         without: Some("no OOM-kill observations (the runtime's reason still says OOMKilled)"),
     },
 ];
 
-/// Whether one program can attach here.
+/// Every program name of the object a probe may load, raw ones first: what the kernel's
+/// program list can show of plegd.
+pub const PROGRAM_NAMES: &[&str] = &[
+    "cgroup_mkdir_raw",
+    "cgroup_rmdir_raw",
+    "sched_process_exec_raw",
+    "sched_process_exit_raw_group",
+    "sched_process_exit_raw",
+    "mark_victim_raw",
+    "cgroup_mkdir",
+    "cgroup_rmdir",
+    "sched_process_exec",
+    "sched_process_exit",
+    "mark_victim",
+];
+
+/// `cgroup_mkdir|rmdir(struct cgroup *cgrp, const char *path)`.
+fn raw_cgroup(
+    types: &dyn Types,
+    config: &mut ProbeConfig,
+    tracepoint: &'static str,
+    program: &'static str,
+) -> Result<&'static str, String> {
+    expect_args(types, tracepoint, &[&[Arg::Pointer, Arg::Pointer]])?;
+    config.cgroup_root = offset(types, "cgroup", "root")?;
+    config.root_hierarchy_id = offset(types, "cgroup_root", "hierarchy_id")?;
+    config.cgroup_level = offset(types, "cgroup", "level")?;
+    config.cgroup_kn = offset(types, "cgroup", "kn")?;
+    config.kn_id = offset(types, "kernfs_node", "id")?;
+    Ok(program)
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`.
+fn raw_exec(types: &dyn Types, config: &mut ProbeConfig) -> Result<&'static str, String> {
+    expect_args(
+        types,
+        "sched_process_exec",
+        &[&[Arg::Pointer, Arg::Integer, Arg::Pointer]],
+    )?;
+    config.bprm_filename = offset(types, "linux_binprm", "filename")?;
+    Ok("sched_process_exec_raw")
+}
+
+/// `sched_process_exit(struct task_struct *p)`, with `bool group_dead` after it since ~6.16.
+fn raw_exit(types: &dyn Types, _: &mut ProbeConfig) -> Result<&'static str, String> {
+    let args = expect_args(
+        types,
+        "sched_process_exit",
+        &[&[Arg::Pointer], &[Arg::Pointer, Arg::Integer]],
+    )?;
+    Ok(if args.len() == 2 {
+        "sched_process_exit_raw_group"
+    } else {
+        "sched_process_exit_raw"
+    })
+}
+
+/// `mark_victim(int pid)`; since 6.9 `mark_victim(struct task_struct *task, uid_t uid)`.
+fn raw_oom(types: &dyn Types, config: &mut ProbeConfig) -> Result<&'static str, String> {
+    let args = expect_args(
+        types,
+        "mark_victim",
+        &[&[Arg::Integer], &[Arg::Pointer, Arg::Integer]],
+    )?;
+    if args[0] == Arg::Pointer {
+        config.task_pid = offset(types, "task_struct", "pid")?;
+        config.flags |= PROBE_OOM_TASK;
+    }
+    Ok("mark_victim_raw")
+}
+
+/// The tracepoint's arguments, if they are one of `known`.
+fn expect_args(
+    types: &dyn Types,
+    tracepoint: &'static str,
+    known: &[&[Arg]],
+) -> Result<Vec<Arg>, String> {
+    let args = types
+        .tracepoint_args(tracepoint)
+        .map_err(|e| e.to_string())?;
+    if known.contains(&args.as_slice()) {
+        Ok(args)
+    } else {
+        Err(format!(
+            "{tracepoint}'s arguments are {args:?}, a prototype the raw program does not know"
+        ))
+    }
+}
+
+fn offset(types: &dyn Types, name: &'static str, member: &'static str) -> Result<u32, String> {
+    types.member_offset(name, member).map_err(|e| e.to_string())
+}
+
+/// Whether one way of attaching a probe fits here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Support {
     Yes,
     No(String),
 }
 
+/// How a probe attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// Its raw tracepoint program, through `BPF_RAW_TRACEPOINT_OPEN`.
+    Raw(&'static str),
+    /// Its classic tracepoint program, through `perf_event_open`.
+    Classic,
+}
+
+impl Attach {
+    /// The program it loads.
+    pub fn program(self, spec: &ProgramSpec) -> &'static str {
+        match self {
+            Self::Raw(program) => program,
+            Self::Classic => spec.name,
+        }
+    }
+
+    /// How it attaches, for people.
+    pub fn describe(self, spec: &ProgramSpec) -> String {
+        match self {
+            Self::Raw(program) => format!(
+                "raw tracepoint {} ({program}, BPF_RAW_TRACEPOINT_OPEN: no perf_event_open)",
+                spec.tracepoint
+            ),
+            Self::Classic => format!(
+                "tracepoint {}/{} (perf_event_open)",
+                spec.category, spec.tracepoint
+            ),
+        }
+    }
+}
+
+/// One probe on this kernel: its raw program, or why none fits; whether its classic one fits.
+#[derive(Debug)]
+pub struct Probe {
+    pub spec: &'static ProgramSpec,
+    pub raw: Result<&'static str, String>,
+    pub classic: Support,
+}
+
+impl Probe {
+    /// The ways to attach it, in the order to try them.
+    pub fn choices(&self) -> impl Iterator<Item = Attach> + '_ {
+        let raw = self.raw.as_ref().ok().map(|&program| Attach::Raw(program));
+        let classic = (self.classic == Support::Yes).then_some(Attach::Classic);
+        raw.into_iter().chain(classic)
+    }
+
+    /// Why it cannot attach at all, if so.
+    pub fn unavailable(&self) -> Option<String> {
+        match (&self.raw, &self.classic) {
+            (Err(raw), Support::No(classic)) => {
+                Some(format!("raw tracepoint: {raw}; tracepoint: {classic}"))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// What the running kernel offers, as read by [`KernelFeatures::probe`].
 #[derive(Debug)]
 pub struct KernelFeatures {
     /// One entry per [`PROGRAMS`] entry, in order.
-    pub programs: Vec<(&'static ProgramSpec, Support)>,
-    /// Offset of `group_dead` in `sched_process_exit`, where the kernel has it (about 6.16 on).
+    pub probes: Vec<Probe>,
+    /// Offset of `group_dead` in the classic `sched_process_exit` record, where the kernel has
+    /// it (about 6.16 on).
     pub group_dead: Option<usize>,
     /// Offset of `task_struct.exit_code`, or why it is unknown.
     pub exit_code: Result<u32, BtfError>,
+    /// The offsets the raw programs read, and their flags.
+    raw_config: ProbeConfig,
 }
 
 impl KernelFeatures {
     /// Reads tracefs under `tracefs` and the kernel's BTF.
     pub fn probe(tracefs: &str) -> Self {
-        Self::from_formats(
+        let mounted = std::path::Path::new(tracefs).join("events").is_dir();
+        let types = KernelTypes::running().map_err(|e| e.to_string());
+        Self::from_parts(
             |tracepoint| {
-                std::fs::read_to_string(format!("{tracefs}/events/{tracepoint}/format")).ok()
+                if !mounted {
+                    return Err(format!(
+                        "tracefs is not mounted at {tracefs} (mount -t tracefs tracefs {tracefs})"
+                    ));
+                }
+                std::fs::read_to_string(format!("{tracefs}/events/{tracepoint}/format"))
+                    .map_err(|_| format!("no tracepoint {tracepoint}"))
             },
-            btf::running_kernel_exit_code_offset(),
+            types.as_ref().map(|t| t as &dyn Types),
         )
     }
 
-    /// Decides each feature from the format files `format` returns (`None`: no such
-    /// tracepoint) and the BTF lookup's result.
-    pub fn from_formats(
-        format: impl Fn(&str) -> Option<String>,
-        exit_code: Result<u32, BtfError>,
+    /// Decides each probe from the format files `format` returns (`Err`: why there is none)
+    /// and the kernel's types (`Err`: why there are none).
+    pub fn from_parts(
+        format: impl Fn(&str) -> Result<String, String>,
+        types: Result<&dyn Types, &String>,
     ) -> Self {
         let mut group_dead = None;
-        let programs = PROGRAMS
+        let mut raw_config = ProbeConfig::default();
+        let probes = PROGRAMS
             .iter()
             .map(|spec| {
-                let tracepoint = format!("{}/{}", spec.category, spec.tracepoint);
-                let Some(text) = format(&tracepoint) else {
-                    return (spec, Support::No(format!("no tracepoint {tracepoint}")));
+                let raw = match types {
+                    Ok(types) => (spec.raw)(types, &mut raw_config),
+                    Err(e) => Err(e.to_string()),
                 };
-                if spec.name == "sched_process_exit" {
-                    group_dead = field_offset(&text, "group_dead");
-                }
-                let misplaced: Vec<String> = spec
-                    .fields
-                    .iter()
-                    .filter_map(|&(field, expected)| match field_offset(&text, field) {
-                        Some(found) if found == expected => None,
-                        Some(found) => Some(format!("{field} at {found}, expected {expected}")),
-                        None => Some(format!("{field} missing")),
-                    })
-                    .collect();
-                if misplaced.is_empty() {
-                    (spec, Support::Yes)
-                } else {
-                    let why = format!("tracepoint {tracepoint}: {}", misplaced.join(", "));
-                    (spec, Support::No(why))
-                }
+                let tracepoint = format!("{}/{}", spec.category, spec.tracepoint);
+                let classic = match format(&tracepoint) {
+                    Err(why) => Support::No(why),
+                    Ok(text) => {
+                        if spec.name == "sched_process_exit" {
+                            group_dead = field_offset(&text, "group_dead");
+                        }
+                        classic_support(spec, &tracepoint, &text)
+                    }
+                };
+                Probe { spec, raw, classic }
             })
             .collect();
+        let exit_code = match types {
+            Ok(types) => types.member_offset("task_struct", "exit_code"),
+            Err(e) => Err(BtfError::Unreadable(e.clone())),
+        };
         Self {
-            programs,
+            probes,
             group_dead,
             exit_code,
+            raw_config,
         }
     }
 
-    /// Why the source cannot run at all here: a required program cannot attach.
-    pub fn fatal(&self) -> Option<&str> {
-        self.programs
-            .iter()
-            .find_map(|(spec, support)| match support {
-                Support::No(why) if spec.without.is_none() => Some(why.as_str()),
-                _ => None,
-            })
-    }
-
-    /// The programs to load and attach.
-    pub fn attachable(&self) -> impl Iterator<Item = &'static ProgramSpec> + '_ {
-        self.programs
-            .iter()
-            .filter(|(_, support)| *support == Support::Yes)
-            .map(|(spec, _)| *spec)
+    /// Why the source cannot run at all here: a required probe can attach in no way.
+    pub fn fatal(&self) -> Option<String> {
+        self.probes.iter().find_map(|probe| {
+            probe
+                .spec
+                .without
+                .is_none()
+                .then(|| probe.unavailable())
+                .flatten()
+                .map(|why| format!("probe {}: {why}", probe.spec.name))
+        })
     }
 
     /// The programs' view of these features.
     pub fn probe_config(&self) -> ProbeConfig {
-        let mut config = ProbeConfig::default();
+        let mut config = self.raw_config;
         if let Ok(offset) = self.exit_code {
             config.task_exit_code = offset;
             config.flags |= PROBE_EXIT_CODE;
@@ -175,21 +358,45 @@ impl KernelFeatures {
     /// One line per feature: (subject, available, detail), for `plegd check` and the logs.
     pub fn describe(&self) -> Vec<(String, bool, String)> {
         let mut lines: Vec<(String, bool, String)> = self
-            .programs
+            .probes
             .iter()
-            .map(|(spec, support)| {
-                let subject = format!("probe {}", spec.name);
-                let tracepoint = format!("{}/{}", spec.category, spec.tracepoint);
-                match (support, spec.without) {
-                    (Support::Yes, _) => (subject, true, tracepoint),
-                    (Support::No(why), Some(loss)) => (subject, false, format!("{why}: {loss}")),
-                    (Support::No(why), None) => {
-                        (subject, false, format!("{why}: required, eBPF off"))
-                    }
+            .map(|probe| {
+                let subject = format!("probe {}", probe.spec.name);
+                let tracepoint = format!("{}/{}", probe.spec.category, probe.spec.tracepoint);
+                let classic = match &probe.classic {
+                    Support::Yes => format!("else tracepoint {tracepoint} (perf_event_open)"),
+                    Support::No(why) => format!("no tracepoint fallback: {why}"),
+                };
+                match (&probe.raw, probe.unavailable(), probe.spec.without) {
+                    (Ok(program), _, _) => (
+                        subject,
+                        true,
+                        format!("raw tracepoint ({program}, BTF); {classic}"),
+                    ),
+                    (Err(raw), None, _) => (
+                        subject,
+                        true,
+                        format!(
+                            "tracepoint {tracepoint} through perf_event_open (needs CAP_SYS_ADMIN \
+                             where perf_event_paranoid is 3); no raw tracepoint: {raw}"
+                        ),
+                    ),
+                    (_, Some(why), Some(loss)) => (subject, false, format!("{why}: {loss}")),
+                    (_, Some(why), None) => (subject, false, format!("{why}: required, eBPF off")),
                 }
             })
             .collect();
+        let exit = self
+            .probes
+            .iter()
+            .find(|p| p.spec.name == "sched_process_exit");
+        let raw_group = exit.is_some_and(|p| p.raw == Ok("sched_process_exit_raw_group"));
         lines.push(match self.group_dead {
+            _ if raw_group => (
+                "exit group_dead".into(),
+                true,
+                "sched_process_exit's group_dead argument: exits are whole processes".into(),
+            ),
             Some(offset) => (
                 "exit group_dead".into(),
                 true,
@@ -219,6 +426,24 @@ impl KernelFeatures {
     }
 }
 
+/// Whether the classic program of `spec` finds its fields where it reads them in `format`.
+fn classic_support(spec: &ProgramSpec, tracepoint: &str, format: &str) -> Support {
+    let misplaced: Vec<String> = spec
+        .fields
+        .iter()
+        .filter_map(|&(field, expected)| match field_offset(format, field) {
+            Some(found) if found == expected => None,
+            Some(found) => Some(format!("{field} at {found}, expected {expected}")),
+            None => Some(format!("{field} missing")),
+        })
+        .collect();
+    if misplaced.is_empty() {
+        Support::Yes
+    } else {
+        Support::No(format!("tracepoint {tracepoint}: {}", misplaced.join(", ")))
+    }
+}
+
 /// The offset of `field` in a tracefs `format` file.
 fn field_offset(format: &str, field: &str) -> Option<usize> {
     format.lines().find_map(|line| {
@@ -238,108 +463,4 @@ fn field_offset(format: &str, field: &str) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-
-    /// The formats of Debian 12's 6.1 kernel: no group_dead, `signed:1` on strings.
-    fn formats_6_1() -> HashMap<&'static str, &'static str> {
-        let cgroup = "format:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int root;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:int level;\toffset:12;\tsize:4;\tsigned:1;\n\tfield:u64 id;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:__data_loc char[] path;\toffset:24;\tsize:4;\tsigned:1;\n";
-        HashMap::from([
-            ("cgroup/cgroup_mkdir", cgroup),
-            ("cgroup/cgroup_rmdir", cgroup),
-            (
-                "sched/sched_process_exec",
-                "format:\n\tfield:__data_loc char[] filename;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:pid_t pid;\toffset:12;\tsize:4;\tsigned:1;\n",
-            ),
-            (
-                "sched/sched_process_exit",
-                "format:\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:1;\n\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;\n",
-            ),
-            (
-                "oom/mark_victim",
-                "format:\n\tfield:int pid;\toffset:8;\tsize:4;\tsigned:1;\n",
-            ),
-        ])
-    }
-
-    fn features(
-        formats: &HashMap<&'static str, &'static str>,
-        exit_code: Result<u32, BtfError>,
-    ) -> KernelFeatures {
-        KernelFeatures::from_formats(|tp| formats.get(tp).map(|s| (*s).to_owned()), exit_code)
-    }
-
-    #[test]
-    fn a_6_1_kernel_attaches_every_program_and_lacks_only_group_dead() {
-        let features = features(&formats_6_1(), Ok(2404));
-        assert_eq!(features.fatal(), None);
-        assert_eq!(features.attachable().count(), PROGRAMS.len());
-        assert_eq!(features.group_dead, None);
-        let config = features.probe_config();
-        assert_eq!(config.flags, PROBE_EXIT_CODE);
-        assert_eq!(config.task_exit_code, 2404);
-    }
-
-    #[test]
-    fn group_dead_is_used_where_the_kernel_has_it() {
-        let mut formats = formats_6_1();
-        formats.insert(
-            "sched/sched_process_exit",
-            "format:\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:bool group_dead;\toffset:32;\tsize:1;\tsigned:0;\n",
-        );
-        let features = features(
-            &formats,
-            Err(BtfError::MissingStruct {
-                name: "task_struct",
-            }),
-        );
-        assert_eq!(features.group_dead, Some(32));
-        let config = features.probe_config();
-        assert_eq!(config.flags, PROBE_GROUP_DEAD);
-        assert_eq!(config.exit_group_dead, 32);
-        let lines = features.describe();
-        assert!(lines.iter().any(|(s, ok, _)| s == "exit status" && !ok));
-    }
-
-    #[test]
-    fn a_missing_optional_tracepoint_costs_only_its_program() {
-        let mut formats = formats_6_1();
-        formats.remove("oom/mark_victim");
-        let features = features(&formats, Ok(8));
-        assert_eq!(features.fatal(), None);
-        let names: Vec<&str> = features.attachable().map(|p| p.name).collect();
-        assert!(!names.contains(&"mark_victim"));
-        assert_eq!(names.len(), PROGRAMS.len() - 1);
-        let (_, ok, detail) = features
-            .describe()
-            .into_iter()
-            .find(|(s, _, _)| s == "probe mark_victim")
-            .unwrap();
-        assert!(!ok);
-        assert!(detail.contains("no tracepoint oom/mark_victim"), "{detail}");
-    }
-
-    #[test]
-    fn a_moved_required_field_is_fatal_and_says_where() {
-        let mut formats = formats_6_1();
-        formats.insert(
-            "cgroup/cgroup_mkdir",
-            "format:\n\tfield:int root;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:int level;\toffset:16;\tsize:4;\tsigned:1;\n",
-        );
-        let features = features(&formats, Ok(8));
-        let fatal = features.fatal().unwrap();
-        assert!(fatal.contains("level at 16, expected 12"), "{fatal}");
-        assert!(fatal.contains("id missing"), "{fatal}");
-    }
-
-    #[test]
-    fn field_offsets_are_read_from_format_files() {
-        let format = "name: cgroup_mkdir\nID: 1\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int root;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:__data_loc char[] path;\toffset:24;\tsize:4;\tsigned:0;\n\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n";
-        assert_eq!(field_offset(format, "root"), Some(8));
-        assert_eq!(field_offset(format, "path"), Some(24));
-        assert_eq!(field_offset(format, "comm"), Some(8));
-        assert_eq!(field_offset(format, "level"), None);
-    }
-}
+mod tests;

@@ -13,7 +13,11 @@
 //! scan (or the cgroup's removal) tells userspace whose events those are.
 //!
 //! Each kernel feature is probed on its own ([`features`]): a missing optional tracepoint or
-//! field costs that feature, not the source.
+//! field costs that feature, not the source. Each probe attaches as a raw tracepoint where the
+//! kernel's BTF allows (through `bpf(2)`: CAP_BPF and CAP_PERFMON are enough), else as a
+//! classic tracepoint (through `perf_event_open(2)`, which Debian's kernels, at their default
+//! `perf_event_paranoid` of 3, refuse without CAP_SYS_ADMIN); one that attaches in neither
+//! way costs its own feature only.
 //!
 //! The runtime stays the source of truth: an event only says which container to relist now.
 
@@ -29,7 +33,7 @@ use std::{collections::HashSet, os::fd::AsFd as _, path::PathBuf, sync::Arc, tim
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, IterableMap as _, MapData, MapError, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
 };
 use nix::errno::Errno;
 use plegd_common::{KernelEvent, KernelEventKind, LOST_INIT_SLOTS, LOST_RING_FULL};
@@ -46,7 +50,7 @@ use crate::{
     sources::{
         ebpf::{
             decode::{Decoder, proc_cgroup2_path, wall_time_of},
-            features::KernelFeatures,
+            features::{Attach, KernelFeatures, Probe, ProgramSpec},
             index::{CgroupIndex, CgroupMode},
         },
         status::{SourceRegistry, SourceState},
@@ -76,20 +80,12 @@ const LOSS_CHECK: Duration = Duration::from_secs(1);
 pub enum LoadError {
     #[error("no cgroup2 hierarchy is mounted (cgroup v1 only): the probes need cgroup2 ids")]
     NoCgroup2,
-    #[error("tracefs is not available at {TRACEFS} (mount -t tracefs tracefs {TRACEFS})")]
-    Tracefs,
     #[error("{0}")]
     Unsupported(String),
     #[error("loading the eBPF object (missing privilege, old kernel or verifier rejection): {0}")]
     Load(#[from] aya::EbpfError),
-    #[error("eBPF program {name} missing from the object")]
-    MissingProgram { name: &'static str },
-    #[error("eBPF program {name}: {source}")]
-    Program {
-        name: &'static str,
-        #[source]
-        source: aya::programs::ProgramError,
-    },
+    #[error("eBPF probe {name}: {why}")]
+    Attach { name: &'static str, why: String },
     #[error("eBPF map {name}: {source}")]
     Map {
         name: &'static str,
@@ -107,6 +103,8 @@ pub struct Probes {
     ebpf: Ebpf,
     cgroup2: PathBuf,
     features: KernelFeatures,
+    /// Each probe, in [`features::PROGRAMS`] order: how it attached, or why it did not.
+    attached: Vec<(&'static ProgramSpec, Result<Attach, String>)>,
 }
 
 impl Probes {
@@ -136,45 +134,59 @@ impl Probes {
             .cgroup2()
             .ok_or(LoadError::NoCgroup2)?
             .to_owned();
-        if !std::path::Path::new(TRACEFS).join("events").is_dir() {
-            return Err(LoadError::Tracefs);
-        }
         let features = KernelFeatures::probe(TRACEFS);
         if let Some(why) = features.fatal() {
-            return Err(LoadError::Unsupported(why.to_owned()));
+            return Err(LoadError::Unsupported(why));
         }
         bump_memlock_rlimit();
         let mut ebpf = EbpfLoader::new()
             .override_global("PROBE_CONFIG", &features.probe_config(), true)
             .map_max_entries("EVENTS", ring_bytes)
             .load(EBPF_OBJECT)?;
-        for spec in features.attachable() {
-            let name = spec.name;
-            let program: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or(LoadError::MissingProgram { name })?
-                .try_into()
-                .map_err(|source| LoadError::Program { name, source })?;
-            program
-                .load()
-                .map_err(|source| LoadError::Program { name, source })?;
-            program
-                .attach(spec.category, spec.tracepoint)
-                .map_err(|source| LoadError::Program { name, source })?;
+        let mut attached = Vec::new();
+        for probe in &features.probes {
+            let name = probe.spec.name;
+            match attach(&mut ebpf, probe) {
+                Ok(how) => attached.push((probe.spec, Ok(how))),
+                Err(why) if probe.spec.without.is_some() => {
+                    warn!(probe = name, %why, "an eBPF probe did not attach; going on without it");
+                    attached.push((probe.spec, Err(why)));
+                }
+                Err(why) => return Err(LoadError::Attach { name, why }),
+            }
         }
         crate::base::heap::release_freed();
         Ok(Self {
             ebpf,
             cgroup2,
             features,
+            attached,
         })
     }
 
     /// Names of the attached programs.
     pub fn program_names(&self) -> Vec<String> {
-        self.features
-            .attachable()
-            .map(|spec| spec.name.to_owned())
+        self.attached
+            .iter()
+            .filter_map(|(spec, how)| Some(how.as_ref().ok()?.program(spec).to_owned()))
+            .collect()
+    }
+
+    /// One line per probe: (subject, attached, how or why not), for `plegd check` and the logs.
+    pub fn describe_attachment(&self) -> Vec<(String, bool, String)> {
+        self.attached
+            .iter()
+            .map(|(spec, how)| {
+                let subject = format!("probe {} attached", spec.name);
+                match how {
+                    Ok(how) => (subject, true, how.describe(spec)),
+                    Err(why) => (
+                        subject,
+                        false,
+                        format!("{why}: {}", spec.without.unwrap_or_default()),
+                    ),
+                }
+            })
             .collect()
     }
 
@@ -188,6 +200,59 @@ impl Probes {
             .take_map(name)
             .ok_or(LoadError::MissingMap { name })
     }
+}
+
+/// Loads and attaches `probe` the first way that works: its raw tracepoint program, else its
+/// classic one. Why neither did, if so.
+fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Attach, String> {
+    let mut failures = match &probe.raw {
+        Ok(_) => Vec::new(),
+        Err(why) => vec![format!("no raw tracepoint: {why}")],
+    };
+    if let features::Support::No(why) = &probe.classic {
+        failures.push(format!("no tracepoint: {why}"));
+    }
+    for how in probe.choices() {
+        let name = how.program(probe.spec);
+        let program = ebpf
+            .program_mut(name)
+            .ok_or_else(|| format!("program {name} missing from the object"));
+        let attached = program.and_then(|program| match how {
+            Attach::Raw(_) => {
+                let raw: &mut RawTracePoint = program.try_into().map_err(chain)?;
+                raw.load().map_err(chain)?;
+                raw.attach(probe.spec.tracepoint).map(drop).map_err(chain)
+            }
+            Attach::Classic => {
+                let classic: &mut TracePoint = program.try_into().map_err(chain)?;
+                classic.load().map_err(chain)?;
+                classic
+                    .attach(probe.spec.category, probe.spec.tracepoint)
+                    .map(drop)
+                    .map_err(chain)
+            }
+        });
+        match attached {
+            Ok(()) => return Ok(how),
+            Err(why) => {
+                debug!(probe = probe.spec.name, program = name, %why, "attach failed");
+                failures.push(format!("{}: {why}", how.describe(probe.spec)));
+            }
+        }
+    }
+    Err(failures.join("; "))
+}
+
+/// An error with its sources (aya's attach errors keep the errno in theirs).
+fn chain(error: aya::programs::ProgramError) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Runs the source until `shutdown`: reads kernel events, keeps the init map and the index
