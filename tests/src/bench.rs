@@ -89,8 +89,18 @@ pub struct Plegd {
     /// The whole `run` command line, to start it again the same way.
     command: Vec<std::ffi::OsString>,
     dir: PathBuf,
-    /// The cgroup it is born in, if not the caller's.
-    cgroup: Option<PathBuf>,
+    /// What it is born with beyond the caller's.
+    birth: Birth,
+}
+
+/// What a started plegd is born with beyond what the caller has.
+#[derive(Clone, Debug, Default)]
+pub struct Birth {
+    /// The cgroup (a directory of cgroupfs, v1 or v2): everything it ever allocates is charged
+    /// there, its start included.
+    pub cgroup: Option<PathBuf>,
+    /// Its open-file limit, soft and hard (a unit's 1,024 with no headroom above).
+    pub nofile: Option<u64>,
 }
 
 impl Plegd {
@@ -114,37 +124,18 @@ impl Plegd {
         args: &[String],
         stdout: Stdio,
     ) -> anyhow::Result<Self> {
-        Self::start_in(binary, containerd, dir, args, stdout, None)
+        Self::start_born(binary, containerd, dir, args, stdout, Birth::default())
     }
 
-    /// [`Plegd::start_with_stdout`] with the daemon born in `cgroup` (a directory of cgroupfs,
-    /// v1 or v2): everything it ever allocates is charged there, its start included. A
-    /// restart is born there too.
-    pub fn start_in_cgroup(
+    /// [`Plegd::start_with_stdout`] with the daemon born with `birth` (see [`Birth`]). A
+    /// restart is born the same way.
+    pub fn start_born(
         binary: &Path,
         containerd: &PrivateContainerd,
         dir: &Path,
         args: &[String],
         stdout: Stdio,
-        cgroup: &Path,
-    ) -> anyhow::Result<Self> {
-        Self::start_in(
-            binary,
-            containerd,
-            dir,
-            args,
-            stdout,
-            Some(cgroup.to_owned()),
-        )
-    }
-
-    fn start_in(
-        binary: &Path,
-        containerd: &PrivateContainerd,
-        dir: &Path,
-        args: &[String],
-        stdout: Stdio,
-        cgroup: Option<PathBuf>,
+        birth: Birth,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("plegd.sock");
@@ -169,7 +160,7 @@ impl Plegd {
             command.extend(["--state-dir".into(), "none".into()]);
         }
         command.extend(args.iter().map(Into::into));
-        let process = Self::spawn(binary, &command, dir, stdout, cgroup.as_deref())?;
+        let process = Self::spawn(binary, &command, dir, stdout, &birth)?;
         let plegd = Self {
             process,
             socket,
@@ -177,7 +168,7 @@ impl Plegd {
             binary: binary.to_owned(),
             command,
             dir: dir.to_owned(),
-            cgroup,
+            birth,
         };
         plegd.await_healthy()?;
         Ok(plegd)
@@ -188,7 +179,7 @@ impl Plegd {
         command: &[std::ffi::OsString],
         dir: &Path,
         stdout: Stdio,
-        cgroup: Option<&Path>,
+        birth: &Birth,
     ) -> anyhow::Result<Terminating> {
         // Appended to: a restarted daemon's log follows the one before.
         let log = std::fs::OpenOptions::new()
@@ -201,8 +192,22 @@ impl Plegd {
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log);
-        if let Some(cgroup) = cgroup {
+        if let Some(cgroup) = &birth.cgroup {
             crate::process::born_in_cgroup(&mut daemon, cgroup)?;
+        }
+        if let Some(nofile) = birth.nofile {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setrlimit is async-signal-safe, and nothing else runs in the child.
+            unsafe {
+                daemon.pre_exec(move || {
+                    nix::sys::resource::setrlimit(
+                        nix::sys::resource::Resource::RLIMIT_NOFILE,
+                        nofile,
+                        nofile,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            }
         }
         let child = daemon
             .spawn()
@@ -241,7 +246,7 @@ impl Plegd {
             &self.command,
             &self.dir,
             Stdio::null(),
-            self.cgroup.as_deref(),
+            &self.birth,
         )?;
         self.await_healthy()
     }

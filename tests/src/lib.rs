@@ -23,6 +23,7 @@
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
 //! - `wait`: bounded waits on awaited conditions.
 
+pub mod abuse;
 pub mod audit;
 pub mod bench;
 pub mod containerd;
@@ -33,6 +34,7 @@ pub mod image;
 pub mod native;
 pub mod neighbours;
 pub mod node;
+pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod release;

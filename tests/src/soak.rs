@@ -25,11 +25,13 @@ use nix::sys::signal::Signal;
 
 use crate::{
     Node,
+    abuse::{self, Abuse},
     audit::{self, Action, Exit, Folding, Polled, Report, Timing, Truth},
-    bench::{Jitter, Plegd, metric_at},
+    bench::{Birth, Jitter, Plegd, metric_at},
     containerd::CRI_NAMESPACE,
     cri::{ContainerSpec, Cri, PidMode, Pod},
     native::Native,
+    pki::Pki,
     proxy::MutingProxy,
     wait::until,
 };
@@ -208,6 +210,9 @@ pub struct Plan {
     /// Keep starting lifecycles until this much time has passed, if it is longer.
     pub duration: Duration,
     pub seed: u64,
+    /// Hostile and careless clients on its API from the first lifecycle to the last
+    /// ([`crate::abuse`]), plegd born with a unit's 1,024 descriptors and its TLS listener on.
+    pub abuse: bool,
 }
 
 /// What a soak run found.
@@ -220,6 +225,7 @@ pub struct Outcome {
     pub abandoned: Vec<String>,
     /// What the fault measured of itself (losses counted, silence found after ...).
     pub notes: Vec<String>,
+    pub abuse: Option<abuse::Report>,
 }
 
 /// One lifecycle, drawn before it runs.
@@ -291,8 +297,28 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
         )?),
         _ => None,
     };
-    let args = plegd_args(plan, dir, proxy.as_ref())?;
-    let mut plegd = Plegd::start(binary, &node.containerd, dir, &args)?;
+    let mut args = plegd_args(plan, dir, proxy.as_ref())?;
+    let (birth, target) = if plan.abuse {
+        let (tls_args, target) = abuse_target(dir)?;
+        args.extend(tls_args);
+        (
+            Birth {
+                nofile: Some(UNIT_NOFILE),
+                ..Birth::default()
+            },
+            Some(target),
+        )
+    } else {
+        (Birth::default(), None)
+    };
+    let mut plegd = Plegd::start_born(
+        binary,
+        &node.containerd,
+        dir,
+        &args,
+        std::process::Stdio::null(),
+        birth,
+    )?;
     let watch = plegd.watch_from_start()?;
     let prefix = format!("soak-{}-{:x}", plan.mode.key(), plan.seed);
     let mut pods = Vec::new();
@@ -321,6 +347,20 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     let mut notes = Vec::new();
     let mut losses = None;
     let run_began = SystemTime::now();
+    let abuse = match target {
+        Some(target) => Some(
+            Abuse::start(
+                abuse::Target {
+                    pid: plegd.pid(),
+                    metrics: plegd.metrics,
+                    ..target
+                },
+                &abuse::Scale::default(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     while n < plan.lifecycles || began.elapsed() < plan.duration {
         let burst = if jitter.pick(4) == 0 { BURST } else { 1 };
         while lifecycles.len() + burst > IN_FLIGHT {
@@ -367,6 +407,10 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     while let Some(result) = lifecycles.join_next().await {
         results.push(result);
     }
+    let abuse = match abuse {
+        Some(abuse) => Some(abuse.stop().await?),
+        None => None,
+    };
     let mut truths = Vec::new();
     let mut abandoned = Vec::new();
     for result in results {
@@ -405,7 +449,54 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
         elapsed: began.elapsed(),
         abandoned,
         notes,
+        abuse,
     })
+}
+
+/// RLIMIT_NOFILE of a unit that sets no `LimitNOFILE` (systemd's soft default), here hard too:
+/// plegd cannot raise it, the harshest case.
+const UNIT_NOFILE: u64 = 1_024;
+
+/// The unit's `MemoryMax=` (deploy/systemd/plegd.service), in bytes.
+fn unit_memory_max() -> anyhow::Result<u64> {
+    let unit = include_str!("../../deploy/systemd/plegd.service");
+    let value = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("MemoryMax="))
+        .context("no MemoryMax= in deploy/systemd/plegd.service")?;
+    let (number, unit) = value.split_at(
+        value
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(value.len()),
+    );
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        other => bail!("MemoryMax={value}: unit {other:?}"),
+    };
+    Ok(number.parse::<u64>().context("MemoryMax=")? << shift)
+}
+
+/// `plegd run`'s flags for a TLS listener on a free loopback port, and the abuse's view of it
+/// (its pid is filled in once it runs).
+fn abuse_target(dir: &Path) -> anyhow::Result<(Vec<String>, abuse::Target)> {
+    let pki = Pki::new("plegd soak CA")?;
+    let tls = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let args = pki.listener_args(dir, &tls.to_string())?;
+    let client = pki.leaf(&["careless"], rcgen::ExtendedKeyUsagePurpose::ClientAuth)?;
+    Ok((
+        args,
+        abuse::Target {
+            pid: 0,
+            socket: dir.join("plegd.sock"),
+            tls,
+            metrics: tls,
+            ca_pem: pki.ca_pem.clone(),
+            client,
+        },
+    ))
 }
 
 /// `plegd run` arguments of `plan`: its mode's, and what its fault needs.
@@ -884,6 +975,13 @@ pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
     for why in &outcome.abandoned {
         println!("  abandoned: {why}");
     }
+    if let Some(abuse) = &outcome.abuse {
+        println!("{abuse}");
+        let problems = abuse.problems(unit_memory_max()?);
+        if !problems.is_empty() {
+            bail!("under abuse: {}", problems.join("; "));
+        }
+    }
     if outcome.report.expected == 0 {
         bail!("the soak audited no transition");
     }
@@ -896,8 +994,9 @@ pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
 /// Where a run's files go.
 pub fn run_dir(root: &Path, plan: &Plan) -> PathBuf {
     root.join(format!(
-        "{}-{}",
+        "{}-{}{}",
         plan.mode.key(),
-        plan.fault.map_or("none", Fault::key)
+        plan.fault.map_or("none", Fault::key),
+        if plan.abuse { "-abused" } else { "" }
     ))
 }

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, os::unix::fs::PermissionsExt as _, path::Path, 
 
 use plegd::{config::Config, runtime::RuntimeKind};
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
-use plegd_tests::{ContainerdOptions, Node, PrivateContainerd, cri::ContainerSpec};
+use plegd_tests::{ContainerdOptions, Node, PrivateContainerd, cri::ContainerSpec, pki::Pki};
 use serde_json::Value;
 use support::{RunningPlegd, ServedApi, config};
 use tonic::{Code, Streaming, transport::Channel};
@@ -689,37 +689,82 @@ async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
     api.stopped().await;
 }
 
-/// A CA, and PEM files signed by it: a server certificate for localhost and a client one.
-struct Pki {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    ca_pem: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = rcgen::CertificateParams::default();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let ca_pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            issuer: rcgen::Issuer::new(params, key),
-            ca_pem,
+/// A peer on the socket (a uid) holds its share and no more: past its streams an RPC is
+/// RESOURCE_EXHAUSTED, past its connections a connection is closed at accept; both counted,
+/// and the share comes back as they end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_on_the_socket_holds_its_share_of_connections_and_streams_and_no_more() {
+    let containerd = PrivateContainerd::start(&ContainerdOptions::unique())
+        .await
+        .unwrap();
+    let (plegd, api) = start(&containerd, |c| {
+        c.api_limits.connections_per_peer = 2;
+        c.api_limits.streams_per_peer = 2;
+    })
+    .await;
+    let mut client = api.client().await;
+    let first = watch(&mut client, 0, 0).await.unwrap();
+    let second = watch(&mut client, 0, 0).await.unwrap();
+    let refused = watch(&mut client, 0, 0).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let unary = client.list_pods(pb::ListPodsRequest {}).await.unwrap_err();
+    assert_eq!(unary.code(), Code::ResourceExhausted, "{unary:?}");
+    drop(second);
+    plegd_tests::wait::until("a stream's share back", DEADLINE, || {
+        let mut client = client.clone();
+        async move {
+            anyhow::Ok(
+                client
+                    .list_pods(pb::ListPodsRequest {})
+                    .await
+                    .is_ok()
+                    .then_some(()),
+            )
         }
-    }
+    })
+    .await
+    .unwrap();
 
-    /// (certificate, key) in PEM for `names`, for `purpose`.
-    fn leaf(&self, names: &[&str], purpose: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.extended_key_usages.push(purpose);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
+    let mut other = api.client().await;
+    assert!(other.list_pods(pb::ListPodsRequest {}).await.is_ok());
+    // Closed at accept: the dial itself or the first call fails, as the close races it.
+    let third = match plegd::api::client::connect(&api.socket).await {
+        Ok(mut third) => third.list_pods(pb::ListPodsRequest {}).await.err(),
+        Err(e) => Some(tonic::Status::unavailable(e.to_string())),
+    };
+    assert!(third.is_some(), "a third connection was served");
+    let metrics = scrape(&api).await;
+    let refused = |what: &str| {
+        metrics
+            .get(&format!(
+                "plegd_api_refused_total{{listener=\"unix\",what=\"{what}\",reason=\"peer-full\"}}"
+            ))
+            .copied()
+            .unwrap_or_default()
+    };
+    assert!(refused("stream") >= 2.0, "{metrics:#?}");
+    assert!(refused("connection") >= 1.0, "{metrics:#?}");
+    drop(other);
+    plegd_tests::wait::until("a connection's share back", DEADLINE, || {
+        let socket = api.socket.clone();
+        async move {
+            let Ok(mut third) = plegd::api::client::connect(&socket).await else {
+                return anyhow::Ok(None);
+            };
+            anyhow::Ok(
+                third
+                    .list_pods(pb::ListPodsRequest {})
+                    .await
+                    .is_ok()
+                    .then_some(()),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    drop(first);
+    plegd.stop().await;
+    api.stopped().await;
 }
 
 /// ListPods over TLS to `address`, trusting `ca`, presenting `identity`; any failure (dial,
@@ -760,13 +805,16 @@ async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (ours, theirs) = (Pki::new("plegd test CA"), Pki::new("someone else"));
+    let (ours, theirs) = (
+        Pki::new("plegd test CA").unwrap(),
+        Pki::new("someone else").unwrap(),
+    );
     let write = |name: &str, pem: &str| {
         let path = dir.path().join(name);
         std::fs::write(&path, pem).unwrap();
         path
     };
-    let (server_cert, server_key) = ours.leaf(&["localhost", "127.0.0.1"], ServerAuth);
+    let (server_cert, server_key) = ours.leaf(&["localhost", "127.0.0.1"], ServerAuth).unwrap();
     let (cert, key, client_ca) = (
         write("server.pem", &server_cert),
         write("server.key", &server_key),
@@ -781,13 +829,13 @@ async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca
     .await;
     let address = api.tcp.expect("TLS listener bound");
 
-    let trusted = ours.leaf(&["watcher"], ClientAuth);
+    let trusted = ours.leaf(&["watcher"], ClientAuth).unwrap();
     let listing = list_pods_over_tls(address, &ours.ca_pem, Some(&trusted))
         .await
         .expect("a client with a certificate from the client CA is served");
     assert_eq!(listing.run_id, plegd.shared.pleg.events().run_id());
 
-    let stranger = theirs.leaf(&["watcher"], ClientAuth);
+    let stranger = theirs.leaf(&["watcher"], ClientAuth).unwrap();
     for (who, identity) in [("no certificate", None), ("another CA's", Some(&stranger))] {
         let refused = list_pods_over_tls(address, &ours.ca_pem, identity).await;
         assert!(

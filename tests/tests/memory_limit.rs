@@ -26,7 +26,7 @@ use std::{
 use k8s_cri::v1::ContainerState;
 use plegd_tests::{
     Node,
-    bench::{Plegd, cpu_time, peak_rss_bytes, proc_number},
+    bench::{Birth, Plegd, cpu_time, peak_rss_bytes, proc_number},
     cri::{ContainerSpec, Cri, Pod},
     native::Native,
     process::{Terminating, is_alive, plegd_binary},
@@ -272,13 +272,16 @@ async fn plegd_stays_alive_under_its_memory_limit_through_a_burst() {
 
     // Its own stdout: a pipe nobody reads.
     let (_unread_stdout, stdout) = std::io::pipe().unwrap();
-    let plegd = Plegd::start_in_cgroup(
+    let plegd = Plegd::start_born(
         &binary,
         &containerd,
         dir.path(),
         &[],
         stdout.into(),
-        &cgroup.dir,
+        Birth {
+            cgroup: Some(cgroup.dir.clone()),
+            ..Birth::default()
+        },
     )
     .unwrap();
     assert!(cgroup.holds(plegd.pid()), "plegd runs in the test's cgroup");

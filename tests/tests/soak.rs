@@ -20,14 +20,19 @@ const SHORT: usize = 60;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn soak_once(mode: Mode, fault: Option<Fault>, lifecycles: usize, duration: Duration) {
-    let _serial = SERIAL.lock().await;
-    let plan = Plan {
+    soak_plan(Plan {
         mode,
         fault,
         lifecycles,
         duration,
         seed: soak::seed_from_env().unwrap(),
-    };
+        abuse: false,
+    })
+    .await;
+}
+
+async fn soak_plan(plan: Plan) {
+    let _serial = SERIAL.lock().await;
     println!("soak: {plan:?}");
     let node = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -127,6 +132,23 @@ async fn soak_through_a_silent_event_stream() {
     .await;
 }
 
+/// Hostile and careless clients on the API all through a churn, containerd restarted in the
+/// middle, plegd with a unit's 1,024 descriptors: the watcher misses nothing, plegd reaches
+/// containerd again, a new watcher gets in, health holds, RSS stays under the unit's
+/// MemoryMax, and the descriptors come back (plegd_tests::abuse).
+#[tokio::test(flavor = "multi_thread")]
+async fn soak_under_hostile_clients() {
+    soak_plan(Plan {
+        mode: Mode::Default,
+        fault: Some(Fault::ContainerdRestart),
+        lifecycles: SHORT,
+        duration: Duration::from_secs(40),
+        seed: soak::seed_from_env().unwrap(),
+        abuse: true,
+    })
+    .await;
+}
+
 /// `cargo xtask soak`: every mode and fault in `PLEGD_SOAK_MODES` / `PLEGD_SOAK_FAULTS`
 /// (comma separated; `none` for no fault; a fault meaningless in a mode is skipped in it),
 /// `PLEGD_SOAK_LIFECYCLES` lifecycles (default 1000)
@@ -176,6 +198,7 @@ async fn soak_as_configured() {
                 lifecycles,
                 duration,
                 seed,
+                abuse: std::env::var_os("PLEGD_SOAK_ABUSE").is_some(),
             };
             println!("soak: {plan:?}");
             let outcome = soak::run(&node, &binary, &soak::run_dir(dir.path(), &plan), &plan)

@@ -61,6 +61,12 @@ pub struct Options {
     /// The random timing's seed (default: the clock's; every report prints it).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Hostile and careless clients on plegd's API all through each run (handshakes never
+    /// finished, garbage on the socket, streams never read, absurd requests), plegd with 1,024
+    /// descriptors and its TLS listener on; each report adds descriptors, RSS, health and a new
+    /// watcher's time to get in.
+    #[arg(long)]
+    pub abuse: bool,
     #[command(flatten)]
     pub containerd: harness::Release,
 }
@@ -110,6 +116,9 @@ fn command(opts: &Options) -> Command {
     if let Some(seed) = opts.seed {
         cmd.env("PLEGD_SOAK_SEED", seed.to_string());
     }
+    if opts.abuse {
+        cmd.env("PLEGD_SOAK_ABUSE", "1");
+    }
     cmd
 }
 
@@ -136,6 +145,7 @@ mod tests {
             mode: vec![Mode::Events, Mode::Polling],
             fault: vec![Fault::PlegdKill, Fault::None],
             seed: Some(7),
+            abuse: true,
             containerd: harness::Release::default(),
         };
         let cmd = command(&opts);
@@ -144,10 +154,12 @@ mod tests {
         assert_eq!(env(&cmd, "PLEGD_SOAK_LIFECYCLES").unwrap(), "50");
         assert_eq!(env(&cmd, "PLEGD_SOAK_MINUTES").unwrap(), "3");
         assert_eq!(env(&cmd, "PLEGD_SOAK_SEED").unwrap(), "7");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_ABUSE").unwrap(), "1");
         let defaults = command(&Options {
             mode: Vec::new(),
             fault: Vec::new(),
             seed: None,
+            abuse: false,
             ..opts
         });
         assert_eq!(
@@ -156,5 +168,6 @@ mod tests {
         );
         assert_eq!(env(&defaults, "PLEGD_SOAK_FAULTS").unwrap(), "none");
         assert_eq!(env(&defaults, "PLEGD_SOAK_SEED"), None);
+        assert_eq!(env(&defaults, "PLEGD_SOAK_ABUSE"), None);
     }
 }

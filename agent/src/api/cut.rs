@@ -1,9 +1,12 @@
-//! Connections the server can cut at shutdown.
+//! Connections the server can cut: at shutdown, and when they go too long without a stream.
 //!
 //! A graceful shutdown waits for every stream to end, and the stream of a watcher that stopped
 //! reading never ends: its final status is queued behind events that the peer's HTTP/2 window
 //! does not admit. So after a grace period the server cuts what is left: a [`Cuttable`]
 //! connection then reads as closed by the peer and refuses writes, and its connection task ends.
+//! The same befalls a connection whose [`Lease`] says it is past its deadline without a stream
+//! (a handshake never finished, a preface never sent, a channel left idle): see
+//! [`crate::api::admission`]. The lease is given back when the connection goes.
 
 use std::{
     future::Future as _,
@@ -12,27 +15,59 @@ use std::{
     task::{Context, Poll},
 };
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    time::{Instant, Sleep},
+};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
-/// An accepted connection that ends when its token is cancelled.
+use crate::api::admission::{Admitted, Lease};
+
+/// An accepted connection that ends when its token is cancelled, or when its lease's deadline
+/// passes without a stream.
 pub struct Cuttable<IO> {
     io: IO,
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    lease: Option<Lease>,
+    /// Armed at the lease's deadline while the connection has no stream.
+    quiet: Pin<Box<Sleep>>,
 }
 
 impl<IO> Cuttable<IO> {
-    pub fn new(io: IO, cut: &CancellationToken) -> Self {
+    pub fn new(io: IO, cut: &CancellationToken, lease: Option<Lease>) -> Self {
         Self {
             io,
             cut: Box::pin(cut.clone().cancelled_owned()),
+            lease,
+            quiet: Box::pin(tokio::time::sleep_until(Instant::now())),
         }
     }
 
     /// Whether the connection is cut; otherwise wakes the task when it is.
     fn is_cut(&mut self, cx: &mut Context<'_>) -> bool {
-        self.cut.as_mut().poll(cx).is_ready()
+        if self.cut.as_mut().poll(cx).is_ready() {
+            return true;
+        }
+        let Some(lease) = &self.lease else {
+            return false;
+        };
+        let Some(deadline) = lease.connection.deadline() else {
+            return false;
+        };
+        let deadline = Instant::from_std(deadline);
+        if self.quiet.deadline() != deadline {
+            self.quiet.as_mut().reset(deadline);
+        }
+        if self.quiet.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        lease.connection.closed_quiet();
+        // Counted once: the connection reads as cut from here on.
+        let cut = CancellationToken::new();
+        cut.cancel();
+        self.cut = Box::pin(cut.cancelled_owned());
+        true
     }
 }
 
@@ -71,11 +106,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Cuttable<IO> {
     }
 }
 
-impl<IO: Connected> Connected for Cuttable<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+/// Requests carry the connection's lease ([`crate::api::admission::StreamLayer`] counts their
+/// streams on it).
+impl<IO> Connected for Cuttable<IO> {
+    type ConnectInfo = Admitted;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        Admitted(self.lease.as_ref().map(|lease| lease.connection.clone()))
     }
 }
 
@@ -89,7 +126,7 @@ mod tests {
     async fn a_cut_connection_reads_as_closed_and_refuses_writes() {
         let (ours, mut theirs) = tokio::io::duplex(64);
         let cut = CancellationToken::new();
-        let mut conn = Cuttable::new(ours, &cut);
+        let mut conn = Cuttable::new(ours, &cut, None);
         theirs.write_all(b"hi").await.unwrap();
         let mut buf = [0; 2];
         conn.read_exact(&mut buf).await.unwrap();

@@ -7,7 +7,8 @@
 //! starts the runtime's threads (see `capabilities`).
 //!
 //! The unix socket is opened as wide as its allow-list needs and no wider (see
-//! [`PeerAllowList`]); each connection's credentials are checked before any gRPC.
+//! [`PeerAllowList`]); each connection's credentials are checked before any gRPC. What each
+//! listener's peers may hold is bounded by [`Gate`]s (see [`crate::api::admission`]).
 
 use std::{
     future::Future,
@@ -16,15 +17,18 @@ use std::{
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     pin::Pin,
+    sync::Arc,
     time::Duration,
 };
 
-use futures::TryStreamExt as _;
+use futures::Stream;
 use http_body_util::Full;
 use hyper::{Method, StatusCode, body::Bytes};
 use plegd_proto::v1::pleg_server::PlegServer;
-use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio::{
+    net::{TcpListener, UnixListener},
+    sync::Semaphore,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{
     server::NamedService,
@@ -41,12 +45,28 @@ pub use crate::config::DEFAULT_SOCKET;
 use crate::{
     api::{
         Shared,
+        admission::{
+            Gate, HANDSHAKE_DEADLINE, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Limits, Peer,
+            StreamLayer,
+        },
         authority::AuthorityFix,
         cut::Cuttable,
         peers::{PeerAllowList, SocketAccess},
         server::PlegService,
     },
+    base::fds,
     config::Config,
+};
+
+/// How long a listener waits after an accept failed for want of descriptors or memory
+/// before it tries again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// The metrics listener's limits: scrapers are few.
+const METRICS_LIMITS: Limits = Limits {
+    connections: 64,
+    connections_per_peer: 64,
+    streams_per_peer: 64,
 };
 
 /// How often grpc.health.v1 statuses follow the PLEG's health.
@@ -126,6 +146,7 @@ pub struct Listeners {
     peers: PeerAllowList,
     tcp: Option<(std::net::TcpListener, ServerTlsConfig)>,
     metrics: Option<std::net::TcpListener>,
+    limits: Limits,
 }
 
 impl Listeners {
@@ -157,6 +178,7 @@ impl Listeners {
             peers,
             tcp,
             metrics,
+            limits: config.api_limits,
         })
     }
 
@@ -185,6 +207,26 @@ impl Listeners {
             .map(|(listener, tls)| Ok::<_, ServeError>((register_tcp(listener)?, tls)))
             .transpose()?;
         let metrics = self.metrics.map(register_tcp).transpose()?;
+        // Every listener's connections together leave plegd the descriptors it keeps.
+        let soft = fds::raise_nofile_limit();
+        let descriptors = Arc::new(Semaphore::new(fds::api_budget(soft)));
+        let gate = |listener, limits| {
+            Gate::new(
+                listener,
+                limits,
+                Arc::clone(&descriptors),
+                shared.metrics.clone(),
+            )
+        };
+        let (unix_gate, tls_gate) = (gate("unix", self.limits), gate("tls", self.limits));
+        let metrics_gate = gate("metrics", METRICS_LIMITS);
+        info!(
+            open_file_limit = soft,
+            api_descriptors = fds::api_budget(soft),
+            reserved = fds::RESERVED,
+            limits = ?self.limits,
+            "API limits"
+        );
         let (reporter, health) = tonic_health::server::health_reporter();
         let health_task = tokio::spawn(drive_grpc_health(
             reporter,
@@ -192,7 +234,12 @@ impl Listeners {
             shutdown.clone(),
         ));
         let metrics_task = metrics.map(|listener| {
-            tokio::spawn(serve_metrics(listener, shared.clone(), shutdown.clone()))
+            tokio::spawn(serve_metrics(
+                listener,
+                metrics_gate,
+                shared.clone(),
+                shutdown.clone(),
+            ))
         });
         let served = Served {
             health,
@@ -202,7 +249,12 @@ impl Listeners {
         };
         info!(socket = %socket_name, "serving the plegd.v1 API");
         let (unix, tcp) = tokio::select! {
-            served = async { tokio::join!(served.unix(unix, self.peers), served.tls(tcp)) } => served,
+            served = async {
+                tokio::join!(
+                    served.unix(unix, self.peers, unix_gate),
+                    served.tls(tcp, tls_gate),
+                )
+            } => served,
             never = served.cut_stragglers(&shutdown) => match never {},
         };
         if let Err(e) = std::fs::remove_file(&self.socket)
@@ -247,21 +299,25 @@ impl<H: Health> Served<H> {
         &self,
         unix: UnixListener,
         peers: PeerAllowList,
+        gate: Gate,
     ) -> Result<(), tonic::transport::Error> {
-        Server::builder()
+        let incoming = admitted(gate, self.cut.clone(), (unix, peers), |io| {
+            AuthorityFix::new(io)
+        });
+        grpc_server()
+            .layer(StreamLayer)
             .add_service(self.health.clone())
             .add_service(self.service.clone())
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(unix)
-                    .try_filter(move |io| std::future::ready(admit(&peers, io)))
-                    .map_ok(|io| Cuttable::new(AuthorityFix::new(io), &self.cut)),
-                self.stopping.clone(),
-            )
+            .serve_with_incoming_shutdown(incoming, self.stopping.clone())
             .await
     }
 
     /// TCP with TLS, where configured.
-    async fn tls(&self, tcp: Option<(TcpListener, ServerTlsConfig)>) -> Result<(), ServeError> {
+    async fn tls(
+        &self,
+        tcp: Option<(TcpListener, ServerTlsConfig)>,
+        gate: Gate,
+    ) -> Result<(), ServeError> {
         let Some((listener, tls)) = tcp else {
             return Ok(());
         };
@@ -273,13 +329,14 @@ impl<H: Health> Served<H> {
             what: address.clone(),
             source,
         };
-        Server::builder()
-            .tls_config(tls)
+        grpc_server()
+            .tls_config(tls.timeout(HANDSHAKE_DEADLINE))
             .map_err(grpc)?
+            .layer(StreamLayer)
             .add_service(self.health.clone())
             .add_service(self.service.clone())
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener).map_ok(|io| Cuttable::new(io, &self.cut)),
+                admitted(gate, self.cut.clone(), listener, |io| io),
                 self.stopping.clone(),
             )
             .await
@@ -313,13 +370,88 @@ fn register_unix(
     UnixListener::from_std(listener).map_err(register)
 }
 
-/// Whether the peer of a new connection on the unix socket is allowed; a refused one is
-/// logged with its credentials.
-fn admit(peers: &PeerAllowList, io: &tokio::net::UnixStream) -> bool {
+/// Every gRPC listener's server: HTTP/2 pings end the connections of peers that are gone.
+fn grpc_server() -> Server {
+    Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
+/// A listener whose accepted connections come with their peer.
+trait Accept: Send + 'static {
+    type Io: Send + 'static;
+    /// The next connection and its peer; `None` for one refused before admission.
+    fn accept_peer(&self)
+    -> impl Future<Output = std::io::Result<Option<(Self::Io, Peer)>>> + Send;
+}
+
+impl Accept for (UnixListener, PeerAllowList) {
+    type Io = tokio::net::UnixStream;
+
+    async fn accept_peer(&self) -> std::io::Result<Option<(Self::Io, Peer)>> {
+        let (io, _) = self.0.accept().await?;
+        Ok(allowed_uid(&self.1, &io).map(|uid| (io, Peer::Uid(uid))))
+    }
+}
+
+impl Accept for TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept_peer(&self) -> std::io::Result<Option<(Self::Io, Peer)>> {
+        let (io, address) = self.accept().await?;
+        Ok(Some((io, Peer::Address(address.ip()))))
+    }
+}
+
+/// The connections of `listener` as a server takes them: each admitted by `gate` (a refused
+/// one is closed at once), wrapped by `wrap` and made [`Cuttable`]. An accept that fails (out
+/// of descriptors, the kernel short of memory) is counted, logged once per burst and tried
+/// again after [`ACCEPT_PAUSE`]: it never ends the server.
+fn admitted<L: Accept, W: Send + 'static>(
+    gate: Gate,
+    cut: CancellationToken,
+    listener: L,
+    wrap: fn(L::Io) -> W,
+) -> impl Stream<Item = std::io::Result<Cuttable<W>>> + Send + 'static {
+    futures::stream::unfold(listener, move |listener| {
+        let (gate, cut) = (gate.clone(), cut.clone());
+        async move {
+            loop {
+                match listener.accept_peer().await {
+                    Ok(Some((io, peer))) => {
+                        if let Ok(lease) = gate.admit(peer) {
+                            return Some((
+                                Ok(Cuttable::new(wrap(io), &cut, Some(lease))),
+                                listener,
+                            ));
+                        }
+                    }
+                    Ok(None) => {}
+                    // The peer gave up before its accept: nothing to count.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::ConnectionAborted
+                                | ErrorKind::ConnectionReset
+                                | ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => {
+                        gate.accept_failed(&e);
+                        tokio::time::sleep(ACCEPT_PAUSE).await;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The uid of a new unix socket peer if it is allowed; a refused one is logged with its
+/// credentials.
+fn allowed_uid(peers: &PeerAllowList, io: &tokio::net::UnixStream) -> Option<u32> {
     match io.peer_cred() {
         Ok(peer) if peers.allows(peer.uid(), peer.gid()) => {
             debug!(uid = peer.uid(), gid = peer.gid(), pid = ?peer.pid(), "API client accepted");
-            true
+            Some(peer.uid())
         }
         Ok(peer) => {
             warn!(
@@ -329,11 +461,11 @@ fn admit(peers: &PeerAllowList, io: &tokio::net::UnixStream) -> bool {
                 "API client refused: neither its uid nor its gid is in api-allow-uids or \
                  api-allow-gids; connection closed"
             );
-            false
+            None
         }
         Err(error) => {
             warn!(%error, "API client refused: cannot read its credentials; connection closed");
-            false
+            None
         }
     }
 }
@@ -503,29 +635,34 @@ async fn drive_grpc_health(reporter: HealthReporter, shared: Shared, shutdown: C
 }
 
 /// `/metrics`, `/healthz` and `/readyz` over HTTP/1.1.
-async fn serve_metrics(listener: TcpListener, shared: Shared, shutdown: CancellationToken) {
+async fn serve_metrics(
+    listener: TcpListener,
+    gate: Gate,
+    shared: Shared,
+    shutdown: CancellationToken,
+) {
+    use futures::StreamExt as _;
+    use tonic::transport::server::Connected as _;
     if let Ok(address) = listener.local_addr() {
         info!(%address, "serving /metrics, /healthz and /readyz");
     }
     let mut connections = tokio::task::JoinSet::new();
+    // Cut only by their deadlines: shutdown ends their tasks.
+    let mut incoming = std::pin::pin!(admitted(gate, CancellationToken::new(), listener, |io| io));
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    warn!(error = %e, "metrics listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            Some(Ok(stream)) = incoming.next() => stream,
         };
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
         let shared = shared.clone();
         let shutdown = shutdown.clone();
+        let connection = stream.connect_info().0;
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
+                // A request is the connection's stream while it is answered.
+                let _stream = connection.as_ref().and_then(|c| c.open_stream().ok());
                 let accept = request
                     .headers()
                     .get(hyper::header::ACCEPT)

@@ -5,11 +5,14 @@
 //! - `server`: the tonic service (thin handlers over plain functions).
 //! - `listen`: the unix socket, TLS and metrics listeners; grpc.health.v1 updates.
 //! - `peers`: who may use the unix socket (SO_PEERCRED allow-list) and its file modes.
-//! - `cut`: connections cut at shutdown when their watcher stopped reading.
+//! - `admission`: what the API's peers may hold: connections, streams, time without one.
+//! - `cut`: connections cut at shutdown when their watcher stopped reading, or when they go
+//!   too long without a stream.
 //! - `authority`: unix-socket requests whose `:authority` h2 would refuse (a socket path),
 //!   read as `localhost`.
 //! - `client`: the CLI subcommands that talk to a running daemon.
 
+pub mod admission;
 mod authority;
 pub mod client;
 pub(crate) mod convert;

@@ -46,6 +46,27 @@ struct SourceLabel {
     source: &'static str,
 }
 
+/// Label of the API's per-listener metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: &'static str,
+}
+
+/// Labels of `plegd_api_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    listener: &'static str,
+    what: &'static str,
+    reason: &'static str,
+}
+
+/// Labels of `plegd_api_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
 /// Label of `plegd_relists_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabel {
@@ -143,6 +164,7 @@ struct Inner {
     sources: Sources,
     gauges: Gauges,
     containers: ContainerCounters,
+    api: Api,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -195,6 +217,41 @@ struct PodSeries {
     starts: BTreeSet<ContainerLabels>,
     terminations: BTreeSet<TerminationLabels>,
     gone_since: Option<Instant>,
+}
+
+/// What the API's peers hold and were refused.
+struct Api {
+    connections: Family<ListenerLabel, Gauge>,
+    refused: Family<RefusedLabels, Counter>,
+    closed: Family<ClosedLabels, Counter>,
+}
+
+impl Api {
+    fn register(registry: &mut Registry) -> Self {
+        let connections = Family::<ListenerLabel, Gauge>::default();
+        registry.register(
+            "plegd_api_connections",
+            "Connections the API's listeners hold, by listener (unix, tls, metrics)",
+            connections.clone(),
+        );
+        let refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "plegd_api_refused",
+            "API connections closed at accept, and RPCs answered RESOURCE_EXHAUSTED, by listener, what (connection, stream) and reason: listener-full (api-max-connections), peer-full (api-max-connections-per-peer, api-max-streams-per-peer), descriptors (the open-file limit less plegd's reserve), accept-error (the accept itself failed)",
+            refused.clone(),
+        );
+        let closed = Family::<ClosedLabels, Counter>::default();
+        registry.register(
+            "plegd_api_closed",
+            "API connections that ended without a call in flight, by listener and reason: no-call (ended before its first call: a TLS handshake failed or past its 5 s deadline, an HTTP/2 preface refused, a peer gone), no-first-stream (closed by plegd: no call 10 s after the accept, e.g. a preface never finished), idle (closed by plegd: no call for 5 minutes)",
+            closed.clone(),
+        );
+        Self {
+            connections,
+            refused,
+            closed,
+        }
+    }
 }
 
 /// Read at scrape time.
@@ -440,6 +497,7 @@ impl Metrics {
                 sources: Sources::register(&mut registry),
                 gauges: Gauges::register(&mut registry),
                 containers: ContainerCounters::register(&mut registry),
+                api: Api::register(&mut registry),
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
@@ -628,6 +686,46 @@ impl Metrics {
             .or_default();
         of_pod.gone_since = None;
         of_pod.terminations.insert(labels);
+    }
+
+    /// An API listener admitted a connection.
+    pub fn api_connection_opened(&self, listener: &'static str) {
+        self.inner
+            .api
+            .connections
+            .get_or_create(&ListenerLabel { listener })
+            .inc();
+    }
+
+    /// An admitted API connection went.
+    pub fn api_connection_closed(&self, listener: &'static str) {
+        self.inner
+            .api
+            .connections
+            .get_or_create(&ListenerLabel { listener })
+            .dec();
+    }
+
+    /// An API connection or stream was refused (`what`), for `reason`.
+    pub fn api_refused(&self, listener: &'static str, what: &'static str, reason: &'static str) {
+        self.inner
+            .api
+            .refused
+            .get_or_create(&RefusedLabels {
+                listener,
+                what,
+                reason,
+            })
+            .inc();
+    }
+
+    /// plegd closed an API connection that had no stream past its deadline.
+    pub fn api_closed(&self, listener: &'static str, reason: &'static str) {
+        self.inner
+            .api
+            .closed
+            .get_or_create(&ClosedLabels { listener, reason })
+            .inc();
     }
 
     /// The CRI store showed a death's reason other than the one its event told.

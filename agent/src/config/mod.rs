@@ -57,6 +57,14 @@ pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
 /// Full relist period while a push source is connected.
 pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
 
+/// `--api-max-connections`: each listener's connections, far more than a node's agents use.
+pub const DEFAULT_API_MAX_CONNECTIONS: usize = 512;
+/// `--api-max-connections-per-peer`: a peer's share of a listener's connections.
+pub const DEFAULT_API_MAX_CONNECTIONS_PER_PEER: usize = 128;
+/// `--api-max-streams-per-peer`: a peer's RPCs in flight (each never-reading watcher holds up
+/// to `--watch-queue` events: this bounds what one peer can pin).
+pub const DEFAULT_API_MAX_STREAMS_PER_PEER: usize = 256;
+
 /// Whether plegd uses its kernel probes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -411,6 +419,37 @@ pub struct RunArgs {
     )]
     pub watch_queue: Option<usize>,
 
+    /// Connections each API listener (the unix socket, the TLS port) holds at once; later ones
+    /// are closed at accept, counted in plegd_api_refused_total. All listeners together hold
+    /// no more than the open-file limit less the 256 descriptors plegd keeps for itself.
+    #[arg(
+        long,
+        env = "PLEGD_API_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value = DEFAULT_API_MAX_CONNECTIONS.to_string()
+    )]
+    pub api_max_connections: Option<usize>,
+
+    /// Connections one peer (a uid on the unix socket, an address on the TLS port) holds at
+    /// once on a listener.
+    #[arg(
+        long,
+        env = "PLEGD_API_MAX_CONNECTIONS_PER_PEER",
+        value_name = "N",
+        default_value = DEFAULT_API_MAX_CONNECTIONS_PER_PEER.to_string()
+    )]
+    pub api_max_connections_per_peer: Option<usize>,
+
+    /// RPCs (watches, syncs, calls) one peer has in flight at once on a listener; more are
+    /// answered RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "PLEGD_API_MAX_STREAMS_PER_PEER",
+        value_name = "N",
+        default_value = DEFAULT_API_MAX_STREAMS_PER_PEER.to_string()
+    )]
+    pub api_max_streams_per_peer: Option<usize>,
+
     /// Size in bytes of the eBPF ring buffer that carries kernel events to plegd: a power of
     /// two and a multiple of the page size. Events that find it full are counted
     /// (plegd_ringbuf_drops_total) and followed by a full relist.
@@ -512,6 +551,8 @@ pub struct Config {
     pub event_history: usize,
     /// Events queued per watcher.
     pub watch_queue: usize,
+    /// What each API listener's peers may hold ([`crate::api::admission`]).
+    pub api_limits: crate::api::admission::Limits,
     /// Size of the eBPF ring buffer in bytes.
     pub ebpf_ring_bytes: u32,
     /// Period of the heartbeat on containerd's event stream; zero: no heartbeat.
@@ -644,6 +685,23 @@ impl Config {
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
             watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
+            api_limits: crate::api::admission::Limits {
+                connections: first(
+                    a.api_max_connections,
+                    f.api_max_connections,
+                    d.api_max_connections,
+                ),
+                connections_per_peer: first(
+                    a.api_max_connections_per_peer,
+                    f.api_max_connections_per_peer,
+                    d.api_max_connections_per_peer,
+                ),
+                streams_per_peer: first(
+                    a.api_max_streams_per_peer,
+                    f.api_max_streams_per_peer,
+                    d.api_max_streams_per_peer,
+                ),
+            },
             ebpf_ring_bytes: first(a.ebpf_ring_bytes, f.ebpf_ring_bytes, d.ebpf_ring_bytes),
             event_heartbeat: first(a.event_heartbeat, f.event_heartbeat, d.event_heartbeat),
         };
@@ -662,6 +720,15 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
+            ("api-max-connections", self.api_limits.connections == 0),
+            (
+                "api-max-connections-per-peer",
+                self.api_limits.connections_per_peer == 0,
+            ),
+            (
+                "api-max-streams-per-peer",
+                self.api_limits.streams_per_peer == 0,
+            ),
         ];
         check_ring_size(self.ebpf_ring_bytes, page_size())?;
         if self.mode == Mode::Ebpf && !self.source_enabled(SourceName::Ebpf) {
@@ -702,6 +769,12 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency),
             ("event-history", self.event_history),
             ("watch-queue", self.watch_queue),
+            ("api-max-connections", self.api_limits.connections),
+            (
+                "api-max-connections-per-peer",
+                self.api_limits.connections_per_peer,
+            ),
+            ("api-max-streams-per-peer", self.api_limits.streams_per_peer),
         ];
         match counts.into_iter().find(|(_, n)| *n > MAX_COUNT) {
             Some((key, _)) => Err(ConfigError::TooLarge {

@@ -66,6 +66,9 @@ fn every_family() -> Metrics {
     metrics.set_snapshot(0, 0, &BTreeMap::new());
     metrics.container_started("default", "web", "app");
     metrics.container_terminated("default", "web", "app", "OOMKilled");
+    metrics.api_connection_opened("unix");
+    metrics.api_refused("tls", "connection", "peer-full");
+    metrics.api_closed("tls", "no-first-stream");
     metrics
 }
 
