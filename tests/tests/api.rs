@@ -689,6 +689,15 @@ async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
     api.stopped().await;
 }
 
+/// Whether `client`'s ListPods is served (for [`plegd_tests::wait::until`]).
+async fn lists(mut client: PlegClient<Channel>) -> anyhow::Result<Option<()>> {
+    Ok(client
+        .list_pods(pb::ListPodsRequest {})
+        .await
+        .is_ok()
+        .then_some(()))
+}
+
 /// A peer on the socket (a uid) holds its share and no more: past its streams an RPC is
 /// RESOURCE_EXHAUSTED, past its connections a connection is closed at accept; both counted,
 /// and the share comes back as they end.
@@ -710,20 +719,9 @@ async fn a_peer_on_the_socket_holds_its_share_of_connections_and_streams_and_no_
     let unary = client.list_pods(pb::ListPodsRequest {}).await.unwrap_err();
     assert_eq!(unary.code(), Code::ResourceExhausted, "{unary:?}");
     drop(second);
-    plegd_tests::wait::until("a stream's share back", DEADLINE, || {
-        let mut client = client.clone();
-        async move {
-            anyhow::Ok(
-                client
-                    .list_pods(pb::ListPodsRequest {})
-                    .await
-                    .is_ok()
-                    .then_some(()),
-            )
-        }
-    })
-    .await
-    .unwrap();
+    plegd_tests::wait::until("a stream's share back", DEADLINE, || lists(client.clone()))
+        .await
+        .unwrap();
 
     let mut other = api.client().await;
     assert!(other.list_pods(pb::ListPodsRequest {}).await.is_ok());
@@ -748,16 +746,10 @@ async fn a_peer_on_the_socket_holds_its_share_of_connections_and_streams_and_no_
     plegd_tests::wait::until("a connection's share back", DEADLINE, || {
         let socket = api.socket.clone();
         async move {
-            let Ok(mut third) = plegd::api::client::connect(&socket).await else {
-                return anyhow::Ok(None);
-            };
-            anyhow::Ok(
-                third
-                    .list_pods(pb::ListPodsRequest {})
-                    .await
-                    .is_ok()
-                    .then_some(()),
-            )
+            match plegd::api::client::connect(&socket).await {
+                Ok(third) => lists(third).await,
+                Err(_) => Ok(None),
+            }
         }
     })
     .await
