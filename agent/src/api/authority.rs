@@ -9,24 +9,28 @@
 //! authority so that a request's URI is well-formed; on a unix socket nothing is addressed by
 //! it (plegd serves one API, routes on the path only, and no TLS name is checked there).
 //!
+//! gRPC-Go (grpcurl, Go agents) sends the path too, Huffman-coded, and may refer to it later
+//! through the dynamic table.
+//!
 //! So [`AuthorityFix`] reads the client's side of each unix-socket connection as HTTP/2
-//! frames and, in a request header block, replaces a literal `:authority` value that is not a
-//! valid authority with `localhost`; every other byte reaches h2 as sent, and h2 still checks
-//! everything else (the replaced value too). HPACK state stays in step: a replaced entry
-//! that the client added to its dynamic table is added to h2's with the shorter value, so
-//! h2's table holds at least every entry the client may refer to, at the same indices. A
-//! value `localhost` would not fit in (shorter than 9 bytes), or one that is
-//! Huffman-coded, is left as it is. Anything unexpected (a frame out of order, a block
-//! that does not parse) turns the rewriting off for the connection and h2 gets the bytes
-//! unchanged, to refuse as before: the rewriting never makes a request worse.
+//! frames and decodes every request header block with an HPACK decoder that follows the
+//! client's dynamic table (`loona-hpack`); an `:authority` that is not a valid authority
+//! becomes `localhost`, whatever its encoding (literal or Huffman, new, indexed or from the
+//! table); the block is encoded again by an encoder of the connection's own, whose table is
+//! the one h2's decoder follows from then on. Every other frame reaches h2 as sent, and h2
+//! still checks everything else. A block that does not decode is passed on as it came, and the
+//! rest of the connection too: h2 refuses it (COMPRESSION_ERROR) as it would have; the
+//! rewriting never makes a request worse. Headers the client marked never-indexed are indexed
+//! by the re-encoding: that marking guards against intermediaries that compress across
+//! clients, and the block goes no further than h2 in this process.
 
 use std::{
-    collections::VecDeque,
     io,
     pin::Pin,
     task::{Context, Poll},
 };
 
+use loona_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 use tracing::debug;
@@ -44,18 +48,13 @@ const PRIORITY: u8 = 0x20;
 const MAX_FRAME: usize = 16_384;
 /// A header block held across CONTINUATION frames beyond this turns the rewriting off.
 const MAX_BLOCK: usize = 1 << 20;
-/// Entries of the HPACK dynamic table followed: each takes at least 32 of its bytes, and
-/// 64 KiB is far above what h2 allows (4 KiB).
-const MAX_ENTRIES: usize = (64 << 10) / 32;
-/// HPACK's static table ends here; index 1 is `:authority`.
-const STATIC_ENTRIES: usize = 61;
+/// The HPACK dynamic table size h2 advertises (SETTINGS_HEADER_TABLE_SIZE's initial value,
+/// which h2 keeps): the most the client's encoder may use, and what ours uses.
+const TABLE_SIZE: usize = 4_096;
 const AUTHORITY: &[u8] = b":authority";
-/// `:authority` Huffman-coded (RFC 7541 appendix B), as a literal name may arrive.
-const AUTHORITY_HUFFMAN: &[u8] = &[0xb8, 0x3b, 0x53, 0x39, 0xec, 0x32, 0x7d, 0x7f];
 const REPLACEMENT: &[u8] = b"localhost";
 
 /// The rewriting of one connection's client-to-server bytes, without I/O.
-#[derive(Debug, Default)]
 struct Rewriter {
     /// Bytes read but not yet a whole frame.
     pending: Vec<u8>,
@@ -63,10 +62,29 @@ struct Rewriter {
     preface: usize,
     /// A HEADERS frame and its CONTINUATIONs so far, waiting for END_HEADERS.
     held: Option<HeldBlock>,
-    /// Per dynamic table entry, newest first: whether its name is `:authority`.
-    entries: VecDeque<bool>,
+    /// Follows the client's dynamic table.
+    decoder: Decoder<'static>,
+    /// Makes the blocks h2 decodes: h2's table follows this one.
+    encoder: Encoder<'static>,
     /// Something unexpected came: bytes are passed on unchanged from then on.
     off: bool,
+}
+
+impl Default for Rewriter {
+    fn default() -> Self {
+        let mut decoder = Decoder::new();
+        decoder.set_max_allowed_table_size(TABLE_SIZE);
+        let mut encoder = Encoder::new();
+        encoder.set_max_table_size(TABLE_SIZE);
+        Self {
+            pending: Vec::new(),
+            preface: 0,
+            held: None,
+            decoder,
+            encoder,
+            off: false,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -160,10 +178,7 @@ impl Rewriter {
             return;
         }
         match self.rewrite_block(&held.fragment) {
-            Some(None) => out.extend_from_slice(&held.original),
-            Some(Some(block)) => {
-                write_block(&held, &block, out);
-            }
+            Some(block) => write_block(&held, &block, out),
             None => self.turn_off(&held.original, out),
         }
     }
@@ -174,67 +189,32 @@ impl Rewriter {
         out.extend_from_slice(original);
     }
 
-    /// The block with each bad literal `:authority` value replaced: `Some(None)` when
-    /// nothing was replaced, `None` when it does not parse as HPACK.
-    fn rewrite_block(&mut self, block: &[u8]) -> Option<Option<Vec<u8>>> {
-        let mut out = Vec::with_capacity(block.len());
-        let mut changed = false;
-        let mut at = 0;
-        while let Some(&first) = block.get(at) {
-            let start = at;
-            if first & 0x80 != 0 {
-                // Indexed: refers to an entry whose value h2 already holds as rewritten.
-                (_, at) = integer(block, at, 7)?;
-                out.extend_from_slice(&block[start..at]);
-                continue;
-            }
-            if first & 0xe0 == 0x20 {
-                // A dynamic table size update: the client's encoder evicts; our entries are
-                // a superset either way.
-                (_, at) = integer(block, at, 5)?;
-                out.extend_from_slice(&block[start..at]);
-                continue;
-            }
-            let indexing = first & 0xc0 == 0x40;
-            let (index, after) = integer(block, at, if indexing { 6 } else { 4 })?;
-            at = after;
-            let is_authority = if index == 0 {
-                let (huffman, name, after) = string(block, at)?;
-                at = after;
-                name == if huffman {
-                    AUTHORITY_HUFFMAN
+    /// The block decoded, each `:authority` h2 would refuse replaced, and encoded again;
+    /// `None` when it does not decode.
+    fn rewrite_block(&mut self, block: &[u8]) -> Option<Vec<u8>> {
+        let mut headers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        self.decoder
+            .decode_with_cb(block, |name, value| {
+                let value = if name.as_ref() == AUTHORITY && !valid_authority(&value) {
+                    debug!(
+                        authority = %String::from_utf8_lossy(&value),
+                        "unix socket: a request's :authority is not a valid authority; read as localhost"
+                    );
+                    REPLACEMENT.to_vec()
                 } else {
-                    AUTHORITY
-                }
-            } else if index <= STATIC_ENTRIES {
-                index == 1
-            } else {
-                self.entries
-                    .get(index - STATIC_ENTRIES - 1)
-                    .copied()
-                    .unwrap_or(false)
-            };
-            let value_at = at;
-            let (huffman, value, after) = string(block, at)?;
-            at = after;
-            if indexing {
-                self.entries.push_front(is_authority);
-                self.entries.truncate(MAX_ENTRIES);
-            }
-            if is_authority && !huffman && replaceable(value) {
-                debug!(
-                    authority = %String::from_utf8_lossy(value),
-                    "unix socket: a request's :authority is not a valid authority; read as localhost"
-                );
-                out.extend_from_slice(&block[start..value_at]);
-                out.push(u8::try_from(REPLACEMENT.len()).expect("a short literal"));
-                out.extend_from_slice(REPLACEMENT);
-                changed = true;
-            } else {
-                out.extend_from_slice(&block[start..at]);
-            }
-        }
-        Some(changed.then_some(out))
+                    value.into_owned()
+                };
+                headers.push((name.into_owned(), value));
+            })
+            .ok()?;
+        let mut out = Vec::with_capacity(block.len());
+        self.encoder
+            .encode_into(
+                headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
+                &mut out,
+            )
+            .ok()?;
+        Some(out)
     }
 }
 
@@ -281,40 +261,9 @@ fn frame_header(length: usize, kind: u8, flags: u8, stream: [u8; 4], out: &mut V
     out.extend_from_slice(&stream);
 }
 
-/// Whether `value` is an authority h2 refuses and [`REPLACEMENT`] fits in its place.
-fn replaceable(value: &[u8]) -> bool {
-    value.len() >= REPLACEMENT.len() && http::uri::Authority::try_from(value).is_err()
-}
-
-/// An HPACK integer with an `prefix`-bit prefix at `at`: its value and where it ends.
-fn integer(block: &[u8], at: usize, prefix: u32) -> Option<(usize, usize)> {
-    let max = (1usize << prefix) - 1;
-    let mut value = usize::from(*block.get(at)?) & max;
-    let mut at = at + 1;
-    if value < max {
-        return Some((value, at));
-    }
-    let mut shift = 0;
-    loop {
-        let byte = *block.get(at)?;
-        at += 1;
-        value = value.checked_add(usize::from(byte & 0x7f).checked_shl(shift)?)?;
-        if byte & 0x80 == 0 {
-            return Some((value, at));
-        }
-        shift += 7;
-        if shift > 28 {
-            return None;
-        }
-    }
-}
-
-/// An HPACK string literal at `at`: whether it is Huffman-coded, its bytes, where it ends.
-fn string(block: &[u8], at: usize) -> Option<(bool, &[u8], usize)> {
-    let huffman = *block.get(at)? & 0x80 != 0;
-    let (length, start) = integer(block, at, 7)?;
-    let end = start.checked_add(length)?;
-    Some((huffman, block.get(start..end)?, end))
+/// Whether h2 takes `value` as a request's authority.
+fn valid_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
 }
 
 /// A unix-socket connection whose requests' `:authority` is made one h2 accepts.
@@ -401,6 +350,10 @@ mod tests {
     use super::*;
 
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// `/a` Huffman-coded (RFC 7541 appendix B: `/` 011000, `a` 00011, EOS padding).
+    const SLASH_A_HUFFMAN: [u8; 2] = [0x60, 0x7f];
+
+    type Headers = Vec<(Vec<u8>, Vec<u8>)>;
 
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -434,10 +387,55 @@ mod tests {
         (out, rewriter)
     }
 
+    /// What h2 reads of `bytes` (after the preface): each header block decoded with one
+    /// decoder as h2's follows the connection, and the other frames' kinds.
+    fn as_h2_reads(bytes: &[u8]) -> (Vec<Headers>, Vec<u8>) {
+        assert_eq!(&bytes[..PREFACE_LEN], PREFACE);
+        let mut decoder = Decoder::new();
+        let (mut blocks, mut others) = (Vec::new(), Vec::new());
+        let mut block = Vec::new();
+        let mut at = PREFACE_LEN;
+        while at < bytes.len() {
+            let header = &bytes[at..at + FRAME_HEADER_LEN];
+            let length = (usize::from(header[0]) << 16)
+                | (usize::from(header[1]) << 8)
+                | usize::from(header[2]);
+            let (kind, flags) = (header[3], header[4]);
+            let payload = &bytes[at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + length];
+            at += FRAME_HEADER_LEN + length;
+            match kind {
+                HEADERS => block.extend_from_slice(headers_payload(flags, payload).unwrap().1),
+                CONTINUATION => block.extend_from_slice(payload),
+                other => others.push(other),
+            }
+            if matches!(kind, HEADERS | CONTINUATION) && flags & END_HEADERS != 0 {
+                let mut headers = Vec::new();
+                decoder
+                    .decode_with_cb(&block, |n, v| {
+                        headers.push((n.into_owned(), v.into_owned()))
+                    })
+                    .expect("h2 decodes the block");
+                blocks.push(headers);
+                block.clear();
+            }
+        }
+        (blocks, others)
+    }
+
+    fn authorities(blocks: &[Headers]) -> Vec<String> {
+        blocks
+            .iter()
+            .flatten()
+            .filter(|(n, _)| n == AUTHORITY)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    }
+
     #[test]
-    fn a_percent_encoded_path_becomes_localhost_and_the_table_stays_in_step() {
+    fn a_percent_encoded_path_becomes_localhost_also_when_the_table_refers_to_it() {
         let first = frame(HEADERS, END_HEADERS, 1, &grpcio_block(b"tmp%2Fs.sock"));
-        // The second request refers to the first's entry (index 62) and names it again.
+        // The second request refers to the first's entry (index 62), then names it again
+        // with a new value.
         let mut second_block = vec![0xbe];
         second_block.push(0x0f);
         second_block.push(62 - 15);
@@ -447,32 +445,53 @@ mod tests {
         let input = [PREFACE, &settings, &first, &second].concat();
         // Byte by byte: frames cut anywhere come out whole.
         let chunks: Vec<&[u8]> = input.chunks(1).collect();
-        let (out, _) = fed(&chunks);
-
-        let mut expected_second = vec![0xbe, 0x0f, 62 - 15];
-        expected_second.extend(literal(REPLACEMENT));
-        let expected = [
-            PREFACE,
-            &settings,
-            &frame(HEADERS, END_HEADERS, 1, &grpcio_block(REPLACEMENT)),
-            &frame(HEADERS, END_HEADERS | END_STREAM, 3, &expected_second),
-        ]
-        .concat();
-        assert_eq!(out, expected);
+        let (out, rewriter) = fed(&chunks);
+        assert!(!rewriter.off);
+        let (blocks, others) = as_h2_reads(&out);
+        assert_eq!(
+            authorities(&blocks),
+            ["localhost", "localhost", "localhost"]
+        );
+        assert_eq!(others, [0x4]);
+        assert_eq!(blocks[0][1], (b":path".to_vec(), b"/".to_vec()));
     }
 
     #[test]
-    fn valid_authorities_and_other_frames_pass_unchanged() {
+    fn a_huffman_coded_path_as_grpc_go_sends_it_becomes_localhost() {
+        // :authority by its static index (1), value Huffman-coded, added to the table; then
+        // a request that refers to the entry (62).
+        let mut block = vec![0x41, 0x80 | 2];
+        block.extend_from_slice(&SLASH_A_HUFFMAN);
+        let input = [
+            PREFACE,
+            &frame(HEADERS, END_HEADERS, 1, &block),
+            &frame(HEADERS, END_HEADERS, 3, &[0xbe]),
+        ]
+        .concat();
+        let (out, _) = fed(&[&input]);
+        let (blocks, _) = as_h2_reads(&out);
+        assert_eq!(authorities(&blocks), ["localhost", "localhost"]);
+    }
+
+    #[test]
+    fn valid_authorities_and_other_headers_and_frames_reach_h2_as_sent() {
+        let mut with_more = grpcio_block(b"example.com:50051");
+        with_more.push(0x00);
+        with_more.extend(literal(b"grpc-timeout"));
+        with_more.extend(literal(b"5S"));
         let input = [
             PREFACE,
             &frame(HEADERS, END_HEADERS, 1, &grpcio_block(b"localhost")),
-            &frame(HEADERS, END_HEADERS, 3, &grpcio_block(b"example.com:50051")),
+            &frame(HEADERS, END_HEADERS, 3, &with_more),
             &frame(0x0, END_STREAM, 1, b"\0\0\0\0\0"),
         ]
         .concat();
         let (out, rewriter) = fed(&[&input]);
-        assert_eq!(out, input);
         assert!(!rewriter.off);
+        let (blocks, others) = as_h2_reads(&out);
+        assert_eq!(blocks, as_h2_reads(&input).0);
+        assert_eq!(authorities(&blocks), ["localhost", "example.com:50051"]);
+        assert_eq!(others, [0x0]);
     }
 
     #[test]
@@ -490,39 +509,39 @@ mod tests {
         ]
         .concat();
         let (out, _) = fed(&[&input]);
-        let mut expected_payload = vec![0, 0, 0, 0, 16];
-        expected_payload.extend(grpcio_block(REPLACEMENT));
-        let expected = [
-            PREFACE,
-            &frame(
-                HEADERS,
-                PRIORITY | END_STREAM | END_HEADERS,
-                1,
-                &expected_payload,
-            )[..],
-        ]
-        .concat();
-        assert_eq!(out, expected);
+        let flags = out[PREFACE_LEN + 4];
+        assert_eq!(flags, PRIORITY | END_STREAM | END_HEADERS);
+        assert_eq!(
+            &out[PREFACE_LEN + FRAME_HEADER_LEN..][..5],
+            &[0, 0, 0, 0, 16]
+        );
+        assert_eq!(authorities(&as_h2_reads(&out).0), ["localhost"]);
     }
 
     #[test]
-    fn a_huffman_coded_name_is_recognised_and_a_huffman_value_left_alone() {
-        let mut block = vec![0x00, 0x80 | 8];
-        block.extend_from_slice(AUTHORITY_HUFFMAN);
-        block.extend(literal(b"run%2Fplegd.sock"));
-        let (out, _) = fed(&[PREFACE, &frame(HEADERS, END_HEADERS, 1, &block)]);
-        let mut expected = vec![0x00, 0x80 | 8];
-        expected.extend_from_slice(AUTHORITY_HUFFMAN);
-        expected.extend(literal(REPLACEMENT));
-        assert_eq!(
-            out,
-            [PREFACE, &frame(HEADERS, END_HEADERS, 1, &expected)[..]].concat()
-        );
-
-        // A Huffman-coded value: its decoded text is not read, so it is not replaced.
-        let block = [&[0x01u8, 0x80 | 12][..], &[0xff; 12]].concat();
-        let input = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &block)].concat();
-        assert_eq!(fed(&[&input]).0, input);
+    fn a_block_re_encoded_past_one_frame_goes_on_in_continuations() {
+        // A header of 40,000 bytes beside the authority.
+        let big = vec![b'x'; 40_000];
+        let mut block = grpcio_block(b"/run/plegd/plegd.sock");
+        block.push(0x00);
+        block.extend(literal(b"x-big"));
+        block.extend(loona_hpack::encoder::encode_integer(big.len(), 7));
+        block.extend_from_slice(&big);
+        let mut input = PREFACE.to_vec();
+        let chunks: Vec<&[u8]> = block.chunks(MAX_FRAME).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let kind = if i == 0 { HEADERS } else { CONTINUATION };
+            let flags = if i + 1 == chunks.len() {
+                END_HEADERS
+            } else {
+                0
+            };
+            input.extend(frame(kind, flags, 1, chunk));
+        }
+        let (out, _) = fed(&[&input]);
+        let (blocks, _) = as_h2_reads(&out);
+        assert_eq!(authorities(&blocks), ["localhost"]);
+        assert_eq!(blocks[0].last().unwrap().1.len(), big.len());
     }
 
     #[test]
@@ -539,16 +558,34 @@ mod tests {
         let (out, rewriter) = fed(&[&input]);
         assert_eq!(out, input);
         assert!(rewriter.off);
-        // A block that does not parse as HPACK.
-        let input = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &[0x40, 0x7f])].concat();
+        // A block that does not decode as HPACK: an index past every table.
+        let input = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &[0xff, 0x7f])].concat();
+        assert_eq!(fed(&[&input]).0, input);
+        // A table size past what h2 advertised.
+        let input = [
+            PREFACE,
+            &frame(HEADERS, END_HEADERS, 1, &[0x3f, 0xe1, 0x7f]),
+        ]
+        .concat();
         assert_eq!(fed(&[&input]).0, input);
     }
 
     #[test]
-    fn integers_follow_rfc_7541() {
-        // C.1.2: 1337 with a 5-bit prefix.
-        assert_eq!(integer(&[0x1f, 0x9a, 0x0a], 0, 5), Some((1337, 3)));
-        assert_eq!(integer(&[0x0a], 0, 5), Some((10, 1)));
-        assert_eq!(integer(&[0x1f, 0xff, 0xff, 0xff, 0xff, 0xff], 0, 5), None);
+    fn arbitrary_bytes_never_panic() {
+        // A small xorshift: header blocks of random bytes, in valid frames and not.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..2_000 {
+            let length = (next() % 64) as usize;
+            let block: Vec<u8> = (0..length).map(|_| next() as u8).collect();
+            let framed = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &block)].concat();
+            fed(&[&framed]);
+            fed(&[PREFACE, &block]);
+        }
     }
 }

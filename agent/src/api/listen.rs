@@ -32,6 +32,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tonic::{
     server::NamedService,
+    service::Routes,
     transport::{Certificate, Identity, Server, ServerTlsConfig},
 };
 use tonic_health::{
@@ -136,6 +137,8 @@ pub enum ServeError {
         #[source]
         source: tonic::transport::Error,
     },
+    #[error("describing the API for gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// The API's bound listeners.
@@ -242,8 +245,7 @@ impl Listeners {
             ))
         });
         let served = Served {
-            health,
-            service: PlegServer::new(PlegService::new(shared.clone())),
+            routes: routes(health, PlegServer::new(PlegService::new(shared.clone())))?,
             stopping: stopping(&shared),
             cut: CancellationToken::new(),
         };
@@ -284,16 +286,33 @@ fn stopping(shared: &Shared) -> Stopping {
     futures::FutureExt::shared(Box::pin(async move { events.closed().await }))
 }
 
-/// What every gRPC listener serves (`H`: grpc.health.v1's service), and how it stops.
-struct Served<H> {
+/// Every gRPC service of the API's listeners: plegd.v1, grpc.health.v1, and server reflection
+/// describing both, as v1 and as v1alpha (grpcurl before 1.8.8, and other tools built on older
+/// grpc-go, speak only v1alpha): generic clients need no .proto file.
+fn routes<H: Health>(
     health: HealthServer<H>,
     service: PlegServer<PlegService>,
+) -> Result<Routes, tonic_reflection::server::Error> {
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(plegd_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok(Routes::new(health)
+        .add_service(service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?))
+}
+
+/// What every gRPC listener serves, and how it stops.
+struct Served {
+    routes: Routes,
     stopping: Stopping,
     /// Cuts the connections still open after the drain.
     cut: CancellationToken,
 }
 
-impl<H: Health> Served<H> {
+impl Served {
     /// The unix socket: a refused peer's connection is dropped before any gRPC.
     async fn unix(
         &self,
@@ -306,8 +325,7 @@ impl<H: Health> Served<H> {
         });
         grpc_server()
             .layer(StreamLayer)
-            .add_service(self.health.clone())
-            .add_service(self.service.clone())
+            .add_routes(self.routes.clone())
             .serve_with_incoming_shutdown(incoming, self.stopping.clone())
             .await
     }
@@ -333,8 +351,7 @@ impl<H: Health> Served<H> {
             .tls_config(tls.timeout(HANDSHAKE_DEADLINE))
             .map_err(grpc)?
             .layer(StreamLayer)
-            .add_service(self.health.clone())
-            .add_service(self.service.clone())
+            .add_routes(self.routes.clone())
             .serve_with_incoming_shutdown(
                 admitted(gate, self.cut.clone(), listener, |io| io),
                 self.stopping.clone(),
