@@ -73,7 +73,10 @@ pub const BUILD_PACKAGES: &[&str] = &[
 /// its stubs; grpc-tools for the well-known .protos; python3-venv for the venv it installs
 /// PyPI's current grpcio into); `systemd` for `systemd-analyze verify` of
 /// deploy/systemd/plegd.service (tests/tests/deploy.rs; the package installs without being PID
-/// 1). `prometheus` is not installed (it would install and enable a Prometheus server): its
+/// 1); the Go client test (Go; grpc-go and protobuf-go as GOPATH sources, with the 1.5 shim of
+/// github.com/golang/protobuf that grpc-go's codec needs for today's messages: apt would pick
+/// the 1.3 one, which panics on them; the protoc plugins that regenerate proto/go's stubs).
+/// `prometheus` is not installed (it would install and enable a Prometheus server): its
 /// `promtool` is unpacked under `.xtask/` instead ([`PROMTOOL`]).
 pub const TEST_PACKAGES: &[&str] = &[
     "systemd",
@@ -81,6 +84,12 @@ pub const TEST_PACKAGES: &[&str] = &[
     "python3-grpc-tools",
     "protobuf-compiler-grpc",
     "python3-venv",
+    "golang-go",
+    "golang-google-grpc-dev",
+    "golang-github-golang-protobuf-1-5-dev",
+    "golang-google-protobuf-dev",
+    "protoc-gen-go",
+    "protoc-gen-go-grpc",
 ];
 
 /// Debian packages `cargo xtask kernels` and `cargo xtask node` need: QEMU (the VM, TCG), venv
@@ -120,7 +129,13 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 const BUILD_PROGRAMS: &[&str] = &["containerd", "ctr", "runc", "protoc", "busybox", "strip"];
 
 /// Programs that must be runnable once [`TEST_PACKAGES`] are in.
-const TEST_PROGRAMS: &[&str] = &["systemd-analyze", "grpc_python_plugin"];
+const TEST_PROGRAMS: &[&str] = &[
+    "systemd-analyze",
+    "grpc_python_plugin",
+    "go",
+    "protoc-gen-go",
+    "protoc-gen-go-grpc",
+];
 
 /// The cargo-deny release `cargo xtask setup` installs (0.20 needs Rust 1.88).
 pub const CARGO_DENY_VERSION: &str = "0.20.2";
