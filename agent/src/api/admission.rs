@@ -59,16 +59,8 @@ pub enum Peer {
     Anyone,
 }
 
-/// The limits of one listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Connections held at once.
-    pub connections: usize,
-    /// Connections held at once by one peer.
-    pub connections_per_peer: usize,
-    /// RPCs in flight at once for one peer, over all its connections.
-    pub streams_per_peer: usize,
-}
+/// The limits of one listener (with the settings, a layer below the API).
+pub use crate::config::ApiLimits as Limits;
 
 /// Why a connection or a stream was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

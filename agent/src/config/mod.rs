@@ -503,6 +503,17 @@ impl RunArgs {
     }
 }
 
+/// The limits of one API listener (`--api-max-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Connections held at once.
+    pub connections: usize,
+    /// Connections held at once by one peer.
+    pub connections_per_peer: usize,
+    /// RPCs in flight at once for one peer, over all its connections.
+    pub streams_per_peer: usize,
+}
+
 /// Resolved settings of `plegd run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -552,7 +563,7 @@ pub struct Config {
     /// Events queued per watcher.
     pub watch_queue: usize,
     /// What each API listener's peers may hold ([`crate::api::admission`]).
-    pub api_limits: crate::api::admission::Limits,
+    pub api_limits: ApiLimits,
     /// Size of the eBPF ring buffer in bytes.
     pub ebpf_ring_bytes: u32,
     /// Period of the heartbeat on containerd's event stream; zero: no heartbeat.
@@ -685,7 +696,7 @@ impl Config {
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
             watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
-            api_limits: crate::api::admission::Limits {
+            api_limits: ApiLimits {
                 connections: first(
                     a.api_max_connections,
                     f.api_max_connections,
