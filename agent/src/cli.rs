@@ -198,12 +198,11 @@ fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     crate::runtime::transport::with_causes(error.to_string(), error)
 }
 
-/// The log filter without `RUST_LOG`: info, and the requests h2 refuses (at h2's debug level,
-/// the only events of `h2::server` there), so a client whose request is malformed, such as a
-/// gRPC client that sends the socket's path as `:authority`, shows up in the log with the
-/// reason instead of as a bare `RST_STREAM` on its side (see docs/consuming.md, "Clients in other
-/// languages").
-const DEFAULT_LOG_FILTER: &str = "info,h2::server=debug";
+/// The log filter without `RUST_LOG`: info. h2 logs each request and connection it refuses at
+/// debug level, one line per connection: a peer sending garbage would write the log as fast as
+/// it connects, so those lines need `RUST_LOG=info,h2::server=debug` (docs/troubleshooting.md);
+/// plegd counts refusals and logs them once per burst itself.
+const DEFAULT_LOG_FILTER: &str = "info";
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
