@@ -36,13 +36,7 @@ async fn a_grpc_js_client_lists_checks_health_and_watches_a_kill() {
     );
     let (mut plegd, api) = RunningPlegd::start_serving_api(settings).await;
     let pod = cri.run_pod("noded").await.unwrap();
-    let app = cri
-        .run_container(&pod, &ContainerSpec::sleeper("app"))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&app, &["ContainerStarted"], DEADLINE)
-        .await;
+    let app = support::started_sleeper(&mut plegd, &cri, &pod, "app", DEADLINE).await;
 
     let mut client = tokio::process::Command::new("node")
         .arg(repository.join("tests/tests/js/plegd_client.js"))

@@ -168,13 +168,7 @@ async fn grpcurl_explores_and_calls_plegd_by_reflection_on_the_socket_and_over_t
     }
 
     let pod = cri.run_pod("explored").await.unwrap();
-    let app = cri
-        .run_container(&pod, &ContainerSpec::sleeper("app"))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&app, &["ContainerStarted"], DEADLINE)
-        .await;
+    let app = support::started_sleeper(&mut plegd, &cri, &pod, "app", DEADLINE).await;
     // Each watch starts after the listing's sequence: nothing between is missed, whenever
     // grpcurl's stream opens.
     let listing = ways[0].json(&["plegd.v1.Pleg/ListPods"]);

@@ -86,13 +86,7 @@ async fn a_python_grpcio_client_lists_watches_a_kill_syncs_and_checks_health() {
     );
     let (mut plegd, api) = RunningPlegd::start_serving_api(settings).await;
     let pod = cri.run_pod("pythonic").await.unwrap();
-    let app = cri
-        .run_container(&pod, &ContainerSpec::sleeper("app"))
-        .await
-        .unwrap();
-    plegd
-        .wait_container(&app, &["ContainerStarted"], DEADLINE)
-        .await;
+    let app = support::started_sleeper(&mut plegd, &cri, &pod, "app", DEADLINE).await;
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/plegd_client.py");
     let mut client = tokio::process::Command::new(PYTHON)

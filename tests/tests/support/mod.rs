@@ -163,12 +163,11 @@ pub fn observations(event: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runs a sleeper named `name` in `pod`, waits for its `ContainerStarted`, kills its init with
-/// SIGKILL and waits for its `ContainerDied`, each within `deadline`; returns its id.
-pub async fn start_then_kill(
+/// Runs a sleeper named `name` in `pod` and waits (within `deadline`) for plegd's
+/// `ContainerStarted` of it; returns its id.
+pub async fn started_sleeper(
     plegd: &mut RunningPlegd,
     cri: &Cri,
-    tasks: &Native,
     pod: &Pod,
     name: &str,
     deadline: Duration,
@@ -180,6 +179,20 @@ pub async fn start_then_kill(
     plegd
         .wait_container(&id, &["ContainerStarted"], deadline)
         .await;
+    id
+}
+
+/// [`started_sleeper`], then its init killed with SIGKILL and its `ContainerDied` awaited;
+/// returns its id.
+pub async fn start_then_kill(
+    plegd: &mut RunningPlegd,
+    cri: &Cri,
+    tasks: &Native,
+    pod: &Pod,
+    name: &str,
+    deadline: Duration,
+) -> String {
+    let id = started_sleeper(plegd, cri, pod, name, deadline).await;
     tasks.kill_init(&id).await.unwrap();
     plegd
         .wait_container(&id, &["ContainerStarted", "ContainerDied"], deadline)
