@@ -7,7 +7,7 @@ mod support;
 use std::{path::Path, process::Stdio, time::Duration};
 
 use plegd::runtime::RuntimeKind;
-use plegd_tests::{Node, cri::ContainerSpec};
+use plegd_tests::Node;
 use support::{RunningPlegd, config};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 

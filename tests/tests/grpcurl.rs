@@ -15,7 +15,7 @@ use std::{
 };
 
 use plegd::runtime::RuntimeKind;
-use plegd_tests::{Node, cri::ContainerSpec, pki::Pki};
+use plegd_tests::{Node, pki::Pki};
 use support::{RunningPlegd, config};
 use tokio::io::AsyncReadExt as _;
 
