@@ -21,6 +21,8 @@
 //! - `soak`: the churn audit's runner (lifecycles against a `plegd` process and a watcher,
 //!   modes, faults), behind `cargo xtask soak` and tests/soak.rs.
 //! - `scenario`: the setup most end-to-end tests share (a containerd and its clients).
+//! - `unit`: deploy/systemd/plegd.service's bounds (its `MemoryMax=`), as the tests hold plegd
+//!   to them.
 //! - `wait`: bounded waits on awaited conditions.
 
 pub mod abuse;
@@ -40,6 +42,7 @@ pub mod proxy;
 pub mod release;
 pub mod scenario;
 pub mod soak;
+pub mod unit;
 pub mod wait;
 
 use std::path::{Path, PathBuf};

@@ -457,28 +457,6 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
 /// plegd cannot raise it, the harshest case.
 const UNIT_NOFILE: u64 = 1_024;
 
-/// The unit's `MemoryMax=` (deploy/systemd/plegd.service), in bytes.
-fn unit_memory_max() -> anyhow::Result<u64> {
-    let unit = include_str!("../../deploy/systemd/plegd.service");
-    let value = unit
-        .lines()
-        .find_map(|line| line.strip_prefix("MemoryMax="))
-        .context("no MemoryMax= in deploy/systemd/plegd.service")?;
-    let (number, unit) = value.split_at(
-        value
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(value.len()),
-    );
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        other => bail!("MemoryMax={value}: unit {other:?}"),
-    };
-    Ok(number.parse::<u64>().context("MemoryMax=")? << shift)
-}
-
 /// `plegd run`'s flags for a TLS listener on a free loopback port, and the abuse's view of it
 /// (its pid is filled in once it runs).
 fn abuse_target(dir: &Path) -> anyhow::Result<(Vec<String>, abuse::Target)> {
@@ -977,7 +955,7 @@ pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
     }
     if let Some(abuse) = &outcome.abuse {
         println!("{abuse}");
-        let problems = abuse.problems(unit_memory_max()?);
+        let problems = abuse.problems(crate::unit::memory_max()?);
         if !problems.is_empty() {
             bail!("under abuse: {}", problems.join("; "));
         }

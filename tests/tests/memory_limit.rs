@@ -40,35 +40,13 @@ const PODS: usize = 10;
 /// CRI calls in flight at once.
 const IN_FLIGHT: usize = 16;
 const DEADLINE: Duration = Duration::from_secs(120);
-const UNIT: &str = "../deploy/systemd/plegd.service";
-
-/// A memory size: digits with an optional K, M or G (powers of 1024), as systemd writes it.
-fn parse_size(text: &str) -> u64 {
-    let text = text.trim();
-    let (digits, unit) = match text.char_indices().last() {
-        Some((at, 'K')) => (&text[..at], 1 << 10),
-        Some((at, 'M')) => (&text[..at], 1 << 20),
-        Some((at, 'G')) => (&text[..at], 1 << 30),
-        _ => (text, 1),
-    };
-    digits
-        .parse::<u64>()
-        .unwrap_or_else(|e| panic!("memory size {text:?}: {e}"))
-        * unit
-}
 
 /// The unit's `MemoryMax=`, or `PLEGD_TEST_MEMORY_LIMIT`.
 fn memory_limit() -> u64 {
-    if let Ok(limit) = std::env::var("PLEGD_TEST_MEMORY_LIMIT") {
-        return parse_size(&limit);
+    match std::env::var("PLEGD_TEST_MEMORY_LIMIT") {
+        Ok(limit) => plegd_tests::unit::parse_size(&limit).unwrap(),
+        Err(_) => plegd_tests::unit::memory_max().unwrap(),
     }
-    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join(UNIT);
-    let text = std::fs::read_to_string(&unit).unwrap();
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemoryMax="))
-        .unwrap_or_else(|| panic!("{} sets no MemoryMax=", unit.display()));
-    parse_size(value)
 }
 
 fn containers() -> usize {
