@@ -182,7 +182,6 @@ impl Abuse {
             .map_err(|e| anyhow::anyhow!("plegd unhealthy before the abuse: {e}"))?;
 
         let mut held: Vec<Box<dyn Send>> = Vec::new();
-        let mut never_read = 0;
         for c in 0..scale.channels {
             let channel = tls_channel(&target).await?;
             let mut client = PlegClient::new(channel.clone());
@@ -194,7 +193,6 @@ impl Abuse {
                     .await
                     .context("a Watch stream before the abuse")?;
                 held.push(Box::new(stream));
-                never_read += 1;
             }
             for _ in 0..share(scale.syncs) {
                 let stream = client
@@ -205,7 +203,6 @@ impl Abuse {
                     .await
                     .context("a SyncPods stream before the abuse")?;
                 held.push(Box::new(stream));
-                never_read += 1;
             }
             held.push(Box::new(channel));
         }
@@ -240,7 +237,7 @@ impl Abuse {
             flood,
             counts,
             held,
-            never_read,
+            never_read: scale.watches + scale.syncs,
             monitor,
             stop_monitor,
             probe,
@@ -253,10 +250,8 @@ impl Abuse {
         self.flood.shutdown().await;
         drop(std::mem::take(&mut self.held));
         let ended = Instant::now();
-        let health = health_client(&self.target.socket).await?;
         let settled = loop {
-            let now = sample(&self.target, self.began, &health).await;
-            if now.fds <= self.before.fds + FD_SLACK {
+            if open_fds(self.target.pid) <= self.before.fds + FD_SLACK {
                 break true;
             }
             if ended.elapsed() > SETTLE_WITHIN {
@@ -265,6 +260,7 @@ impl Abuse {
             tokio::time::sleep(SAMPLE_EVERY).await;
         };
         let settled_in = ended.elapsed();
+        let health = health_client(&self.target.socket).await?;
         let after = sample(&self.target, self.began, &health).await;
         let _ = self.stop_monitor.send(true);
         let samples = self.monitor.await?;

@@ -118,21 +118,25 @@ impl<K: Hash + Eq> Tally<K> {
         }
     }
 
+    #[cfg(test)]
     fn of(&self, key: &K) -> usize {
         self.counts.get(key).copied().unwrap_or(0)
     }
 }
 
+/// What was refused (a connection, a stream) and why ([`Refusal::name`], or an accept's error).
+type Kind = (&'static str, &'static str);
+
 /// One log line per kind of refusal per [`LOG_EVERY`], with the count since the last.
 #[derive(Debug, Default)]
 struct Quiet {
-    last: HashMap<&'static str, (Instant, u64)>,
+    last: HashMap<Kind, (Instant, u64)>,
 }
 
 impl Quiet {
     /// Whether to log `what` now, and how many went unlogged before it.
-    fn speak(&mut self, what: &'static str, now: Instant) -> Option<u64> {
-        match self.last.get_mut(what) {
+    fn speak(&mut self, what: Kind, now: Instant) -> Option<u64> {
+        match self.last.get_mut(&what) {
             Some((at, held)) if now.saturating_duration_since(*at) < LOG_EVERY => {
                 *held += 1;
                 None
@@ -234,13 +238,7 @@ impl Gate {
         inner
             .metrics
             .api_refused(inner.listener, what, refusal.name());
-        let key = match (what, refusal) {
-            ("connection", Refusal::ListenerFull) => "connection listener-full",
-            ("connection", Refusal::PeerFull) => "connection peer-full",
-            ("connection", Refusal::Descriptors) => "connection descriptors",
-            _ => "stream peer-full",
-        };
-        if let Some(before) = lock(&inner.quiet).speak(key, Instant::now()) {
+        if let Some(before) = lock(&inner.quiet).speak((what, refusal.name()), Instant::now()) {
             warn!(
                 listener = inner.listener,
                 ?peer,
@@ -259,7 +257,9 @@ impl Gate {
         inner
             .metrics
             .api_refused(inner.listener, "connection", "accept-error");
-        if let Some(before) = lock(&inner.quiet).speak("accept", Instant::now()) {
+        if let Some(before) =
+            lock(&inner.quiet).speak(("connection", "accept-error"), Instant::now())
+        {
             warn!(
                 listener = inner.listener,
                 %error,
@@ -332,7 +332,8 @@ impl Connection {
         inner.metrics.api_closed(inner.listener, reason);
     }
 
-    /// The peers' RPCs in flight, for tests.
+    /// The peers' RPCs in flight.
+    #[cfg(test)]
     pub fn streams_of_peer(&self) -> usize {
         lock(&self.gate.0.streams).of(&self.peer)
     }

@@ -212,7 +212,8 @@ impl Listeners {
         let metrics = self.metrics.map(register_tcp).transpose()?;
         // Every listener's connections together leave plegd the descriptors it keeps.
         let soft = fds::raise_nofile_limit();
-        let descriptors = Arc::new(Semaphore::new(fds::api_budget(soft)));
+        let budget = fds::api_budget(soft);
+        let descriptors = Arc::new(Semaphore::new(budget));
         let gate = |listener, limits| {
             Gate::new(
                 listener,
@@ -225,7 +226,7 @@ impl Listeners {
         let metrics_gate = gate("metrics", METRICS_LIMITS);
         info!(
             open_file_limit = soft,
-            api_descriptors = fds::api_budget(soft),
+            api_descriptors = budget,
             reserved = fds::RESERVED,
             limits = ?self.limits,
             "API limits"

@@ -46,11 +46,6 @@ pub fn api_budget(soft: u64) -> usize {
     usize::try_from(soft.saturating_sub(RESERVED).max(16)).unwrap_or(usize::MAX)
 }
 
-/// The descriptors this process holds now (`/proc/self/fd`), for tests and logs.
-pub fn open_count() -> Option<usize> {
-    Some(std::fs::read_dir("/proc/self/fd").ok()?.count())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

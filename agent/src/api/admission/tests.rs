@@ -108,19 +108,21 @@ fn a_connection_has_a_deadline_only_while_it_has_no_stream() {
 
 #[test]
 fn a_burst_of_refusals_is_said_once_then_summed() {
+    const A: Kind = ("connection", "peer-full");
+    const B: Kind = ("stream", "peer-full");
     let mut quiet = Quiet::default();
     let t0 = Instant::now();
-    assert_eq!(quiet.speak("a", t0), Some(0));
-    assert_eq!(quiet.speak("a", t0 + Duration::from_secs(1)), None);
-    assert_eq!(quiet.speak("a", t0 + Duration::from_secs(2)), None);
+    assert_eq!(quiet.speak(A, t0), Some(0));
+    assert_eq!(quiet.speak(A, t0 + Duration::from_secs(1)), None);
+    assert_eq!(quiet.speak(A, t0 + Duration::from_secs(2)), None);
     assert_eq!(
-        quiet.speak("b", t0 + Duration::from_secs(2)),
+        quiet.speak(B, t0 + Duration::from_secs(2)),
         Some(0),
         "another kind"
     );
-    assert_eq!(quiet.speak("a", t0 + LOG_EVERY), Some(2));
+    assert_eq!(quiet.speak(A, t0 + LOG_EVERY), Some(2));
     assert_eq!(
-        quiet.speak("a", t0 + LOG_EVERY + Duration::from_secs(1)),
+        quiet.speak(A, t0 + LOG_EVERY + Duration::from_secs(1)),
         None
     );
 }
