@@ -633,14 +633,17 @@ fn tls_config(config: &Config) -> Result<ServerTlsConfig, BindError> {
 }
 
 /// Keeps grpc.health.v1 services "" and "plegd.v1.Pleg" SERVING while the PLEG is healthy,
-/// NOT_SERVING otherwise.
+/// NOT_SERVING otherwise: SERVING from the relist that makes it healthy (as `GetHealth` says),
+/// NOT_SERVING within a period of it going stale.
 async fn drive_grpc_health(reporter: HealthReporter, shared: Shared, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(HEALTH_UPDATE_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut successes = shared.pleg.health().successes();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            Ok(()) = successes.changed() => {}
         }
         let status = match shared.pleg.healthy() {
             Ok(()) => ServingStatus::Serving,

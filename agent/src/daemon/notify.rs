@@ -8,7 +8,6 @@ use std::{
     os::unix::{ffi::OsStrExt as _, net::UnixDatagram},
     path::Path,
     sync::Arc,
-    time::Duration,
 };
 
 use tracing::{debug, warn};
@@ -17,9 +16,6 @@ use crate::pleg::Health;
 
 /// The variable systemd sets for a `Type=notify` service.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
-
-/// How often readiness looks at the PLEG's health until the first full relist succeeded.
-const READY_POLL: Duration = Duration::from_millis(20);
 
 /// The message once the first full relist succeeded: the cache holds the node's pods.
 pub const READY: &str = "READY=1\nSTATUS=first full relist done; generating events\n";
@@ -83,9 +79,9 @@ pub async fn ready_after_first_relist(health: Arc<Health>) {
 
 /// Returns once `health` has seen a full relist succeed.
 async fn first_full_relist(health: &Health) {
-    while health.check().is_err() {
-        tokio::time::sleep(READY_POLL).await;
-    }
+    let mut successes = health.successes();
+    // The sender lives in `health`, borrowed here: `changed` cannot fail.
+    while health.check().is_err() && successes.changed().await.is_ok() {}
 }
 
 /// Sends `state` if systemd listens, logging a failure.
@@ -98,6 +94,8 @@ pub fn send(state: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -149,7 +147,8 @@ mod tests {
             );
         }
         health.relist_succeeded(tokio::time::Instant::now());
-        tokio::time::timeout(READY_POLL * 2, waiting)
+        // Paused time: only the success itself, not a timer, can end the wait.
+        tokio::time::timeout(Duration::ZERO, waiting)
             .await
             .expect("ready right after the first full relist");
     }

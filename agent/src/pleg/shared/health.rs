@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 
 /// How old the last successful full relist may be before the PLEG is unhealthy (kubelet's
 /// `relistThreshold`).
@@ -37,6 +37,9 @@ pub enum HealthError {
 pub struct Health {
     threshold: Duration,
     state: Mutex<State>,
+    /// Marked at each successful full relist, so who reports health (gRPC health, systemd
+    /// readiness) turns healthy as the PLEG does, not at its next look.
+    succeeded: watch::Sender<()>,
 }
 
 #[derive(Debug, Default)]
@@ -52,7 +55,14 @@ impl Health {
         Self {
             threshold,
             state: Mutex::default(),
+            succeeded: watch::Sender::new(()),
         }
+    }
+
+    /// Changes at each successful full relist. Turning unhealthy is a matter of time passing,
+    /// with no event: who reports health also looks on a timer.
+    pub fn successes(&self) -> watch::Receiver<()> {
+        self.succeeded.subscribe()
     }
 
     /// A full relist started at `at`.
@@ -66,6 +76,8 @@ impl Health {
         let mut state = self.lock();
         state.last_success = state.last_success.max(Some(started));
         state.running_since = None;
+        drop(state);
+        self.succeeded.send_replace(());
     }
 
     /// The full relist in progress failed; the last success stays as it was.
@@ -205,6 +217,22 @@ mod tests {
                 running_for: None,
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_success_wakes_who_waits_and_a_failure_does_not() {
+        let health = health();
+        let mut successes = health.successes();
+        health.relist_started(Instant::now());
+        health.relist_failed();
+        assert!(!successes.has_changed().unwrap());
+        health.relist_started(Instant::now());
+        health.relist_succeeded(Instant::now());
+        tokio::time::timeout(Duration::from_secs(5), successes.changed())
+            .await
+            .expect("no change after a success")
+            .unwrap();
+        assert_eq!(health.check(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]
