@@ -15,7 +15,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tracing::warn;
 
 use crate::{
-    base::bus::{Ended, EventBus, Subscription},
+    base::bus::{Followed, Follower},
     pleg::PodLifecycleEvent,
 };
 
@@ -144,26 +144,18 @@ impl EventLine {
     }
 }
 
-/// Writes the events of `events`, a subscription to `bus`, to `out`, a line each, until the
-/// bus closes, then flushes; returns the first write error. A writer that falls a whole queue
-/// behind (a pipe nobody reads fast enough) catches up from the bus's history; what the
-/// history no longer holds is skipped with a warning. Nothing here can delay the publisher.
+/// Writes the events `events` follows to `out`, a line each, until the bus closes, then
+/// flushes; returns the first write error. A writer that falls a whole queue behind (a pipe
+/// nobody reads fast enough) catches up from the bus's history; what the history no longer
+/// holds is skipped with a warning. Nothing here can delay the publisher.
 pub async fn write_events<W: AsyncWrite + Unpin>(
-    bus: EventBus<PodLifecycleEvent>,
-    mut events: Subscription<PodLifecycleEvent>,
+    mut events: Follower<PodLifecycleEvent>,
     mut out: W,
     format: OutputFormat,
 ) -> std::io::Result<()> {
-    let queue = events.queue();
-    let live = |bus: &EventBus<PodLifecycleEvent>| {
-        bus.consume(0, queue)
-            .expect("a live-only subscription always starts")
-    };
-    let mut next = events.start();
-    loop {
-        match events.next().await {
-            Ok(event) => {
-                next = event.sequence + 1;
+    while let Some(followed) = events.next().await {
+        match followed {
+            Followed::Event(event) => {
                 let mut line = EventLine::new(&event).render(format);
                 line.push('\n');
                 // Not flushed here: tokio's stdout hands each write to a blocking thread at once
@@ -173,22 +165,14 @@ pub async fn write_events<W: AsyncWrite + Unpin>(
                 // stdout). The next write, or the end, waits for it.
                 out.write_all(line.as_bytes()).await?;
             }
-            Err(Ended::Lagged { .. }) => {
-                events = match bus.consume(next, queue) {
-                    Ok(resumed) => resumed,
-                    Err(error) => {
-                        let resumed = live(&bus);
-                        warn!(
-                            skipped = resumed.start().saturating_sub(next),
-                            "stdout fell behind past the event history ({error}); skipping to live events"
-                        );
-                        resumed
-                    }
-                };
-            }
-            Err(Ended::Closed) => return out.flush().await,
+            Followed::Skipped(skipped) => warn!(
+                skipped = skipped.count(),
+                first = skipped.from,
+                "stdout fell behind past the event history; going on from the oldest event kept"
+            ),
         }
     }
+    out.flush().await
 }
 
 /// The first 12 characters of a container id.
@@ -234,7 +218,10 @@ mod tests {
     use std::{sync::Arc, time::Duration};
 
     use super::*;
-    use crate::pleg::{ContainerId, PodUid, Store};
+    use crate::{
+        base::bus::EventBus,
+        pleg::{ContainerId, PodUid, Store},
+    };
 
     fn died_event() -> PodLifecycleEvent {
         let observed_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
@@ -313,8 +300,8 @@ mod tests {
         let bus = EventBus::new(1, 1000, 8);
         // A pipe of 64 bytes: the writer blocks on it after the first line.
         let (pipe, mut reader) = tokio::io::duplex(64);
-        let events = bus.consume(0, 2).unwrap();
-        let writer = tokio::spawn(write_events(bus.clone(), events, pipe, OutputFormat::Json));
+        let events = bus.follow(1, 2);
+        let writer = tokio::spawn(write_events(events, pipe, OutputFormat::Json));
         tokio::task::yield_now().await;
         for s in 1..=50 {
             bus.publish(event(s));
@@ -328,24 +315,24 @@ mod tests {
         assert_eq!(sequences(&written), (1..=50).collect::<Vec<_>>());
     }
 
-    /// Past the history, the writer skips to live events rather than stopping.
+    /// Past the history, the writer skips what it no longer holds rather than stopping.
     #[tokio::test]
-    async fn a_writer_behind_the_history_skips_to_live_events() {
+    async fn a_writer_behind_the_history_skips_what_it_no_longer_holds() {
         use tokio::io::AsyncBufReadExt as _;
 
         let bus = EventBus::new(1, 5, 8);
         let (pipe, reader) = tokio::io::duplex(1 << 16);
         let mut lines = tokio::io::BufReader::new(reader).lines();
-        let events = bus.consume(0, 2).unwrap();
-        let writer = tokio::spawn(write_events(bus.clone(), events, pipe, OutputFormat::Json));
+        let events = bus.follow(1, 2);
+        let writer = tokio::spawn(write_events(events, pipe, OutputFormat::Json));
         tokio::task::yield_now().await;
         // All while the writer waits for its first event: it gets that one, then lags, and the
         // history keeps only 46..=50.
         for s in 1..=50 {
             bus.publish(event(s));
         }
-        // Once line 1 is out, the writer has found the history too short and follows live
-        // events (this runtime has one thread: it did so before this task ran again).
+        // Once line 1 is out, the writer has found the history too short and goes on from its
+        // oldest event (this runtime has one thread: it did so before this task ran again).
         let first = lines.next_line().await.unwrap().unwrap();
         assert_eq!(sequences(first.as_bytes()), [1]);
         for s in 51..=52 {
@@ -357,6 +344,6 @@ mod tests {
             rest.extend(sequences(line.as_bytes()));
         }
         writer.await.unwrap().unwrap();
-        assert_eq!(rest, [51, 52]);
+        assert_eq!(rest, [46, 47, 48, 49, 50, 51, 52]);
     }
 }

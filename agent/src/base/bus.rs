@@ -294,6 +294,109 @@ fn lock<T>(inner: &Mutex<Inner<T>>) -> MutexGuard<'_, Inner<T>> {
     inner.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl<T: Sequenced> EventBus<T> {
+    /// Follows the events from sequence `from` (at least 1) for one of the daemon's own
+    /// consumers that keeps its place: a [`Follower`], which catches up from the history
+    /// whenever it lags a whole `queue` behind.
+    pub fn follow(&self, from: u64, queue: usize) -> Follower<T> {
+        let (events, skipped) = self.consume_from(from.max(1), queue);
+        Follower {
+            bus: self.clone(),
+            next: events.start(),
+            events,
+            skipped,
+        }
+    }
+
+    /// A subscription from `from`, or from the oldest kept event if `from` is no longer kept
+    /// (what it passes over: `from..start`), or from the next one if `from` is ahead.
+    fn consume_from(&self, mut from: u64, queue: usize) -> (Subscription<T>, Option<Skipped>) {
+        let wanted = from;
+        loop {
+            match self.consume(from, queue) {
+                Ok(events) => {
+                    let skipped = (events.start() > wanted).then_some(Skipped {
+                        from: wanted,
+                        to: events.start(),
+                    });
+                    return (events, skipped);
+                }
+                // The history moves on only as events are published: this ends.
+                Err(SubscribeError::TooOld { oldest, .. }) => from = oldest,
+                Err(SubscribeError::Ahead { next, .. }) => from = next,
+            }
+        }
+    }
+}
+
+/// Events a [`Follower`] passed over: `from..to` were no longer kept when it came for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Skipped {
+    pub fn count(&self) -> u64 {
+        self.to - self.from
+    }
+}
+
+/// What a [`Follower`] reads.
+#[derive(Debug)]
+pub enum Followed<T> {
+    Event(Arc<T>),
+    Skipped(Skipped),
+}
+
+/// A consumer's place in the events that lagging does not lose: it reads like a
+/// [`Subscription`], and after a lag resumes from the history at the event after the last it
+/// read; only what the history no longer holds is lost, and said ([`Followed::Skipped`]).
+/// Memory stays the bus's: the history, shared, and one queue.
+pub struct Follower<T> {
+    bus: EventBus<T>,
+    events: Subscription<T>,
+    /// The sequence of the next event to read: where a lag resumes.
+    next: u64,
+    skipped: Option<Skipped>,
+}
+
+impl<T: Sequenced> Follower<T> {
+    /// The next event or skip; `None` once the bus is closed and every event read.
+    /// Cancel-safe: a `next` dropped before it returned has consumed nothing.
+    pub async fn next(&mut self) -> Option<Followed<T>> {
+        loop {
+            if let Some(skipped) = self.skipped.take() {
+                return Some(Followed::Skipped(skipped));
+            }
+            match self.events.next().await {
+                Ok(event) => {
+                    self.next = event.sequence() + 1;
+                    return Some(Followed::Event(event));
+                }
+                Err(Ended::Lagged { queue }) => {
+                    (self.events, self.skipped) = self.bus.consume_from(self.next, queue);
+                }
+                Err(Ended::Closed) => return None,
+            }
+        }
+    }
+
+    /// The sequence of the next event it reads.
+    pub fn next_sequence(&self) -> u64 {
+        self.next
+    }
+}
+
+impl<T> std::fmt::Debug for Follower<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("next", &self.next)
+            .field("skipped", &self.skipped)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One subscriber's view: its backlog from the history, then live events.
 pub struct Subscription<T> {
     backlog: VecDeque<Arc<T>>,
@@ -502,6 +605,60 @@ mod tests {
         let small = EventBus::resumed(9, 1, 8, 5, vec![E(4), E(5)]);
         assert_eq!(small.history().len(), 1);
         assert_eq!(small.history()[0].0, 5);
+    }
+
+    async fn follow(follower: &mut Follower<E>) -> Vec<String> {
+        let mut read = Vec::new();
+        while let Some(followed) = follower.next().await {
+            read.push(match followed {
+                Followed::Event(e) => e.0.to_string(),
+                Followed::Skipped(s) => format!("skipped {}..{}", s.from, s.to),
+            });
+        }
+        read
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_lags_catches_up_from_the_history() {
+        let bus = EventBus::new(1, 100, 8);
+        let mut follower = bus.follow(1, 2);
+        // Never read meanwhile: its queue of 2 overflows at once.
+        publish(&bus, 1..=20);
+        bus.close();
+        let want: Vec<String> = (1..=20).map(|s| s.to_string()).collect();
+        assert_eq!(follow(&mut follower).await, want);
+        assert_eq!(follower.next_sequence(), 21);
+    }
+
+    #[tokio::test]
+    async fn a_follower_past_the_history_says_what_it_skipped_and_goes_on_from_the_oldest() {
+        let bus = EventBus::new(1, 5, 8);
+        let mut follower = bus.follow(1, 2);
+        publish(&bus, 1..=3);
+        // 3 overflowed its queue: it resumes from the history, which still holds 1..=3.
+        assert!(matches!(follower.next().await, Some(Followed::Event(e)) if e.0 == 1));
+        // It lags again at 6; the history keeps 16..=20 by the time it comes back for 4.
+        publish(&bus, 4..=20);
+        bus.close();
+        assert_eq!(
+            follow(&mut follower).await,
+            ["2", "3", "skipped 4..16", "16", "17", "18", "19", "20"]
+        );
+    }
+
+    #[tokio::test]
+    async fn following_from_a_sequence_no_longer_kept_or_ahead_starts_where_events_are() {
+        let bus = EventBus::new(1, 5, 8);
+        publish(&bus, 1..=10);
+        let mut old = bus.follow(3, 8);
+        let mut ahead = bus.follow(40, 8);
+        publish(&bus, 11..=11);
+        bus.close();
+        assert_eq!(
+            follow(&mut old).await,
+            ["skipped 3..6", "6", "7", "8", "9", "10", "11"]
+        );
+        assert_eq!(follow(&mut ahead).await, ["11"]);
     }
 
     #[test]

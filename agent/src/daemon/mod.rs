@@ -93,14 +93,8 @@ impl Daemon {
         // From the start's first event: stdout misses none, however late it subscribes.
         let events = pleg
             .events()
-            .consume(pleg.first_sequence(), config.event_channel_capacity)
-            .expect("the start's first sequence is kept");
-        let stdout = tokio::spawn(output::write_events(
-            pleg.events().clone(),
-            events,
-            out,
-            config.output,
-        ));
+            .follow(pleg.first_sequence(), config.event_channel_capacity);
+        let stdout = tokio::spawn(output::write_events(events, out, config.output));
         let registry = SourceRegistry::with_metrics(metrics.clone());
         let stop_sources = CancellationToken::new();
         let mut sources = JoinSet::new();
