@@ -283,7 +283,7 @@ async fn run_daemon(
         ebpf,
         plan: Some(plan),
     };
-    let daemon = Daemon::start(connected.runtime, push, &config, tokio::io::stdout(), ());
+    let daemon = Daemon::start(connected.runtime, push, &config, tokio::io::stdout(), ())?;
     let api = tokio::spawn(serve_api(listeners, daemon.shared(), shutdown.clone()));
     let served = daemon
         .run(shutdown.clone())

@@ -30,8 +30,9 @@
 //! 3. `output`: events and pods as people and scripts read them.
 //! 4. `config`: `plegd run` settings from flags, `PLEGD_*` variables and a TOML file.
 //! 5. `api`: the plegd.v1 gRPC API, grpc.health.v1, `/metrics`, the conversion between
-//!    plegd's types and the API's messages, and the CLI's client side; `fuzz`: the fuzz
-//!    targets' properties (over the parsers of `config` and `sources`).
+//!    plegd's types and the API's messages, and the CLI's client side; `export`: the events
+//!    as OpenTelemetry log records, sent to an OTLP receiver; `fuzz`: the fuzz targets'
+//!    properties (over the parsers of `config` and `sources`).
 //! 6. `daemon`: `plegd run` (everything wired, owned by one `Daemon`) and `plegd check`.
 //! 7. `cli`: the `plegd` command line.
 //!
@@ -43,6 +44,7 @@ pub mod base;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod export;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod output;

@@ -112,16 +112,29 @@ impl EventLine {
     }
 
     fn text(&self) -> String {
+        format!(
+            "{} #{:<5} {:<17} {}",
+            self.emitted_at,
+            self.sequence,
+            self.event_type,
+            self.details()
+        )
+    }
+
+    /// The event in a line, without its time and sequence (which a log record carries apart).
+    pub fn summary(&self) -> String {
+        format!("{} {}", self.event_type, self.details())
+    }
+
+    /// Whose event it is, through what, and how the container ended.
+    fn details(&self) -> String {
         let container = match (&self.container_id, self.container_name.as_str()) {
             (Some(id), "") => format!("sandbox {}", short(id)),
             (Some(id), name) => format!("{name} {}", short(id)),
             (None, _) => "-".to_owned(),
         };
         let mut line = format!(
-            "{} #{:<5} {:<17} {}/{} {container} via {} ({}ms)",
-            self.emitted_at,
-            self.sequence,
-            self.event_type,
+            "{}/{} {container} via {} ({}ms)",
             self.pod_namespace,
             self.pod_name,
             self.sources.join("+"),

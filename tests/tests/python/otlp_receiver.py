@@ -1,0 +1,77 @@
+"""An OTLP/gRPC logs receiver for the export test: OpenTelemetry's Python package of the OTLP
+protos, served by grpcio. Prints `listening PORT`, then one JSON line per log record received
+(its attributes flattened, with its resource's and its body), flushed as it comes. SIGTERM
+stops it gracefully: calls in flight are answered first.
+
+    otlp_receiver.py PORT    (0: any free port)
+"""
+
+import json
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+
+def value(any_value):
+    kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return [value(v) for v in any_value.array_value.values]
+    if kind is None:
+        return None
+    return getattr(any_value, kind)
+
+
+def flat(key_values):
+    return {kv.key: value(kv.value) for kv in key_values}
+
+
+class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def Export(self, request, context):
+        lines = []
+        for resource_logs in request.resource_logs:
+            resource = flat(resource_logs.resource.attributes)
+            for scope_logs in resource_logs.scope_logs:
+                for record in scope_logs.log_records:
+                    lines.append(
+                        json.dumps(
+                            {
+                                "attributes": flat(record.attributes),
+                                "resource": resource,
+                                "scope": scope_logs.scope.name,
+                                "body": value(record.body),
+                                "severity": record.severity_text,
+                                "event_name": record.event_name,
+                                "time_unix_nano": record.time_unix_nano,
+                            }
+                        )
+                    )
+        # Printed before the answer: a record acknowledged is a record the test has seen.
+        with self.lock:
+            for line in lines:
+                print(line)
+            sys.stdout.flush()
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
+def main():
+    stop = threading.Event()
+    # Before saying where it listens: a test may stop it right after.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+    port = server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+    server.start()
+    print(f"listening {port}", flush=True)
+    stop.wait()
+    server.stop(grace=5).wait()
+
+
+if __name__ == "__main__":
+    main()
