@@ -151,6 +151,20 @@ pub fn which(binary: &str) -> Option<std::path::PathBuf> {
         })
 }
 
+/// `path` (relative to the repository's `.xtask/`), a tool `cargo xtask setup` installs there;
+/// panics naming it and the fix when it is missing.
+pub fn setup_tool(path: &str) -> std::path::PathBuf {
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.xtask")
+        .join(path);
+    assert!(
+        tool.exists(),
+        "{} missing: run `cargo xtask setup`",
+        tool.display()
+    );
+    tool
+}
+
 /// `promtool`: the one `cargo xtask setup` unpacks under `.xtask/prometheus` (xtask's
 /// `PROMTOOL`), else one in PATH.
 pub fn promtool() -> Option<std::path::PathBuf> {

@@ -7,7 +7,7 @@ mod support;
 use std::{path::Path, process::Stdio, time::Duration};
 
 use plegd::runtime::RuntimeKind;
-use plegd_tests::Node;
+use plegd_tests::{Node, process::setup_tool};
 use support::{RunningPlegd, config};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
@@ -18,12 +18,8 @@ const WELL_KNOWN: &str = "/usr/lib/python3/dist-packages/grpc_tools/_proto";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_js_client_lists_checks_health_and_watches_a_kill() {
     let repository = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let modules = repository.join(".xtask/grpc-js/node_modules");
-    assert!(
-        modules.join("@grpc/grpc-js").exists(),
-        "{} has no @grpc/grpc-js: run `cargo xtask setup`",
-        modules.display()
-    );
+    let modules = setup_tool("grpc-js/node_modules");
+    setup_tool("grpc-js/node_modules/@grpc/grpc-js");
     let Node {
         containerd,
         cri,

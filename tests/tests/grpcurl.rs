@@ -15,7 +15,7 @@ use std::{
 };
 
 use plegd::runtime::RuntimeKind;
-use plegd_tests::{Node, pki::Pki};
+use plegd_tests::{Node, pki::Pki, process::setup_tool};
 use support::{RunningPlegd, config};
 use tokio::io::AsyncReadExt as _;
 
@@ -23,13 +23,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// The grpcurl `cargo xtask setup` installs.
 fn grpcurl() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.xtask/grpcurl/bin/grpcurl");
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo xtask setup`",
-        path.display()
-    );
-    path
+    setup_tool("grpcurl/bin/grpcurl")
 }
 
 /// How grpcurl reaches a listener: its options and its address.

@@ -23,22 +23,18 @@ use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
 };
-use plegd_tests::{Node, bench::Plegd, cri::Cri, native::Native, process::plegd_binary, wait};
+use plegd_tests::{
+    Node,
+    bench::Plegd,
+    cri::Cri,
+    native::Native,
+    process::{plegd_binary, setup_tool},
+    wait,
+};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// The receiver's Python, from `cargo xtask setup`.
-fn receiver_python() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.xtask/otlp-receiver/bin/python");
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo xtask setup`",
-        path.display()
-    );
-    path
-}
 
 /// A running receiver and every record it printed.
 struct Receiver {
@@ -52,7 +48,7 @@ impl Receiver {
     /// Starts a receiver on `port` (0: any) that adds what it receives to `records`.
     async fn start(port: u16, records: Arc<Mutex<Vec<Value>>>) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/otlp_receiver.py");
-        let mut child = tokio::process::Command::new(receiver_python())
+        let mut child = tokio::process::Command::new(setup_tool("otlp-receiver/bin/python"))
             .arg(script)
             .arg(port.to_string())
             .stdout(Stdio::piped())

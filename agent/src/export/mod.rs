@@ -54,9 +54,10 @@ pub const LINGER: Duration = Duration::from_millis(200);
 /// Deadline of one export call, connecting included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Waits between retries of a batch the receiver did not take.
+/// Waits between retries of a batch the receiver did not take: a receiver back from a restart
+/// is found within 10 s, at one call per 10 s meanwhile.
 const RETRY: Exponential =
-    Exponential::doubling(Duration::from_millis(500), Duration::from_secs(30));
+    Exponential::doubling(Duration::from_millis(500), Duration::from_secs(10));
 
 /// The exporter cannot start: its TLS files cannot be read or used.
 #[derive(Debug, thiserror::Error)]
