@@ -33,7 +33,8 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::{info, warn};
 
-pub use self::record::{Origin, record};
+pub use self::record::Origin;
+use self::record::record;
 use crate::{
     base::{
         backoff::{Backoff, Exponential, time_seed},
