@@ -3,7 +3,8 @@ protos, served by grpcio. Prints `listening PORT`, then one JSON line per log re
 (its attributes flattened, with its resource's and its body), flushed as it comes. SIGTERM
 stops it gracefully: calls in flight are answered first.
 
-    otlp_receiver.py PORT    (0: any free port)
+    otlp_receiver.py PORT [quiet]    (PORT 0: any free port; quiet: print no records, as
+                                      the benchmark wants)
 """
 
 import json
@@ -30,10 +31,13 @@ def flat(key_values):
 
 
 class Logs(logs_service_pb2_grpc.LogsServiceServicer):
-    def __init__(self):
+    def __init__(self, quiet):
         self.lock = threading.Lock()
+        self.quiet = quiet
 
     def Export(self, request, context):
+        if self.quiet:
+            return logs_service_pb2.ExportLogsServiceResponse()
         lines = []
         for resource_logs in request.resource_logs:
             resource = flat(resource_logs.resource.attributes)
@@ -65,7 +69,8 @@ def main():
     # Before saying where it listens: a test may stop it right after.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+    quiet = sys.argv[2:] == ["quiet"]
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(quiet), server)
     port = server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
     server.start()
     print(f"listening {port}", flush=True)
