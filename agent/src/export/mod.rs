@@ -232,18 +232,16 @@ impl Sender {
     }
 
     fn acknowledged(&self, count: u64, last: u64, response: &ExportLogsServiceResponse) {
-        let rejected = response.partial_success.as_ref().map_or(0, |partial| {
-            u64::try_from(partial.rejected_log_records).unwrap_or(0)
-        });
-        if rejected > 0 {
-            let message = response
-                .partial_success
-                .as_ref()
-                .map_or("", |partial| partial.error_message.as_str());
-            warn!(
-                rejected,
-                message, "the OTLP receiver rejected events; not retried"
-            );
+        let mut rejected = 0;
+        if let Some(partial) = &response.partial_success {
+            rejected = u64::try_from(partial.rejected_log_records).unwrap_or(0);
+            if rejected > 0 {
+                warn!(
+                    rejected,
+                    message = partial.error_message,
+                    "the OTLP receiver rejected events; not retried"
+                );
+            }
         }
         self.metrics.otlp_exported(count, rejected);
         self.acknowledged.store(last, Ordering::Release);
