@@ -29,6 +29,7 @@ use plegd_tests::{
     ContainerdOptions, Node,
     bench::{self, Arrivals, Jitter, Plegd, ms_between},
     cri::{ContainerSpec, Pod},
+    otlp,
 };
 use serde_json::{Value, json};
 
@@ -95,52 +96,9 @@ struct Mode {
     kernel_observations: bool,
 }
 
-/// The OTLP receiver the export mode sends to (the export test's, printing nothing), or why
-/// there is none. Killed when dropped.
-struct OtlpReceiver {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl OtlpReceiver {
-    fn start() -> Result<Self, String> {
-        use std::io::BufRead as _;
-        let tests = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let python = tests.join("../.xtask/otlp-receiver/bin/python");
-        if !python.exists() {
-            return Err(format!("no {} (cargo xtask setup)", python.display()));
-        }
-        let mut child = std::process::Command::new(python)
-            .arg(tests.join("tests/python/otlp_receiver.py"))
-            .args(["0", "quiet"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the OTLP receiver: {e}"))?;
-        let mut first = String::new();
-        let stdout = child.stdout.take().ok_or("the receiver has no stdout")?;
-        std::io::BufReader::new(stdout)
-            .read_line(&mut first)
-            .map_err(|e| format!("reading the OTLP receiver: {e}"))?;
-        let port = first
-            .trim()
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("the OTLP receiver said {first:?}"));
-        // Killed on the way out if it said no port.
-        let mut receiver = Self { child, port: 0 };
-        receiver.port = port?;
-        Ok(receiver)
-    }
-}
-
-impl Drop for OtlpReceiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn modes(node: &Node, binary: &Path, otlp: &Result<OtlpReceiver, String>) -> Vec<Mode> {
+/// The bench's modes; `otlp` is the receiver the export mode sends to (printing nothing), or
+/// why there is none.
+fn modes(node: &Node, binary: &Path, otlp: &Result<otlp::Receiver, String>) -> Vec<Mode> {
     let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let slow = |a: &[&str]| {
         let mut v = args(a);
@@ -651,7 +609,9 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let node = Node::start_with(&ContainerdOptions::named("bench-node")).await?;
     let events = bench::containerd_events(&node.containerd).await?;
-    let otlp = OtlpReceiver::start();
+    let otlp = otlp::Receiver::start_quiet()
+        .await
+        .map_err(|e| format!("{e:#}"));
     let modes = modes(&node, &args.bin, &otlp);
     let seed = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)?

@@ -13,6 +13,8 @@
 //!   cgroup driver, plegd installed from deploy/), against the node's own containerd and plegd.
 //! - `neighbours`: other agents' subscriptions (CRI `GetContainerEvents`, containerd
 //!   `Events.Subscribe`) recording what they receive, and barriers, for the coexistence tests.
+//! - `otlp`: the OTLP/gRPC receiver (OpenTelemetry's Python protos over grpcio) of the export
+//!   test and the bench.
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
 //! - `proxy`: a unix socket in front of containerd's that can make plegd's event stream go silent
 //!   while connected.
@@ -36,6 +38,7 @@ pub mod image;
 pub mod native;
 pub mod neighbours;
 pub mod node;
+pub mod otlp;
 pub mod pki;
 pub mod process;
 pub mod proxy;

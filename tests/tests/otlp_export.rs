@@ -1,6 +1,6 @@
-//! The OTLP export against a real OTLP/gRPC receiver: OpenTelemetry's Python package of the
-//! OTLP protos served by grpcio (tests/python/otlp_receiver.py, in the venv `cargo xtask setup`
-//! makes), and the real plegd binary on a real containerd.
+//! The OTLP export against a real OTLP/gRPC receiver ([`plegd_tests::otlp::Receiver`]:
+//! OpenTelemetry's Python package of the OTLP protos served by grpcio), and the real plegd
+//! binary on a real containerd.
 //!
 //! - Every event of a churn reaches the receiver exactly once, in one run, across a restart
 //!   of the receiver (events published while it is down wait in the history) and a clean
@@ -13,92 +13,18 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
-    process::Stdio,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use k8s_cri::v1::ContainerState;
-use nix::{
-    sys::signal::{Signal, kill},
-    unistd::Pid,
-};
+use nix::sys::signal::Signal;
 use plegd_tests::{
-    Node,
-    bench::Plegd,
-    cri::Cri,
-    native::Native,
-    process::{plegd_binary, setup_tool},
-    wait,
+    Node, bench::Plegd, cri::Cri, native::Native, otlp::Receiver, process::plegd_binary, wait,
 };
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// A running receiver and every record it printed.
-struct Receiver {
-    child: tokio::process::Child,
-    port: u16,
-    records: Arc<Mutex<Vec<Value>>>,
-    reader: tokio::task::JoinHandle<()>,
-}
-
-impl Receiver {
-    /// Starts a receiver on `port` (0: any) that adds what it receives to `records`.
-    async fn start(port: u16, records: Arc<Mutex<Vec<Value>>>) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/otlp_receiver.py");
-        let mut child = tokio::process::Command::new(setup_tool("otlp-receiver/bin/python"))
-            .arg(script)
-            .arg(port.to_string())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting the OTLP receiver");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(DEADLINE, lines.next_line())
-            .await
-            .expect("the receiver says where it listens in time")
-            .unwrap()
-            .expect("the receiver's first line");
-        let port = first
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("not a port: {first:?}"));
-        let reader = tokio::spawn({
-            let records = Arc::clone(&records);
-            async move {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let record = serde_json::from_str(&line)
-                        .unwrap_or_else(|e| panic!("bad record line {line:?}: {e}"));
-                    records.lock().unwrap().push(record);
-                }
-            }
-        });
-        Self {
-            child,
-            port,
-            records,
-            reader,
-        }
-    }
-
-    /// Stops it gracefully (SIGTERM: calls in flight are answered) and waits for its output.
-    async fn stop(mut self) {
-        let pid = self.child.id().expect("the receiver runs") as i32;
-        kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(DEADLINE, self.child.wait())
-            .await
-            .expect("the receiver stops in time")
-            .unwrap();
-        assert!(status.success(), "the receiver ended with {status}");
-        self.reader.await.unwrap();
-    }
-
-    fn records(&self) -> Vec<Value> {
-        self.records.lock().unwrap().clone()
-    }
-}
 
 fn sequence(record: &Value) -> u64 {
     record["attributes"]["plegd.sequence"]
@@ -149,7 +75,7 @@ async fn wait_state(cri: &Cri, id: &str, state: ContainerState) {
 
 /// Waits until `receiver` holds Started, Died, Removed of each of `ids`.
 async fn wait_lifecycles(receiver: &Receiver, ids: &[String]) {
-    let records = Arc::clone(&receiver.records);
+    let records = Arc::clone(receiver.shared_records());
     let ids = ids.to_vec();
     wait::until("every lifecycle at the receiver", DEADLINE, || {
         let types = types_by_container(&records.lock().unwrap());
@@ -198,7 +124,7 @@ async fn every_event_reaches_the_receiver_once_across_its_restart_and_plegds() {
     } = Node::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let records = Arc::new(Mutex::new(Vec::new()));
-    let receiver = Receiver::start(0, Arc::clone(&records)).await;
+    let receiver = Receiver::start(0, Arc::clone(&records)).await.unwrap();
     let port = receiver.port;
     let binary = plegd_binary().unwrap();
     let args = otlp_args(port, &dir.path().join("state"), &[]);
@@ -209,12 +135,12 @@ async fn every_event_reaches_the_receiver_once_across_its_restart_and_plegds() {
 
     // Down: what happens meanwhile waits in plegd's history, and a clean restart of plegd
     // then saves where the receiver stopped acknowledging; the next start sends the rest.
-    receiver.stop().await;
+    receiver.stop().await.unwrap();
     let while_down = churn(&cri, &tasks, "down", 3).await;
     wait_metric(&plegd, "plegd_otlp_export_failures_total", 1.0).await;
     let failures = plegd.metric("plegd_otlp_export_failures_total").unwrap();
     plegd.restart(Signal::SIGTERM).unwrap();
-    let receiver = Receiver::start(port, Arc::clone(&records)).await;
+    let receiver = Receiver::start(port, Arc::clone(&records)).await.unwrap();
     wait_lifecycles(&receiver, &while_down).await;
     ids.extend(while_down);
     ids.extend(churn(&cri, &tasks, "after", 3).await);
@@ -299,7 +225,7 @@ async fn every_event_reaches_the_receiver_once_across_its_restart_and_plegds() {
         "{died}"
     );
     plegd.stop();
-    receiver.stop().await;
+    receiver.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,9 +241,9 @@ async fn a_receiver_down_longer_than_the_history_costs_the_oldest_events_counted
     let dir = tempfile::tempdir().unwrap();
     let records = Arc::new(Mutex::new(Vec::new()));
     // Where it will listen, taken then given back: plegd starts with the receiver down.
-    let receiver = Receiver::start(0, Arc::clone(&records)).await;
+    let receiver = Receiver::start(0, Arc::clone(&records)).await.unwrap();
     let port = receiver.port;
-    receiver.stop().await;
+    receiver.stop().await.unwrap();
     let binary = plegd_binary().unwrap();
     let args = otlp_args(
         port,
@@ -344,7 +270,7 @@ async fn a_receiver_down_longer_than_the_history_costs_the_oldest_events_counted
     .unwrap();
     wait_metric(&plegd, "plegd_otlp_export_failures_total", 1.0).await;
     let last = plegd.last_sequence().unwrap();
-    let receiver = Receiver::start(port, Arc::clone(&records)).await;
+    let receiver = Receiver::start(port, Arc::clone(&records)).await.unwrap();
     wait::until("the receiver holds the last event", DEADLINE, || {
         let got = records.lock().unwrap().iter().any(|r| sequence(r) == last);
         async move { anyhow::Ok(got.then_some(())) }
@@ -385,5 +311,5 @@ async fn a_receiver_down_longer_than_the_history_costs_the_oldest_events_counted
         "events after the churn's"
     );
     plegd.stop();
-    receiver.stop().await;
+    receiver.stop().await.unwrap();
 }
