@@ -4,6 +4,9 @@
 //! - `audit`: the churn audit's checker (ground truth vs what a watcher received; pure).
 //! - `bench`: what `cargo xtask bench` measures with: the release `plegd` and a `plegd watch`
 //!   as processes, containerd's events and a CRI poller as anchors, CPU and memory from /proc.
+//! - `churn`: the lifecycle driver (create, start, RUNNING, kill -9, EXITED, remove) with K
+//!   lifecycles in flight, as issue 52 measured; the bench's cost, throughput and overload
+//!   sections run it, with or without plegd.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
 //! - `image`: OCI image tarballs built from busybox-static (no registry needed).
 //! - `demo`: what `cargo xtask demo` shows.
@@ -30,6 +33,7 @@
 pub mod abuse;
 pub mod audit;
 pub mod bench;
+pub mod churn;
 pub mod containerd;
 pub mod cri;
 pub mod demo;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_cri::v1::ContainerState;
 use plegd_tests::{
-    CgroupPaths, ContainerdOptions, Node, PrivateContainerd,
+    CgroupPaths, ContainerdOptions, Node, PrivateContainerd, churn,
     containerd::{CRI_NAMESPACE, cleanup},
     cri::{ContainerSpec, Cri},
     native::{Native, NativeSpec},
@@ -186,6 +186,45 @@ async fn state_survives_a_containerd_restart() {
         .await
         .unwrap();
     assert_eq!(status.exit_code, 137);
+    cri.remove_pod(&pod).await.unwrap();
+}
+
+/// The lifecycle driver with no plegd: every lifecycle completes, its steps in order, each
+/// container killed with 137 and removed, never more in flight than asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lifecycle_driver_runs_n_with_k_in_flight_and_leaves_nothing() {
+    let Node {
+        containerd: _containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let pod = cri.run_pod("churn").await.unwrap();
+    let plan = churn::Plan {
+        lifecycles: 6,
+        in_flight: 3,
+        prefix: "c".into(),
+    };
+    let run = churn::run(&cri, &tasks, &pod, &plan).await;
+    assert!(run.failed.is_empty(), "{:#?}", run.failed);
+    assert_eq!(run.lifecycles.len(), 6);
+    for l in &run.lifecycles {
+        let steps = [
+            l.create, l.started, l.running, l.killed, l.exited, l.removed,
+        ];
+        assert!(steps.is_sorted(), "{l:#?}");
+        assert_eq!(l.exit_code, 137, "{l:#?}");
+    }
+    // At each start, fewer than K others had started and not yet ended.
+    for l in &run.lifecycles {
+        let others = run
+            .lifecycles
+            .iter()
+            .filter(|o| o.n != l.n && o.create <= l.create && o.removed > l.create)
+            .count();
+        assert!(others < 3, "{others} in flight beside {l:#?}");
+    }
+    assert!(run.per_second() > 0.0);
+    assert!(cri.list_containers().await.unwrap().is_empty());
     cri.remove_pod(&pod).await.unwrap();
 }
 
