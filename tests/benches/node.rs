@@ -13,6 +13,7 @@
 //!   method) per container lifecycle, and the kill latency then.
 //! - kernel: run time per run of each eBPF program (kernel bpf_stats) during an exec storm in
 //!   containers, and the ring buffer's lost events (`plegd_ringbuf_drops`).
+//! - cost, throughput, overload, density: a busy node (issue 52), see [`busy`].
 //!
 //! Nothing here asserts a timing: it measures and reports. `PLEGD_BENCH_KEEP=1` keeps the
 //! bench's directory (each mode's `plegd.log`, at the level `RUST_LOG` sets) for a look.
@@ -32,6 +33,9 @@ use plegd_tests::{
     otlp,
 };
 use serde_json::{Value, json};
+
+#[path = "node/busy.rs"]
+mod busy;
 
 /// Containers started at once per batch of kills.
 const BATCH: usize = 25;
@@ -74,9 +78,35 @@ struct Args {
     /// Short processes of the exec storm.
     #[arg(long, default_value_t = 10_000)]
     execs: usize,
-    /// Sections to run (default: all): latency, idle, churn, kernel.
+    /// Sections to run (default: all): latency, idle, churn, kernel, cost, throughput,
+    /// overload, density.
     #[arg(long, value_delimiter = ',')]
     sections: Vec<String>,
+    /// Lifecycles in flight (K) of the cost, throughput and overload sections (default: 2,16,64
+    /// for cost, 16,64 for throughput, 16 for overload; overload takes the first).
+    #[arg(long, value_delimiter = ',')]
+    in_flight: Vec<usize>,
+    /// Lifecycles (N) per cost run.
+    #[arg(long, default_value_t = 64)]
+    lifecycles: usize,
+    /// plegd's runtime backends (`--runtime`) of the cost and throughput sections.
+    #[arg(long, value_delimiter = ',', default_values_t = ["cri".to_owned(), "containerd".to_owned()])]
+    runtimes: Vec<String>,
+    /// Lifecycles per throughput round.
+    #[arg(long, default_value_t = 96)]
+    throughput_lifecycles: usize,
+    /// Alternated rounds per throughput configuration (no plegd, plegd per backend).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Lifecycles per mode of the overload section.
+    #[arg(long, default_value_t = 96)]
+    overload_lifecycles: usize,
+    /// The modes of the overload section.
+    #[arg(long, value_delimiter = ',', default_values_t = ["default".to_owned(), "containerd".to_owned(), "ebpf".to_owned(), "polling-1s".to_owned()])]
+    overload_modes: Vec<String>,
+    /// Pods (each a sandbox and one container) of the density section.
+    #[arg(long, value_delimiter = ',', default_values_t = [250, 500, 1000])]
+    pods: Vec<usize>,
     /// Modes of the latency and idle sections (default: every mode).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
@@ -626,6 +656,8 @@ async fn main() -> Result<()> {
         jitter: Jitter::new(seed),
     };
     let available: Vec<&Mode> = modes.iter().filter(|m| m.unavailable.is_none()).collect();
+    // The overload section's modes are its own (`--overload-modes`), not `--modes`'.
+    let every_available = available.clone();
 
     let (sections, chosen_modes) = (b.args.sections.clone(), b.args.modes.clone());
     let wants = |section: &str| sections.is_empty() || sections.iter().any(|s| s == section);
@@ -685,6 +717,29 @@ async fn main() -> Result<()> {
     if wants("kernel") {
         eprintln!("bench: exec storm");
         results["kernel"] = b.kernel(available[0]).await?;
+        save(&results)?;
+    }
+    if wants("cost") {
+        results["cost"] = b.cost().await?;
+        results["cost_lifecycles"] = json!(b.args.lifecycles);
+        save(&results)?;
+    }
+    if wants("throughput") {
+        results["throughput"] = b.throughput().await?;
+        save(&results)?;
+    }
+    if wants("overload") {
+        let overload_modes: Vec<&Mode> = b
+            .args
+            .overload_modes
+            .iter()
+            .filter_map(|key| every_available.iter().find(|m| m.key == key).copied())
+            .collect();
+        results["overload"] = b.overload(&overload_modes).await?;
+        save(&results)?;
+    }
+    if wants("density") {
+        results["density"] = b.density().await?;
     }
     std::fs::write(&b.args.out, serde_json::to_string_pretty(&results)?)?;
     Ok(())

@@ -137,12 +137,46 @@ impl Plegd {
         stdout: Stdio,
         birth: Birth,
     ) -> anyhow::Result<Self> {
+        let plegd = Self::launch_born(binary, containerd, dir, args, stdout, birth)?;
+        plegd.await_healthy()?;
+        Ok(plegd)
+    }
+
+    /// [`Plegd::start`] without waiting for anything: returns once the process is spawned (its
+    /// socket and /metrics come later), for a caller that times its start itself.
+    pub fn launch(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+    ) -> anyhow::Result<Self> {
+        Self::launch_born(
+            binary,
+            containerd,
+            dir,
+            args,
+            Stdio::null(),
+            Birth::default(),
+        )
+    }
+
+    fn launch_born(
+        binary: &Path,
+        containerd: &PrivateContainerd,
+        dir: &Path,
+        args: &[String],
+        stdout: Stdio,
+        birth: Birth,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("plegd.sock");
         let _ = std::fs::remove_file(&socket);
         let metrics = free_port()?;
-        let mut command: Vec<std::ffi::OsString> =
-            vec!["run".into(), "--runtime".into(), "cri".into()];
+        let mut command: Vec<std::ffi::OsString> = vec!["run".into()];
+        // The CRI backend unless asked for another (containerd's own API).
+        if !args.iter().any(|a| a == "--runtime") {
+            command.extend(["--runtime".into(), "cri".into()]);
+        }
         // containerd's own socket unless asked for another (a proxy in front of it).
         if !args.iter().any(|a| a == "--runtime-endpoint") {
             command.extend(["--runtime-endpoint".into(), containerd.socket().into()]);
@@ -161,7 +195,7 @@ impl Plegd {
         }
         command.extend(args.iter().map(Into::into));
         let process = Self::spawn(binary, &command, dir, stdout, &birth)?;
-        let plegd = Self {
+        Ok(Self {
             process,
             socket,
             metrics,
@@ -169,9 +203,7 @@ impl Plegd {
             command,
             dir: dir.to_owned(),
             birth,
-        };
-        plegd.await_healthy()?;
-        Ok(plegd)
+        })
     }
 
     fn spawn(
@@ -299,6 +331,15 @@ impl Plegd {
         self.process.pid()
     }
 
+    /// Its API's `ListPods` (which waits for the run's first full relist).
+    pub async fn list_pods(&self) -> anyhow::Result<plegd_proto::v1::ListPodsResponse> {
+        let channel = unix_channel(&self.socket).await?;
+        Ok(plegd_proto::v1::pleg_client::PlegClient::new(channel)
+            .list_pods(plegd_proto::v1::ListPodsRequest {})
+            .await?
+            .into_inner())
+    }
+
     /// A `plegd watch --output json` process on this daemon, each line timed as it arrives.
     pub fn watch(&self) -> anyhow::Result<Watch> {
         Watch::start(&self.binary, &self.socket, 0, false)
@@ -361,6 +402,19 @@ pub fn metric_series_at(
             Some((labels.to_owned(), value.parse::<f64>().ok()?))
         })
         .collect())
+}
+
+/// The status code of a `GET path` over HTTP/1.0 at `address`.
+pub fn http_status_at(address: SocketAddr, path: &str) -> anyhow::Result<u16> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("no status line from {address}{path}"))
 }
 
 /// How many series the /metrics served at `address` has: all of them, and those of the
@@ -502,8 +556,9 @@ fn emitted_at(line: &str) -> Option<SystemTime> {
 }
 
 /// containerd's own event stream, as `ctr events` reads it: `/tasks/exit` recorded as `"exit"`
-/// at the payload's `exited_at`, `/tasks/start` as `"start"` at the envelope's timestamp (init
-/// processes only).
+/// at the payload's `exited_at`, as [`EXIT_PUBLISHED`] at the envelope's timestamp (when the
+/// shim published it) and as `"exit_arrival"` when it reached this subscriber, `/tasks/start`
+/// as `"start"` at the envelope's timestamp (init processes only).
 pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result<Arc<Arrivals>> {
     let channel = unix_channel(&containerd.socket()).await?;
     let arrivals = Arc::new(Arrivals::default());
@@ -530,6 +585,12 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
                         && let Some(at) = exit.exited_at.and_then(|t| SystemTime::try_from(t).ok())
                     {
                         record.record(&exit.container_id, "exit", at);
+                        if let Some(published) = envelope
+                            .timestamp
+                            .and_then(|t| SystemTime::try_from(t).ok())
+                        {
+                            record.record(&exit.container_id, EXIT_PUBLISHED, published);
+                        }
                         record.record(&exit.container_id, "exit_arrival", SystemTime::now());
                     }
                 }
@@ -550,6 +611,10 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
     tokio::time::sleep(Duration::from_millis(500)).await;
     Ok(arrivals)
 }
+
+/// What [`containerd_events`] records the publish time of a container's `/tasks/exit` envelope
+/// as.
+pub const EXIT_PUBLISHED: &str = "exit_published";
 
 /// The first moment CRI `ContainerStatus` shows the container EXITED, asking as fast as it
 /// answers; `None` past `timeout`.
