@@ -42,6 +42,41 @@ pub struct Options {
     /// folder (e.g. target/bench/latest).
     #[arg(long, value_name = "DIR")]
     pub from: Option<PathBuf>,
+    /// Only these sections (default: all): `core` (criterion, the pure core), and the node
+    /// bench's latency, idle, churn, kernel, cost, throughput, overload, density. A run of
+    /// some sections writes its report but leaves docs/benchmarks.md's summary as it is.
+    #[arg(long, value_name = "SECTION,...", value_delimiter = ',')]
+    pub sections: Vec<String>,
+    /// Lifecycles in flight (K) of the cost, throughput and overload sections (default: 2,16,64
+    /// for cost, 16,64 for throughput, 16 for overload, which takes the first).
+    #[arg(long, value_name = "K,...", value_delimiter = ',')]
+    pub in_flight: Vec<usize>,
+    /// Lifecycles per cost run (default 64; 16 with --quick).
+    #[arg(long, value_name = "N")]
+    pub lifecycles: Option<usize>,
+    /// plegd's backends in the cost and throughput sections (default: cri,containerd).
+    #[arg(long, value_name = "cri|containerd,...", value_delimiter = ',')]
+    pub runtimes: Vec<String>,
+    /// Alternated rounds per throughput configuration (default 5; 2 with --quick).
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<usize>,
+    /// Pods of the density section (default: 250,500,1000; 50,100 with --quick).
+    #[arg(long, value_name = "N,...", value_delimiter = ',')]
+    pub pods: Vec<usize>,
+}
+
+/// `values` comma separated, as the node bench's list flags take them.
+fn list<T: ToString>(values: &[T]) -> String {
+    values
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether `opts` asks for `section` (all are, unless `--sections` names some).
+fn wants(opts: &Options, section: &str) -> bool {
+    opts.sections.is_empty() || opts.sections.iter().any(|s| s == section)
 }
 
 /// What the `node` bench is asked to do.
@@ -54,6 +89,12 @@ struct Plan {
     /// Modes of the churn section; empty for all.
     churn_modes: &'static str,
     execs: usize,
+    /// Lifecycles per cost run, per throughput round, per overload mode.
+    lifecycles: usize,
+    throughput_lifecycles: usize,
+    overload_lifecycles: usize,
+    rounds: usize,
+    pods: String,
 }
 
 impl Plan {
@@ -67,6 +108,11 @@ impl Plan {
                 churn: 2,
                 churn_modes: "default",
                 execs: 2_000,
+                lifecycles: 16,
+                throughput_lifecycles: 24,
+                overload_lifecycles: 24,
+                rounds: 2,
+                pods: "50,100".into(),
             }
         } else {
             Self {
@@ -77,10 +123,20 @@ impl Plan {
                 churn: 20,
                 churn_modes: "",
                 execs: 10_000,
+                lifecycles: 64,
+                throughput_lifecycles: 96,
+                overload_lifecycles: 96,
+                rounds: 5,
+                pods: "250,500,1000".into(),
             }
         };
         plan.kills = opts.kills.unwrap_or(plan.kills);
         plan.window = opts.window.unwrap_or(plan.window);
+        plan.lifecycles = opts.lifecycles.unwrap_or(plan.lifecycles);
+        plan.rounds = opts.rounds.unwrap_or(plan.rounds);
+        if !opts.pods.is_empty() {
+            plan.pods = list(&opts.pods);
+        }
         plan
     }
 }
@@ -124,9 +180,33 @@ pub fn run(opts: &Options) -> Result<()> {
         "--benches",
     ]))?;
     let criterion_home = out.join("criterion");
+    if wants(opts, "core") {
+        relist_core(opts, &root, &criterion_home)?;
+    }
+
+    let plan = Plan::of(opts);
+    let results = out.join("results.json");
+    let node_sections: Vec<&String> = opts.sections.iter().filter(|s| *s != "core").collect();
+    if opts.sections.is_empty() || !node_sections.is_empty() {
+        stream(&mut node_command(opts, &plan, &root, &results))?;
+    } else {
+        // Only the pure core: the report still reads a results.json.
+        std::fs::write(&results, "{}")?;
+    }
+
+    write_report(opts, &root, &out, stamp, &command_line)?;
+    let latest = bench_dir.join("latest");
+    let _ = std::fs::remove_file(&latest);
+    std::os::unix::fs::symlink(stamp, &latest)?;
+    println!("bench: {} points at it", latest.display());
+    Ok(())
+}
+
+/// criterion's `relist` bench (the pure core on the fake runtime) into `criterion_home`.
+fn relist_core(opts: &Options, root: &Path, criterion_home: &Path) -> Result<()> {
     let mut relist = Command::new(env!("CARGO"));
     relist
-        .current_dir(&root)
+        .current_dir(root)
         .args([
             "bench",
             "--package",
@@ -135,7 +215,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "relist",
             "--",
         ])
-        .env("CRITERION_HOME", &criterion_home)
+        .env("CRITERION_HOME", criterion_home)
         .env("PLEGD_BENCH_FAKE_ONLY", "1");
     if opts.quick {
         relist.args([
@@ -147,37 +227,51 @@ pub fn run(opts: &Options) -> Result<()> {
             "0.5",
         ]);
     }
-    stream(&mut relist)?;
+    stream(&mut relist)
+}
 
-    let plan = Plan::of(opts);
-    let results = out.join("results.json");
-    stream(
-        Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args(["bench", "--package", "plegd-tests", "--bench", "node", "--"])
-            .arg("--bin")
-            .arg(target_dir().join("release/plegd"))
-            .arg("--out")
-            .arg(&results)
-            .args(["--kills", &plan.kills.to_string()])
-            .args(["--window", &plan.window.to_string()])
-            .args(["--idle", plan.idle, "--rates", plan.rates])
-            .args(["--churn", &plan.churn.to_string()])
-            .args(
-                (!plan.churn_modes.is_empty())
-                    .then_some(["--churn-modes", plan.churn_modes])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(["--execs", &plan.execs.to_string()]),
-    )?;
-
-    write_report(opts, &root, &out, stamp, &command_line)?;
-    let latest = bench_dir.join("latest");
-    let _ = std::fs::remove_file(&latest);
-    std::os::unix::fs::symlink(stamp, &latest)?;
-    println!("bench: {} points at it", latest.display());
-    Ok(())
+/// The `node` bench's command line for `plan`, its results into `results`.
+fn node_command(opts: &Options, plan: &Plan, root: &Path, results: &Path) -> Command {
+    let mut node = Command::new(env!("CARGO"));
+    node.current_dir(root)
+        .args(["bench", "--package", "plegd-tests", "--bench", "node", "--"])
+        .arg("--bin")
+        .arg(target_dir().join("release/plegd"))
+        .arg("--out")
+        .arg(results)
+        .args(["--kills", &plan.kills.to_string()])
+        .args(["--window", &plan.window.to_string()])
+        .args(["--idle", plan.idle, "--rates", plan.rates])
+        .args(["--churn", &plan.churn.to_string()])
+        .args(
+            (!plan.churn_modes.is_empty())
+                .then_some(["--churn-modes", plan.churn_modes])
+                .into_iter()
+                .flatten(),
+        )
+        .args(["--execs", &plan.execs.to_string()])
+        .args(["--lifecycles", &plan.lifecycles.to_string()])
+        .args([
+            "--throughput-lifecycles",
+            &plan.throughput_lifecycles.to_string(),
+        ])
+        .args([
+            "--overload-lifecycles",
+            &plan.overload_lifecycles.to_string(),
+        ])
+        .args(["--rounds", &plan.rounds.to_string()])
+        .args(["--pods", &plan.pods]);
+    let sections: Vec<&String> = opts.sections.iter().filter(|s| *s != "core").collect();
+    if !sections.is_empty() {
+        node.args(["--sections", &list(&sections)]);
+    }
+    if !opts.in_flight.is_empty() {
+        node.args(["--in-flight", &list(&opts.in_flight)]);
+    }
+    if !opts.runtimes.is_empty() {
+        node.args(["--runtimes", &list(&opts.runtimes)]);
+    }
+    node
 }
 
 /// The file of a run's directory that names the revision it measured.
@@ -225,6 +319,14 @@ fn write_report(
     plot::idle_cpu(&measured, &out.join("idle_cpu.png"))?;
     let (full, summary) = report::write(&run)?;
     std::fs::write(out.join("report.md"), full)?;
+    if !opts.sections.is_empty() {
+        println!(
+            "bench: report in {}; {}'s summary left as it is (some sections only)",
+            out.join("report.md").display(),
+            report::SUMMARY_PAGE
+        );
+        return Ok(());
+    }
     let page = root.join(report::SUMMARY_PAGE);
     let text = std::fs::read_to_string(&page)?;
     std::fs::write(&page, report::splice_summary(&text, &summary)?)?;

@@ -2,6 +2,8 @@
 //! Markdown, with the goals each number is read against (met / not met: reported, never
 //! asserted), and the summary that goes into docs/benchmarks.md between its markers.
 
+mod busy;
+
 use std::{fmt::Write as _, path::Path};
 
 use anyhow::{Result, bail};
@@ -197,7 +199,7 @@ fn goals(run: &Run) -> Vec<Goal> {
         .filter_map(|p| Some((p["program"].as_str()?.to_owned(), p["ns_per_run"].as_f64()?)))
         .collect();
     let both = |a: Option<bool>, b: Option<bool>| Some(a? && b?);
-    vec![
+    let mut goals = vec![
         Goal {
             text: "default: kill -9 → ContainerDied p50 within 2 ms of containerd's /tasks/exit, p99 within 10 ms",
             measured: format!(
@@ -302,7 +304,9 @@ fn goals(run: &Run) -> Vec<Goal> {
             },
             met: (!kernel.is_empty()).then(|| kernel.iter().all(|(_, ns)| *ns < 1_000.0)),
         },
-    ]
+    ];
+    goals.extend(busy::goals(m));
+    goals
 }
 
 fn verdict(met: Option<bool>) -> &'static str {
@@ -680,9 +684,23 @@ pub fn write(run: &Run) -> Result<(String, String)> {
          mode (kernel bpf_stats enabled only during the storm; deltas over it).\n\n{}",
         kernel_table(m)
     );
+    let busy = busy::sections(m);
+    if !busy.is_empty() {
+        let _ = write!(r, "\n{busy}");
+    }
+    let busy_tables: String = [
+        ("cost", busy::cost_table as fn(&Value) -> String),
+        ("throughput", busy::throughput_table),
+        ("overload", busy::overload_table),
+        ("density", busy::density_table),
+    ]
+    .into_iter()
+    .filter(|(section, _)| m[*section].is_array())
+    .map(|(_, table)| table(m) + "\n")
+    .collect();
     let summary = format!(
         "Last run: {} ({kind}), kernel {}, {} cores, containerd {}, revision {}. Written by \
-         `cargo xtask bench`; do not edit by hand.\n\n{}\n{}\n{}\n{}",
+         `cargo xtask bench`; do not edit by hand.\n\n{}\n{}\n{}\n{busy_tables}{}",
         run.date,
         m["kernel_release"].as_str().unwrap_or("?"),
         m["cores"],
