@@ -7,7 +7,9 @@
 //! run, a CRI stop, its whole pod stopped; then CRI's last word on it (`ContainerStatus`) and
 //! removal. Pods of every pid-namespace mode share the lifecycles; a lifecycle that stops its
 //! pod has a pod of its own. Lifecycles start alone or in bursts of [`BURST`], after random
-//! pauses, all drawn from one seed.
+//! pauses, all drawn from one seed; or, with [`Plan::in_flight`] K, K at once from the start,
+//! a new one as each ends (the shape issue 52 measured, see [`crate::churn`]). plegd reads the
+//! runtime through the backend [`Plan::runtime`] names.
 
 use std::{
     path::{Path, PathBuf},
@@ -122,6 +124,42 @@ impl FromStr for Mode {
     }
 }
 
+/// Which runtime API plegd reads (`plegd run --runtime`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Runtime {
+    /// CRI (plegd's default).
+    #[default]
+    Cri,
+    /// containerd's own API.
+    Containerd,
+}
+
+impl Runtime {
+    pub const ALL: [Runtime; 2] = [Self::Cri, Self::Containerd];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Cri => "cri",
+            Self::Containerd => "containerd",
+        }
+    }
+}
+
+impl FromStr for Runtime {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.key() == s)
+            .ok_or_else(|| format!("unknown runtime {s:?} (cri, containerd)"))
+    }
+}
+
+/// Lifecycles audited of those attempted, at least: a run that could complete fewer (runtime
+/// calls failing under its load) says too little, and fails.
+pub const AUDITED_SHARE: f64 = 0.95;
+
 /// What goes wrong halfway through the churn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -213,6 +251,11 @@ pub struct Plan {
     /// Hostile and careless clients on its API from the first lifecycle to the last
     /// ([`crate::abuse`]), plegd born with a unit's 1,024 descriptors and its TLS listener on.
     pub abuse: bool,
+    /// K lifecycles in flight from the start, a new one as each ends, no pauses; `None`:
+    /// bursts after random pauses.
+    pub in_flight: Option<usize>,
+    /// The backend plegd reads the runtime with.
+    pub runtime: Runtime,
 }
 
 /// What a soak run found.
@@ -220,6 +263,8 @@ pub struct Plan {
 pub struct Outcome {
     pub report: Report,
     pub elapsed: Duration,
+    /// Lifecycles started (the report audits those that completed).
+    pub attempted: usize,
     /// Lifecycles the harness could not complete (a runtime call failed, e.g. during a
     /// containerd restart): not audited.
     pub abandoned: Vec<String>,
@@ -260,6 +305,16 @@ impl Draw {
             lingers: jitter.below(Duration::from_millis(2000)),
             pod,
             pid_mode: PidMode::ALL[pod % PidMode::ALL.len()],
+        }
+    }
+
+    /// The same lifecycle in the shape issue 52 measured: ended as soon as it runs, removed
+    /// as soon as CRI shows it exited (its ending and pod as drawn).
+    fn at_once(self) -> Self {
+        Self {
+            runs: Duration::ZERO,
+            lingers: Duration::ZERO,
+            ..self
         }
     }
 
@@ -362,12 +417,20 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
         None => None,
     };
     while n < plan.lifecycles || began.elapsed() < plan.duration {
-        let burst = if jitter.pick(4) == 0 { BURST } else { 1 };
-        while lifecycles.len() + burst > IN_FLIGHT {
+        let (burst, limit) = match plan.in_flight {
+            Some(k) => (1, k.max(1)),
+            None => (if jitter.pick(4) == 0 { BURST } else { 1 }, IN_FLIGHT),
+        };
+        while lifecycles.len() + burst > limit {
             results.extend(lifecycles.join_next().await);
         }
         for _ in 0..burst {
             let draw = Draw::new(n, &mut jitter);
+            let draw = if plan.in_flight.is_some() {
+                draw.at_once()
+            } else {
+                draw
+            };
             let pod = pods[draw.pod].clone();
             let (cri, tasks, prefix) = (clients.0.clone(), clients.1.clone(), prefix.clone());
             lifecycles.spawn(async move {
@@ -402,7 +465,10 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
                 );
             }
         }
-        tokio::time::sleep(jitter.below(Duration::from_millis(300))).await;
+        // With K in flight, the next starts as soon as one ends.
+        if plan.in_flight.is_none() {
+            tokio::time::sleep(jitter.below(Duration::from_millis(300))).await;
+        }
     }
     while let Some(result) = lifecycles.join_next().await {
         results.push(result);
@@ -447,6 +513,7 @@ pub async fn run(node: &Node, binary: &Path, dir: &Path, plan: &Plan) -> anyhow:
     Ok(Outcome {
         report,
         elapsed: began.elapsed(),
+        attempted: n,
         abandoned,
         notes,
         abuse,
@@ -480,6 +547,7 @@ fn abuse_target(dir: &Path) -> anyhow::Result<(Vec<String>, abuse::Target)> {
 /// `plegd run` arguments of `plan`: its mode's, and what its fault needs.
 fn plegd_args(plan: &Plan, dir: &Path, proxy: Option<&MutingProxy>) -> anyhow::Result<Vec<String>> {
     let mut args = plan.mode.args();
+    set(&mut args, "--runtime", plan.runtime.key());
     match plan.fault {
         Some(Fault::PlegdTerm) => set(&mut args, "--state-dir", dir.join("state").display()),
         Some(Fault::RingOverflow) => {
@@ -932,17 +1000,28 @@ pub fn seed_from_env() -> anyhow::Result<u64> {
 /// report is not clean or audited nothing.
 pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
     let fault = plan.fault.map_or("none", Fault::key);
+    let audited = outcome.report.lifecycles;
     println!(
-        "soak: mode {}, fault {fault}, seed {}, {:.1} s, {} lifecycles abandoned\n{}\
-         reproduce: cargo xtask soak --mode {} --lifecycles {} --seed {}{}",
+        "soak: mode {}, fault {fault}, runtime {}, {}, seed {}, {:.1} s, lifecycles attempted \
+         {}, audited {audited} ({:.1} %), abandoned {}\n{}\
+         reproduce: cargo xtask soak --mode {} --runtime {} --lifecycles {} --seed {}{}{}",
         plan.mode.key(),
+        plan.runtime.key(),
+        plan.in_flight
+            .map_or("bursts".to_owned(), |k| format!("{k} in flight")),
         plan.seed,
         outcome.elapsed.as_secs_f64(),
+        outcome.attempted,
+        100.0 * audited_share(outcome),
         outcome.abandoned.len(),
         outcome.report,
         plan.mode.key(),
+        plan.runtime.key(),
         plan.lifecycles,
         plan.seed,
+        plan.in_flight
+            .map(|k| format!(" --in-flight {k}"))
+            .unwrap_or_default(),
         plan.fault
             .map(|f| format!(" --fault {}", f.key()))
             .unwrap_or_default(),
@@ -963,18 +1042,38 @@ pub fn conclude(plan: &Plan, outcome: &Outcome) -> anyhow::Result<()> {
     if outcome.report.expected == 0 {
         bail!("the soak audited no transition");
     }
+    if audited_share(outcome) < AUDITED_SHARE {
+        bail!(
+            "the soak audited {} of {} lifecycles attempted, under {:.0} %",
+            outcome.report.lifecycles,
+            outcome.attempted,
+            100.0 * AUDITED_SHARE
+        );
+    }
     if !outcome.report.is_clean() {
         bail!("the soak found lost, duplicated, reordered or wrong transitions");
     }
     Ok(())
 }
 
+/// The share of the lifecycles attempted that the report audits (1 when none were).
+fn audited_share(outcome: &Outcome) -> f64 {
+    if outcome.attempted == 0 {
+        1.0
+    } else {
+        outcome.report.lifecycles as f64 / outcome.attempted as f64
+    }
+}
+
 /// Where a run's files go.
 pub fn run_dir(root: &Path, plan: &Plan) -> PathBuf {
     root.join(format!(
-        "{}-{}{}",
+        "{}-{}-{}-{}{}",
         plan.mode.key(),
         plan.fault.map_or("none", Fault::key),
+        plan.runtime.key(),
+        plan.in_flight
+            .map_or("bursts".to_owned(), |k| format!("k{k}")),
         if plan.abuse { "-abused" } else { "" }
     ))
 }

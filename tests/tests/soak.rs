@@ -9,12 +9,15 @@ use std::time::Duration;
 
 use plegd_tests::{
     Node,
-    soak::{self, Fault, Mode, Plan},
+    soak::{self, Fault, Mode, Plan, Runtime},
 };
 
 /// Lifecycles per short run: enough for every action in every pid-namespace mode, bursts
 /// included, in well under a minute on a small node.
 const SHORT: usize = 60;
+/// Lifecycles in flight of the suite's busy runs: where the containerd backend lost whole
+/// lifecycles (issue 52).
+const BUSY: usize = 16;
 
 /// One soak at a time: two at once on a small node measure the node's overload.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -27,6 +30,23 @@ async fn soak_once(mode: Mode, fault: Option<Fault>, lifecycles: usize, duration
         duration,
         seed: soak::seed_from_env().unwrap(),
         abuse: false,
+        in_flight: None,
+        runtime: Runtime::Cri,
+    })
+    .await;
+}
+
+/// [`SHORT`] lifecycles in default mode, [`BUSY`] in flight from the start, plegd on `runtime`.
+async fn soak_busy(runtime: Runtime) {
+    soak_plan(Plan {
+        mode: Mode::Default,
+        fault: None,
+        lifecycles: SHORT,
+        duration: Duration::ZERO,
+        seed: soak::seed_from_env().unwrap(),
+        abuse: false,
+        in_flight: Some(BUSY),
+        runtime,
     })
     .await;
 }
@@ -62,9 +82,17 @@ async fn soak_containerd_events_only() {
     soak_once(Mode::Events, None, SHORT, Duration::ZERO).await;
 }
 
+/// Default mode with the CRI backend, 16 lifecycles in flight all through: nothing lost.
 #[tokio::test(flavor = "multi_thread")]
-async fn soak_default() {
-    soak_once(Mode::Default, None, SHORT, Duration::ZERO).await;
+async fn soak_default_16_in_flight_cri() {
+    soak_busy(Runtime::Cri).await;
+}
+
+/// Default mode with containerd's own API as the backend, 16 lifecycles in flight all through:
+/// nothing lost (issue 52: it lost whole lifecycles, no event at all).
+#[tokio::test(flavor = "multi_thread")]
+async fn soak_default_16_in_flight_containerd() {
+    soak_busy(Runtime::Containerd).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -145,14 +173,18 @@ async fn soak_under_hostile_clients() {
         duration: Duration::from_secs(40),
         seed: soak::seed_from_env().unwrap(),
         abuse: true,
+        in_flight: None,
+        runtime: Runtime::Cri,
     })
     .await;
 }
 
 /// `cargo xtask soak`: every mode and fault in `PLEGD_SOAK_MODES` / `PLEGD_SOAK_FAULTS`
-/// (comma separated; `none` for no fault; a fault meaningless in a mode is skipped in it),
-/// `PLEGD_SOAK_LIFECYCLES` lifecycles (default 1000)
-/// or `PLEGD_SOAK_MINUTES`, whichever lasts longer; every report printed before it fails.
+/// (comma separated; `none` for no fault; a fault meaningless in a mode is skipped in it), with
+/// each backend of `PLEGD_SOAK_RUNTIMES` (default `cri`) and each K of `PLEGD_SOAK_IN_FLIGHT`
+/// (`bursts`, the default, for bursts after random pauses), `PLEGD_SOAK_LIFECYCLES` lifecycles
+/// (default 1000) or `PLEGD_SOAK_MINUTES`, whichever lasts longer; every report printed before
+/// it fails.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "long: run by cargo xtask soak"]
 async fn soak_as_configured() {
@@ -171,6 +203,14 @@ async fn soak_as_configured() {
     let faults: Vec<Option<Fault>> = list("PLEGD_SOAK_FAULTS", "none")
         .iter()
         .map(|f| (f != "none").then(|| f.parse().unwrap()))
+        .collect();
+    let runtimes: Vec<Runtime> = list("PLEGD_SOAK_RUNTIMES", "cri")
+        .iter()
+        .map(|r| r.parse().unwrap())
+        .collect();
+    let in_flight: Vec<Option<usize>> = list("PLEGD_SOAK_IN_FLIGHT", "bursts")
+        .iter()
+        .map(|k| (k != "bursts").then(|| k.parse().expect("PLEGD_SOAK_IN_FLIGHT")))
         .collect();
     let number = |name: &str, default: u64| -> u64 {
         std::env::var(name).map_or(default, |v| v.parse().expect(name))
@@ -192,24 +232,33 @@ async fn soak_as_configured() {
                 );
                 continue;
             }
-            let plan = Plan {
-                mode,
-                fault,
-                lifecycles,
-                duration,
-                seed,
-                abuse: std::env::var_os("PLEGD_SOAK_ABUSE").is_some(),
-            };
-            println!("soak: {plan:?}");
-            let outcome = soak::run(&node, &binary, &soak::run_dir(dir.path(), &plan), &plan)
-                .await
-                .unwrap();
-            if let Err(e) = soak::conclude(&plan, &outcome) {
-                failed.push(format!(
-                    "{}/{}: {e}",
-                    mode.key(),
-                    fault.map_or("none", Fault::key)
-                ));
+            for &runtime in &runtimes {
+                for &in_flight in &in_flight {
+                    let plan = Plan {
+                        mode,
+                        fault,
+                        lifecycles,
+                        duration,
+                        seed,
+                        abuse: std::env::var_os("PLEGD_SOAK_ABUSE").is_some(),
+                        in_flight,
+                        runtime,
+                    };
+                    println!("soak: {plan:?}");
+                    let outcome =
+                        soak::run(&node, &binary, &soak::run_dir(dir.path(), &plan), &plan)
+                            .await
+                            .unwrap();
+                    if let Err(e) = soak::conclude(&plan, &outcome) {
+                        failed.push(format!(
+                            "{}/{}/{}/{}: {e}",
+                            mode.key(),
+                            fault.map_or("none", Fault::key),
+                            runtime.key(),
+                            in_flight.map_or("bursts".to_owned(), |k| format!("K={k}")),
+                        ));
+                    }
+                }
             }
         }
     }

@@ -45,14 +45,17 @@ enum Command {
     /// hand: `cargo xtask containerd start`.
     Containerd(containerd::Options),
     /// Benchmarks written up as a report (target/bench/latest/report.md + PNGs): latency per
-    /// mode, idle and churn cost, relist scale, in-kernel cost; summary table into docs/benchmarks.md.
+    /// mode, idle and churn cost, relist scale, in-kernel cost, and a busy node's cost per
+    /// lifecycle, runtime throughput, overload share and cold start at density (`--sections`);
+    /// summary table into docs/benchmarks.md.
     Bench(bench::Options),
     /// Every `cargo deny` check of deny.toml, RustSec advisories included (fetches their
     /// database from GitHub); `test` runs the offline ones (licenses, bans, sources).
     Audit(audit::Options),
     /// The churn audit: 1,000 container lifecycles per mode (eBPF only, containerd events only,
-    /// default, polling), optionally under a fault, each transition checked against ground
-    /// truth; fails when one is lost, duplicated, reordered or wrong.
+    /// default, polling), optionally under a fault, with K lifecycles in flight and each runtime
+    /// backend (`--in-flight`, `--runtime`), each transition checked against ground truth;
+    /// fails when one is lost, duplicated, reordered or wrong, or under 95 % were audited.
     Soak(soak::Options),
     /// Fuzz the parsers (cgroup paths, config files, kernel and containerd events) with
     /// libFuzzer for a while each (nightly, cargo-fuzz).

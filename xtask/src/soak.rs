@@ -1,7 +1,8 @@
 //! `cargo xtask soak`: the churn audit, long. A child `cargo test` runs the soak tests' ignored
 //! `soak_as_configured` (it needs the harness and the daemon's crates, which xtask keeps out of
-//! its own build) with this command's settings in `PLEGD_SOAK_*`; it prints one report per mode
-//! and fault and fails when any transition was lost, duplicated, reordered or wrong.
+//! its own build) with this command's settings in `PLEGD_SOAK_*`; it prints one report per mode,
+//! fault, backend and K, and fails when any transition was lost, duplicated, reordered or
+//! wrong, or fewer than 95 % of the lifecycles attempted were audited.
 
 use std::process::Command;
 
@@ -21,6 +22,15 @@ pub enum Mode {
     Default,
     /// A full relist every second, nothing else.
     Polling,
+}
+
+/// The runtime API plegd reads during a soak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Runtime {
+    /// CRI.
+    Cri,
+    /// containerd's own API.
+    Containerd,
 }
 
 /// What goes wrong halfway through each run.
@@ -58,6 +68,14 @@ pub struct Options {
     /// Faults to inject, each in turn with every mode (default: none).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub fault: Vec<Fault>,
+    /// Lifecycles in flight: each K in turn with every mode and fault, K started at once and a
+    /// new one as each ends (default: bursts of 20 after random pauses, 40 in flight at most).
+    #[arg(long, value_name = "K,...", value_delimiter = ',')]
+    pub in_flight: Vec<usize>,
+    /// plegd's runtime backends (`plegd run --runtime`), each in turn with every mode, fault
+    /// and K (default: cri).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub runtime: Vec<Runtime>,
     /// The random timing's seed (default: the clock's; every report prints it).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -111,6 +129,26 @@ fn command(opts: &Options) -> Command {
             keys(&opts.fault, false)
         },
     )
+    .env(
+        "PLEGD_SOAK_RUNTIMES",
+        if opts.runtime.is_empty() {
+            "cri".to_owned()
+        } else {
+            keys(&opts.runtime, false)
+        },
+    )
+    .env(
+        "PLEGD_SOAK_IN_FLIGHT",
+        if opts.in_flight.is_empty() {
+            "bursts".to_owned()
+        } else {
+            opts.in_flight
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    )
     .env("PLEGD_SOAK_LIFECYCLES", opts.lifecycles.to_string())
     .env("PLEGD_SOAK_MINUTES", opts.minutes.to_string());
     if let Some(seed) = opts.seed {
@@ -146,6 +184,8 @@ mod tests {
             fault: vec![Fault::PlegdKill, Fault::None],
             seed: Some(7),
             abuse: true,
+            in_flight: vec![2, 16, 64],
+            runtime: vec![Runtime::Cri, Runtime::Containerd],
             containerd: harness::Release::default(),
         };
         let cmd = command(&opts);
@@ -155,11 +195,15 @@ mod tests {
         assert_eq!(env(&cmd, "PLEGD_SOAK_MINUTES").unwrap(), "3");
         assert_eq!(env(&cmd, "PLEGD_SOAK_SEED").unwrap(), "7");
         assert_eq!(env(&cmd, "PLEGD_SOAK_ABUSE").unwrap(), "1");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_IN_FLIGHT").unwrap(), "2,16,64");
+        assert_eq!(env(&cmd, "PLEGD_SOAK_RUNTIMES").unwrap(), "cri,containerd");
         let defaults = command(&Options {
             mode: Vec::new(),
             fault: Vec::new(),
             seed: None,
             abuse: false,
+            in_flight: Vec::new(),
+            runtime: Vec::new(),
             ..opts
         });
         assert_eq!(
@@ -169,5 +213,7 @@ mod tests {
         assert_eq!(env(&defaults, "PLEGD_SOAK_FAULTS").unwrap(), "none");
         assert_eq!(env(&defaults, "PLEGD_SOAK_SEED"), None);
         assert_eq!(env(&defaults, "PLEGD_SOAK_ABUSE"), None);
+        assert_eq!(env(&defaults, "PLEGD_SOAK_IN_FLIGHT").unwrap(), "bursts");
+        assert_eq!(env(&defaults, "PLEGD_SOAK_RUNTIMES").unwrap(), "cri");
     }
 }
