@@ -137,30 +137,14 @@ impl Plegd {
         stdout: Stdio,
         birth: Birth,
     ) -> anyhow::Result<Self> {
-        let plegd = Self::launch_born(binary, containerd, dir, args, stdout, birth)?;
+        let plegd = Self::launch(binary, containerd, dir, args, stdout, birth)?;
         plegd.await_healthy()?;
         Ok(plegd)
     }
 
-    /// [`Plegd::start`] without waiting for anything: returns once the process is spawned (its
-    /// socket and /metrics come later), for a caller that times its start itself.
+    /// [`Plegd::start_born`] without waiting for anything: returns once the process is spawned
+    /// (its socket and /metrics come later), for a caller that times its start itself.
     pub fn launch(
-        binary: &Path,
-        containerd: &PrivateContainerd,
-        dir: &Path,
-        args: &[String],
-    ) -> anyhow::Result<Self> {
-        Self::launch_born(
-            binary,
-            containerd,
-            dir,
-            args,
-            Stdio::null(),
-            Birth::default(),
-        )
-    }
-
-    fn launch_born(
         binary: &Path,
         containerd: &PrivateContainerd,
         dir: &Path,

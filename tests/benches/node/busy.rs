@@ -263,38 +263,54 @@ impl Bench {
     }
 
     pub(crate) async fn density(&self) -> Result<Value> {
-        let mut sizes = self.args.pods.clone();
-        sizes.sort_unstable();
-        let mut filled: Vec<Filled> = Vec::new();
-        let mut rows = Vec::new();
-        for &size in &sizes {
-            let more = size.saturating_sub(filled.len());
-            eprintln!("bench: density, {more} more pods to {size}");
-            let began = Instant::now();
-            filled.extend(self.fill(filled.len(), more).await?);
-            let fill_s = began.elapsed().as_secs_f64();
-            eprintln!("bench: density, {size} pods made in {fill_s:.1} s; plegd starts");
-            let mut row = self.cold_start(&filled).await?;
-            row["fill_s"] = json!(fill_s);
-            rows.push(row);
-        }
+        let mut filled = Vec::new();
+        let rows = self.density_rows(&mut filled).await;
+        // Whatever was made goes, whatever went wrong.
         eprintln!("bench: density, removing {} pods", filled.len());
-        let pods: Vec<Pod> = filled.into_iter().map(|f| f.pod).collect();
-        let removed = churn::in_flight(pods.len(), FILL_IN_FLIGHT, |i| {
-            let (cri, pod) = (self.node.cri.clone(), pods[i].clone());
+        let removed = churn::in_flight(filled.len(), FILL_IN_FLIGHT, |i| {
+            let (cri, pod) = (self.node.cri.clone(), filled[i].pod.clone());
             async move { cri.remove_pod(&pod).await }
         })
         .await;
         for e in removed.into_iter().filter_map(Result::err) {
             eprintln!("bench: density: a pod was not removed: {e:#}");
         }
+        rows
+    }
+
+    /// Fills the node to each size in turn (into `filled`) and measures a cold start at each.
+    async fn density_rows(&self, filled: &mut Vec<Filled>) -> Result<Value> {
+        let mut sizes = self.args.pods.clone();
+        sizes.sort_unstable();
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let more = size.saturating_sub(filled.len());
+            eprintln!("bench: density, {more} more pods to {size}");
+            let began = Instant::now();
+            let made = self.fill(filled.len(), more).await;
+            let fill_s = began.elapsed().as_secs_f64();
+            let mut failed = Vec::new();
+            for outcome in made {
+                match outcome {
+                    Ok(pod) => filled.push(pod),
+                    Err(e) => failed.push(e),
+                }
+            }
+            if let Some(e) = failed.into_iter().next() {
+                return Err(e.context("filling the node"));
+            }
+            eprintln!("bench: density, {size} pods made in {fill_s:.1} s; plegd starts");
+            let mut row = self.cold_start(filled).await?;
+            row["fill_s"] = json!(fill_s);
+            rows.push(row);
+        }
         Ok(Value::Array(rows))
     }
 
     /// Makes pods `from..from + count`, each a sandbox and one container: a sleeper, or every
     /// [`EXITED_EVERY`]th one that exited with a code of its own (awaited until CRI shows it).
-    async fn fill(&self, from: usize, count: usize) -> Result<Vec<Filled>> {
-        let made = churn::in_flight(count, FILL_IN_FLIGHT, |i| {
+    async fn fill(&self, from: usize, count: usize) -> Vec<Result<Filled>> {
+        churn::in_flight(count, FILL_IN_FLIGHT, |i| {
             let cri = self.node.cri.clone();
             let n = from + i;
             async move {
@@ -322,8 +338,7 @@ impl Bench {
                 })
             }
         })
-        .await;
-        made.into_iter().collect()
+        .await
     }
 
     /// Execs plegd on the filled node; the times to `/readyz` 200 and to a complete
@@ -335,6 +350,8 @@ impl Bench {
             &self.node.containerd,
             &self.dir.path().join(format!("density-{}", filled.len())),
             &[],
+            std::process::Stdio::null(),
+            bench::Birth::default(),
         )?;
         // Asked apart from the listing: ListPods waits for the first full relist.
         let metrics = plegd.metrics;
