@@ -104,6 +104,15 @@ fn keys<T: ValueEnum>(values: &[T], all_by_default: bool) -> String {
         .join(",")
 }
 
+/// [`keys`] of `values`, or `default` when there are none.
+fn keys_or<T: ValueEnum>(values: &[T], default: &str) -> String {
+    if values.is_empty() {
+        default.to_owned()
+    } else {
+        keys(values, false)
+    }
+}
+
 /// The child `cargo test` that runs the soak.
 fn command(opts: &Options) -> Command {
     let mut cmd = Command::new(env!("CARGO"));
@@ -121,22 +130,8 @@ fn command(opts: &Options) -> Command {
         "--nocapture",
     ])
     .env("PLEGD_SOAK_MODES", keys(&opts.mode, true))
-    .env(
-        "PLEGD_SOAK_FAULTS",
-        if opts.fault.is_empty() {
-            "none".to_owned()
-        } else {
-            keys(&opts.fault, false)
-        },
-    )
-    .env(
-        "PLEGD_SOAK_RUNTIMES",
-        if opts.runtime.is_empty() {
-            "cri".to_owned()
-        } else {
-            keys(&opts.runtime, false)
-        },
-    )
+    .env("PLEGD_SOAK_FAULTS", keys_or(&opts.fault, "none"))
+    .env("PLEGD_SOAK_RUNTIMES", keys_or(&opts.runtime, "cri"))
     .env(
         "PLEGD_SOAK_IN_FLIGHT",
         if opts.in_flight.is_empty() {
