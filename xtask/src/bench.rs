@@ -337,3 +337,73 @@ fn write_report(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Options {
+        Options {
+            quick: true,
+            kills: None,
+            window: None,
+            from: None,
+            sections: Vec::new(),
+            in_flight: Vec::new(),
+            lifecycles: None,
+            runtimes: Vec::new(),
+            rounds: None,
+            pods: Vec::new(),
+        }
+    }
+
+    /// The node bench's arguments after `--`.
+    fn node_args(opts: &Options) -> Vec<String> {
+        node_command(opts, &Plan::of(opts), Path::new("/"), Path::new("r.json"))
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .skip_while(|a| a != "--")
+            .collect()
+    }
+
+    fn value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+        let at = args.iter().position(|a| a == flag)?;
+        args.get(at + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn section_flags_reach_the_node_bench_and_core_stays_with_criterion() {
+        let opts = Options {
+            sections: vec!["core".into(), "cost".into(), "density".into()],
+            in_flight: vec![16],
+            lifecycles: Some(32),
+            runtimes: vec!["containerd".into()],
+            pods: vec![250, 1000],
+            ..options()
+        };
+        let args = node_args(&opts);
+        assert_eq!(value(&args, "--sections"), Some("cost,density"));
+        assert_eq!(value(&args, "--in-flight"), Some("16"));
+        assert_eq!(value(&args, "--lifecycles"), Some("32"));
+        assert_eq!(value(&args, "--runtimes"), Some("containerd"));
+        assert_eq!(value(&args, "--pods"), Some("250,1000"));
+        assert_eq!(value(&args, "--rounds"), Some("2"));
+        assert!(wants(&opts, "core") && !wants(&opts, "latency"));
+    }
+
+    #[test]
+    fn without_sections_everything_runs_with_the_sections_own_defaults() {
+        let opts = Options {
+            quick: false,
+            ..options()
+        };
+        let args = node_args(&opts);
+        for flag in ["--sections", "--in-flight", "--runtimes"] {
+            assert_eq!(value(&args, flag), None, "{flag}");
+        }
+        assert_eq!(value(&args, "--lifecycles"), Some("64"));
+        assert_eq!(value(&args, "--rounds"), Some("5"));
+        assert_eq!(value(&args, "--pods"), Some("250,500,1000"));
+        assert!(wants(&opts, "core") && wants(&opts, "density"));
+    }
+}
