@@ -10,7 +10,11 @@
 //! the task of a CRI container as soon as it exits, so a task-less CRI container is either
 //! not started yet or exited, and its exit code survives only in the CRI plugin's own store.
 //! For those (few) containers the backend asks CRI on the same socket. containerd keeps no
-//! start time: `started_at` is always `None`.
+//! start time: `started_at` is always `None` in a listing.
+//!
+//! A container read by its id (a hint names it) is read through CRI when the CRI plugin made
+//! it: its status and kubelet's labels in one call, where containerd's own API takes two (the
+//! container, its task) and a third once the task is deleted.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -32,8 +36,8 @@ use tonic::transport::Channel;
 use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
-        ContainerId, ContainerRecord, ContainerState, Containers, PodRecord, PodUid, Runtime,
-        RuntimeError, Scope, Store, exit_reason,
+        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, PodRecord, PodUid,
+        Runtime, RuntimeError, Scope, Store, exit_reason,
     },
     runtime::{
         Keys, RuntimeOptions, RuntimeVersion,
@@ -43,7 +47,7 @@ use crate::{
             POD_NAMESPACE_LABEL, POD_UID_LABEL, SANDBOX_NAME_ANNOTATION,
             SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION,
         },
-        tasks::{InvalidNamespace, Namespace, get_process, time_from_timestamp},
+        tasks::{CRI_NAMESPACE, InvalidNamespace, Namespace, get_process, time_from_timestamp},
         transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name},
     },
 };
@@ -255,6 +259,52 @@ impl ContainerdRuntime {
         Ok(Vec::new())
     }
 
+    /// One container or sandbox by id. One made by the CRI plugin is read through CRI: one
+    /// call (its status, with kubelet's labels naming its pod) where containerd's own API takes
+    /// two (the container, its task) and a third once its task is deleted (the CRI store then
+    /// holds its exit). Any other through containerd's containers and tasks.
+    async fn read_container(
+        &self,
+        id: &ContainerId,
+        committed: Option<&PodRecord>,
+    ) -> Result<ContainerRead, RuntimeError> {
+        if self.namespaces.iter().any(|n| n.as_str() == CRI_NAMESPACE) {
+            let read = self.cri.read_container(id, committed).await?;
+            if let Some(mut found) = read.found {
+                // containerd's image name is the one the container was made from; CRI's status
+                // may give a digest instead.
+                let kept = committed.and_then(|pod| pod.containers.get(id));
+                if let (Some(record), Some(kept)) = (found.containers.get_mut(id), kept) {
+                    record.image.clone_from(&kept.image);
+                }
+                return Ok(ContainerRead {
+                    id: id.clone(),
+                    found: Some(found),
+                });
+            }
+        }
+        let filter = format!("id=={}", quote(&id.0));
+        for namespace in &self.namespaces {
+            let containers = self.containers(namespace, vec![filter.clone()]).await?;
+            let Some(container) = containers.iter().find(|c| c.id == id.0) else {
+                continue;
+            };
+            let mut entries = self
+                .with_tasks(namespace, std::slice::from_ref(container))
+                .await?;
+            entries = self.ask_cri(entries, false).await?;
+            self.ran.apply(&mut entries, false);
+            return Ok(ContainerRead {
+                id: id.clone(),
+                found: assemble(entries).into_iter().next(),
+            });
+        }
+        Ok(ContainerRead {
+            id: id.clone(),
+            found: None,
+        })
+    }
+
     /// Settles task-less CRI containers with the CRI plugin: one ListContainers for a full
     /// list, ContainerStatus each (with exit code and reason) otherwise. Those CRI no longer
     /// knows were removed in between and are dropped.
@@ -379,6 +429,14 @@ impl Runtime for ContainerdRuntime {
             record.finished_at = None;
         }
         Ok(pods)
+    }
+
+    async fn read_containers(
+        &self,
+        ids: &[ContainerId],
+        committed: Option<&PodRecord>,
+    ) -> Result<Vec<ContainerRead>, RuntimeError> {
+        try_join_all(ids.iter().map(|id| self.read_container(id, committed))).await
     }
 
     /// `known` is not needed: containers and tasks come in two calls for the whole pod, and

@@ -213,7 +213,7 @@ impl CriRuntime {
     /// container's status is asked first (containers outnumber sandboxes), then the sandbox's.
     /// Its pod is `committed`'s, else the one its record names (kubelet's labels, a sandbox's
     /// metadata), else the one its listing finds (a container without labels).
-    async fn read_container(
+    pub(crate) async fn read_container(
         &self,
         id: &ContainerId,
         committed: Option<&PodRecord>,
