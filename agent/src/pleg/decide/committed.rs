@@ -71,7 +71,8 @@ struct Entry {
 /// One committed pod as a full relist walks them.
 #[derive(Clone, Copy, Debug)]
 pub struct CommittedPod<'a> {
-    pub record: &'a PodRecord,
+    /// Shared: a read that runs beside the relister takes it along.
+    pub record: &'a Arc<PodRecord>,
     /// See [`Committed::note_listing`].
     pub listed: Option<u64>,
 }
@@ -93,7 +94,12 @@ impl Committed {
     }
 
     pub fn get(&self, uid: &PodUid) -> Option<&PodRecord> {
-        self.pods.get(uid.0.as_bytes()).map(|entry| &*entry.record)
+        self.shared(uid).map(|record| &**record)
+    }
+
+    /// Pod `uid`'s record, shared: a read that runs beside the relister takes it along.
+    pub fn shared(&self, uid: &PodUid) -> Option<&Arc<PodRecord>> {
+        self.pods.get(uid.0.as_bytes()).map(|entry| &entry.record)
     }
 
     /// The pod holding `container`, as last committed.

@@ -201,9 +201,9 @@ pub trait Act {
 pub struct FollowUp {
     /// What to read again, and why.
     pub reread: Vec<Reread>,
-    /// Pods holding a state only the task layer confirmed: to read once more when the CRI
+    /// Containers in a state only the task service confirmed: to read once more when the CRI
     /// store has caught up, for its status and reason (no event: the state does not change).
-    pub settling: Vec<PodUid>,
+    pub settling: Vec<ContainerId>,
     /// Containers the runtime recorded deleted: a listing that still shows one (the CRI store
     /// forgets it a moment after) must not bring it back.
     pub deleted: Vec<ContainerId>,
@@ -240,21 +240,30 @@ pub fn reconcile(
     };
     let before = Before::of(out.committed(), hints);
     let mut plan = FollowUp::default();
-    let mut unsettled = Vec::new();
+    let mut unsettled: Vec<ContainerId> = Vec::new();
     let mut events = Vec::new();
     for (uid, pod_reading) in considered(out.committed(), pods, &decide.records) {
         if matches!(pod_reading, Some(PodReading::Failed)) {
             plan.failed.push(uid);
             continue;
         }
+        if settings.confirm == Store::Task {
+            // What the reading showed, whatever the plan: a settling read that found the CRI
+            // store still behind settles on.
+            unsettled.extend(shown(pod_reading.as_ref()).cloned());
+        }
         let Some(pod) = decide.pod(out.committed(), uid, pod_reading, &mut events) else {
             continue;
         };
-        if settings.confirm == Store::Task && is_unsettled(pod.record.as_ref()) {
-            unsettled.push(pod.uid.clone());
+        if settings.confirm == Store::Task {
+            unsettled.extend(newly_unsettled(
+                out.committed().get(&pod.uid),
+                pod.record.as_ref(),
+            ));
         }
         out.act(pod);
     }
+    unsettled.retain(|id| is_unsettled(out.committed().container(id)));
     plan.deleted = decide
         .records
         .deleted
@@ -317,13 +326,39 @@ impl Decide<'_> {
     }
 }
 
-/// Whether a pod holds a state only the task layer confirmed.
-fn is_unsettled(pod: Option<&PodRecord>) -> bool {
-    pod.is_some_and(|pod| {
-        pod.containers
-            .values()
-            .any(|c| c.confirmed_by == Store::Task)
-    })
+/// The containers a plan leaves in a state only the task service confirmed, and that were
+/// not so before it (those that were have their settling read queued already, or gave up on
+/// it: another container's change must not start it over).
+fn newly_unsettled(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<ContainerId> {
+    let Some(new) = new else {
+        return Vec::new();
+    };
+    new.containers
+        .values()
+        .filter(|c| awaits_cri(c))
+        .filter(|c| old.and_then(|old| old.containers.get(&c.id)) != Some(*c))
+        .map(|c| c.id.clone())
+        .collect()
+}
+
+/// The containers a pod's reading shows.
+fn shown(reading: Option<&PodReading>) -> impl Iterator<Item = &ContainerId> {
+    let pod = match reading {
+        Some(PodReading::Inspected(pod) | PodReading::Containers { pod, .. }) => Some(pod),
+        _ => None,
+    };
+    pod.into_iter().flat_map(|pod| pod.containers.keys())
+}
+
+/// Whether a container awaits the CRI store: an exit only the task service confirmed, whose
+/// reason (OOMKilled, Completed, ...) the store tells. A start the task service confirmed
+/// awaits nothing worth a read: the next full relist's listing finds the store caught up.
+pub fn awaits_cri(container: &ContainerRecord) -> bool {
+    container.confirmed_by == Store::Task && container.state == ContainerState::Exited
+}
+
+fn is_unsettled(container: Option<&ContainerRecord>) -> bool {
+    container.is_some_and(awaits_cri)
 }
 
 /// The pods the hinted containers were committed in before the reading. Each pod's plan is
@@ -689,16 +724,16 @@ fn pod_events<'a>(
     }
 }
 
-/// The hints the result does not reflect, and the pods awaiting the CRI store. `unsettled`:
-/// the pods acted on that hold a state only the task layer confirmed.
+/// The hints the result does not reflect, and the containers awaiting the CRI store.
+/// `unsettled`: the containers the plans left in a state only the task service confirmed.
 fn reread(
     world: &World<'_>,
     hints: &Hints,
-    unsettled: Vec<PodUid>,
+    unsettled: Vec<ContainerId>,
     settings: Settings,
-) -> (Vec<Reread>, Vec<PodUid>) {
+) -> (Vec<Reread>, Vec<ContainerId>) {
     let mut reread = Vec::new();
-    let mut looked_at: Vec<&PodUid> = Vec::new();
+    let mut looked_at: Vec<&ContainerId> = Vec::new();
     for (target, hint) in hints.iter() {
         let why = if world.failed(target, hint) {
             Some(Why::Failed)
@@ -718,30 +753,40 @@ fn reread(
                 hint: hint.clone(),
                 why,
             }),
-            None => looked_at.extend(world.pod_of_target(target)),
+            None => looked_at.extend(containers_of(target, hint)),
         }
     }
     if settings.confirm != Store::Task {
         return (reread, Vec::new());
     }
-    let mut pending: Vec<&PodUid> = reread
+    let mut pending: Vec<&ContainerId> = reread
         .iter()
-        .filter_map(|a| world.pod_of_target(&a.scope))
+        .flat_map(|r| containers_of(&r.scope, &r.hint))
         .collect();
     pending.sort();
-    // The pods acted on, and those of the hints reflected as committed before.
+    // Those the plans left so, and those of the hints reflected as committed before.
     let looked_at = looked_at
         .into_iter()
-        .filter(|uid| is_unsettled(world.after.get(uid)))
+        .filter(|id| is_unsettled(world.after.container(id)))
         .cloned();
-    let mut settling: Vec<PodUid> = unsettled
+    let mut settling: Vec<ContainerId> = unsettled
         .into_iter()
         .chain(looked_at)
-        .filter(|uid| pending.binary_search(&uid).is_err())
+        .filter(|id| pending.binary_search(&id).is_err())
         .collect();
     settling.sort();
     settling.dedup();
     (reread, settling)
+}
+
+/// The containers a hint is about: its target's, and its observations'.
+fn containers_of<'h>(target: &'h Scope, hint: &'h Hint) -> impl Iterator<Item = &'h ContainerId> {
+    let own = match target {
+        Scope::Container(id) => Some(id),
+        Scope::Pod(_) | Scope::All => None,
+    };
+    own.into_iter()
+        .chain(hint.observations.iter().map(|(id, _)| id))
 }
 
 /// The node after a reconcile, as far as the hints ask about it.
@@ -890,14 +935,14 @@ pub enum ToRead {
 
 /// What a targeted relist of a pod reads: the containers its hints name, each by its id; the
 /// pod whole when a hint names none (it said only that something in the pod changed). With no
-/// hint at all (a settling read, for the CRI store's status and reason), the containers only
-/// the task layer confirmed in `committed`.
+/// hint at all (a settling read, for the CRI store's status and reason), the containers of
+/// `committed` that await the CRI store ([`awaits_cri`]).
 pub fn what_to_read(committed: Option<&PodRecord>, hints: &Hints) -> ToRead {
     if hints.is_empty() {
         let unsettled = committed.into_iter().flat_map(|pod| {
             pod.containers
                 .values()
-                .filter(|c| c.confirmed_by == Store::Task)
+                .filter(|c| awaits_cri(c))
                 .map(|c| c.id.clone())
         });
         return ToRead::Containers(unsettled.collect());

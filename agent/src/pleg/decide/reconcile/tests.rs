@@ -179,7 +179,7 @@ struct Case {
     settings: Settings,
     events: Vec<EventRow>,
     reread: Vec<Why>,
-    /// The pod is to be read once more for the CRI store.
+    /// Its container is to be read once more for the CRI store.
     settles: bool,
 }
 
@@ -200,7 +200,7 @@ fn check(cases: impl IntoIterator<Item = Case>) {
         );
         assert_eq!(rows(&pods), case.events, "{}: events", case.name);
         assert_eq!(whys(&plan), case.reread, "{}: reread", case.name);
-        let settles = plan.settling == [uid("p")];
+        let settles = plan.settling == [id("c")];
         assert_eq!(settles, case.settles, "{}: settling {plan:?}", case.name);
     }
 }
@@ -228,14 +228,14 @@ fn the_runtimes_own_records_answer_unread() {
             settles: true,
         },
         Case {
-            name: "a task start answers a start unread",
+            name: "a task start answers a start unread, and awaits nothing more",
             committed: Some(Created),
             reading: nothing(),
             hints: hints(false, Containerd, &[TaskStarted { at: at(8), pid: 0 }]),
             settings: TASK,
             events: vec![(ContainerStarted, None, TASK_STORE)],
             reread: vec![],
-            settles: true,
+            settles: false,
         },
         Case {
             name: "a deletion answers a removal unread",

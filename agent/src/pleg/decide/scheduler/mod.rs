@@ -1,26 +1,42 @@
-//! When to relist what: turns a stream of [`Trigger`]s into relist batches.
+//! When to read what: turns a stream of [`Trigger`]s into batches, each a read of one target
+//! (a container, a pod, the node) or a try of the runtime's records alone.
 //!
-//! Pure bookkeeping; the driver owns the tasks and the timer. It pushes triggers as they come,
-//! takes one batch from [`RelistScheduler::next_due`] per turn of its loop (the triggers that
-//! came meanwhile first), and sleeps until [`RelistScheduler::next_deadline`] or the next
-//! trigger, whichever comes first.
+//! Pure bookkeeping; the driver owns the reads and the timer. It pushes triggers as they come,
+//! takes every batch [`RelistScheduler::next_due`] hands out (each read runs beside the others),
+//! tells [`RelistScheduler::finished`] when one is done, and sleeps until
+//! [`RelistScheduler::next_deadline`], the next trigger or the next read done.
 //!
-//! - Triggers coalesce per pod (a container trigger whose pod is known counts for its pod), so a
-//!   burst of kernel and stream events about one pod costs one targeted relist.
-//! - A due full relist subsumes every targeted one, and carries their hints along, so the events
-//!   it finds are still credited to the sources that saw them first. When [`BATCH_TARGETS`] or
-//!   more targets are due at once (churn), one full relist serves them all.
-//! - Fresh triggers run before due retries, but a due retry is passed over once at most.
-//! - A kernel trigger waits a short grace while the runtime's own event stream is connected
-//!   (see [`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change
-//!   follows within milliseconds and answers it without a CRI read. It waits by container:
-//!   the runtime's event about another container of the pod does not carry it along.
-//! - A trigger can beat the runtime (containerd's exit event before CRI says exited); the driver
-//!   hands the hints the reading did not reflect back with [`RelistScheduler::retry`], which
-//!   backs off exponentially a bounded number of times per target, whether the relist was
-//!   targeted or full. After that, the periodic full relist is the safety net.
+//! How a hint becomes a read (docs/design.md, "From hints to reads"):
+//! - Triggers coalesce per target: a container's, a pod's, or the node's. A read answers every
+//!   hint pending for its target when it starts; hints that come while it is in flight wait for
+//!   the next one: one read in flight per target, however many triggers came. So the reads a
+//!   busy node costs grow with the containers that change, not with the triggers about them.
+//! - Reads of different containers run side by side (up to [`DEFAULT_READS_IN_FLIGHT`]): one slow
+//!   read (a shim busy with its cleanup) holds up no other. A pod's read (rare: only pod-wide
+//!   triggers ask for one) and the full relist run alone: once one is due, no other read starts,
+//!   and it starts when those in flight are done. A due full relist subsumes every targeted one
+//!   and carries their hints, so the events it finds are still credited to the sources that
+//!   saw them first.
+//! - A target's hints are tried against the runtime's own records at once, even while a read of
+//!   it is in flight ([`Batch::read`] false): an exit containerd's `/tasks/exit` recorded never
+//!   waits on a read.
+//! - A kernel trigger waits a grace while the runtime's own event stream is connected
+//!   ([`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change follows
+//!   and answers it with no read. It waits by container.
+//! - What a reading did not reflect yet is read again ([`RelistScheduler::retry`]). While the
+//!   runtime's event stream answers, the runtime's event about it is awaited, and a read comes
+//!   back only a while later ([`EVENT_RETRY`]); without one, the runtime is read again after a
+//!   short doubling backoff ([`POLL_RETRY`]). Each a bounded number of times; then the periodic
+//!   full relist is the safety net. Neither grows with how busy the node is: a new trigger for
+//!   a target merges with its pending retry instead of adding one.
+//! - A container whose exit only the task service confirmed is read once more for the CRI
+//!   store's status and reason ([`RelistScheduler::settle`]): soon after the runtime deleted its
+//!   task (the store is updated right after), else a while after the exit; twice at most.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 use tracing::debug;
@@ -30,8 +46,8 @@ use crate::{
     pleg::{
         decide::hints::{Hint, Hints},
         model::{
-            record::{ContainerId, PodUid},
-            trigger::{Scope, Trigger, TriggerSource},
+            record::ContainerId,
+            trigger::{ObservationKind, Scope, Trigger, TriggerSource},
         },
     },
 };
@@ -39,87 +55,99 @@ use crate::{
 /// How often a full relist runs when nothing else asks for one (kubelet's `relistPeriod`).
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
 
-/// Default delay between the first retries, while the runtime usually catches up: containerd's
-/// task service records an exit some 5 ms after the kernel saw it, its CRI store some 40 ms.
-pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(5);
-
 /// How long a kernel trigger waits for the runtime's own event while its event stream is
-/// connected: containerd publishes `/tasks/exit` some 1 to 10 ms after the kernel saw the exit
-/// (a few tens under load). Relisting at once would read a CRI store that shows nothing yet
-/// and hold up the relist the runtime's event asks for; past the grace, the kernel's trigger
-/// runs on its own, so a runtime event that never comes costs only this much.
-pub const DEFAULT_KERNEL_GRACE: Duration = Duration::from_millis(25);
+/// connected: containerd publishes `/tasks/exit` some 1 to 10 ms after the kernel saw the exit,
+/// and a hundred or more on a node under churn. Reading at once would read a CRI store that
+/// shows nothing yet, and read it again and again until it did; past the grace, the kernel's
+/// trigger is read on its own, so a runtime event that never comes costs only this much.
+pub const DEFAULT_KERNEL_GRACE: Duration = Duration::from_millis(250);
 
-/// Retries at the base delay before backing off.
-pub const STEADY_RETRIES: u32 = 10;
+/// Reads of different targets in flight at once.
+pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
 
-/// Default number of retries of one targeted relist: [`STEADY_RETRIES`] at the base delay,
-/// then doubling up to [`MAX_RETRY_DELAY`], about 4.3 s in all. A runtime catching up after
-/// its own restart can lag a trigger by seconds; past that, the next full relist catches up.
-pub const DEFAULT_MAX_RETRIES: u32 = 20;
+/// Rereads while the runtime's event stream answers: its event about what the reading did not
+/// show is on its way and merges with the hint (read at once), so the reads that come back on
+/// their own are few and late.
+pub const EVENT_RETRY: Retry = Retry {
+    schedule: Exponential::doubling(Duration::from_millis(500), Duration::from_secs(2)),
+    max: 3,
+};
 
-/// Longest wait between two retries.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Rereads with no runtime event to wait for (eBPF-only mode, the stream down, confirming at
+/// the CRI store): the CRI store shows an exit some 40 ms after the kernel saw it, a few
+/// hundred under load, and seconds while containerd catches up after its own restart; about
+/// 3.3 s in all, then the next full relist catches up.
+pub const POLL_RETRY: Retry = Retry {
+    schedule: Exponential::doubling(Duration::from_millis(10), Duration::from_secs(1)),
+    max: 9,
+};
 
-/// The wait before retry number `attempt + 1`: steady first, then doubling, capped. No
-/// jitter: the scheduler is a pure function of its inputs.
-fn retry_delay(base: Duration, attempt: u32) -> Duration {
-    Exponential {
-        base,
-        cap: MAX_RETRY_DELAY,
-        steady: STEADY_RETRIES,
-    }
-    .delay(attempt)
+/// When a container whose exit only the task service confirmed is read again for the CRI
+/// store's status and reason, counted from when its reading was done: containerd's CRI plugin
+/// updates its store after its cleanup, some 40 ms after the exit on a calm node, a few
+/// hundred under churn ([`SETTLE_AFTER_DELETE`] comes sooner when the runtime says the cleanup
+/// is done). Twice at most; past that, the next full relist.
+pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(300), Duration::from_secs(1)];
+
+/// How soon a settling read comes once the runtime deleted the container's task
+/// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) right after, a few
+/// milliseconds on a calm node, tens under churn (50 ms was too soon for one in three at 16
+/// lifecycles in flight).
+pub const SETTLE_AFTER_DELETE: Duration = Duration::from_millis(100);
+
+/// A bounded backoff of rereads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub schedule: Exponential,
+    /// Rereads before giving up.
+    pub max: u32,
 }
 
 /// Scheduler settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
     pub full_relist_period: Duration,
-    pub retry_base: Duration,
-    pub max_retries: u32,
+    /// Targeted reads in flight at once (at least one).
+    pub reads_in_flight: usize,
+    /// Rereads while the runtime's events answer ([`EVENT_RETRY`]), and while they do not
+    /// ([`POLL_RETRY`]).
+    pub event_retry: Retry,
+    pub poll_retry: Retry,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             full_relist_period: DEFAULT_RELIST_PERIOD,
-            retry_base: DEFAULT_RETRY_BASE,
-            max_retries: DEFAULT_MAX_RETRIES,
+            reads_in_flight: DEFAULT_READS_IN_FLIGHT,
+            event_retry: EVENT_RETRY,
+            poll_retry: POLL_RETRY,
         }
     }
 }
 
-/// Targeted relists due at once from which on one full listing serves them all: a listing
-/// filtered by pod costs the runtime a scan of every container anyway (containerd's CRI store
-/// filters in memory), and under churn one relist at a time per target fell seconds behind.
-pub const BATCH_TARGETS: usize = 3;
-
-/// When a pod whose state only the task layer confirmed is read again, for the CRI store's
-/// status and reason: containerd's CRI plugin updates its store some 40 ms after the exit
-/// (60 ms under load), after its cleanup. Twice at most; past that, the next full relist.
-pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
-
-/// One relist to run now.
+/// One batch to run now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub scope: Scope,
     pub hints: Hints,
     /// The scope must be read even if the runtime's records answer every hint: the periodic
-    /// full relist, or one asked for. A full batch of due targets ([`BATCH_TARGETS`]) is
-    /// read only for what the records leave; the driver says whether it was
-    /// ([`RelistScheduler::full_relisted`]).
+    /// full relist, one asked for, a settling read.
     pub required: bool,
+    /// Whether it may read the runtime: false for a try of the runtime's records alone, for a
+    /// target whose read is in flight. What they leave goes back with
+    /// [`RelistScheduler::untried`], to be read once that read is done. A batch that may read
+    /// holds its target in flight until [`RelistScheduler::finished`].
+    pub read: bool,
     /// Retries so far of each target's hint (absent: none).
     attempts: BTreeMap<Scope, u32>,
-    /// For a settling read ([`RelistScheduler::settle`]): how many settling reads of the pod
-    /// this one makes, from 1.
+    /// For a settling read ([`RelistScheduler::settle`]): how many settling reads of the
+    /// container this one makes, from 1.
     pub settle: Option<u32>,
-    /// Copies of the hints still queued (not due yet, or in their kernel grace) for targets
+    /// Copies of the hints still queued (not due yet, or in their kernel grace) for the target
     /// this batch reads: a change it finds that one of them saw first is credited to its
     /// sources ([`crate::pleg::decide::provenance::credit`]). They stay queued as they were: once
-    /// this batch commits the change, their own relist finds nothing new to announce, and
-    /// what they observed would reach no consumer.
+    /// this batch commits the change, their own turn finds nothing new to announce.
     pub queued: Hints,
 }
 
@@ -130,6 +158,7 @@ impl Batch {
             scope: self.scope.clone(),
             hints,
             required: self.required,
+            read: self.read,
             attempts: self.attempts.clone(),
             settle: self.settle,
             queued: Hints::default(),
@@ -151,6 +180,9 @@ struct Pending {
     /// Retries so far: a fresh trigger merged in resets them.
     retries: u32,
     hint: Hint,
+    /// Tried against the runtime's records while its target was in flight, and left for the
+    /// read after: not tried again until a new trigger merges in.
+    tried: bool,
 }
 
 /// A kernel hint about one container, waiting for the runtime's own event about it.
@@ -158,17 +190,50 @@ struct Pending {
 struct Waiting {
     /// When its grace ends.
     due: Instant,
-    /// Where it goes then: its pod, or the container if no relist has seen it yet.
-    target: Scope,
     hint: Hint,
 }
 
-/// A pod's settling read to come.
+/// A container's settling read to come.
 #[derive(Debug)]
 struct Settling {
     due: Instant,
-    /// Which settling read of the pod it is, from 1.
+    /// Which settling read of the container it is, from 1.
     count: u32,
+}
+
+/// The reads in flight.
+#[derive(Debug, Default)]
+struct InFlight {
+    /// The full relist.
+    full: bool,
+    /// Targets (containers, pods) read.
+    targets: BTreeSet<Scope>,
+}
+
+impl InFlight {
+    fn is_empty(&self) -> bool {
+        !self.full && self.targets.is_empty()
+    }
+
+    /// Whether `target` is being read, by its own read or a full one.
+    fn reads(&self, target: &Scope) -> bool {
+        self.full || self.targets.contains(target)
+    }
+
+    /// Whether a read of `target` can start beside those in flight, `limit` at most.
+    fn admits(&self, target: &Scope, limit: usize) -> bool {
+        match target {
+            Scope::All => self.is_empty(),
+            // A pod's read would race its containers' reads: it runs alone.
+            Scope::Pod(_) => self.is_empty(),
+            Scope::Container(_) => {
+                !self.full
+                    && !self.targets.contains(target)
+                    && !self.targets.iter().any(|t| matches!(t, Scope::Pod(_)))
+                    && self.targets.len() < limit.max(1)
+            }
+        }
+    }
 }
 
 /// Coalesces triggers into batches; see the module doc.
@@ -178,17 +243,19 @@ pub struct RelistScheduler {
     pending: BTreeMap<Scope, Pending>,
     /// Kernel hints in their grace, by container ([`RelistScheduler::set_kernel_grace`]).
     waiting: BTreeMap<ContainerId, Waiting>,
-    /// Pods to read once the CRI store has caught up with the task layer. Apart from
-    /// `pending`: a settling read needs a reading, and merged into a pod's hints it made every
-    /// trigger of the pod read, records or not.
-    settling: BTreeMap<PodUid, Settling>,
+    /// Containers to read once the CRI store has caught up with the task service. Apart from
+    /// `pending`: a settling read needs a reading, and merged into a container's hints it made
+    /// every trigger about it read, records or not.
+    settling: BTreeMap<ContainerId, Settling>,
+    in_flight: InFlight,
     /// Start of the last full relist handed out; `None` before the first.
     last_full: Option<Instant>,
     /// When the next periodic full relist is due.
     periodic_due: Instant,
     /// Earliest full relist asked for out of period (sign of loss), if any.
     full_requested: Option<Instant>,
-    /// How long a kernel trigger waits for the runtime's own event (zero: not at all).
+    /// How long a kernel trigger waits for the runtime's own event (zero: not at all, and no
+    /// runtime event answers a reread either).
     kernel_grace: Duration,
     /// A due retry was passed over for a fresh trigger: the next turn is a retry's.
     retry_passed_over: bool,
@@ -202,6 +269,7 @@ impl RelistScheduler {
             pending: BTreeMap::new(),
             waiting: BTreeMap::new(),
             settling: BTreeMap::new(),
+            in_flight: InFlight::default(),
             last_full: None,
             periodic_due: now,
             full_requested: None,
@@ -210,14 +278,8 @@ impl RelistScheduler {
         }
     }
 
-    /// Queues a trigger, due at `now`. `pod_of` maps a container to its pod when a relist has
-    /// seen it, so container triggers coalesce with the rest of their pod's.
-    pub fn push(
-        &mut self,
-        trigger: Trigger,
-        now: Instant,
-        pod_of: impl FnOnce(&ContainerId) -> Option<PodUid>,
-    ) {
+    /// Queues a trigger, due at `now`.
+    pub fn push(&mut self, trigger: Trigger, now: Instant) {
         let Trigger {
             scope,
             source,
@@ -237,18 +299,15 @@ impl RelistScheduler {
                 (Scope::Pod(uid), None, Vec::new())
             }
             Scope::Container(id) => {
+                self.hurry_settling(&id, &observations, now);
                 let observations = observations.into_iter().map(|o| (id.clone(), o)).collect();
-                let target = match pod_of(&id) {
-                    Some(uid) => Scope::Pod(uid),
-                    None => Scope::Container(id.clone()),
-                };
-                (target, Some(id), observations)
+                (Scope::Container(id.clone()), Some(id), observations)
             }
         };
         let hint = Hint::seen(source, observed_at, observations);
         if source != TriggerSource::Ebpf {
             // The runtime's own event: the kernel's hints it answers ride along.
-            for waited in self.answered_waits(&target, container.as_ref()) {
+            if let Some(waited) = container.as_ref().and_then(|id| self.waiting.remove(id)) {
                 self.enqueue(target.clone(), waited.hint, now, 0);
             }
             self.enqueue(target, hint, now, 0);
@@ -256,50 +315,39 @@ impl RelistScheduler {
         }
         let due = now + self.kernel_grace;
         match container {
-            Some(id) if !self.kernel_grace.is_zero() => self.wait(id, target, hint, due),
+            Some(id) if !self.kernel_grace.is_zero() => self.wait(id, hint, due),
             _ => self.enqueue(target, hint, due, 0),
         }
     }
 
-    /// Holds a kernel hint about `container` for its grace, apart from `pending`: merged into
-    /// its pod's pending relist, the runtime's event about another container of the pod (a
-    /// start beside a death) ran it at once, before containerd had recorded the death, and
-    /// the read found nothing and was retried (churn bench: a quarter more runtime calls).
-    fn wait(&mut self, container: ContainerId, target: Scope, hint: Hint, due: Instant) {
+    /// The runtime deleted the container's task: its CRI store is written right after, so its
+    /// settling read comes soon. (The kernel's cgroup removal comes earlier, in the middle of
+    /// the runtime's cleanup: too soon.)
+    fn hurry_settling(
+        &mut self,
+        id: &ContainerId,
+        observations: &[crate::pleg::model::trigger::Observation],
+        now: Instant,
+    ) {
+        let deleted = observations
+            .iter()
+            .any(|o| o.kind == ObservationKind::TaskDeleted);
+        if let Some(settling) = self.settling.get_mut(id).filter(|_| deleted) {
+            settling.due = settling.due.min(now + SETTLE_AFTER_DELETE);
+        }
+    }
+
+    /// Holds a kernel hint about `container` for its grace, apart from `pending`.
+    fn wait(&mut self, container: ContainerId, hint: Hint, due: Instant) {
         match self.waiting.get_mut(&container) {
             Some(waiting) => {
                 waiting.hint.merge(hint);
                 waiting.due = waiting.due.min(due);
-                waiting.target = target;
             }
             None => {
-                self.waiting
-                    .insert(container, Waiting { due, target, hint });
+                self.waiting.insert(container, Waiting { due, hint });
             }
         }
-    }
-
-    /// The kernel hints waiting for a runtime event about `container` (a container's event),
-    /// or about any container of `target` (a pod's event), taken out.
-    fn answered_waits(&mut self, target: &Scope, container: Option<&ContainerId>) -> Vec<Waiting> {
-        let answered: Vec<ContainerId> = match container {
-            Some(id) => self
-                .waiting
-                .contains_key(id)
-                .then(|| id.clone())
-                .into_iter()
-                .collect(),
-            None => self
-                .waiting
-                .iter()
-                .filter(|(_, w)| w.target == *target)
-                .map(|(id, _)| id.clone())
-                .collect(),
-        };
-        answered
-            .iter()
-            .filter_map(|id| self.waiting.remove(id))
-            .collect()
     }
 
     /// Moves the kernel hints whose grace ended by `now` (all of them: `None`) to `pending`.
@@ -311,16 +359,17 @@ impl RelistScheduler {
             .map(|(id, _)| id.clone())
             .collect();
         for id in ended {
-            if let Some(Waiting { due, target, hint }) = self.waiting.remove(&id) {
-                self.enqueue(target, hint, due, 0);
+            if let Some(Waiting { due, hint }) = self.waiting.remove(&id) {
+                self.enqueue(Scope::Container(id), hint, due, 0);
             }
         }
     }
 
     /// Makes kernel triggers from now on wait `grace` for the runtime's own event before their
-    /// relist ([`DEFAULT_KERNEL_GRACE`] while the runtime's event stream is connected, zero
-    /// otherwise). A runtime event for the same pod merges with the waiting trigger and runs
-    /// at once.
+    /// read ([`DEFAULT_KERNEL_GRACE`] while the runtime's event stream is connected and its
+    /// task events confirm, zero otherwise). It also says how rereads back off: a grace means
+    /// the runtime's events answer them ([`EVENT_RETRY`]), none that only a reading does
+    /// ([`POLL_RETRY`]).
     pub fn set_kernel_grace(&mut self, grace: Duration) {
         self.kernel_grace = grace;
     }
@@ -344,59 +393,84 @@ impl RelistScheduler {
         self.full_deadline() <= now
     }
 
-    /// The next relist due at `now`, if any: a full relist (carrying every pending hint) first,
-    /// else the targeted relist due the earliest.
+    /// The next batch due at `now`, if any: a try of the records for a target in flight first,
+    /// then a full relist (carrying every pending hint) once nothing else is in flight, else a
+    /// read of the target due the earliest that can start beside those in flight.
     pub fn next_due(&mut self, now: Instant) -> Option<Batch> {
         let mut batch = self.next_batch(now)?;
+        if batch.read {
+            match &batch.scope {
+                Scope::All => self.in_flight.full = true,
+                target => {
+                    self.in_flight.targets.insert(target.clone());
+                }
+            }
+        }
         batch.queued = self.queued(&batch.scope);
         Some(batch)
     }
 
+    /// The read of `scope` (a batch handed out to read) is done: its target can be read again.
+    pub fn finished(&mut self, scope: &Scope) {
+        match scope {
+            Scope::All => self.in_flight.full = false,
+            target => {
+                self.in_flight.targets.remove(target);
+            }
+        }
+    }
+
+    /// Every read in flight was cut short (a stop): none holds its target any more.
+    pub fn cut_short(&mut self) {
+        self.in_flight = InFlight::default();
+    }
+
     /// The hints queued for targets `scope` covers, copied (see [`Batch::queued`]).
-    fn queued(&self, scope: &Scope) -> Hints {
-        let covered = |target: &Scope| match (scope, target) {
-            (Scope::All, _) => true,
-            (Scope::Pod(uid), Scope::Pod(of)) => uid == of,
-            (Scope::Container(id), Scope::Container(of)) => id == of,
-            _ => false,
-        };
-        let queued = self.pending.iter().map(|(target, p)| (target, &p.hint));
-        let waiting = self.waiting.values().map(|w| (&w.target, &w.hint));
+    pub fn queued(&self, scope: &Scope) -> Hints {
+        let covered = |target: &Scope| scope == &Scope::All || scope == target;
+        let queued = self
+            .pending
+            .iter()
+            .map(|(target, p)| (target.clone(), &p.hint));
+        let waiting = self
+            .waiting
+            .iter()
+            .map(|(id, w)| (Scope::Container(id.clone()), &w.hint));
         queued
             .chain(waiting)
             .filter(|(target, _)| covered(target))
-            .map(|(target, hint)| (target.clone(), hint.clone()))
+            .map(|(target, hint)| (target, hint.clone()))
             .collect()
     }
 
     fn next_batch(&mut self, now: Instant) -> Option<Batch> {
+        if let Some(tried) = self.next_records_try(now) {
+            return Some(tried);
+        }
         if self.full_relist_due(now) {
+            if !self.in_flight.admits(&Scope::All, 0) {
+                // It starts once the reads in flight are done; none starts before it.
+                return None;
+            }
             // The node is read whole: the kernel's hints still waiting are read with it.
             self.end_waits(None);
             let every: Vec<Scope> = self.pending.keys().cloned().collect();
             self.full_relisted(now);
-            return Some(self.full_batch(every, true));
+            return Some(self.full_batch(every));
         }
         self.end_waits(Some(now));
-        let due: Vec<Scope> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.due <= now)
-            .map(|(target, _)| target.clone())
-            .collect();
-        if due.len() >= BATCH_TARGETS {
-            return Some(self.full_batch(due, false));
-        }
         // Fresh triggers before retries, each in due order: a retry waits on a runtime that
-        // lags, a fresh trigger is news. Under churn, the due retries of many targets otherwise
-        // keep a new trigger waiting behind them for as long as a short-lived container lives.
-        // But a due retry is passed over once at most: the kernel's hints come in a steady
-        // stream under churn, and a retry starved behind them for a second (a death the CRI
-        // store had not shown yet) read a container already removed, its exit code gone.
+        // lags, a fresh trigger is news. But a due retry is passed over once at most: the
+        // kernel's hints come in a steady stream under churn, and a retry starved behind them
+        // for a second (a death the CRI store had not shown yet) read a container already
+        // removed, its exit code gone.
+        let limit = self.config.reads_in_flight;
         let earliest = |retry: bool| {
             self.pending
                 .iter()
-                .filter(|(_, p)| p.due <= now && (p.retries > 0) == retry)
+                .filter(|(target, p)| {
+                    p.due <= now && (p.retries > 0) == retry && self.in_flight.admits(target, limit)
+                })
                 .min_by_key(|(_, p)| p.due)
                 .map(|(target, _)| target.clone())
         };
@@ -414,32 +488,56 @@ impl RelistScheduler {
             self.retry_passed_over = false;
         }
         let pending = self.pending.remove(&target)?;
+        Some(Self::one(target, pending, true))
+    }
+
+    /// A due hint whose target is being read, not tried against the records yet.
+    fn next_records_try(&mut self, now: Instant) -> Option<Batch> {
+        let target = self
+            .pending
+            .iter()
+            .find(|(target, p)| p.due <= now && !p.tried && self.in_flight.reads(target))
+            .map(|(target, _)| target.clone())?;
+        let pending = self.pending.remove(&target)?;
+        Some(Self::one(target, pending, false))
+    }
+
+    /// A batch of one target's pending hint.
+    fn one(target: Scope, pending: Pending, read: bool) -> Batch {
         let mut hints = Hints::default();
-        let scope = target.clone();
         hints.insert(target.clone(), pending.hint);
-        Some(Batch {
-            scope,
+        Batch {
+            scope: target.clone(),
             hints,
             required: false,
+            read,
             attempts: BTreeMap::from([(target, pending.retries)]),
             settle: None,
             queued: Hints::default(),
-        })
+        }
     }
 
-    /// The settling read due the earliest at `now`, if any: after every trigger and retry.
+    /// The settling read due the earliest at `now` that can start, if any: after every trigger
+    /// and retry.
     fn next_settling(&mut self, now: Instant) -> Option<Batch> {
-        let (uid, _) = self
+        let limit = self.config.reads_in_flight;
+        let id = self
             .settling
             .iter()
-            .filter(|(_, s)| s.due <= now)
-            .min_by_key(|(_, s)| s.due)?;
-        let uid = uid.clone();
-        let settling = self.settling.remove(&uid)?;
+            .filter(|(id, s)| {
+                s.due <= now
+                    && self
+                        .in_flight
+                        .admits(&Scope::Container((*id).clone()), limit)
+            })
+            .min_by_key(|(_, s)| s.due)
+            .map(|(id, _)| id.clone())?;
+        let settling = self.settling.remove(&id)?;
         Some(Batch {
-            scope: Scope::Pod(uid),
+            scope: Scope::Container(id),
             hints: Hints::default(),
             required: true,
+            read: true,
             attempts: BTreeMap::new(),
             settle: Some(settling.count),
             queued: Hints::default(),
@@ -454,7 +552,7 @@ impl RelistScheduler {
     }
 
     /// A full relist carrying the hints of `targets` (each with its retries so far).
-    fn full_batch(&mut self, targets: Vec<Scope>, required: bool) -> Batch {
+    fn full_batch(&mut self, targets: Vec<Scope>) -> Batch {
         let mut hints = Hints::default();
         let mut attempts = BTreeMap::new();
         for target in targets {
@@ -466,39 +564,57 @@ impl RelistScheduler {
         Batch {
             scope: Scope::All,
             hints,
-            required,
+            required: true,
+            read: true,
             attempts,
             settle: None,
             queued: Hints::default(),
         }
     }
 
-    /// When [`Self::next_due`] will next have something (the next full relist at the latest).
-    pub fn next_deadline(&self) -> Instant {
-        self.pending
-            .values()
-            .map(|p| p.due)
-            .chain(self.waiting.values().map(|w| w.due))
-            .chain(self.settling.values().map(|s| s.due))
-            .fold(self.full_deadline(), Instant::min)
+    /// When [`Self::next_due`] will next have something (the next full relist at the latest),
+    /// or `None` until a read in flight is done: what cannot start before is left out, and
+    /// that read's end wakes the driver.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let limit = self.config.reads_in_flight;
+        let full_waits = !self.in_flight.admits(&Scope::All, 0);
+        let startable = |target: &Scope| !full_waits && self.in_flight.admits(target, limit);
+        let pending = self.pending.iter().filter_map(|(target, p)| {
+            let tried_now = !p.tried && self.in_flight.reads(target);
+            (tried_now || startable(target)).then_some(p.due)
+        });
+        let waiting = self.waiting.values().map(|w| w.due);
+        let settling = self
+            .settling
+            .iter()
+            .filter(|(id, _)| startable(&Scope::Container((*id).clone())))
+            .map(|(_, s)| s.due);
+        let full = (!full_waits).then(|| self.full_deadline());
+        pending.chain(waiting).chain(settling).chain(full).min()
     }
 
     /// Requeues the hints of a batch (full or targeted) the runtime did not reflect yet, each
-    /// target after its own exponential backoff; new triggers for the same target merge with
-    /// it. Targets whose retries are spent are handed back.
+    /// target after its own backoff ([`EVENT_RETRY`] while the runtime's events answer,
+    /// [`POLL_RETRY`] otherwise); new triggers for the same target merge with it. Targets whose
+    /// retries are spent are handed back.
     pub fn retry(&mut self, batch: Batch, now: Instant) -> Result<(), Exhausted> {
+        let policy = if self.kernel_grace.is_zero() {
+            self.config.poll_retry
+        } else {
+            self.config.event_retry
+        };
         let mut exhausted = Exhausted {
             attempts: 0,
             hints: Hints::default(),
         };
         for (target, hint) in batch.hints {
             let retries = batch.attempts.get(&target).copied().unwrap_or_default();
-            if retries >= self.config.max_retries {
+            if retries >= policy.max {
                 exhausted.attempts = exhausted.attempts.max(retries);
                 exhausted.hints.insert(target, hint);
                 continue;
             }
-            let delay = retry_delay(self.config.retry_base, retries);
+            let delay = policy.schedule.delay(retries);
             self.enqueue(target, hint, now + delay, retries + 1);
         }
         if exhausted.hints.is_empty() {
@@ -508,11 +624,24 @@ impl RelistScheduler {
         }
     }
 
-    /// Queues a read of pod `uid` for the CRI store's status and reason once it has caught
-    /// up with the task layer ([`SETTLE_DELAYS`]); `batch` found it still behind. One already
-    /// queued stands. Past the last delay the next full relist reads it: `false`.
-    pub fn settle(&mut self, batch: &Batch, uid: PodUid, now: Instant) -> bool {
-        if self.settling.contains_key(&uid) {
+    /// Puts back what a try of the records alone ([`Batch::read`] false) left: due as it was,
+    /// read once the read in flight of its target is done.
+    pub fn untried(&mut self, batch: Batch, now: Instant) {
+        for (target, hint) in batch.hints {
+            let retries = batch.attempts.get(&target).copied().unwrap_or_default();
+            let tried = !self.pending.contains_key(&target);
+            self.enqueue(target.clone(), hint, now, retries);
+            if let Some(pending) = self.pending.get_mut(&target) {
+                pending.tried = tried;
+            }
+        }
+    }
+
+    /// Queues a read of container `id` for the CRI store's status and reason once it has
+    /// caught up with the task service ([`SETTLE_DELAYS`]); `batch` found it still behind. One
+    /// already queued stands. Past the last delay the next full relist reads it: `false`.
+    pub fn settle(&mut self, batch: &Batch, id: ContainerId, now: Instant) -> bool {
+        if self.settling.contains_key(&id) {
             return true;
         }
         let done = batch.settle.unwrap_or(0);
@@ -521,7 +650,7 @@ impl RelistScheduler {
         };
         let count = done + 1;
         self.settling.insert(
-            uid,
+            id,
             Settling {
                 due: now + *delay,
                 count,
@@ -530,9 +659,10 @@ impl RelistScheduler {
         true
     }
 
-    /// A reading of pod `uid` found its CRI store caught up: no settling read is needed.
-    pub fn settled(&mut self, uid: &PodUid) {
-        self.settling.remove(uid);
+    /// A reading found container `id`'s CRI store caught up (or the container gone): no
+    /// settling read is needed.
+    pub fn settled(&mut self, id: &ContainerId) {
+        self.settling.remove(id);
     }
 
     fn enqueue(&mut self, target: Scope, hint: Hint, due: Instant, retries: u32) {
@@ -543,9 +673,18 @@ impl RelistScheduler {
                 // A new trigger for a target whose older hint is still being read again must
                 // not inherit that hint's spent budget.
                 pending.retries = pending.retries.min(retries);
+                pending.tried = false;
             }
             None => {
-                self.pending.insert(target, Pending { due, retries, hint });
+                self.pending.insert(
+                    target,
+                    Pending {
+                        due,
+                        retries,
+                        hint,
+                        tried: false,
+                    },
+                );
             }
         }
     }

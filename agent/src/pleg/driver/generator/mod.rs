@@ -1,13 +1,14 @@
-//! The generator loop: feeds triggers from every source to the scheduler and runs the relists
-//! it hands out, one at a time, until shut down (kubelet's `GenericPLEG.Start` + `Relist`
-//! ticker, with targeted relists beside the periodic one).
+//! The generator loop: feeds triggers from every source to the scheduler and runs the batches
+//! it hands out until shut down (kubelet's `GenericPLEG.Start` + `Relist` ticker, with
+//! targeted reads beside the periodic full relist). What a batch decides on what is known
+//! (the runtime's records) is carried out at once; what it reads runs beside the other reads,
+//! polled here, and is decided on when it is done, one at a time: the loop never waits on a
+//! read while a trigger, another read's end or a deadline is due.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use tokio::{
-    sync::{mpsc, watch},
-    time::Instant,
-};
+use futures::{StreamExt as _, stream::FuturesUnordered};
+use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
 
@@ -15,12 +16,12 @@ use crate::{
     base::metrics::Metrics,
     pleg::{
         decide::{
-            hints::{Hint, Hints},
+            hints::Hints,
             reconcile::Reread,
             scheduler::{Batch, Exhausted, RelistScheduler},
         },
         driver::{
-            relist::{Read, RelistError, RelistOutcome, Relister},
+            relist::{Begun, Finished, Read, ReadDone, RelistError, RelistOutcome, Relister},
             triggers::TriggerReceiver,
         },
         model::{
@@ -68,7 +69,8 @@ pub fn tuning(period: Duration) -> (Tuning, Tuned) {
 }
 
 /// What a stopped generator hands back: the relister, whose reading is saved, and the hints of
-/// every trigger not relisted yet, for the last relist before saving.
+/// every trigger not relisted yet (those of the reads cut short included), for the last relist
+/// before saving.
 pub struct Stopped<R> {
     pub relister: Relister<R>,
     pub pending: Hints,
@@ -83,16 +85,34 @@ pub struct Generator<R> {
     pub metrics: Metrics,
 }
 
+/// A read in flight: the batch it serves and the read itself.
+type Reading = Pin<Box<dyn Future<Output = (u64, Batch, ReadDone)> + Send>>;
+
+/// The reads in flight, and the hints each carries (for a stop that cuts them short).
+#[derive(Default)]
+struct InFlight {
+    reads: FuturesUnordered<Reading>,
+    hints: BTreeMap<u64, Hints>,
+    next: u64,
+}
+
+impl InFlight {
+    fn push(&mut self, batch: Batch, read: impl Future<Output = ReadDone> + Send + 'static) {
+        let id = self.next;
+        self.next += 1;
+        self.hints.insert(id, batch.hints.clone());
+        self.reads
+            .push(Box::pin(async move { (id, batch, read.await) }));
+    }
+}
+
 impl<R: Runtime> Generator<R> {
-    /// Runs relists until `shutdown` is cancelled, then hands the relister back with the
-    /// triggers still pending ([`Stopped`]). Every event is handed to the relister's sink,
-    /// which never blocks: no consumer can stall the relists or make them spin.
+    /// Runs until `shutdown` is cancelled, then hands the relister back with the triggers
+    /// still pending ([`Stopped`]). Every event is handed to the relister's sink, which never
+    /// blocks: no consumer can stall the relists or make them spin.
     pub async fn run(mut self, shutdown: CancellationToken) -> Stopped<R> {
+        let mut in_flight = InFlight::default();
         while !shutdown.is_cancelled() {
-            // One relist per turn of the loop, after the triggers that came meanwhile: under
-            // churn many relists are due at once (retries of hints the runtime has not caught
-            // up with), and draining them all first kept fresh triggers waiting in the channel
-            // for up to a second, past the lives of short containers.
             while let Ok(trigger) = self.triggers.triggers.try_recv() {
                 self.accept(trigger);
             }
@@ -100,30 +120,26 @@ impl<R: Runtime> Generator<R> {
             // ticks, and a sleep until a deadline already past waited for the next one (half a
             // millisecond on average between containerd's `/tasks/exit` and the event).
             let now = Instant::now();
-            if self.scheduler.next_deadline() <= now
-                && let Some(batch) = self.scheduler.next_due(now)
-            {
-                self.run_batch(batch, now).await;
-                continue;
+            while let Some(batch) = self.scheduler.next_due(now) {
+                self.begin(batch, &mut in_flight);
             }
-            if !self.wait(&shutdown).await {
+            if !self.wait(&shutdown, &mut in_flight).await {
                 break;
             }
         }
-        self.stopped()
+        self.stopped(in_flight)
     }
 
     /// Hands a trigger to the scheduler.
     fn accept(&mut self, trigger: Trigger) {
         trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
         self.metrics.trigger(trigger.source.name());
-        let relister = &self.relister;
-        self.scheduler
-            .push(trigger, Instant::now(), |c| relister.pod_of(c));
+        self.scheduler.push(trigger, Instant::now());
     }
 
-    /// Waits for the next trigger, deadline or change of tuning; `false` at shutdown.
-    async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+    /// Waits for the next trigger, read done, deadline or change of tuning; `false` at
+    /// shutdown.
+    async fn wait(&mut self, shutdown: &CancellationToken, in_flight: &mut InFlight) -> bool {
         let deadline = self.scheduler.next_deadline();
         let Tuned {
             period,
@@ -133,6 +149,10 @@ impl<R: Runtime> Generator<R> {
             biased;
             () = shutdown.cancelled() => return false,
             Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
+            Some((id, batch, done)) = in_flight.reads.next(), if !in_flight.reads.is_empty() => {
+                in_flight.hints.remove(&id);
+                self.finish(batch, done, in_flight);
+            }
             () = self.triggers.full_relist.notified() => {
                 self.scheduler.request_full_relist(Instant::now());
             }
@@ -149,76 +169,81 @@ impl<R: Runtime> Generator<R> {
                 // need not be waited for long.
                 self.relister.set_runtime_events(!grace.is_zero());
             }
-            () = tokio::time::sleep_until(deadline) => {}
+            () = sleep_until(deadline) => {}
         }
         true
     }
 
-    /// Runs one relist due at `now`, feeds its outcome back to the scheduler, then the
-    /// triggers that came while it ran.
-    async fn run_batch(&mut self, batch: Batch, now: Instant) {
-        let mut arrivals = Arrivals {
-            channel: &mut self.triggers.triggers,
-            taken: Vec::new(),
-        };
-        let started = Instant::now();
-        let queued = || arrivals.with_queued(&batch.queued);
-        let result = self
-            .relister
-            .relist_crediting(&batch.scope, &batch.hints, queued, batch.required)
-            .await;
-        let taken = std::mem::take(&mut arrivals.taken);
-        let answered = self.count(&batch, &result, started);
-        let retry = self.follow_up(&batch, result);
-        if !retry.is_empty()
-            && let Err(exhausted) = self
-                .scheduler
-                .retry(batch.with_hints(retry), Instant::now())
-        {
-            self.report_unconfirmed(&exhausted);
-        }
-        for trigger in taken {
-            self.accept(trigger);
-        }
-        if answered {
-            self.triggers.runtime_answered(now);
+    /// Begins a batch: what the runtime's records answer at once, what is left read beside the
+    /// other reads (or, for a try of the records alone, handed back to wait for its read).
+    fn begin(&mut self, batch: Batch, in_flight: &mut InFlight) {
+        let begun = self.relister.begin(
+            &batch.scope,
+            &batch.hints,
+            &batch.queued,
+            batch.required,
+            batch.read,
+        );
+        match begun {
+            Begun::Answered(outcome) => {
+                if batch.read {
+                    self.scheduler.finished(&batch.scope);
+                }
+                self.metrics.answered_by_records();
+                self.end(&batch, Ok(outcome));
+            }
+            Begun::Left { outcome, left } => {
+                self.end(&batch, Ok(outcome));
+                self.scheduler
+                    .untried(batch.with_hints(left), Instant::now());
+            }
+            Begun::Read(job) => {
+                in_flight.push(batch, job.run(Arc::clone(self.relister.runtime())));
+            }
         }
     }
 
-    /// Counts a relist in the metrics, tells the scheduler of a full one; returns whether it
-    /// read the runtime, answered.
+    /// Ends a read: the relister decides on what it found (or plans its next step: the pods a
+    /// listing showed moved on), and the scheduler hears how it went.
+    fn finish(&mut self, batch: Batch, done: ReadDone, in_flight: &mut InFlight) {
+        let started = done.job.started();
+        let queued = self.scheduler.queued(&batch.scope);
+        match self.relister.finish(done, &queued) {
+            Finished::More(job) => {
+                in_flight.push(batch, job.run(Arc::clone(self.relister.runtime())));
+            }
+            Finished::Done(result) => {
+                self.scheduler.finished(&batch.scope);
+                let answered = self.count(&batch, &result, started);
+                self.end(&batch, result);
+                if answered {
+                    self.triggers.runtime_answered(started);
+                }
+            }
+        }
+    }
+
+    /// Counts a read in the metrics; returns whether it read the runtime, answered.
     fn count(
-        &mut self,
+        &self,
         batch: &Batch,
         result: &Result<RelistOutcome, RelistError>,
         started: Instant,
     ) -> bool {
-        let read = match result {
-            Ok(outcome) => outcome.read,
-            Err(_) if batch.scope == Scope::All => Read::Full,
-            Err(_) => Read::Targeted,
+        let full = match result {
+            Ok(outcome) => outcome.read == Read::Full,
+            Err(_) => batch.scope == Scope::All,
         };
-        match read {
-            Read::Nothing => self.metrics.answered_by_records(),
-            read => self.metrics.relisted(
-                read == Read::Full,
-                started.into_std(),
-                started.elapsed(),
-                result.is_ok(),
-            ),
-        }
-        if read == Read::Full && !batch.required {
-            self.scheduler.full_relisted(started);
-        }
-        read != Read::Nothing
-            && result
-                .as_ref()
-                .is_ok_and(|outcome| outcome.failed_inspections == 0)
+        self.metrics
+            .relisted(full, started.into_std(), started.elapsed(), result.is_ok());
+        result
+            .as_ref()
+            .is_ok_and(|outcome| outcome.failed_inspections == 0)
     }
 
-    /// Hands a relist's outcome to the scheduler: which pods settled, which still await the
-    /// CRI store; returns the hints to retry.
-    fn follow_up(&mut self, batch: &Batch, result: Result<RelistOutcome, RelistError>) -> Hints {
+    /// Hands a batch's outcome to the scheduler: which containers settled, which still await
+    /// the CRI store, and what to read again.
+    fn end(&mut self, batch: &Batch, result: Result<RelistOutcome, RelistError>) {
         let now = Instant::now();
         let outcome = match result {
             Ok(outcome) => outcome,
@@ -231,24 +256,34 @@ impl<R: Runtime> Generator<R> {
                 warn!(scope = ?batch.scope, %error, "relist failed");
                 self.scheduler
                     .request_full_relist(now + FULL_RELIST_AFTER_ERROR);
-                return batch.hints.clone();
+                self.retry(batch.with_hints(batch.hints.clone()), now);
+                return;
             }
         };
-        for uid in &outcome.inspected {
-            if !outcome.settling.contains(uid) {
-                self.scheduler.settled(uid);
+        for id in &outcome.read_containers {
+            if !outcome.settling.contains(id) {
+                self.scheduler.settled(id);
             }
         }
-        for uid in outcome.settling {
-            if !self.scheduler.settle(batch, uid.clone(), now) {
-                debug!(pod = %uid, "the CRI store still lags the task service; the next full relist reads it");
+        for id in outcome.settling {
+            if !self.scheduler.settle(batch, id.clone(), now) {
+                debug!(container = %id, "the CRI store still lags the task service; the next full relist reads it");
             }
         }
-        outcome
+        let reread: Hints = outcome
             .reread
             .into_iter()
             .map(|Reread { scope, hint, .. }| (scope, hint))
-            .collect()
+            .collect();
+        if batch.read && !reread.is_empty() {
+            self.retry(batch.with_hints(reread), now);
+        }
+    }
+
+    fn retry(&mut self, batch: Batch, now: Instant) {
+        if let Err(exhausted) = self.scheduler.retry(batch, now) {
+            self.report_unconfirmed(&exhausted);
+        }
     }
 
     /// Never silent: a hint the runtime never confirmed is either a source's false alarm or a
@@ -275,20 +310,26 @@ impl<R: Runtime> Generator<R> {
     }
 
     /// What the generator hands back: with the relister, whatever was seen and not relisted
-    /// yet (the triggers still in the channel and those the scheduler holds) as one full
-    /// relist's hints.
-    fn stopped(mut self) -> Stopped<R> {
+    /// yet (the triggers still in the channel, those the scheduler holds and those of the reads
+    /// cut short) as one full relist's hints.
+    fn stopped(mut self, in_flight: InFlight) -> Stopped<R> {
         let now = Instant::now();
         while let Ok(trigger) = self.triggers.triggers.try_recv() {
-            let relister = &self.relister;
-            self.scheduler.push(trigger, now, |c| relister.pod_of(c));
+            self.scheduler.push(trigger, now);
         }
+        let mut pending = Hints::default();
+        for hints in in_flight.hints.into_values() {
+            for (scope, hint) in hints.iter() {
+                pending.insert(scope.clone(), hint.clone());
+            }
+        }
+        self.scheduler.cut_short();
         self.scheduler.request_full_relist(now);
-        let pending = self
-            .scheduler
-            .next_due(now)
-            .map(|batch| batch.hints)
-            .unwrap_or_default();
+        if let Some(batch) = self.scheduler.next_due(now) {
+            for (scope, hint) in batch.hints.iter() {
+                pending.insert(scope.clone(), hint.clone());
+            }
+        }
         debug!(pending = pending.scopes().count(), "generator stopped");
         Stopped {
             relister: self.relister,
@@ -297,38 +338,11 @@ impl<R: Runtime> Generator<R> {
     }
 }
 
-/// The triggers that came while a relist ran, taken from the channel as the relist asks for
-/// the queued hints, and handed to the scheduler after it. A kill -9'd container's death was
-/// published as the relist's own, with no kernel observation, by a relist (a settling read)
-/// that began just before the kernel's trigger came and read the death the trigger was about.
-struct Arrivals<'a> {
-    channel: &'a mut mpsc::Receiver<Trigger>,
-    taken: Vec<Trigger>,
-}
-
-impl Arrivals<'_> {
-    /// `queued` (the batch's) and what every trigger taken so far saw of a container.
-    fn with_queued(&mut self, queued: &Hints) -> Hints {
-        while let Ok(trigger) = self.channel.try_recv() {
-            self.taken.push(trigger);
-        }
-        let seen = self.taken.iter().filter_map(|trigger| {
-            let Scope::Container(id) = &trigger.scope else {
-                return None;
-            };
-            let observations = trigger
-                .observations
-                .iter()
-                .map(|o| (id.clone(), o.clone()))
-                .collect();
-            let hint = Hint::seen(trigger.source, trigger.observed_at, observations);
-            Some((Scope::Container(id.clone()), hint))
-        });
-        queued
-            .iter()
-            .map(|(scope, hint)| (scope.clone(), hint.clone()))
-            .chain(seen)
-            .collect()
+/// Sleeps until `deadline`; forever without one (a read's end wakes the loop).
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

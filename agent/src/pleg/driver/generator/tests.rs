@@ -1,9 +1,11 @@
 use std::{sync::Arc, time::SystemTime};
 
+use tokio::sync::mpsc;
+
 use super::*;
 use crate::{
     pleg::{
-        decide::scheduler::{DEFAULT_MAX_RETRIES, SchedulerConfig},
+        decide::scheduler::{POLL_RETRY, SchedulerConfig},
         driver::{
             relist::RelistConfig,
             sink::Notices,
@@ -213,7 +215,7 @@ async fn triggers_not_relisted_at_the_stop_are_handed_back() {
     let stopped = h.task.await.unwrap();
     assert_eq!(
         stopped.pending.scopes().collect::<Vec<_>>(),
-        [&Scope::Pod(PodUid("p".into()))]
+        [&Scope::Container(ContainerId("c".into()))]
     );
 
     let h = start(Duration::from_secs(3600));
@@ -284,10 +286,10 @@ async fn a_hint_the_runtime_never_confirms_is_retried_then_counted() {
         }],
         ..trigger("c")
     });
-    // Well past the whole retry budget (about 4.5 s), in paused time.
+    // Well past the whole retry budget (about 3.3 s), in paused time.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let retries = h.runtime.read_calls().len() - reads_before;
-    assert_eq!(retries, 1 + DEFAULT_MAX_RETRIES as usize);
+    assert_eq!(retries, 1 + POLL_RETRY.max as usize);
     assert!(
         h.metrics.encode().contains(counted),
         "{}",

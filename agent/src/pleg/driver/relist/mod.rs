@@ -14,12 +14,11 @@
 
 use std::{
     cmp::Ordering,
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
-use futures::{StreamExt as _, stream};
 use tokio::time::Instant;
 use tracing::{debug, info, trace, warn};
 
@@ -29,22 +28,24 @@ use crate::pleg::{
         hints::Hints,
         provenance,
         reconcile::{
-            Act, Covers, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, ToRead,
+            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, ToRead,
             inspection_needed, reconcile, tasks_to_read, unanswered, what_to_read,
         },
     },
     driver::sink::EventSink,
     model::{
         event::PodLifecycleEvent,
-        record::{
-            ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store,
-            TaskRecords,
-        },
-        runtime::{ContainerRead, Runtime, RuntimeError},
+        record::{ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store},
+        runtime::{Runtime, RuntimeError},
         trigger::Scope,
     },
     shared::{cache::PodCache, health::Health},
 };
+
+mod read;
+
+use read::{Found, Step};
+pub use read::{ReadDone, ReadJob};
 
 /// Default number of pod inspections in flight at once.
 pub const DEFAULT_INSPECT_CONCURRENCY: usize = 8;
@@ -137,16 +138,16 @@ pub struct RelistOutcome {
     pub failed_inspections: usize,
     /// What to read again, and why.
     pub reread: Vec<Reread>,
-    /// Pods to read once more when the CRI store has caught up with the task layer.
-    pub settling: Vec<PodUid>,
-    /// Pods read whole (inspected), whatever they showed.
-    pub inspected: Vec<PodUid>,
+    /// Containers to read once more when the CRI store has caught up with the task service.
+    pub settling: Vec<ContainerId>,
+    /// Containers whose status was read (found or gone), whatever it showed.
+    pub read_containers: Vec<ContainerId>,
     pub read: Read,
 }
 
 /// Owns the committed records and turns each reading into events.
 pub struct Relister<R> {
-    runtime: R,
+    runtime: Arc<R>,
     cache: Arc<PodCache>,
     health: Arc<Health>,
     sink: Arc<dyn EventSink>,
@@ -165,6 +166,25 @@ pub struct Relister<R> {
     sequence: u64,
 }
 
+/// How a relist began ([`Relister::begin`]).
+#[derive(Debug)]
+pub enum Begun {
+    /// The runtime's records answered every hint: nothing to read.
+    Answered(RelistOutcome),
+    /// Not all, and it was not to read: what they did, and the hints left.
+    Left { outcome: RelistOutcome, left: Hints },
+    /// It reads the runtime: run the job, then [`Relister::finish`] it.
+    Read(ReadJob),
+}
+
+/// How a read ended ([`Relister::finish`]).
+#[derive(Debug)]
+pub enum Finished {
+    Done(Result<RelistOutcome, RelistError>),
+    /// The node was listed: the pods that moved on are to be inspected next.
+    More(ReadJob),
+}
+
 impl<R: Runtime> Relister<R> {
     pub fn new(
         runtime: R,
@@ -174,7 +194,7 @@ impl<R: Runtime> Relister<R> {
         config: RelistConfig,
     ) -> Self {
         Self {
-            runtime,
+            runtime: Arc::new(runtime),
             cache,
             health,
             sink,
@@ -187,6 +207,11 @@ impl<R: Runtime> Relister<R> {
             tombstoned_at: VecDeque::new(),
             sequence: 0,
         }
+    }
+
+    /// The runtime, for the reads that run beside the relister.
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.runtime
     }
 
     /// Whether the runtime's own task events are on their way ([`TASK_STATUS_DEADLINE`])
@@ -244,93 +269,205 @@ impl<R: Runtime> Relister<R> {
         self.committed.pod_of(container).cloned()
     }
 
-    /// Relists `scope`; `hints` are the triggers that asked for it. `required`: the scope must
-    /// be read even if the runtime's records answer every hint (a periodic or requested full
-    /// relist), else only what they leave unanswered is read.
+    /// Relists `scope` at once, start to end; `hints` are the triggers that asked for it.
+    /// `required`: the scope must be read even if the runtime's records answer every hint (a
+    /// periodic or requested full relist), else only what they leave unanswered is read. The
+    /// generator runs the same steps with its reads beside one another.
     pub async fn relist(
         &mut self,
         scope: &Scope,
         hints: &Hints,
         required: bool,
     ) -> Result<RelistOutcome, RelistError> {
-        self.relist_crediting(scope, hints, Hints::default, required)
-            .await
+        let queued = Hints::default();
+        let mut job = match self.begin(scope, hints, &queued, required, true) {
+            Begun::Answered(outcome) | Begun::Left { outcome, .. } => return Ok(outcome),
+            Begun::Read(job) => job,
+        };
+        loop {
+            let done = job.run(Arc::clone(&self.runtime)).await;
+            match self.finish(done, &queued) {
+                Finished::Done(result) => return result,
+                Finished::More(next) => job = next,
+            }
+        }
     }
 
-    /// [`Self::relist`], crediting a change no hint of its own is about to the queued hints,
-    /// those still waiting for what it reads ([`provenance::credit`]), as `queued` returns
-    /// them when asked: before the read, and again after it, for the triggers that came while
-    /// it ran (a death the reading found may be one of them).
-    pub async fn relist_crediting(
+    /// Begins a relist of `scope` on `hints`: decides on what is known first (the committed
+    /// records and the runtime's records the hints carry, which often answer them in full),
+    /// then plans a read of what is left, if `read` allows. `queued`: the hints still queued
+    /// for what it reads, credited with a change none of its own is about
+    /// ([`provenance::credit`]).
+    pub fn begin(
         &mut self,
         scope: &Scope,
         hints: &Hints,
-        mut queued: impl FnMut() -> Hints,
+        queued: &Hints,
         required: bool,
-    ) -> Result<RelistOutcome, RelistError> {
+        read: bool,
+    ) -> Begun {
         let started = Instant::now();
-        // 1. Decide on what is known: the committed records and the records the hints carry.
-        let before = queued();
         let (answered, events_sent) =
-            self.reconcile(Reading::none(SystemTime::now()), hints, &before, started);
+            self.reconcile(Reading::none(SystemTime::now()), hints, queued, started);
         let left = unanswered(&answered.reread);
-        let mut outcome = RelistOutcome {
+        // A settling read (no hint) of a container the runtime removed since: its last record
+        // stands, the store has nothing more to tell.
+        let removed = matches!(scope, Scope::Container(id) if hints.is_empty() && self.committed.pod_of(id).is_none());
+        let outcome = RelistOutcome {
             settling: answered.settling.clone(),
             events_sent,
             ..RelistOutcome::default()
         };
         self.remember(answered);
-        if left.is_empty() && !required {
+        if left.is_empty() && (!required || removed) {
             trace!(?hints, "answered by the runtime's records");
-            return Ok(outcome);
+            return Begun::Answered(outcome);
         }
+        if !read {
+            return Begun::Left { outcome, left };
+        }
+        Begun::Read(self.plan(scope, left, outcome, started))
+    }
 
-        // 2. Read what is left.
-        let scope = self.resolve(scope);
-        let full = scope == Scope::All;
-        outcome.read = if full { Read::Full } else { Read::Targeted };
-        if full {
-            self.health.relist_started(started);
+    /// The read of what `hints` left of `scope`.
+    fn plan(
+        &mut self,
+        scope: &Scope,
+        hints: Hints,
+        mut outcome: RelistOutcome,
+        started: Instant,
+    ) -> ReadJob {
+        let now = Instant::now();
+        self.busy_tasks.retain(|_, until| *until > now);
+        let resolved = self.resolve(scope);
+        let step = match &resolved {
+            Scope::All => {
+                self.health.relist_started(started);
+                outcome.read = Read::Full;
+                Step::List
+            }
+            Scope::Pod(uid) => {
+                outcome.read = Read::Targeted;
+                let committed = &self.committed;
+                let tasks =
+                    self.tasks_to_read(&hints, |id| committed.container(id).map(|c| c.state));
+                let pod = committed.shared(uid);
+                // A settling read (no hint) of one container reads that container alone.
+                let what = match scope {
+                    Scope::Container(id) if hints.is_empty() => {
+                        ToRead::Containers(vec![id.clone()])
+                    }
+                    _ => what_to_read(pod.map(|p| &**p), &hints),
+                };
+                Step::Pod {
+                    uid: uid.clone(),
+                    committed: pod.cloned(),
+                    what,
+                    tasks,
+                }
+            }
+            Scope::Container(id) => {
+                outcome.read = Read::Targeted;
+                Step::Container {
+                    id: id.clone(),
+                    busy: self.busy_tasks.keys().cloned().collect(),
+                }
+            }
+        };
+        ReadJob {
+            scope: resolved,
+            hints,
+            started,
+            read_started: now,
+            outcome,
+            step,
+            task_deadline: self.task_deadline,
+            concurrency: self.config.inspect_concurrency,
         }
-        let read_started = Instant::now();
-        let reading = match self.read(&scope, &left).await {
-            Ok(reading) => reading,
+    }
+
+    /// Ends a read `done` began with [`Self::begin`]: reconciles what it read and acts on it
+    /// (cache, events, commit), or, for the node's listing, plans the inspections of the pods
+    /// that moved on. `queued`: the hints queued for what it read by now (those that came
+    /// while it read included: a change it found may be one of theirs).
+    pub fn finish(&mut self, done: ReadDone, queued: &Hints) -> Finished {
+        let ReadDone { mut job, found } = done;
+        let full = job.scope == Scope::All;
+        let (reading, busy) = match found {
+            Ok(Found::Listed(listed)) => return Finished::More(self.inspections(job, listed)),
+            Ok(Found::Read { reading, busy }) => (reading, busy),
             Err(error) => {
                 if full {
                     self.health.relist_failed();
                 }
-                return Err(error.into());
+                return Finished::Done(Err(error.into()));
             }
         };
-        let read_in = read_started.elapsed();
-
-        // 3. Reconcile the reading, and act.
-        let queued = queued();
+        self.note_busy(busy);
+        let read_in = job.read_started.elapsed();
         let pods_read = reading.pods.len();
+        let mut outcome = std::mem::take(&mut job.outcome);
         self.note_read(&reading, &mut outcome);
-        let (plan, events_sent) = self.reconcile(reading, &left, &queued, read_started);
+        let (plan, events_sent) = self.reconcile(reading, &job.hints, queued, job.read_started);
         note_plan(&plan, &mut outcome);
         outcome.events_sent += events_sent;
         self.remember(plan);
 
-        // 4. A full relist vouches for every pod: raise the cache's timestamp last, so waiters
-        //    released by it find every entry above already written.
+        // A full relist vouches for every pod: raise the cache's timestamp last, so waiters
+        // released by it find every entry above already written.
         if full {
-            self.cache.update_time(read_started);
-            self.health.relist_succeeded(started);
+            self.cache.update_time(job.read_started);
+            self.health.relist_succeeded(job.started);
         }
         debug!(
-            ?scope,
+            scope = ?job.scope,
             pods_read,
             events = outcome.events_sent,
             failed_inspections = outcome.failed_inspections,
             reread = outcome.reread.len(),
-            elapsed = ?started.elapsed(),
+            elapsed = ?job.started.elapsed(),
             ?read_in,
             "relisted"
         );
-        trace!(?hints, ?left, reread = ?outcome.reread, "relisted on");
-        Ok(outcome)
+        trace!(hints = ?job.hints, reread = ?outcome.reread, "relisted on");
+        Finished::Done(Ok(outcome))
+    }
+
+    /// The full relist's second step: the node as `listed` against the committed records; the
+    /// pods that moved on (or are new, or await reinspection) to inspect, the task statuses
+    /// the hints ask for beside.
+    fn inspections(&mut self, mut job: ReadJob, mut listed: Vec<PodRecord>) -> ReadJob {
+        let read_at = SystemTime::now();
+        listed.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let committed = &self.committed;
+        let state = |id: &ContainerId| {
+            listed
+                .iter()
+                .find_map(|pod| pod.containers.get(id))
+                .or_else(|| committed.container(id))
+                .map(|c| c.state)
+        };
+        let tasks = self.tasks_to_read(&job.hints, state);
+        let NodeListing {
+            pods,
+            to_inspect,
+            fingerprints,
+        } = node_pods(committed, &self.to_reinspect, listed, &self.tombstones);
+        let to_inspect = to_inspect
+            .into_iter()
+            .map(|(at, known)| (at, known.cloned()))
+            .collect();
+        // A fact about the records as they are, not a decision: a commit of the pod forgets it.
+        for (uid, listing) in &fingerprints {
+            self.committed.note_listing(uid, *listing);
+        }
+        job.step = Step::Inspect {
+            pods,
+            to_inspect,
+            tasks,
+            read_at,
+        };
+        job
     }
 
     /// Notes in `outcome` what a reading read; a pod read is no longer to be inspected again.
@@ -339,8 +476,17 @@ impl<R: Runtime> Relister<R> {
             if *pod != PodReading::Failed {
                 self.to_reinspect.remove(uid);
             }
-            if pod.is_read() {
-                outcome.inspected.push(uid.clone());
+            match pod {
+                PodReading::Inspected(pod) => {
+                    outcome
+                        .read_containers
+                        .extend(pod.containers.keys().cloned());
+                }
+                PodReading::Containers { pod, gone } => {
+                    let found = pod.containers.keys();
+                    outcome.read_containers.extend(found.chain(gone).cloned());
+                }
+                PodReading::Gone | PodReading::Failed => {}
             }
         }
     }
@@ -391,151 +537,6 @@ impl<R: Runtime> Relister<R> {
         }
     }
 
-    /// Reads `scope`, and the task statuses `hints` ask for.
-    async fn read(&mut self, scope: &Scope, hints: &Hints) -> Result<Reading, RuntimeError> {
-        let now = Instant::now();
-        self.busy_tasks.retain(|_, until| *until > now);
-        match scope {
-            Scope::All => self.read_node(hints).await,
-            Scope::Pod(uid) => Ok(self.read_pod(uid, hints).await),
-            Scope::Container(id) => {
-                // Not committed: its pod is the one its record names.
-                let reads = self
-                    .runtime
-                    .read_containers(std::slice::from_ref(id), None)
-                    .await?;
-                let pods = by_pod(reads, None);
-                // Its kernel hints' task statuses are asked by what the reading shows (an
-                // exec while CRI still says created).
-                let state = |id: &ContainerId| {
-                    pods.iter().find_map(|(_, pod)| match pod {
-                        PodReading::Containers { pod, .. } => {
-                            pod.containers.get(id).map(|c| c.state)
-                        }
-                        _ => None,
-                    })
-                };
-                let to_read = self.tasks_to_read(hints, state);
-                let tasks = self.read_tasks(to_read).await;
-                let tasks = self.note_busy(tasks);
-                Ok(self.reading(Covers::Containers(vec![id.clone()]), pods, tasks))
-            }
-        }
-    }
-
-    /// A committed pod's reading: the containers its hints name, each by its id, or the pod
-    /// whole ([`what_to_read`]); a failure is the pod's, read again.
-    async fn read_pod(&mut self, uid: &PodUid, hints: &Hints) -> Reading {
-        let committed = &self.committed;
-        let to_read = self.tasks_to_read(hints, |id| committed.container(id).map(|c| c.state));
-        let pod = committed.get(uid);
-        let (tasks, covers, pods) = match what_to_read(pod, hints) {
-            ToRead::Whole => {
-                let (tasks, read) = futures::join!(self.read_tasks(to_read), self.inspect(uid));
-                (tasks, Covers::Pod(uid.clone()), vec![(uid.clone(), read)])
-            }
-            ToRead::Containers(ids) if ids.is_empty() => (
-                self.read_tasks(to_read).await,
-                Covers::Containers(ids),
-                Vec::new(),
-            ),
-            ToRead::Containers(ids) => {
-                let (tasks, read) = futures::join!(
-                    self.read_tasks(to_read),
-                    self.runtime.read_containers(&ids, pod)
-                );
-                let pods = match read {
-                    Ok(reads) => by_pod(reads, pod),
-                    Err(error) => {
-                        debug!(%error, "reading containers failed");
-                        vec![(uid.clone(), PodReading::Failed)]
-                    }
-                };
-                (tasks, Covers::Containers(ids), pods)
-            }
-        };
-        let tasks = self.note_busy(tasks);
-        self.reading(covers, pods, tasks)
-    }
-
-    /// A full relist's reading: the node listed, the pods whose listing moved on inspected.
-    async fn read_node(&mut self, hints: &Hints) -> Result<Reading, RuntimeError> {
-        let mut listed = self.runtime.list_pods(&Scope::All).await?;
-        let read_at = SystemTime::now();
-        listed.sort_by(|a, b| a.uid.cmp(&b.uid));
-        let state = |id: &ContainerId| {
-            listed
-                .iter()
-                .find_map(|pod| pod.containers.get(id))
-                .or_else(|| self.committed.container(id))
-                .map(|c| c.state)
-        };
-        let to_read = self.tasks_to_read(hints, state);
-        let node = node_pods(
-            &self.committed,
-            &self.to_reinspect,
-            listed,
-            &self.tombstones,
-        );
-        let NodeListing {
-            mut pods,
-            to_inspect,
-            fingerprints,
-        } = node;
-        let runtime = &self.runtime;
-        let listed = &pods;
-        // Each inspection goes back to its pod's place: a search for it among 10,000 uids
-        // read a dozen of them, each a miss.
-        // By index: a stream of borrowed entries made the future not `Send` for every lifetime
-        // (rustc cannot prove it of the closure's higher-ranked borrow).
-        let to_inspect = &to_inspect;
-        let inspections = stream::iter(0..to_inspect.len())
-            .map(|i| async move {
-                let (at, known) = to_inspect[i];
-                let uid = &listed[at].0;
-                (at, inspection(runtime.inspect_pod(uid, known).await))
-            })
-            .buffer_unordered(self.config.inspect_concurrency.max(1))
-            .collect::<Vec<_>>();
-        let (inspected, tasks) = futures::join!(inspections, self.read_tasks(to_read));
-        // A fact about the records as they are, not a decision: a commit of the pod forgets it.
-        for (uid, listing) in &fingerprints {
-            self.committed.note_listing(uid, *listing);
-        }
-        let tasks = self.note_busy(tasks);
-        for (at, reading) in inspected {
-            pods[at].1 = reading;
-        }
-        Ok(Reading {
-            covers: Covers::Node,
-            pods,
-            tasks,
-            read_at,
-        })
-    }
-
-    fn reading(
-        &self,
-        covers: Covers,
-        pods: Vec<(PodUid, PodReading)>,
-        tasks: TaskRecords,
-    ) -> Reading {
-        Reading {
-            covers,
-            pods,
-            tasks,
-            read_at: SystemTime::now(),
-        }
-    }
-
-    async fn read_tasks(&self, ids: Vec<ContainerId>) -> (TaskRecords, Vec<ContainerId>) {
-        read_tasks(&self.runtime, ids, self.task_deadline).await
-    }
-
-    async fn inspect(&self, uid: &PodUid) -> PodReading {
-        inspection(self.runtime.inspect_pod(uid, self.committed.get(uid)).await)
-    }
-
     /// The containers whose task status is to be read, leaving out those whose status missed
     /// its deadline lately. None when confirming at the CRI layer.
     fn tasks_to_read(
@@ -551,13 +552,12 @@ impl<R: Runtime> Relister<R> {
         ids
     }
 
-    /// Keeps the task records read; a container whose status missed its deadline is not asked
-    /// again for [`TASK_BUSY_BACKOFF`].
-    fn note_busy(&mut self, (tasks, busy): (TaskRecords, Vec<ContainerId>)) -> TaskRecords {
+    /// A container whose task status missed its deadline is not asked again for
+    /// [`TASK_BUSY_BACKOFF`].
+    fn note_busy(&mut self, busy: Vec<ContainerId>) {
         let until = Instant::now() + TASK_BUSY_BACKOFF;
         self.busy_tasks
             .extend(busy.into_iter().map(|id| (id, until)));
-        tasks
     }
 
     /// Keeps what a plan leaves for later relists: the pods whose inspection failed, to
@@ -674,80 +674,12 @@ fn note_plan(plan: &FollowUp, outcome: &mut RelistOutcome) {
         warn!(pod = %uid, "inspection failed; reading it again");
     }
     // What the records alone left settling, unless the reading has read it since.
-    outcome
-        .settling
-        .retain(|uid| !outcome.inspected.contains(uid));
+    let read = &outcome.read_containers;
+    outcome.settling.retain(|id| !read.contains(id));
     outcome.settling.extend(plan.settling.iter().cloned());
     outcome.settling.sort();
     outcome.settling.dedup();
     outcome.reread = plan.reread.clone();
-}
-
-/// The task statuses of `ids`, each within `deadline`, and the containers whose status missed
-/// it. All at once: under churn a full relist carries kernel hints of many
-/// containers, and one busy shim after another would each cost the whole deadline.
-async fn read_tasks<R: Runtime>(
-    runtime: &R,
-    ids: Vec<ContainerId>,
-    deadline: Duration,
-) -> (TaskRecords, Vec<ContainerId>) {
-    let read = ids.into_iter().map(|id| async move {
-        let record = tokio::time::timeout(deadline, runtime.task_record(&id)).await;
-        (id, record)
-    });
-    let (mut tasks, mut busy) = (TaskRecords::new(), Vec::new());
-    for (id, record) in futures::future::join_all(read).await {
-        match record {
-            Ok(Ok(Some(record))) => {
-                tasks.insert(id, record);
-            }
-            Ok(Ok(None)) => {}
-            Ok(Err(error)) => debug!(container = %id, %error, "task status unavailable"),
-            Err(_) => {
-                debug!(container = %id, "task status busy; the CRI store will tell");
-                busy.push(id);
-            }
-        }
-    }
-    (tasks, busy)
-}
-
-/// A pod's inspection as a reading.
-fn inspection(result: Result<Option<PodRecord>, RuntimeError>) -> PodReading {
-    match result {
-        Ok(Some(record)) => PodReading::Inspected(record),
-        // Removed between the trigger (or the list) and the inspection.
-        Ok(None) => PodReading::Gone,
-        Err(error) => {
-            debug!(%error, "inspection failed");
-            PodReading::Failed
-        }
-    }
-}
-
-/// Containers read by id as pod readings, ascending: each found one in its pod, those gone in
-/// `home` (the pod they were committed in, if any).
-fn by_pod(reads: Vec<ContainerRead>, home: Option<&PodRecord>) -> Vec<(PodUid, PodReading)> {
-    let mut pods: BTreeMap<PodUid, (PodRecord, Vec<ContainerId>)> = BTreeMap::new();
-    for read in reads {
-        let Some(identity) = read.found.as_ref().or(home) else {
-            continue;
-        };
-        let (pod, gone) = pods
-            .entry(identity.uid.clone())
-            .or_insert_with(|| (identity.identity(), Vec::new()));
-        match read.found {
-            Some(found) => {
-                for (id, record) in found.containers.iter() {
-                    pod.containers.insert(id.clone(), record.clone());
-                }
-            }
-            None => gone.push(read.id),
-        }
-    }
-    pods.into_iter()
-        .map(|(uid, (pod, gone))| (uid, PodReading::Containers { pod, gone }))
-        .collect()
 }
 
 /// What a full relist's listing shows against the committed records.
@@ -761,7 +693,7 @@ struct NodeListing<'a> {
     /// reinspection, or whose listing moved on, [`inspection_needed`]), each with its
     /// committed record: the walk has it at hand, a lookup per inspection was a B-tree's
     /// descent out of the caches at 10,000 pods.
-    to_inspect: Vec<(usize, Option<&'a PodRecord>)>,
+    to_inspect: Vec<(usize, Option<&'a Arc<PodRecord>>)>,
     /// The pods listed as committed whose listing's fingerprint the records do not hold yet,
     /// with it ([`Committed::note_listing`]).
     fingerprints: Vec<(PodUid, u64)>,
