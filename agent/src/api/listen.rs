@@ -173,6 +173,14 @@ impl Listeners {
         let tcp = match config.listen {
             Some(address) => {
                 let tls = tls_config(config)?;
+                if config.tls_client_ca.is_none() {
+                    warn!(
+                        %address,
+                        "the TLS listener serves every call, every pod's events and statuses, \
+                         to any client that reaches it, with no certificate asked \
+                         (tls-allow-unauthenticated-clients); give tls-client-ca to ask for one"
+                    );
+                }
                 Some((bind_tcp("the gRPC TCP address", address)?, tls))
             }
             None => None,
@@ -650,6 +658,42 @@ fn tls_config(config: &Config) -> Result<ServerTlsConfig, BindError> {
     Ok(tls)
 }
 
+/// Who may reach the API's network listeners, as `plegd check` shows it: (subject, whether
+/// that is as it should be, what).
+pub fn exposure(config: &Config) -> Vec<(&'static str, bool, String)> {
+    let mut lines = Vec::new();
+    if let Some(address) = config.listen {
+        lines.push(match config.tls_client_ca {
+            Some(_) => (
+                "TLS listener",
+                true,
+                format!("{address}: clients need a certificate tls-client-ca signed"),
+            ),
+            None => (
+                "TLS listener",
+                false,
+                format!(
+                    "{address}: serves every call to any client, no certificate asked \
+                     (tls-allow-unauthenticated-clients)"
+                ),
+            ),
+        });
+    }
+    if let Some(address) = config.metrics_address {
+        let whom = if address.ip().is_loopback() {
+            "this host"
+        } else {
+            "whoever reaches it (every pod's per-container counters)"
+        };
+        lines.push((
+            "metrics listener",
+            true,
+            format!("{address}: /metrics, /healthz and /readyz to {whom}"),
+        ));
+    }
+    lines
+}
+
 /// Keeps grpc.health.v1 services "" and "plegd.v1.Pleg" SERVING while the PLEG is healthy,
 /// NOT_SERVING otherwise: SERVING from the relist that makes it healthy (as `GetHealth` says),
 /// NOT_SERVING within a period of it going stale.
@@ -874,6 +918,38 @@ mod tests {
             "{error}"
         );
         assert_eq!(meta(&narrow).mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn tls_without_client_authentication_shows_as_not_ok() {
+        let config = |ca: Option<&str>| {
+            Config::load(&crate::config::RunArgs {
+                listen: Some("0.0.0.0:9810".parse().unwrap()),
+                tls_cert: Some("server.pem".into()),
+                tls_key: Some("server.key".into()),
+                tls_client_ca: ca.map(PathBuf::from),
+                tls_allow_unauthenticated_clients: Some(true),
+                metrics_address: Some("127.0.0.1:9809".parse().unwrap()),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let oks = |config: &Config| -> Vec<(&str, bool)> {
+            exposure(config)
+                .into_iter()
+                .map(|(s, ok, _)| (s, ok))
+                .collect()
+        };
+        assert_eq!(
+            oks(&config(None)),
+            [("TLS listener", false), ("metrics listener", true)]
+        );
+        assert_eq!(
+            oks(&config(Some("ca.pem"))),
+            [("TLS listener", true), ("metrics listener", true)]
+        );
+        let quiet = Config::load(&crate::config::RunArgs::default()).unwrap();
+        assert!(exposure(&quiet).is_empty());
     }
 
     #[tokio::test]
