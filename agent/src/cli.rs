@@ -44,7 +44,7 @@ enum Command {
     Pods(ReportArgs),
     /// Print a running plegd's health and event sources. Exit code 0: healthy, 1: unhealthy,
     /// 2: unreachable.
-    Health(ReportArgs),
+    Health(HealthArgs),
     /// Print a shell completion script for plegd on stdout, e.g.
     /// `plegd completions bash > /etc/bash_completion.d/plegd`.
     Completions(CompletionsArgs),
@@ -93,6 +93,18 @@ struct ReportArgs {
     /// `text`: a table; `json`: one object, for scripts.
     #[arg(long, value_enum, default_value = "text")]
     output: OutputFormat,
+}
+
+/// Flags of `plegd health`.
+#[derive(Debug, Args)]
+struct HealthArgs {
+    #[command(flatten)]
+    report: ReportArgs,
+    /// Exit 0 whenever plegd answers, healthy or not (1 only when it answers wrongly, 2 when
+    /// unreachable): a liveness probe's question. A PLEG that cannot read its runtime is not
+    /// mended by restarting plegd; the readiness probe (without --live) says it.
+    #[arg(long)]
+    live: bool,
 }
 
 /// Flags of `plegd watch`.
@@ -373,14 +385,15 @@ async fn pods(args: ReportArgs) -> anyhow::Result<()> {
     Ok(api::client::pods(&args.client.socket, args.output, out).await?)
 }
 
-fn health(args: &ReportArgs) -> ExitCode {
+fn health(args: &HealthArgs) -> ExitCode {
+    let report = &args.report;
     let checked = client(async {
         let out = &mut std::io::stdout().lock();
-        Ok(api::client::health(&args.client.socket, args.output, out).await)
+        Ok(api::client::health(&report.client.socket, report.output, out).await)
     });
     match checked {
-        Ok(Ok(true)) => ExitCode::SUCCESS,
-        Ok(Ok(false)) => ExitCode::from(1),
+        Ok(Ok(healthy)) if healthy || args.live => ExitCode::SUCCESS,
+        Ok(Ok(_)) => ExitCode::from(1),
         Ok(Err(e)) => {
             report_error(&describe(&e));
             ExitCode::from(if e.is_unreachable() { 2 } else { 1 })

@@ -2,10 +2,12 @@
 //! libFuzzer calls them from agent/fuzz/fuzz_targets (`cargo xtask fuzz`, nightly, for as long
 //! as asked), and the tests below call them on every `cargo test` with a few thousand inputs
 //! generated from the shapes each parser meets (valid records and envelopes with random
-//! fields, kubelet's cgroup layouts, the example config's keys with random values) and with
-//! arbitrary bytes. A property that does not hold panics. Not an API.
+//! fields, kubelet's cgroup layouts, the example config's keys with random values, HTTP/2
+//! frames with HPACK blocks) and with arbitrary bytes. A property that does not hold panics.
+//! Not an API.
 
 use crate::{
+    api::fuzz_header_blocks,
     config::Config,
     pleg::Scope,
     sources::{ebpf, fuzz_containerd_event},
@@ -59,6 +61,18 @@ pub fn containerd_event(data: &[u8]) {
             "{trigger:?}"
         );
     }
+}
+
+/// Any bytes as what a client sends on the unix socket after the preface (the first byte
+/// picks the size of the pieces they come in): the header-block rewriting never panics, and
+/// never holds more than its limits allow, whatever the frames and header blocks say.
+pub fn header_blocks(data: &[u8]) {
+    let outcome = fuzz_header_blocks(data);
+    assert!(
+        outcome.most_held <= outcome.may_hold,
+        "held {} bytes: {outcome:?}",
+        outcome.most_held
+    );
 }
 
 #[cfg(test)]
@@ -233,6 +247,54 @@ mod tests {
         ]
     }
 
+    /// A client's frames after the preface as [`header_blocks`] reads them: HEADERS,
+    /// CONTINUATION and other frames with random flags, whose payloads are HPACK fields
+    /// (literals added to the table, references to it, in bombs of many), random bytes, or
+    /// a frame header announcing more than a frame may hold.
+    fn client_frames() -> impl Strategy<Value = Vec<u8>> {
+        let literal = ("[a-z-]{0,12}", 0usize..5_000).prop_map(|(name, length)| {
+            let mut field = vec![0x40, u8::try_from(name.len()).expect("short")];
+            field.extend(name.bytes());
+            field.extend(loona_hpack::encoder::encode_integer(length, 7));
+            field.extend(std::iter::repeat_n(b'v', length));
+            field
+        });
+        let references = (0x80u8..=0xff, 0usize..40_000).prop_map(|(index, n)| vec![index; n]);
+        let field = prop_oneof![literal, references, vec(any::<u8>(), 0..64)];
+        let frame = (
+            prop_oneof![Just(0x1u8), Just(0x9), Just(0x0), Just(0x4), any::<u8>()],
+            any::<u8>(),
+            0u32..4,
+            vec(field, 0..4),
+        )
+            .prop_map(|(kind, flags, stream, fields)| {
+                let payload = fields.concat();
+                let length = u32::try_from(payload.len())
+                    .unwrap_or(u32::MAX)
+                    .min(0xff_ffff);
+                let mut bytes = length.to_be_bytes()[1..].to_vec();
+                bytes.extend([kind, flags]);
+                bytes.extend(stream.to_be_bytes());
+                bytes.extend(payload);
+                bytes
+            });
+        let oversize = (16_385u32..0xff_ffff, vec(any::<u8>(), 0..64)).prop_map(|(n, rest)| {
+            let mut bytes = n.to_be_bytes()[1..].to_vec();
+            bytes.extend([0x1, 0x4, 0, 0, 0, 1]);
+            bytes.extend(rest);
+            bytes
+        });
+        (
+            any::<u8>(),
+            vec(prop_oneof![4 => frame, 1 => oversize], 0..8),
+        )
+            .prop_map(|(piece, frames)| {
+                let mut bytes = vec![piece];
+                bytes.extend(frames.concat());
+                bytes
+            })
+    }
+
     /// Config text: keys of the example config (and unknown ones) with values of every TOML
     /// type plegd's keys take, or mistakes in them.
     fn config_text() -> impl Strategy<Value = String> {
@@ -308,6 +370,16 @@ mod tests {
         #[test]
         fn containerd_event_bytes(data in vec(any::<u8>(), 0..200)) {
             containerd_event(&data);
+        }
+
+        #[test]
+        fn client_header_blocks(data in client_frames()) {
+            header_blocks(&data);
+        }
+
+        #[test]
+        fn header_block_bytes(data in vec(any::<u8>(), 0..300)) {
+            header_blocks(&data);
         }
     }
 }

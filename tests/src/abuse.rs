@@ -550,7 +550,7 @@ async fn wrong_statuses(client: PlegClient<Channel>) -> Vec<String> {
                 pod_name: "n".repeat(5 << 20),
                 ..Default::default()
             },
-            Code::OutOfRange,
+            Code::ResourceExhausted,
         ),
         (
             "sequence 2^64-1",

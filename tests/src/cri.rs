@@ -6,11 +6,12 @@ use std::{path::Path, time::Duration};
 use anyhow::Context as _;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, ContainerStatusRequest,
-    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerResources,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    ListContainersRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest, runtime_service_client::RuntimeServiceClient,
+    CreateContainerRequest, ExecSyncRequest, ImageSpec, LinuxContainerConfig,
+    LinuxContainerResources, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, ListContainersRequest, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::Channel;
 
@@ -412,6 +413,33 @@ impl Cri {
             .await
             .with_context(|| format!("RemovePodSandbox {}", pod.name))?;
         Ok(())
+    }
+
+    /// Runs `command` in container `id` as kubelet runs an exec probe (CRI ExecSync, at most
+    /// `timeout`); its exit code and what it wrote on stdout and stderr.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        command: &[String],
+        timeout: Duration,
+    ) -> anyhow::Result<(i32, String)> {
+        let response = self
+            .runtime
+            .clone()
+            .exec_sync(ExecSyncRequest {
+                container_id: id.to_owned(),
+                cmd: command.to_vec(),
+                timeout: timeout.as_secs().try_into()?,
+            })
+            .await
+            .with_context(|| format!("ExecSync {command:?} in {id}"))?
+            .into_inner();
+        let output = format!(
+            "{}{}",
+            String::from_utf8_lossy(&response.stdout),
+            String::from_utf8_lossy(&response.stderr)
+        );
+        Ok((response.exit_code, output))
     }
 
     pub async fn container_status(&self, id: &str) -> anyhow::Result<ContainerStatus> {

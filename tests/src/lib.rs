@@ -8,6 +8,8 @@
 //!   lifecycles in flight, as issue 52 measured; the bench's cost, throughput and overload
 //!   sections run it, with or without plegd.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
+//! - `hostile`: hostile input against the `plegd` binary, and the one check each case ends with
+//!   (alive, RSS grown by less than 64 MiB, health answering, the next kill seen).
 //! - `image`: OCI image tarballs built from busybox-static (no registry needed).
 //! - `demo`: what `cargo xtask demo` shows.
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
@@ -38,6 +40,7 @@ pub mod containerd;
 pub mod cri;
 pub mod demo;
 pub mod fake_cri;
+pub mod hostile;
 pub mod image;
 pub mod native;
 pub mod neighbours;

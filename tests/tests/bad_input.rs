@@ -512,22 +512,41 @@ async fn absurd_watch_requests_get_a_status_and_the_server_keeps_serving() {
             },
             Some(Code::InvalidArgument),
         ),
-        // Accepted: a filter of 100,000 types, a 1 MiB namespace, empty strings (no filter).
+        // More entries than there are event types.
         (
-            "many types",
+            "8 types",
             pb::WatchRequest {
-                types: vec![pb::EventType::ContainerDied as i32; 100_000],
+                types: vec![pb::EventType::ContainerDied as i32; 8],
+                ..Default::default()
+            },
+            Some(Code::InvalidArgument),
+        ),
+        // Accepted: a type repeated (once per event type at most), Kubernetes' longest names.
+        (
+            "7 types",
+            pb::WatchRequest {
+                types: vec![pb::EventType::ContainerDied as i32; 7],
                 ..Default::default()
             },
             None,
         ),
+        (
+            "the longest names",
+            pb::WatchRequest {
+                pod_namespace: "n".repeat(63),
+                pod_name: "p".repeat(253),
+                ..Default::default()
+            },
+            None,
+        ),
+        // Past plegd's 4 KiB, refused at the message's length prefix.
         (
             "1 MiB namespace",
             pb::WatchRequest {
                 pod_namespace: "n".repeat(1 << 20),
                 ..Default::default()
             },
-            None,
+            Some(Code::ResourceExhausted),
         ),
         (
             "over gRPC's 4 MiB",
@@ -535,7 +554,7 @@ async fn absurd_watch_requests_get_a_status_and_the_server_keeps_serving() {
                 pod_namespace: huge,
                 ..Default::default()
             },
-            Some(Code::OutOfRange),
+            Some(Code::ResourceExhausted),
         ),
     ];
     for (what, request, wanted) in absurd {

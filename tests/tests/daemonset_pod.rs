@@ -2,15 +2,17 @@
 //! containerd: its image built locally and imported, its pod's host namespaces, security
 //! context (capabilities, read-only root, no new privileges, seccomp), resources, arguments and
 //! hostPath mounts all read from the manifest, never restated here. From the host, through the
-//! socket of its /run/plegd mount and its metrics port, the test checks that it is ready and
-//! reports another pod's container starting and dying of a kill -9 that its eBPF probes saw.
+//! socket of its /run/plegd mount and its metrics port, the test checks that it is ready (its
+//! probes, run as kubelet runs them, pass, also while the metrics port is held by a crowd of
+//! unended requests) and reports another pod's container starting and dying of a kill -9
+//! that its eBPF probes saw.
 //!
 //! What differs from a cluster, and why: the harness has no CNI, so the pod runs on the host's
 //! network (the manifest uses the pod network; plegd only listens on its metrics port); three
 //! hostPaths point at the harness's instance instead of the node's: /run/containerd (the
 //! harness's containerd socket directory), /run/plegd and /var/lib/plegd (temp dirs, so the
-//! node's own plegd, if any, is left alone). Probes are kubelet's job: the test asks the same
-//! endpoints itself.
+//! node's own plegd, if any, is left alone). Probes are kubelet's job: the test runs the
+//! manifest's probe commands in the container through CRI ExecSync, as kubelet does.
 
 mod support;
 
@@ -298,16 +300,47 @@ async fn plegd_runs_as_the_daemonsets_pod_and_reports_a_kill_its_probes_saw() {
 
         // Ready as kubelet's probes see it, and the API on the mounted socket.
         let socket = run.join("plegd.sock");
-        wait::until("plegd ready on /readyz", READY_DEADLINE, || async {
-            Ok::<_, anyhow::Error>(match http_get(&metrics, "/readyz").await {
-                Ok((200, _)) => Some(()),
-                _ => None,
-            })
-        })
+        let probe = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {
+            let probe = probe.clone().expect("the DaemonSet's probe");
+            let command = probe.exec.and_then(|e| e.command).expect("an exec probe");
+            let timeout =
+                Duration::from_secs(probe.timeout_seconds.unwrap_or(1).try_into().unwrap());
+            (command, timeout)
+        };
+        let (readiness, liveness) = (
+            probe(&container.readiness_probe),
+            probe(&container.liveness_probe),
+        );
+        wait::until(
+            "plegd ready by its readiness probe",
+            READY_DEADLINE,
+            || async {
+                let (code, _) = node.cri.exec_sync(&id, &readiness.0, readiness.1).await?;
+                Ok::<_, anyhow::Error>((code == 0).then_some(()))
+            },
+        )
         .await?;
         let ready_at = started.elapsed();
-        let (status, _) = http_get(&metrics, "/healthz").await?;
-        ensure!(status == 200, "/healthz: {status}");
+        let (status, _) = http_get(&metrics, "/readyz").await?;
+        ensure!(status == 200, "/readyz: {status}");
+        // Another pod fills the metrics port (here on the host's loopback: 64 addresses, 8
+        // requests each that never end their headers): the probes still pass.
+        let mut crowd = Vec::new();
+        for n in 0..64u8 {
+            let from = std::net::IpAddr::from([127, 0, 4, n + 1]);
+            let to: std::net::SocketAddr = metrics.parse()?;
+            crowd.extend(
+                plegd_tests::hostile::on_tcp(from, to, 8, b"GET /metrics HTTP/1.1\r\n").await?,
+            );
+        }
+        for (what, (command, timeout)) in [("readiness", &readiness), ("liveness", &liveness)] {
+            let (code, output) = node.cri.exec_sync(&id, command, *timeout).await?;
+            ensure!(
+                code == 0,
+                "the {what} probe with the metrics port full: {code}: {output}"
+            );
+        }
+        drop(crowd);
         let mut client = plegd::api::client::connect(&socket).await?;
         let health = client.get_health(GetHealthRequest {}).await?.into_inner();
         ensure!(health.healthy, "unhealthy: {}", health.message);

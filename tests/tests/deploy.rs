@@ -13,6 +13,7 @@ use clap::Args as _;
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
     core::v1::{Namespace, Service, ServiceAccount},
+    networking::v1::NetworkPolicy,
 };
 use plegd::config::{Config, DEFAULT_SOCKET, RunArgs, SourceName};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -230,10 +231,12 @@ fn every_kubernetes_manifest_is_a_valid_api_object() {
     let account: ServiceAccount = kubernetes_object(&deploy("kubernetes/serviceaccount.yaml"));
     let service: Service = kubernetes_object(&deploy("kubernetes/service.yaml"));
     let daemonset: DaemonSet = kubernetes_object(&deploy("kubernetes/daemonset.yaml"));
+    let policy: NetworkPolicy = kubernetes_object(&deploy("kubernetes/networkpolicy.yaml"));
     for namespace in [
         &account.metadata.namespace,
         &service.metadata.namespace,
         &daemonset.metadata.namespace,
+        &policy.metadata.namespace,
     ] {
         assert_eq!(namespace.as_deref(), Some(name.as_str()));
     }
@@ -273,13 +276,39 @@ fn every_kubernetes_manifest_is_a_valid_api_object() {
             .any(|a| a == &format!("--metrics-address=0.0.0.0:{port}")),
         "plegd serves the probes' and the Service's port: {args:?}"
     );
-    for (probe, path) in [
-        (&container.liveness_probe, "/healthz"),
-        (&container.readiness_probe, "/readyz"),
+    // The probes run `plegd health` over the socket, out of other pods' reach.
+    for (probe, command) in [
+        (&container.liveness_probe, &["health", "--live"][..]),
+        (&container.readiness_probe, &["health"]),
     ] {
-        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
-        assert_eq!(get.path.as_deref(), Some(path));
+        let probe = probe.as_ref().unwrap();
+        assert!(probe.http_get.is_none() && probe.tcp_socket.is_none());
+        let exec = probe.exec.as_ref().unwrap().command.clone().unwrap();
+        assert_eq!(exec[0], plegd_tests::image::PLEGD_IN_IMAGE);
+        assert_eq!(exec[1..], *command);
     }
+    // Only a namespace's pods (Prometheus) reach the metrics port, and nothing else.
+    let policy = policy.spec.unwrap();
+    let selected = policy.pod_selector.unwrap().match_labels.unwrap();
+    assert!(selected.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    assert_eq!(policy.policy_types.unwrap(), ["Ingress"]);
+    let ingress = policy.ingress.unwrap();
+    assert_eq!(ingress.len(), 1);
+    let ports = ingress[0].ports.as_ref().unwrap();
+    let named = container.ports.as_ref().unwrap()[0].name.clone().unwrap();
+    assert_eq!(
+        ports
+            .iter()
+            .map(|p| p.port.clone().unwrap())
+            .collect::<Vec<_>>(),
+        [k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(named)]
+    );
+    let from = ingress[0].from.as_ref().unwrap();
+    assert!(
+        from.iter()
+            .all(|peer| peer.namespace_selector.is_some() && peer.ip_block.is_none()),
+        "{from:?}"
+    );
     let security = container.security_context.as_ref().unwrap();
     assert_eq!(security.privileged, Some(false));
     let mounted: BTreeSet<&str> = container

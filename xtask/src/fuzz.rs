@@ -16,6 +16,7 @@ const TARGETS: &[&str] = &[
     "config_file",
     "kernel_events",
     "containerd_event",
+    "header_blocks",
 ];
 
 #[derive(Debug, Clone, Args)]

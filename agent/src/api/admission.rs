@@ -11,6 +11,13 @@
 //! peer's share, and tells the connection when it last had one: a connection must open its
 //! first stream within [`FIRST_STREAM_DEADLINE`] of its accept (the TLS handshake and the
 //! HTTP/2 preface included) and may then go [`IDLE_LIMIT`] without any.
+//!
+//! What one connection may send is bounded too: frames of at most [`MAX_FRAME`] bytes, header
+//! blocks of at most [`MAX_HEADER_LIST`] (both what plegd's servers advertise; on the unix
+//! socket, where blocks are decoded before h2 sees them, see `crate::api::authority`), at most
+//! [`RECEIVE_WINDOW`] bytes of request bodies in flight, and request messages of at most
+//! [`MAX_REQUEST`] bytes, refused as their length prefix comes (RESOURCE_EXHAUSTED), before
+//! tonic buffers them.
 
 use std::{
     collections::HashMap,
@@ -48,6 +55,28 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long refusals of one kind are summed before the next log line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// The largest HTTP/2 frame plegd's servers accept (SETTINGS_MAX_FRAME_SIZE, set from this):
+/// HTTP/2's initial value, so a client that has not read plegd's SETTINGS yet is held to the
+/// same.
+pub const MAX_FRAME: u32 = 16_384;
+
+/// The largest header list plegd's servers accept (SETTINGS_MAX_HEADER_LIST_SIZE, set from
+/// this; hyper's default), counted as RFC 7541 counts it: each field's name, value and 32.
+/// gRPC clients send a few hundred bytes.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
+
+/// The HTTP/2 flow-control windows plegd gives its peers, per stream and per connection:
+/// request bodies a connection may have sent and plegd not yet read (HTTP/2's initial
+/// window; hyper's default of 1 MiB would let one connection pin sixteen times as much, and
+/// plegd's requests are under [`MAX_REQUEST`]).
+pub const RECEIVE_WINDOW: u32 = 65_535;
+
+/// The largest request message plegd decodes. Its largest legitimate request, a
+/// `WatchRequest` with every filter at Kubernetes' longest names and every event type, is
+/// about 600 bytes (`the_largest_legitimate_request_fits` in `crate::api::server`);
+/// reflection and health requests are smaller.
+pub const MAX_REQUEST: usize = 4 << 10;
+
 /// Who a connection comes from, for the per-peer shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Peer {
@@ -71,6 +100,13 @@ pub enum Refusal {
     PeerFull,
     /// Every descriptor the API may use is in use.
     Descriptors,
+    /// A unix socket peer whose credentials the allow-list does not admit (or that cannot be
+    /// read).
+    NotAllowed,
+    /// Input past its size limit: a frame, a header block, a request message.
+    TooLarge,
+    /// A request's repeated field with more entries than it can mean.
+    TooMany,
 }
 
 impl Refusal {
@@ -79,6 +115,9 @@ impl Refusal {
             Self::ListenerFull => "listener-full",
             Self::PeerFull => "peer-full",
             Self::Descriptors => "descriptors",
+            Self::NotAllowed => "not-allowed",
+            Self::TooLarge => "too-large",
+            Self::TooMany => "too-many",
         }
     }
 }
@@ -127,15 +166,31 @@ impl<K: Hash + Eq> Tally<K> {
 /// What was refused (a connection, a stream) and why ([`Refusal::name`], or an accept's error).
 type Kind = (&'static str, &'static str);
 
+/// Kinds a [`Quiet`] remembers before it forgets those it has not logged for a while.
+const QUIET_KINDS: usize = 1024;
+
 /// One log line per kind of refusal per [`LOG_EVERY`], with the count since the last.
-#[derive(Debug, Default)]
-struct Quiet {
-    last: HashMap<Kind, (Instant, u64)>,
+#[derive(Debug)]
+struct Quiet<K = Kind> {
+    last: HashMap<K, (Instant, u64)>,
 }
 
-impl Quiet {
+impl<K> Default for Quiet<K> {
+    fn default() -> Self {
+        Self {
+            last: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> Quiet<K> {
     /// Whether to log `what` now, and how many went unlogged before it.
-    fn speak(&mut self, what: Kind, now: Instant) -> Option<u64> {
+    fn speak(&mut self, what: K, now: Instant) -> Option<u64> {
+        if self.last.len() >= QUIET_KINDS && !self.last.contains_key(&what) {
+            // Kinds keyed by a peer come and go with the peers: the quiet ones are forgotten.
+            self.last
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < LOG_EVERY);
+        }
         match self.last.get_mut(&what) {
             Some((at, held)) if now.saturating_duration_since(*at) < LOG_EVERY => {
                 *held += 1;
@@ -169,6 +224,8 @@ struct GateInner {
     connections: Mutex<Tally<Peer>>,
     streams: Mutex<Tally<Peer>>,
     quiet: Mutex<Quiet>,
+    /// Refused unix peers, by uid (`None`: credentials unreadable) and reason.
+    quiet_peers: Mutex<Quiet<(Option<u32>, &'static str)>>,
     metrics: Metrics,
 }
 
@@ -193,6 +250,7 @@ impl Gate {
             limits,
             descriptors,
             quiet: Mutex::default(),
+            quiet_peers: Mutex::default(),
             metrics,
         }))
     }
@@ -250,6 +308,36 @@ impl Gate {
         }
     }
 
+    /// A unix socket peer the allow-list refused (`credentials`: its uid, gid and pid, or why
+    /// they could not be read): counted per connection, logged once per burst per uid.
+    pub fn refused_peer(&self, credentials: Result<(u32, u32, Option<i32>), &std::io::Error>) {
+        let inner = &self.0;
+        let refusal = Refusal::NotAllowed;
+        inner
+            .metrics
+            .api_refused(inner.listener, "connection", refusal.name());
+        let uid = credentials.as_ref().ok().map(|(uid, _, _)| *uid);
+        let Some(before) = lock(&inner.quiet_peers).speak((uid, refusal.name()), Instant::now())
+        else {
+            return;
+        };
+        match credentials {
+            Ok((uid, gid, pid)) => warn!(
+                uid,
+                gid,
+                ?pid,
+                refused_since_last_said = before,
+                "API client refused: neither its uid nor its gid is in api-allow-uids or \
+                 api-allow-gids; connection closed"
+            ),
+            Err(error) => warn!(
+                %error,
+                refused_since_last_said = before,
+                "API client refused: cannot read its credentials; connection closed"
+            ),
+        }
+    }
+
     /// Logs an accept that failed (out of descriptors, the kernel short of memory), once per
     /// burst, and counts it.
     pub fn accept_failed(&self, error: &std::io::Error) {
@@ -302,6 +390,12 @@ impl Connection {
         self.streams.fetch_add(1, Ordering::Relaxed);
         self.had_stream.store(true, Ordering::Relaxed);
         Ok(StreamGuard(Arc::clone(self)))
+    }
+
+    /// Input of this connection refused for `refusal` (`what`: a frame, a header block, a
+    /// request): counted, and logged once per burst.
+    pub fn refuse(&self, what: &'static str, refusal: Refusal) {
+        self.gate.refused(what, refusal, self.peer);
     }
 
     /// When it must be closed if it still has no stream then; `None` while it has one.
@@ -396,8 +490,13 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 
 impl<S, B> tower::Service<http::Request<B>> for Streams<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
     S::Future: Send + 'static,
+    B: hyper::body::Body<Data = hyper::body::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -409,7 +508,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let connection = connection_of(request.extensions());
-        let guard = match connection.map(|c| c.open_stream()) {
+        let guard = match connection.as_ref().map(|c| c.open_stream()) {
             Some(Err(refusal)) => {
                 let status = tonic::Status::resource_exhausted(format!(
                     "{}: this peer holds its share of the API's streams (api-max-streams-per-peer)",
@@ -420,6 +519,13 @@ where
             Some(Ok(guard)) => Some(guard),
             None => None,
         };
+        let request = request.map(|body| {
+            tonic::body::Body::new(Bounded {
+                body,
+                messages: Messages::default(),
+                connection,
+            })
+        });
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -437,7 +543,7 @@ where
 }
 
 /// The admitted connection a request came on, from its connect info (unix socket or TLS).
-fn connection_of(extensions: &http::Extensions) -> Option<Arc<Connection>> {
+pub(crate) fn connection_of(extensions: &http::Extensions) -> Option<Arc<Connection>> {
     use tonic::transport::server::TlsConnectInfo;
     extensions
         .get::<Admitted>()
@@ -452,6 +558,94 @@ fn connection_of(extensions: &http::Extensions) -> Option<Arc<Connection>> {
 /// The connect info of an admitted connection: its lease's connection, where it has one.
 #[derive(Clone, Debug, Default)]
 pub struct Admitted(pub Option<Arc<Connection>>);
+
+/// Where a request body stands in its gRPC messages: each a 5-byte prefix (a compression
+/// flag and a big-endian length) and that many bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Messages {
+    /// Prefix bytes read of the next message (up to 5), and its length so far.
+    prefix: usize,
+    length: usize,
+    /// Bytes of the current message still to come.
+    rest: usize,
+}
+
+impl Messages {
+    /// Follows `data`; the length of a message longer than [`MAX_REQUEST`], as soon as its
+    /// prefix has come.
+    fn follow(&mut self, mut data: &[u8]) -> Result<(), usize> {
+        while let Some((&byte, after)) = data.split_first() {
+            if self.rest > 0 {
+                let n = self.rest.min(data.len());
+                self.rest -= n;
+                data = &data[n..];
+                continue;
+            }
+            // The flag, then the four length bytes.
+            if self.prefix > 0 {
+                self.length = self.length << 8 | usize::from(byte);
+            }
+            self.prefix += 1;
+            data = after;
+            if self.prefix == 5 {
+                if self.length > MAX_REQUEST {
+                    return Err(self.length);
+                }
+                (self.rest, self.prefix, self.length) = (self.length, 0, 0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A request body whose gRPC messages are held to [`MAX_REQUEST`]: one announced longer ends
+/// the body with RESOURCE_EXHAUSTED (the RPC's answer), counted against its connection.
+struct Bounded<B> {
+    body: B,
+    messages: Messages,
+    connection: Option<Arc<Connection>>,
+}
+
+impl<B> hyper::body::Body for Bounded<B>
+where
+    B: hyper::body::Body<Data = hyper::body::Bytes> + Unpin,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Data = hyper::body::Bytes;
+    type Error = tonic::codegen::StdError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let frame = match std::task::ready!(std::pin::Pin::new(&mut this.body).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            None => return Poll::Ready(None),
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(length) = this.messages.follow(data)
+        {
+            if let Some(connection) = &this.connection {
+                connection.refuse("request", Refusal::TooLarge);
+            }
+            let status = tonic::Status::resource_exhausted(format!(
+                "a request message of {length} bytes; plegd takes at most {MAX_REQUEST}"
+            ));
+            return Poll::Ready(Some(Err(Box::new(status))));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
 
 /// A response body that holds its RPC's stream until it is done.
 struct Guarded {

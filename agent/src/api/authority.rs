@@ -23,10 +23,28 @@
 //! rewriting never makes a request worse. Headers the client marked never-indexed are indexed
 //! by the re-encoding: that marking guards against intermediaries that compress across
 //! clients, and the block goes no further than h2 in this process.
+//!
+//! Decoding is where a peer's bytes turn into plegd's memory (a 4 KB entry of the dynamic
+//! table referred to by a one-byte index costs 4 KB per reference), so it is bounded before
+//! anything is allocated (issue 53):
+//! - a frame longer than [`MAX_FRAME`] (the largest plegd's servers accept) is not buffered:
+//!   it and the rest of the connection pass on as they come, and h2 ends the connection at
+//!   its header (FRAME_SIZE_ERROR);
+//! - a header block is held across CONTINUATION frames up to [`MAX_HELD`] bytes, and decodes
+//!   to at most [`MAX_HEADER_LIST`] (the header list size plegd's servers advertise), counted
+//!   as RFC 7541 counts it (name, value and 32 bytes per field) as each field is decoded, so
+//!   nothing past the limit is ever copied. A block past either limit ends the connection
+//!   (RFC 9113 10.5.1 lets a server close one rather than decode what it will not handle):
+//!   h2 would refuse such a block too, and its table follows the rewritten blocks, not the
+//!   client's, so passing it on unchanged could not be decoded.
+//!
+//! Each refusal is counted in `plegd_api_refused_total{listener="unix"}` (`what` "frame" or
+//! "header-block", reason "too-large") and logged once per burst.
 
 use std::{
     io,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -35,8 +53,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 use tracing::debug;
 
+use crate::api::admission::{Connection, MAX_FRAME, MAX_HEADER_LIST, Refusal};
+
 /// The client connection preface, passed on before the first frame.
-const PREFACE_LEN: usize = 24;
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PREFACE_LEN: usize = PREFACE.len();
 const FRAME_HEADER_LEN: usize = 9;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
@@ -44,10 +65,13 @@ const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
-/// The largest frame every HTTP/2 peer accepts (SETTINGS_MAX_FRAME_SIZE's initial value).
-const MAX_FRAME: usize = 16_384;
-/// A header block held across CONTINUATION frames beyond this turns the rewriting off.
-const MAX_BLOCK: usize = 1 << 20;
+/// The bytes of a header block held across CONTINUATION frames: its fragment, which a block
+/// h2 accepts keeps under [`MAX_HEADER_LIST`] (a field's encoding is never longer than the 32
+/// bytes RFC 7541 counts for it beyond its name and value), and its frames' headers and
+/// padding.
+const MAX_HELD: usize = 2 * MAX_HEADER_LIST as usize;
+/// What RFC 7541 (4.1) counts for a field beyond its name and value.
+const FIELD_OVERHEAD: usize = 32;
 /// The HPACK dynamic table size h2 advertises (SETTINGS_HEADER_TABLE_SIZE's initial value,
 /// which h2 keeps): the most the client's encoder may use, and what ours uses.
 const TABLE_SIZE: usize = 4_096;
@@ -68,6 +92,39 @@ struct Rewriter {
     encoder: Encoder<'static>,
     /// Something unexpected came: bytes are passed on unchanged from then on.
     off: bool,
+    /// A header block past its limits came: the connection ends once `out` is read.
+    closed: bool,
+    /// What was refused and not yet counted.
+    refused: Option<Refused>,
+}
+
+/// Input refused for its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// A frame longer than [`MAX_FRAME`]: passed on, for h2 to end the connection at.
+    Frame,
+    /// A header block past [`MAX_HELD`] or [`MAX_HEADER_LIST`]: the connection ends.
+    Block,
+}
+
+impl Refused {
+    /// What `plegd_api_refused_total` calls it.
+    fn what(self) -> &'static str {
+        match self {
+            Self::Frame => "frame",
+            Self::Block => "header-block",
+        }
+    }
+}
+
+/// A decoded header block.
+enum Decoded {
+    /// Encoded again, each authority h2 would refuse replaced.
+    Rewritten(Vec<u8>),
+    /// Not HPACK, or not for this table.
+    Unreadable,
+    /// Past [`MAX_HEADER_LIST`].
+    TooLarge,
 }
 
 impl Default for Rewriter {
@@ -83,6 +140,8 @@ impl Default for Rewriter {
             decoder,
             encoder,
             off: false,
+            closed: false,
+            refused: None,
         }
     }
 }
@@ -108,6 +167,9 @@ impl Rewriter {
             self.preface += n;
             input = &input[n..];
         }
+        if self.closed {
+            return;
+        }
         if self.off {
             out.extend_from_slice(input);
             return;
@@ -118,6 +180,13 @@ impl Rewriter {
             let length = (usize::from(header[0]) << 16)
                 | (usize::from(header[1]) << 8)
                 | usize::from(header[2]);
+            if length > MAX_FRAME as usize {
+                // Never held: h2 reads the header and ends the connection.
+                self.refused = Some(Refused::Frame);
+                let held = self.held.take();
+                self.turn_off(held.as_ref().map_or(&[], |h| &h.original), out);
+                break;
+            }
             let end = at + FRAME_HEADER_LEN + length;
             if self.pending.len() < end {
                 break;
@@ -125,7 +194,7 @@ impl Rewriter {
             let frame = self.pending[at..end].to_vec();
             at = end;
             self.frame(&frame, out);
-            if self.off {
+            if self.off || self.closed {
                 break;
             }
         }
@@ -133,6 +202,9 @@ impl Rewriter {
         self.pending = rest;
         if self.off {
             out.append(&mut self.pending);
+        }
+        if self.closed {
+            self.pending = Vec::new();
         }
     }
 
@@ -155,11 +227,11 @@ impl Rewriter {
                 self.block(held, flags & END_HEADERS != 0, out);
             }
             (CONTINUATION, Some(mut held)) if held.stream == stream => {
+                if held.original.len() + frame.len() > MAX_HELD {
+                    return self.close();
+                }
                 held.fragment.extend_from_slice(payload);
                 held.original.extend_from_slice(frame);
-                if held.original.len() > MAX_BLOCK {
-                    return self.turn_off(&held.original, out);
-                }
                 self.block(held, flags & END_HEADERS != 0, out);
             }
             (_, Some(held)) => {
@@ -178,8 +250,9 @@ impl Rewriter {
             return;
         }
         match self.rewrite_block(&held.fragment) {
-            Some(block) => write_block(&held, &block, out),
-            None => self.turn_off(&held.original, out),
+            Decoded::Rewritten(block) => write_block(&held, &block, out),
+            Decoded::Unreadable => self.turn_off(&held.original, out),
+            Decoded::TooLarge => self.close(),
         }
     }
 
@@ -189,32 +262,49 @@ impl Rewriter {
         out.extend_from_slice(original);
     }
 
-    /// The block decoded, each `:authority` h2 would refuse replaced, and encoded again;
-    /// `None` when it does not decode.
-    fn rewrite_block(&mut self, block: &[u8]) -> Option<Vec<u8>> {
+    /// A header block past its limits: nothing more is read or passed on.
+    fn close(&mut self) {
+        self.refused = Some(Refused::Block);
+        self.closed = true;
+        self.held = None;
+    }
+
+    /// The block decoded, each `:authority` h2 would refuse replaced, and encoded again. The
+    /// decoder goes through the whole block (its table must follow the client's), but no
+    /// field is copied once the list is past [`MAX_HEADER_LIST`].
+    fn rewrite_block(&mut self, block: &[u8]) -> Decoded {
         let mut headers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        self.decoder
-            .decode_with_cb(block, |name, value| {
-                let value = if name.as_ref() == AUTHORITY && !valid_authority(&value) {
-                    debug!(
-                        authority = %String::from_utf8_lossy(&value),
-                        "unix socket: a request's :authority is not a valid authority; read as localhost"
-                    );
-                    REPLACEMENT.to_vec()
-                } else {
-                    value.into_owned()
-                };
-                headers.push((name.into_owned(), value));
-            })
-            .ok()?;
+        let mut size = 0usize;
+        let decoded = self.decoder.decode_with_cb(block, |name, value| {
+            size = size.saturating_add(name.len() + value.len() + FIELD_OVERHEAD);
+            if size > MAX_HEADER_LIST as usize {
+                return;
+            }
+            let value = if name.as_ref() == AUTHORITY && !valid_authority(&value) {
+                debug!(
+                    authority = %String::from_utf8_lossy(&value),
+                    "unix socket: a request's :authority is not a valid authority; read as localhost"
+                );
+                REPLACEMENT.to_vec()
+            } else {
+                value.into_owned()
+            };
+            headers.push((name.into_owned(), value));
+        });
+        if size > MAX_HEADER_LIST as usize {
+            return Decoded::TooLarge;
+        }
+        if decoded.is_err() {
+            return Decoded::Unreadable;
+        }
         let mut out = Vec::with_capacity(block.len());
-        self.encoder
-            .encode_into(
-                headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
-                &mut out,
-            )
-            .ok()?;
-        Some(out)
+        match self.encoder.encode_into(
+            headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
+            &mut out,
+        ) {
+            Ok(()) => Decoded::Rewritten(out),
+            Err(_) => Decoded::Unreadable,
+        }
     }
 }
 
@@ -236,7 +326,8 @@ fn headers_payload(flags: u8, payload: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// A header block as a HEADERS frame and as many CONTINUATIONs as it needs, no padding.
 fn write_block(held: &HeldBlock, block: &[u8], out: &mut Vec<u8>) {
-    let first = (MAX_FRAME - held.priority.len()).min(block.len());
+    let max_frame = MAX_FRAME as usize;
+    let first = (max_frame - held.priority.len()).min(block.len());
     let (head, mut rest) = block.split_at(first);
     let mut payload = held.priority.clone();
     payload.extend_from_slice(head);
@@ -244,7 +335,7 @@ fn write_block(held: &HeldBlock, block: &[u8], out: &mut Vec<u8>) {
     frame_header(payload.len(), HEADERS, held.flags | last, held.stream, out);
     out.extend_from_slice(&payload);
     while !rest.is_empty() {
-        let (chunk, after) = rest.split_at(MAX_FRAME.min(rest.len()));
+        let (chunk, after) = rest.split_at(max_frame.min(rest.len()));
         rest = after;
         let last = if rest.is_empty() { END_HEADERS } else { 0 };
         frame_header(chunk.len(), CONTINUATION, last, held.stream, out);
@@ -273,17 +364,76 @@ pub struct AuthorityFix<IO> {
     /// Rewritten bytes h2 has not read yet.
     ready: Vec<u8>,
     read: usize,
+    /// Where refusals are counted.
+    connection: Option<Arc<Connection>>,
 }
 
 impl<IO> AuthorityFix<IO> {
-    pub fn new(io: IO) -> Self {
+    /// `io`, rewritten; its refusals counted against `connection`.
+    pub fn new(io: IO, connection: Option<Arc<Connection>>) -> Self {
         Self {
             io,
             rewriter: Rewriter::default(),
             ready: Vec::new(),
             read: 0,
+            connection,
         }
     }
+
+    fn count_refusal(&mut self) {
+        if let Some(refused) = self.rewriter.refused.take()
+            && let Some(connection) = &self.connection
+        {
+            connection.refuse(refused.what(), Refusal::TooLarge);
+        }
+    }
+}
+
+/// The header-block path of the unix socket over `data` as a client's
+/// bytes after the preface, fed in pieces whose sizes the first byte picks: the fuzz target's
+/// entry point, not an API. Returns what h2 would read.
+#[doc(hidden)]
+pub fn fuzz_header_blocks(data: &[u8]) -> FuzzOutcome {
+    let Some((&piece, data)) = data.split_first() else {
+        return FuzzOutcome::default();
+    };
+    let mut rewriter = Rewriter::default();
+    let mut out = Vec::new();
+    rewriter.feed(PREFACE, &mut out);
+    let mut most_held = 0;
+    for chunk in data.chunks(usize::from(piece).max(1) * 64) {
+        rewriter.feed(chunk, &mut out);
+        let held = rewriter
+            .held
+            .as_ref()
+            .map_or(0, |h| h.original.len() + h.fragment.len());
+        most_held = most_held.max(rewriter.pending.len() + held);
+    }
+    FuzzOutcome {
+        passed_on: out.len(),
+        most_held,
+        may_hold: MAX_HELD * 2 + FRAME_HEADER_LEN + MAX_FRAME as usize + 255 * 64,
+        refused: rewriter.closed,
+        off: rewriter.off,
+    }
+}
+
+/// What [`fuzz_header_blocks`] saw.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct FuzzOutcome {
+    /// Bytes passed on to h2.
+    pub passed_on: usize,
+    /// The most bytes held at once between frames (a partial frame, a block awaiting its
+    /// CONTINUATIONs).
+    pub most_held: usize,
+    /// The most it may hold: a held block's fragment and frames (each at most [`MAX_HELD`]),
+    /// a partial frame and a piece read after it.
+    pub may_hold: usize,
+    /// The connection was ended for a header block past its limits.
+    pub refused: bool,
+    /// The rewriting turned off (bytes pass on unchanged).
+    pub off: bool,
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
@@ -296,6 +446,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
         while this.read == this.ready.len() {
             this.ready.clear();
             this.read = 0;
+            if this.rewriter.closed {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a header block past plegd's header list limit",
+                )));
+            }
             let mut bytes = [0; 8192];
             let mut incoming = ReadBuf::new(&mut bytes);
             std::task::ready!(Pin::new(&mut this.io).poll_read(cx, &mut incoming))?;
@@ -311,6 +467,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
                 break;
             }
             this.rewriter.feed(incoming.filled(), &mut this.ready);
+            this.count_refusal();
         }
         let n = buf.remaining().min(this.ready.len() - this.read);
         buf.put_slice(&this.ready[this.read..this.read + n]);
@@ -349,7 +506,6 @@ impl<IO: Connected> Connected for AuthorityFix<IO> {
 mod tests {
     use super::*;
 
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     /// `/a` Huffman-coded (RFC 7541 appendix B: `/` 011000, `a` 00011, EOS padding).
     const SLASH_A_HUFFMAN: [u8; 2] = [0x60, 0x7f];
 
@@ -519,29 +675,144 @@ mod tests {
     }
 
     #[test]
-    fn a_block_re_encoded_past_one_frame_goes_on_in_continuations() {
-        // A header of 40,000 bytes beside the authority.
-        let big = vec![b'x'; 40_000];
-        let mut block = grpcio_block(b"/run/plegd/plegd.sock");
-        block.push(0x00);
+    fn a_block_written_past_one_frame_goes_on_in_continuations() {
+        // Blocks within the list limit fit one frame with their priority fields (a field's
+        // encoding is shorter than what the limit counts for it); written anyway as h2 takes
+        // a longer one.
+        let held = HeldBlock {
+            stream: 1u32.to_be_bytes(),
+            flags: PRIORITY,
+            priority: vec![0, 0, 0, 0, 16],
+            fragment: Vec::new(),
+            original: Vec::new(),
+        };
+        let block: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        let mut out = PREFACE.to_vec();
+        write_block(&held, &block, &mut out);
+        let mut at = PREFACE_LEN;
+        let (mut kinds, mut payload) = (Vec::new(), Vec::new());
+        while at < out.len() {
+            let length = usize::from(out[at]) << 16
+                | usize::from(out[at + 1]) << 8
+                | usize::from(out[at + 2]);
+            assert!(length <= MAX_FRAME as usize);
+            kinds.push((out[at + 3], out[at + 4]));
+            payload.extend_from_slice(&out[at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + length]);
+            at += FRAME_HEADER_LEN + length;
+        }
+        assert_eq!(
+            kinds,
+            [
+                (HEADERS, PRIORITY),
+                (CONTINUATION, 0),
+                (CONTINUATION, END_HEADERS)
+            ]
+        );
+        assert_eq!(&payload[..5], &[0, 0, 0, 0, 16]);
+        assert_eq!(&payload[5..], &block[..]);
+    }
+
+    /// A block of one `x-big` field whose list size (RFC 7541) is `size`.
+    fn block_of_list_size(size: usize) -> Vec<u8> {
+        let value = vec![b'x'; size - FIELD_OVERHEAD - b"x-big".len()];
+        let mut block = vec![0x00];
         block.extend(literal(b"x-big"));
-        block.extend(loona_hpack::encoder::encode_integer(big.len(), 7));
-        block.extend_from_slice(&big);
-        let mut input = PREFACE.to_vec();
-        let chunks: Vec<&[u8]> = block.chunks(MAX_FRAME).collect();
+        block.extend(loona_hpack::encoder::encode_integer(value.len(), 7));
+        block.extend_from_slice(&value);
+        block
+    }
+
+    /// `block` as HEADERS and CONTINUATION frames of at most `max` bytes each.
+    fn framed(stream: u32, block: &[u8], max: usize) -> Vec<u8> {
+        let chunks: Vec<&[u8]> = block.chunks(max).collect();
+        let mut out = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
             let kind = if i == 0 { HEADERS } else { CONTINUATION };
-            let flags = if i + 1 == chunks.len() {
+            let last = if i + 1 == chunks.len() {
                 END_HEADERS
             } else {
                 0
             };
-            input.extend(frame(kind, flags, 1, chunk));
+            out.extend(frame(kind, last, stream, chunk));
         }
-        let (out, _) = fed(&[&input]);
-        let (blocks, _) = as_h2_reads(&out);
-        assert_eq!(authorities(&blocks), ["localhost"]);
-        assert_eq!(blocks[0].last().unwrap().1.len(), big.len());
+        out
+    }
+
+    #[test]
+    fn a_header_list_up_to_the_limit_passes_and_one_byte_more_ends_the_connection() {
+        let limit = MAX_HEADER_LIST as usize;
+        for (size, refused) in [(limit, false), (limit + 1, true)] {
+            let block = block_of_list_size(size);
+            let input = [PREFACE, &framed(1, &block, 8_192)].concat();
+            let (out, rewriter) = fed(&[&input]);
+            assert_eq!(rewriter.closed, refused, "list size {size}");
+            assert_eq!(rewriter.refused, refused.then_some(Refused::Block));
+            if refused {
+                assert_eq!(out, PREFACE, "nothing of it passed on");
+            } else {
+                let value = size - FIELD_OVERHEAD - b"x-big".len();
+                assert_eq!(as_h2_reads(&out).0[0][0].1.len(), value);
+            }
+        }
+    }
+
+    #[test]
+    fn an_hpack_bomb_is_refused_without_copying_its_references() {
+        // Issue 53: a 4,000-byte entry, then 200,000 one-byte references to it, in 16 KiB
+        // frames: 800 MB decoded. Refused once its held bytes pass the limit, long before.
+        let mut block = vec![0x40];
+        block.extend(literal(b"x-bomb"));
+        block.extend(loona_hpack::encoder::encode_integer(4_000, 7));
+        block.extend(std::iter::repeat_n(b'b', 4_000));
+        block.extend(std::iter::repeat_n(0xbe, 200_000));
+        let input = [PREFACE, &framed(1, &block, MAX_FRAME as usize)].concat();
+        let mut rewriter = Rewriter::default();
+        let mut out = Vec::new();
+        for chunk in input.chunks(8_192) {
+            rewriter.feed(chunk, &mut out);
+            assert!(rewriter.pending.len() <= MAX_FRAME as usize + FRAME_HEADER_LEN + 8_192);
+        }
+        assert!(rewriter.closed);
+        assert_eq!(out, PREFACE);
+        assert!(rewriter.pending.capacity() == 0 && rewriter.held.is_none());
+        // Within the held bytes' limit, the references alone past the list limit.
+        let mut small = vec![0x40];
+        small.extend(literal(b"x-bomb"));
+        small.extend(loona_hpack::encoder::encode_integer(4_000, 7));
+        small.extend(std::iter::repeat_n(b'b', 4_000));
+        small.extend(std::iter::repeat_n(0xbe, 5));
+        let (out, rewriter) = fed(&[&[PREFACE, &framed(1, &small, 16_384)].concat()]);
+        assert!(rewriter.closed);
+        assert_eq!(out, PREFACE);
+    }
+
+    #[test]
+    fn a_frame_past_the_maximum_size_is_passed_on_unbuffered_for_h2_to_refuse() {
+        let settings = frame(0x4, 0, 0, &[]);
+        let mut oversize = vec![0x00, 0x40, 0x01, HEADERS, END_HEADERS, 0, 0, 0, 1];
+        oversize.extend([0xbe; 100]);
+        let input = [PREFACE, &settings, &oversize].concat();
+        let (out, rewriter) = fed(&[&input]);
+        assert_eq!(out, input);
+        assert!(rewriter.off && !rewriter.closed);
+        assert_eq!(rewriter.refused, Some(Refused::Frame));
+        // One byte less is a frame like any other.
+        let mut largest = vec![0x00, 0x40, 0x00, 0x0, 0, 0, 0, 0, 1];
+        largest.extend(vec![0; MAX_FRAME as usize]);
+        let (_, rewriter) = fed(&[PREFACE, &largest]);
+        assert!(!rewriter.off && rewriter.refused.is_none());
+    }
+
+    #[test]
+    fn continuations_held_past_their_limit_end_the_connection() {
+        let mut input = [PREFACE, &frame(HEADERS, 0, 1, &[0x82])].concat();
+        // Empty CONTINUATIONs cost a frame header each.
+        for _ in 0..MAX_HELD / FRAME_HEADER_LEN {
+            input.extend(frame(CONTINUATION, 0, 1, &[]));
+        }
+        let (out, rewriter) = fed(&[&input]);
+        assert!(rewriter.closed);
+        assert_eq!(out, PREFACE);
     }
 
     #[test]

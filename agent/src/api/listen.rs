@@ -47,8 +47,8 @@ use crate::{
     api::{
         Shared,
         admission::{
-            Gate, HANDSHAKE_DEADLINE, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Limits, Peer,
-            StreamLayer,
+            Gate, HANDSHAKE_DEADLINE, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Lease, Limits,
+            MAX_FRAME, MAX_HEADER_LIST, MAX_REQUEST, Peer, RECEIVE_WINDOW, StreamLayer,
         },
         authority::AuthorityFix,
         cut::Cuttable,
@@ -63,12 +63,19 @@ use crate::{
 /// before it tries again.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
-/// The metrics listener's limits: scrapers are few.
-const METRICS_LIMITS: Limits = Limits {
+/// The metrics listener's limits: scrapers are few, and each address (a Prometheus, a
+/// kubelet's probes) holds an eighth of the listener at most, so that no one of them starves
+/// the others.
+pub const METRICS_LIMITS: Limits = Limits {
     connections: 64,
-    connections_per_peer: 64,
-    streams_per_peer: 64,
+    connections_per_peer: 8,
+    streams_per_peer: 8,
 };
+
+/// How long a metrics client may take to send a request's headers: scrapers and probes send
+/// them at once. A connection past it is closed (`plegd_api_closed_total{reason=
+/// "header-deadline"}`).
+pub const METRICS_HEADER_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How often grpc.health.v1 statuses follow the PLEG's health.
 const HEALTH_UPDATE_PERIOD: Duration = Duration::from_secs(1);
@@ -166,6 +173,14 @@ impl Listeners {
         let tcp = match config.listen {
             Some(address) => {
                 let tls = tls_config(config)?;
+                if config.tls_client_ca.is_none() {
+                    warn!(
+                        %address,
+                        "the TLS listener serves every call, every pod's events and statuses, \
+                         to any client that reaches it, with no certificate asked \
+                         (tls-allow-unauthenticated-clients); give tls-client-ca to ask for one"
+                    );
+                }
                 Some((bind_tcp("the gRPC TCP address", address)?, tls))
             }
             None => None,
@@ -299,10 +314,20 @@ fn routes<H: Health>(
             .register_encoded_file_descriptor_set(plegd_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    Ok(Routes::new(health)
-        .add_service(service)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?))
+    // Each also held to MAX_REQUEST by tonic: StreamLayer refuses a longer message first
+    // (RESOURCE_EXHAUSTED, counted), this is what stands should a request come another way.
+    Ok(Routes::new(health.max_decoding_message_size(MAX_REQUEST))
+        .add_service(service.max_decoding_message_size(MAX_REQUEST))
+        .add_service(
+            reflection()
+                .build_v1()?
+                .max_decoding_message_size(MAX_REQUEST),
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_REQUEST),
+        ))
 }
 
 /// What every gRPC listener serves, and how it stops.
@@ -321,8 +346,8 @@ impl Served {
         peers: PeerAllowList,
         gate: Gate,
     ) -> Result<(), tonic::transport::Error> {
-        let incoming = admitted(gate, self.cut.clone(), (unix, peers), |io| {
-            AuthorityFix::new(io)
+        let incoming = admitted(gate, self.cut.clone(), (unix, peers), |io, lease| {
+            AuthorityFix::new(io, Some(Arc::clone(&lease.connection)))
         });
         grpc_server()
             .layer(StreamLayer)
@@ -354,7 +379,7 @@ impl Served {
             .layer(StreamLayer)
             .add_routes(self.routes.clone())
             .serve_with_incoming_shutdown(
-                admitted(gate, self.cut.clone(), listener, |io| io),
+                admitted(gate, self.cut.clone(), listener, |io, _| io),
                 self.stopping.clone(),
             )
             .await
@@ -388,60 +413,67 @@ fn register_unix(
     UnixListener::from_std(listener).map_err(register)
 }
 
-/// Every gRPC listener's server: HTTP/2 pings end the connections of peers that are gone.
+/// Every gRPC listener's server: HTTP/2 pings end the connections of peers that are gone;
+/// frames, header lists and request bodies in flight bounded as
+/// [`crate::api::admission`] says.
 fn grpc_server() -> Server {
     Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_frame_size(MAX_FRAME)
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .initial_stream_window_size(RECEIVE_WINDOW)
+        .initial_connection_window_size(RECEIVE_WINDOW)
 }
 
 /// A listener whose accepted connections come with their peer.
 trait Accept: Send + 'static {
     type Io: Send + 'static;
-    /// The next connection and its peer; `None` for one refused before admission.
-    fn accept_peer(&self)
-    -> impl Future<Output = std::io::Result<Option<(Self::Io, Peer)>>> + Send;
+    /// The next connection and its peer; `None` for one refused before admission (counted by
+    /// `gate`).
+    fn accept_peer(
+        &self,
+        gate: &Gate,
+    ) -> impl Future<Output = std::io::Result<Option<(Self::Io, Peer)>>> + Send;
 }
 
 impl Accept for (UnixListener, PeerAllowList) {
     type Io = tokio::net::UnixStream;
 
-    async fn accept_peer(&self) -> std::io::Result<Option<(Self::Io, Peer)>> {
+    async fn accept_peer(&self, gate: &Gate) -> std::io::Result<Option<(Self::Io, Peer)>> {
         let (io, _) = self.0.accept().await?;
-        Ok(allowed_uid(&self.1, &io).map(|uid| (io, Peer::Uid(uid))))
+        Ok(allowed_uid(&self.1, &io, gate).map(|uid| (io, Peer::Uid(uid))))
     }
 }
 
 impl Accept for TcpListener {
     type Io = tokio::net::TcpStream;
 
-    async fn accept_peer(&self) -> std::io::Result<Option<(Self::Io, Peer)>> {
+    async fn accept_peer(&self, _: &Gate) -> std::io::Result<Option<(Self::Io, Peer)>> {
         let (io, address) = self.accept().await?;
         Ok(Some((io, Peer::Address(address.ip()))))
     }
 }
 
 /// The connections of `listener` as a server takes them: each admitted by `gate` (a refused
-/// one is closed at once), wrapped by `wrap` and made [`Cuttable`]. An accept that fails (out
+/// one is closed at once), wrapped by `wrap` (with its lease) and made [`Cuttable`]. An accept that fails (out
 /// of descriptors, the kernel short of memory) is counted, logged once per burst and tried
 /// again after [`ACCEPT_PAUSE`]: it never ends the server.
 fn admitted<L: Accept, W: Send + 'static>(
     gate: Gate,
     cut: CancellationToken,
     listener: L,
-    wrap: fn(L::Io) -> W,
+    wrap: fn(L::Io, &Lease) -> W,
 ) -> impl Stream<Item = std::io::Result<Cuttable<W>>> + Send + 'static {
     futures::stream::unfold(listener, move |listener| {
         let (gate, cut) = (gate.clone(), cut.clone());
         async move {
             loop {
-                match listener.accept_peer().await {
+                match listener.accept_peer(&gate).await {
                     Ok(Some((io, peer))) => {
                         if let Ok(lease) = gate.admit(peer) {
-                            return Some((
-                                Ok(Cuttable::new(wrap(io), &cut, Some(lease))),
-                                listener,
-                            ));
+                            let io = wrap(io, &lease);
+                            return Some((Ok(Cuttable::new(io, &cut, Some(lease))), listener));
                         }
                     }
                     Ok(None) => {}
@@ -463,26 +495,20 @@ fn admitted<L: Accept, W: Send + 'static>(
     })
 }
 
-/// The uid of a new unix socket peer if it is allowed; a refused one is logged with its
-/// credentials.
-fn allowed_uid(peers: &PeerAllowList, io: &tokio::net::UnixStream) -> Option<u32> {
+/// The uid of a new unix socket peer if it is allowed; a refused one is counted, and logged
+/// with its credentials once per burst (by `gate`).
+fn allowed_uid(peers: &PeerAllowList, io: &tokio::net::UnixStream, gate: &Gate) -> Option<u32> {
     match io.peer_cred() {
         Ok(peer) if peers.allows(peer.uid(), peer.gid()) => {
             debug!(uid = peer.uid(), gid = peer.gid(), pid = ?peer.pid(), "API client accepted");
             Some(peer.uid())
         }
         Ok(peer) => {
-            warn!(
-                uid = peer.uid(),
-                gid = peer.gid(),
-                pid = ?peer.pid(),
-                "API client refused: neither its uid nor its gid is in api-allow-uids or \
-                 api-allow-gids; connection closed"
-            );
+            gate.refused_peer(Ok((peer.uid(), peer.gid(), peer.pid())));
             None
         }
         Err(error) => {
-            warn!(%error, "API client refused: cannot read its credentials; connection closed");
+            gate.refused_peer(Err(&error));
             None
         }
     }
@@ -632,6 +658,42 @@ fn tls_config(config: &Config) -> Result<ServerTlsConfig, BindError> {
     Ok(tls)
 }
 
+/// Who may reach the API's network listeners, as `plegd check` shows it: (subject, whether
+/// that is as it should be, what).
+pub fn exposure(config: &Config) -> Vec<(&'static str, bool, String)> {
+    let mut lines = Vec::new();
+    if let Some(address) = config.listen {
+        lines.push(match config.tls_client_ca {
+            Some(_) => (
+                "TLS listener",
+                true,
+                format!("{address}: clients need a certificate tls-client-ca signed"),
+            ),
+            None => (
+                "TLS listener",
+                false,
+                format!(
+                    "{address}: serves every call to any client, no certificate asked \
+                     (tls-allow-unauthenticated-clients)"
+                ),
+            ),
+        });
+    }
+    if let Some(address) = config.metrics_address {
+        let whom = if address.ip().is_loopback() {
+            "this host"
+        } else {
+            "whoever reaches it (every pod's per-container counters)"
+        };
+        lines.push((
+            "metrics listener",
+            true,
+            format!("{address}: /metrics, /healthz and /readyz to {whom}"),
+        ));
+    }
+    lines
+}
+
 /// Keeps grpc.health.v1 services "" and "plegd.v1.Pleg" SERVING while the PLEG is healthy,
 /// NOT_SERVING otherwise: SERVING from the relist that makes it healthy (as `GetHealth` says),
 /// NOT_SERVING within a period of it going stale.
@@ -669,7 +731,12 @@ async fn serve_metrics(
     }
     let mut connections = tokio::task::JoinSet::new();
     // Cut only by their deadlines: shutdown ends their tasks.
-    let mut incoming = std::pin::pin!(admitted(gate, CancellationToken::new(), listener, |io| io));
+    let mut incoming = std::pin::pin!(admitted(
+        gate,
+        CancellationToken::new(),
+        listener,
+        |io, _| io
+    ));
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -680,6 +747,7 @@ async fn serve_metrics(
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         let connection = stream.connect_info().0;
+        let metrics = shared.metrics.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 // A request is the connection's stream while it is answered.
@@ -694,9 +762,15 @@ async fn serve_metrics(
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(METRICS_HEADER_DEADLINE)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             tokio::select! {
-                _ = connection => {}
+                served = connection => {
+                    if served.is_err_and(|e| e.is_timeout()) {
+                        metrics.api_closed("metrics", "header-deadline");
+                    }
+                }
                 () = shutdown.cancelled() => {}
             }
         });
@@ -846,6 +920,38 @@ mod tests {
         assert_eq!(meta(&narrow).mode() & 0o777, 0o700);
     }
 
+    #[test]
+    fn tls_without_client_authentication_shows_as_not_ok() {
+        let config = |ca: Option<&str>| {
+            Config::load(&crate::config::RunArgs {
+                listen: Some("0.0.0.0:9810".parse().unwrap()),
+                tls_cert: Some("server.pem".into()),
+                tls_key: Some("server.key".into()),
+                tls_client_ca: ca.map(PathBuf::from),
+                tls_allow_unauthenticated_clients: Some(true),
+                metrics_address: Some("127.0.0.1:9809".parse().unwrap()),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let oks = |config: &Config| -> Vec<(&str, bool)> {
+            exposure(config)
+                .into_iter()
+                .map(|(s, ok, _)| (s, ok))
+                .collect()
+        };
+        assert_eq!(
+            oks(&config(None)),
+            [("TLS listener", false), ("metrics listener", true)]
+        );
+        assert_eq!(
+            oks(&config(Some("ca.pem"))),
+            [("TLS listener", true), ("metrics listener", true)]
+        );
+        let quiet = Config::load(&crate::config::RunArgs::default()).unwrap();
+        assert!(exposure(&quiet).is_empty());
+    }
+
     #[tokio::test]
     async fn a_failed_bind_leaves_no_socket_behind() {
         let dir = tempfile::tempdir().unwrap();
@@ -856,7 +962,8 @@ mod tests {
         let bad_tls = crate::config::RunArgs {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             tls_cert: Some(junk.clone()),
-            tls_key: Some(junk),
+            tls_key: Some(junk.clone()),
+            tls_client_ca: Some(junk),
             ..Default::default()
         };
         let port_taken = crate::config::RunArgs {

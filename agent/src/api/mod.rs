@@ -21,6 +21,8 @@ pub mod listen;
 pub(crate) mod peers;
 pub(crate) mod server;
 
+#[doc(hidden)]
+pub use authority::{FuzzOutcome, fuzz_header_blocks};
 pub use listen::{DEFAULT_SOCKET, Listeners};
 
 use crate::{base::metrics::Metrics, pleg::Pleg, sources::status::SourceRegistry};

@@ -10,7 +10,11 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    api::{Shared, convert},
+    api::{
+        Shared,
+        admission::{Refusal, connection_of},
+        convert,
+    },
     base::bus::{Ended, SubscribeError, Subscription},
     pleg::{Notice, PodLifecycleEvent, PodSync, PodUid, SyncReason, SyncSubscription},
 };
@@ -20,6 +24,8 @@ use crate::{
 pub enum WatchError {
     #[error("unknown event type {0}")]
     UnknownType(i32),
+    #[error("types has {given} entries; there are {} event types", EVENT_TYPES.len())]
+    TooManyTypes { given: usize },
     #[error(
         "run {requested} is over (plegd restarted; current run: {current}); list the pods and watch anew"
     )]
@@ -53,16 +59,33 @@ impl PodSelector {
     }
 }
 
+/// Every event type a watcher may ask for: `WatchRequest.types` has at most one entry each.
+pub const EVENT_TYPES: [pb::EventType; 7] = [
+    pb::EventType::ContainerStarted,
+    pb::EventType::ContainerDied,
+    pb::EventType::ContainerRemoved,
+    pb::EventType::ContainerChanged,
+    pb::EventType::PodSync,
+    pb::EventType::KernelObservation,
+    pb::EventType::ObservationUnconfirmed,
+];
+
 /// Which events a watcher wants.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     pods: PodSelector,
+    /// Sorted, each once.
     types: Vec<i32>,
     observations: bool,
 }
 
 impl Filter {
     pub fn from_request(request: &pb::WatchRequest) -> Result<Self, WatchError> {
+        if request.types.len() > EVENT_TYPES.len() {
+            return Err(WatchError::TooManyTypes {
+                given: request.types.len(),
+            });
+        }
         if let Some(bad) = request.types.iter().find(|t| {
             matches!(
                 pb::EventType::try_from(**t),
@@ -71,13 +94,16 @@ impl Filter {
         }) {
             return Err(WatchError::UnknownType(*bad));
         }
+        let mut types = request.types.clone();
+        types.sort_unstable();
+        types.dedup();
         Ok(Self {
             pods: PodSelector {
                 namespace: request.pod_namespace.clone(),
                 name: request.pod_name.clone(),
                 uid: request.pod_uid.clone(),
             },
-            types: request.types.clone(),
+            types,
             observations: request.include_observations,
         })
     }
@@ -237,7 +263,9 @@ pub fn health(shared: &Shared) -> pb::Health {
 
 fn watch_status(error: WatchError) -> Status {
     match error {
-        WatchError::UnknownType(_) => Status::invalid_argument(error.to_string()),
+        WatchError::UnknownType(_) | WatchError::TooManyTypes { .. } => {
+            Status::invalid_argument(error.to_string())
+        }
         WatchError::OtherRun { .. } | WatchError::Subscribe(_) => {
             Status::out_of_range(error.to_string())
         }
@@ -349,8 +377,14 @@ impl Pleg for PlegService {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let connection = connection_of(request.extensions());
         let request = request.into_inner();
-        let (subscription, filter) = watch(&self.shared, &request).map_err(watch_status)?;
+        let (subscription, filter) = watch(&self.shared, &request).map_err(|error| {
+            if let (WatchError::TooManyTypes { .. }, Some(connection)) = (&error, &connection) {
+                connection.refuse("request", Refusal::TooMany);
+            }
+            watch_status(error)
+        })?;
         let notices = request
             .include_kernel_observations
             .then(|| self.shared.pleg.notices());
@@ -471,9 +505,73 @@ mod tests {
     }
 
     #[test]
+    fn types_are_deduplicated_and_at_most_one_per_event_type() {
+        let died = pb::EventType::ContainerDied as i32;
+        let filter = Filter::from_request(&pb::WatchRequest {
+            types: vec![died; EVENT_TYPES.len()],
+            ..pb::WatchRequest::default()
+        })
+        .unwrap();
+        assert_eq!(filter.types, [died]);
+        let every: Vec<i32> = EVENT_TYPES.iter().rev().map(|t| *t as i32).collect();
+        let filter = Filter::from_request(&pb::WatchRequest {
+            types: every.clone(),
+            ..pb::WatchRequest::default()
+        })
+        .unwrap();
+        assert_eq!(filter.types, (1..=7).collect::<Vec<_>>());
+        assert_eq!(
+            Filter::from_request(&pb::WatchRequest {
+                types: [every, vec![died]].concat(),
+                ..pb::WatchRequest::default()
+            })
+            .unwrap_err(),
+            WatchError::TooManyTypes { given: 8 }
+        );
+        // Every type the API names is here.
+        let named = (1..16)
+            .filter(|t| pb::EventType::try_from(*t).is_ok())
+            .count();
+        assert_eq!(named, EVENT_TYPES.len());
+    }
+
+    /// The largest request a watcher can mean, with every filter at the longest Kubernetes
+    /// allows (a namespace is a DNS label, 63; a pod name a DNS subdomain, 253; a uid 36, or
+    /// `namespace/container id` outside Kubernetes) and every event type, encodes far below
+    /// the decoding limit.
+    #[test]
+    fn the_largest_legitimate_request_fits() {
+        use prost::Message as _;
+        let largest = pb::WatchRequest {
+            from_sequence: u64::MAX,
+            pod_namespace: "n".repeat(63),
+            pod_name: "p".repeat(253),
+            pod_uid: "u".repeat(253),
+            types: EVENT_TYPES.iter().map(|t| *t as i32).collect(),
+            include_observations: true,
+            run_id: u64::MAX,
+            include_kernel_observations: true,
+        };
+        let length = largest.encoded_len();
+        assert!(length < 700, "{length}");
+        assert!(length * 4 < crate::api::admission::MAX_REQUEST, "{length}");
+        let sync = pb::SyncPodsRequest {
+            pod_namespace: largest.pod_namespace,
+            pod_name: largest.pod_name,
+            pod_uid: largest.pod_uid,
+            initial: true,
+        };
+        assert!(sync.encoded_len() < length);
+    }
+
+    #[test]
     fn errors_map_to_distinct_codes() {
         assert_eq!(
             watch_status(WatchError::UnknownType(9)).code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            watch_status(WatchError::TooManyTypes { given: 8 }).code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(

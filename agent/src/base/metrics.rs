@@ -238,13 +238,13 @@ impl Api {
         let refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             "plegd_api_refused",
-            "API connections closed at accept, and RPCs answered RESOURCE_EXHAUSTED, by listener, what (connection, stream) and reason: listener-full (api-max-connections), peer-full (api-max-connections-per-peer, api-max-streams-per-peer), descriptors (the open-file limit less plegd's reserve), accept-error (the accept itself failed)",
+            "API input refused, by listener, what (connection, stream, frame, header-block, request) and reason: listener-full (api-max-connections), peer-full (api-max-connections-per-peer, api-max-streams-per-peer), descriptors (the open-file limit less plegd's reserve), accept-error (the accept itself failed), not-allowed (a unix socket peer outside api-allow-uids and api-allow-gids), too-large (a frame past 16 KiB or a header block past 16 KiB: the connection ended; a request message past 4 KiB: RESOURCE_EXHAUSTED), too-many (a request's repeated field past its bound: INVALID_ARGUMENT). Connections are closed at accept, streams answered RESOURCE_EXHAUSTED",
             refused.clone(),
         );
         let closed = Family::<ClosedLabels, Counter>::default();
         registry.register(
             "plegd_api_closed",
-            "API connections that ended without a call in flight, by listener and reason: no-call (ended before its first call: a TLS handshake failed or past its 5 s deadline, an HTTP/2 preface refused, a peer gone), no-first-stream (closed by plegd: no call 10 s after the accept, e.g. a preface never finished), idle (closed by plegd: no call for 5 minutes)",
+            "API connections that ended without a call in flight, by listener and reason: no-call (ended before its first call: a TLS handshake failed or past its 5 s deadline, an HTTP/2 preface refused, a peer gone), no-first-stream (closed by plegd: no call 10 s after the accept, e.g. a preface never finished), idle (closed by plegd: no call for 5 minutes), header-deadline (metrics listener: a request's headers not sent within 5 s)",
             closed.clone(),
         );
         Self {

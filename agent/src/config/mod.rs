@@ -368,8 +368,8 @@ pub struct RunArgs {
     )]
     pub api_allow_gids: Option<Vec<u32>>,
 
-    /// Also serve the API on this TCP address, with TLS (needs --tls-cert and --tls-key).
-    /// [default: off]
+    /// Also serve the API on this TCP address, with TLS (needs --tls-cert and --tls-key, and
+    /// --tls-client-ca or --tls-allow-unauthenticated-clients). [default: off]
     #[arg(long, env = "PLEGD_LISTEN", value_name = "ADDR:PORT")]
     pub listen: Option<SocketAddr>,
 
@@ -381,10 +381,24 @@ pub struct RunArgs {
     #[arg(long, env = "PLEGD_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
 
-    /// PEM CA certificate(s): when given, TLS clients must present a certificate it signed
-    /// (mutual TLS).
+    /// PEM CA certificate(s): TLS clients must present a certificate it signed (mutual TLS).
+    /// --listen needs it, unless --tls-allow-unauthenticated-clients.
     #[arg(long, env = "PLEGD_TLS_CLIENT_CA", value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve the TLS listener (--listen) without --tls-client-ca: every client that reaches
+    /// the port, with no certificate, may then watch every pod's events and read every pod's
+    /// status. plegd says so at start (a warning) and in `plegd check`. Without this, --listen
+    /// without --tls-client-ca is refused. No effect with --tls-client-ca.
+    #[arg(
+        long,
+        env = "PLEGD_TLS_ALLOW_UNAUTHENTICATED_CLIENTS",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        default_value = "false"
+    )]
+    pub tls_allow_unauthenticated_clients: Option<bool>,
 
     /// Serve Prometheus /metrics, /healthz and /readyz over HTTP on this address, e.g.
     /// 127.0.0.1:9809. [default: off]
@@ -652,6 +666,9 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// Client CA for mutual TLS.
     pub tls_client_ca: Option<PathBuf>,
+    /// `--tls-allow-unauthenticated-clients`: the TLS listener may serve clients without a
+    /// certificate.
+    pub tls_allow_unauthenticated_clients: bool,
     /// HTTP address of /metrics, /healthz and /readyz, if any.
     pub metrics_address: Option<SocketAddr>,
     /// Where events are exported over OTLP, if anywhere.
@@ -707,6 +724,12 @@ pub enum ConfigError {
     EbpfModeWithoutEbpf,
     #[error("listen needs tls-cert and tls-key: the TCP API is served over TLS only")]
     ListenWithoutTls,
+    #[error(
+        "listen without tls-client-ca would serve every call (every pod's events and statuses) \
+         to any client that reaches the port: give tls-client-ca (clients then need a \
+         certificate it signed), or tls-allow-unauthenticated-clients to serve them all"
+    )]
+    ListenWithoutClientAuth,
     #[error("{0}")]
     Otlp(String),
     #[error("api-allow-uids and api-allow-gids are both empty: no client could use the API")]
@@ -793,6 +816,11 @@ impl Config {
             tls_cert: a.tls_cert.or(f.tls_cert),
             tls_key: a.tls_key.or(f.tls_key),
             tls_client_ca: a.tls_client_ca.or(f.tls_client_ca),
+            tls_allow_unauthenticated_clients: first(
+                a.tls_allow_unauthenticated_clients,
+                f.tls_allow_unauthenticated_clients,
+                d.tls_allow_unauthenticated_clients,
+            ),
             metrics_address: a.metrics_address.or(f.metrics_address),
             otlp: OtlpConfig::resolve(
                 a.otlp_endpoint.or(f.otlp_endpoint),
@@ -855,6 +883,12 @@ impl Config {
         }
         if self.listen.is_some() && (self.tls_cert.is_none() || self.tls_key.is_none()) {
             return Err(ConfigError::ListenWithoutTls);
+        }
+        if self.listen.is_some()
+            && self.tls_client_ca.is_none()
+            && !self.tls_allow_unauthenticated_clients
+        {
+            return Err(ConfigError::ListenWithoutClientAuth);
         }
         if self.api_allow_uids.is_empty() && self.api_allow_gids.is_empty() {
             return Err(ConfigError::NobodyAllowed);
@@ -1150,6 +1184,27 @@ mod tests {
             Config::load(&plain_tcp),
             Err(ConfigError::ListenWithoutTls)
         ));
+        // A certificate and no client CA: refused unless asked for by name.
+        let anyone = RunArgs {
+            tls_cert: Some("server.pem".into()),
+            tls_key: Some("server.key".into()),
+            ..plain_tcp
+        };
+        assert!(matches!(
+            Config::load(&anyone),
+            Err(ConfigError::ListenWithoutClientAuth)
+        ));
+        let asked = Config::load(&RunArgs {
+            tls_allow_unauthenticated_clients: Some(true),
+            ..anyone.clone()
+        })
+        .unwrap();
+        assert!(asked.tls_allow_unauthenticated_clients && asked.tls_client_ca.is_none());
+        Config::load(&RunArgs {
+            tls_client_ca: Some("ca.pem".into()),
+            ..anyone
+        })
+        .unwrap();
         let nobody = RunArgs {
             api_allow_uids: Some(Vec::new()),
             ..RunArgs::default()

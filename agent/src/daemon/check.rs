@@ -99,6 +99,9 @@ pub fn report(settings: &Config) -> (String, bool) {
         Err(e) => (false, e.to_string()),
     };
     lines.push(Line::new("eBPF probes", ebpf_ok, load));
+    for (subject, ok, detail) in crate::api::listen::exposure(settings) {
+        lines.push(Line::new(subject, ok, detail));
+    }
     lines.push(Line::new(
         "--mode auto",
         true,

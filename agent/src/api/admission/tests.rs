@@ -126,3 +126,82 @@ fn a_burst_of_refusals_is_said_once_then_summed() {
         None
     );
 }
+
+#[test]
+fn a_quiet_keyed_by_peers_forgets_the_quiet_ones_past_its_size() {
+    let mut quiet: Quiet<(Option<u32>, &str)> = Quiet::default();
+    let t0 = Instant::now();
+    for uid in 0..u32::try_from(QUIET_KINDS).unwrap() {
+        assert_eq!(quiet.speak((Some(uid), "not-allowed"), t0), Some(0));
+    }
+    // Still speaking for uid 0 within the period: summed.
+    assert_eq!(quiet.speak((Some(0), "not-allowed"), t0), None);
+    let later = t0 + LOG_EVERY;
+    assert_eq!(quiet.speak((Some(u32::MAX), "not-allowed"), later), Some(0));
+    assert_eq!(quiet.last.len(), 1, "the others had gone quiet");
+}
+
+#[test]
+fn refused_unix_peers_are_counted_per_connection() {
+    let (gate, metrics) = gate(LIMITS, 100);
+    let error = std::io::Error::other("no credentials");
+    for _ in 0..3 {
+        gate.refused_peer(Ok((1000, 1000, Some(42))));
+    }
+    gate.refused_peer(Err(&error));
+    assert_eq!(refused(&metrics, "connection", "not-allowed"), 4.0);
+    let quiet = lock(&gate.0.quiet_peers);
+    assert_eq!(
+        quiet.last[&(Some(1000), "not-allowed")].1,
+        2,
+        "said once, two summed"
+    );
+}
+
+#[test]
+fn a_connections_refused_input_is_counted_by_what_and_why() {
+    let (gate, metrics) = gate(LIMITS, 100);
+    let lease = gate.admit(Peer::Uid(7)).unwrap();
+    lease.connection.refuse("header-block", Refusal::TooLarge);
+    lease.connection.refuse("request", Refusal::TooMany);
+    assert_eq!(refused(&metrics, "header-block", "too-large"), 1.0);
+    assert_eq!(refused(&metrics, "request", "too-many"), 1.0);
+}
+
+#[test]
+fn request_messages_are_followed_across_frames_and_refused_at_their_prefix() {
+    let prefix = |length: usize| {
+        let mut bytes = vec![0];
+        bytes.extend(u32::try_from(length).unwrap().to_be_bytes());
+        bytes
+    };
+    let small = [prefix(3), vec![1, 2, 3]].concat();
+    let large = prefix(MAX_REQUEST + 1);
+    for (pieces, expected) in [
+        (vec![small.clone(), small.clone()], Ok(())),
+        (vec![prefix(MAX_REQUEST)], Ok(())),
+        (vec![small.clone(), large.clone()], Err(MAX_REQUEST + 1)),
+        // The prefix cut anywhere, after a whole message.
+        (
+            vec![
+                [small.clone(), large[..2].to_vec()].concat(),
+                large[2..].to_vec(),
+            ],
+            Err(MAX_REQUEST + 1),
+        ),
+        (
+            vec![
+                large[..1].to_vec(),
+                large[1..4].to_vec(),
+                large[4..].to_vec(),
+            ],
+            Err(MAX_REQUEST + 1),
+        ),
+        // A message's bytes that look like a prefix are not one.
+        (vec![prefix(5), large.clone()], Ok(())),
+    ] {
+        let mut messages = Messages::default();
+        let result = pieces.iter().try_for_each(|piece| messages.follow(piece));
+        assert_eq!(result, expected, "{pieces:?}");
+    }
+}
