@@ -85,15 +85,24 @@ struct CallLabel {
     call: &'static str,
 }
 
-/// Counts the calls plegd makes to the runtime, by method: the runtime backends hold one (from
-/// [`Metrics::runtime_calls`]; a default one counts for nobody).
+/// Counts what the runtime backends do: the calls plegd makes to the runtime, by method, and
+/// the pods' labels and annotations they cut to `--pod-metadata-max-bytes`. The backends hold
+/// one (from [`Metrics::runtime_calls`]; a default one counts for nobody).
 #[derive(Clone, Debug, Default)]
-pub struct RuntimeCalls(Family<CallLabel, Counter>);
+pub struct RuntimeCalls {
+    calls: Family<CallLabel, Counter>,
+    metadata_truncated: Counter,
+}
 
 impl RuntimeCalls {
     /// One call of `call` was made (whatever its outcome).
     pub fn count(&self, call: &'static str) {
-        self.0.get_or_create(&CallLabel { call }).inc();
+        self.calls.get_or_create(&CallLabel { call }).inc();
+    }
+
+    /// A pod's labels and annotations, as read once, lost entries to the byte budget.
+    pub fn metadata_truncated(&self) {
+        self.metadata_truncated.inc();
     }
 }
 
@@ -363,7 +372,12 @@ impl Relists {
         registry.register(
         "plegd_runtime_calls",
         "Calls made to the container runtime (CRI or containerd API), by method; event streams not included",
-        runtime_calls.0.clone(),
+        runtime_calls.calls.clone(),
+    );
+        registry.register(
+        "plegd_pod_metadata_truncated",
+        "Readings of a pod's labels and annotations (those --pod-labels and --pod-annotations keep) that left entries out to stay within --pod-metadata-max-bytes; every listing of the pod counts, so a pod over the budget adds about one per full relist",
+        runtime_calls.metadata_truncated.clone(),
     );
         // 100µs .. ~10s, doubling.
         let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));

@@ -32,7 +32,10 @@ use crate::{
         DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_INSPECT_CONCURRENCY, DEFAULT_RELIST_PERIOD,
         DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Store,
     },
-    runtime::{DEFAULT_CALL_TIMEOUT, Keys, PodMetadata, RuntimeKind},
+    runtime::{
+        DEFAULT_CALL_TIMEOUT, DEFAULT_POD_METADATA_MAX_BYTES, Keys, MAX_POD_METADATA_MAX_BYTES,
+        PodMetadata, RuntimeKind,
+    },
 };
 
 /// The values of `--confirm`: each store, and what confirming there means.
@@ -189,6 +192,19 @@ pub struct RunArgs {
         value_name = "KEY,..."
     )]
     pub pod_annotations: Option<Vec<String>>,
+
+    /// Bytes (keys and values) the labels and annotations kept of one pod carry together at
+    /// most: every event and pod status carries a copy. Labels first, then annotations, each in
+    /// key order, are kept whole while they fit; those that do not are left out, and the map
+    /// that lost some gets the entry `plegd.io/truncated` saying how many
+    /// (plegd_pod_metadata_truncated_total counts it).
+    #[arg(
+        long,
+        env = "PLEGD_POD_METADATA_MAX_BYTES",
+        value_name = "BYTES",
+        default_value = DEFAULT_POD_METADATA_MAX_BYTES.to_string()
+    )]
+    pub pod_metadata_max_bytes: Option<usize>,
 
     /// Period of the full relist.
     #[arg(
@@ -751,6 +767,11 @@ impl Config {
                 annotations: Keys::from_list(
                     &a.pod_annotations.or(f.pod_annotations).unwrap_or_default(),
                 ),
+                max_bytes: first(
+                    a.pod_metadata_max_bytes,
+                    f.pod_metadata_max_bytes,
+                    d.pod_metadata_max_bytes,
+                ),
             },
             relist_period: first(a.relist_period, f.relist_period, d.relist_period),
             slow_relist_period: first(
@@ -839,6 +860,7 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
+            ("pod-metadata-max-bytes", self.pod_metadata.max_bytes == 0),
             ("api-max-connections", self.api_limits.connections == 0),
             (
                 "api-max-connections-per-peer",
@@ -881,6 +903,12 @@ impl Config {
             return Err(ConfigError::TooLarge {
                 key,
                 max: human(MAX_DURATION),
+            });
+        }
+        if self.pod_metadata.max_bytes > MAX_POD_METADATA_MAX_BYTES {
+            return Err(ConfigError::TooLarge {
+                key: "pod-metadata-max-bytes",
+                max: MAX_POD_METADATA_MAX_BYTES.to_string(),
             });
         }
         let counts = [
@@ -1139,6 +1167,7 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/run/plegd/plegd.sock"));
         assert_eq!((config.listen, config.metrics_address), (None, None));
         assert_eq!((config.event_history, config.watch_queue), (10_000, 1024));
+        assert_eq!(config.pod_metadata.max_bytes, 16 * 1024);
         // Root only.
         assert_eq!(config.api_allow_uids, [0]);
         assert!(config.api_allow_gids.is_empty());
@@ -1512,6 +1541,7 @@ mod tests {
             ("--runtime-timeout", "0ms"),
             ("--watch-queue", "0"),
             ("--inspect-concurrency", "0"),
+            ("--pod-metadata-max-bytes", "0"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be greater than zero", &flag[2..]));
@@ -1524,6 +1554,7 @@ mod tests {
             ("--watch-queue", "18446744073709551615", "16777216"),
             ("--event-channel-capacity", "16777217", "16777216"),
             ("--event-history", "100000000", "16777216"),
+            ("--pod-metadata-max-bytes", "1048577", "1048576"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be at most {max}", &flag[2..]));
