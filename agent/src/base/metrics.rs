@@ -175,6 +175,8 @@ struct Inner {
     containers: ContainerCounters,
     api: Api,
     export: Export,
+    /// Events the history's byte budget dropped.
+    history_evictions: Counter,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -557,10 +559,24 @@ impl Metrics {
                 containers: ContainerCounters::register(&mut registry),
                 api: Api::register(&mut registry),
                 export: Export::register(&mut registry),
+                history_evictions: {
+                    let evictions = Counter::default();
+                    registry.register(
+                        "plegd_event_history_byte_evictions",
+                        "Events dropped from the event history to keep it within --event-history-bytes while it held fewer than --event-history events: watchers and the OTLP export can resume from fewer events back",
+                        evictions.clone(),
+                    );
+                    evictions
+                },
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
         }
+    }
+
+    /// The counter the event history counts the events its byte budget dropped on.
+    pub fn history_evictions(&self) -> Counter {
+        self.inner.history_evictions.clone()
     }
 
     /// The counter the runtime backends count their calls on.

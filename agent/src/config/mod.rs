@@ -448,6 +448,18 @@ pub struct RunArgs {
     )]
     pub event_history: Option<usize>,
 
+    /// Bytes the events kept for resuming may hold together, about (the oldest go first): a
+    /// history of the largest events (--pod-metadata-max-bytes of labels and annotations
+    /// each) stays this small, at fewer than --event-history events
+    /// (plegd_event_history_byte_evictions_total counts them).
+    #[arg(
+        long,
+        env = "PLEGD_EVENT_HISTORY_BYTES",
+        value_name = "BYTES",
+        default_value = crate::base::bus::DEFAULT_EVENT_HISTORY_BYTES.to_string()
+    )]
+    pub event_history_bytes: Option<usize>,
+
     /// Events queued per watcher; a watcher that falls further behind is ended as lagged.
     #[arg(
         long,
@@ -674,8 +686,9 @@ pub struct Config {
     pub otlp: Option<OtlpConfig>,
     /// Where a clean shutdown saves the run for the next start (`None`: nowhere).
     pub state_dir: Option<PathBuf>,
-    /// Events kept for resuming watchers.
+    /// Events kept for resuming watchers, and the bytes they may hold.
     pub event_history: usize,
+    pub event_history_bytes: usize,
     /// Events queued per watcher.
     pub watch_queue: usize,
     /// What each API listener's peers may hold ([`crate::api::admission`]).
@@ -824,6 +837,11 @@ impl Config {
             state_dir: Some(first(a.state_dir, f.state_dir, d.state_dir))
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
+            event_history_bytes: first(
+                a.event_history_bytes,
+                f.event_history_bytes,
+                d.event_history_bytes,
+            ),
             watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
             api_limits: ApiLimits {
                 connections: first(
@@ -861,6 +879,7 @@ impl Config {
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
             ("pod-metadata-max-bytes", self.pod_metadata.max_bytes == 0),
+            ("event-history-bytes", self.event_history_bytes == 0),
             ("api-max-connections", self.api_limits.connections == 0),
             (
                 "api-max-connections-per-peer",
@@ -905,10 +924,22 @@ impl Config {
                 max: human(MAX_DURATION),
             });
         }
-        if self.pod_metadata.max_bytes > MAX_POD_METADATA_MAX_BYTES {
+        let sizes = [
+            (
+                "pod-metadata-max-bytes",
+                self.pod_metadata.max_bytes,
+                MAX_POD_METADATA_MAX_BYTES,
+            ),
+            (
+                "event-history-bytes",
+                self.event_history_bytes,
+                MAX_EVENT_HISTORY_BYTES,
+            ),
+        ];
+        if let Some((key, _, max)) = sizes.into_iter().find(|(_, bytes, max)| bytes > max) {
             return Err(ConfigError::TooLarge {
-                key: "pod-metadata-max-bytes",
-                max: MAX_POD_METADATA_MAX_BYTES.to_string(),
+                key,
+                max: max.to_string(),
             });
         }
         let counts = [
@@ -985,6 +1016,10 @@ const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
 /// The largest count a setting takes: far more than any node needs, far below what would
 /// overflow a tokio channel.
 const MAX_COUNT: usize = 1 << 24;
+
+/// The largest `--event-history-bytes`: past this the history alone would outgrow the unit's
+/// `MemoryMax` several times over.
+const MAX_EVENT_HISTORY_BYTES: usize = 1 << 30;
 
 /// A setting from the first layer that has it: flags and environment, the file, the defaults.
 fn first<T>(given: Option<T>, file: Option<T>, default: Option<T>) -> T {
@@ -1542,6 +1577,7 @@ mod tests {
             ("--watch-queue", "0"),
             ("--inspect-concurrency", "0"),
             ("--pod-metadata-max-bytes", "0"),
+            ("--event-history-bytes", "0"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be greater than zero", &flag[2..]));
@@ -1555,6 +1591,7 @@ mod tests {
             ("--event-channel-capacity", "16777217", "16777216"),
             ("--event-history", "100000000", "16777216"),
             ("--pod-metadata-max-bytes", "1048577", "1048576"),
+            ("--event-history-bytes", "1073741825", "1073741824"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be at most {max}", &flag[2..]));

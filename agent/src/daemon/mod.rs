@@ -263,6 +263,7 @@ fn options(config: &Config, push: &PushSources) -> Options {
         relist_period: config.relist_period,
         relist_threshold: config.relist_threshold,
         event_history: config.event_history,
+        event_history_bytes: config.event_history_bytes,
         watch_queue: config.watch_queue,
         event_channel_capacity: config.event_channel_capacity,
         sync: SyncConfig {

@@ -99,7 +99,7 @@ pub use self::{
     },
 };
 use crate::base::{
-    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_WATCH_QUEUE, EventBus},
+    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_EVENT_HISTORY_BYTES, DEFAULT_WATCH_QUEUE, EventBus},
     metrics::Metrics,
 };
 
@@ -109,8 +109,10 @@ pub struct Options {
     pub relist: RelistConfig,
     pub relist_period: Duration,
     pub relist_threshold: Duration,
-    /// Events kept for watchers that resume, and the queue of each watcher.
+    /// Events kept for watchers that resume, the bytes they may hold, and the queue of each
+    /// watcher.
     pub event_history: usize,
+    pub event_history_bytes: usize,
     pub watch_queue: usize,
     /// The sync loop's queue of events.
     pub event_channel_capacity: usize,
@@ -127,6 +129,7 @@ impl Default for Options {
             relist_period: DEFAULT_RELIST_PERIOD,
             relist_threshold: DEFAULT_RELIST_THRESHOLD,
             event_history: DEFAULT_EVENT_HISTORY,
+            event_history_bytes: DEFAULT_EVENT_HISTORY_BYTES,
             watch_queue: DEFAULT_WATCH_QUEUE,
             event_channel_capacity: DEFAULT_EVENT_CHANNEL_CAPACITY,
             sync: SyncConfig::default(),
@@ -209,7 +212,8 @@ impl Pleg {
         let events = match &resume {
             Some(r) => EventBus::resumed(r.run_id, history, queue, r.sequence, r.history.clone()),
             None => EventBus::new(run_id, history, queue),
-        };
+        }
+        .with_history_bytes(options.event_history_bytes, metrics.history_evictions());
         let notices = Notices::new(Arc::clone(&cache));
         let (triggers, receiver) =
             observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
