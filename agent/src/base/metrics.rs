@@ -266,10 +266,12 @@ impl Api {
     }
 }
 
-/// The OTLP export's deliveries and losses: every event is exported, dropped or still kept.
+/// The OTLP export's deliveries and losses: every event is exported, refused, dropped or
+/// still kept.
 struct Export {
     exported: Counter,
     rejected: Counter,
+    refused: Counter,
     dropped: Counter,
     failures: Counter,
 }
@@ -288,6 +290,12 @@ impl Export {
             "Events the OTLP receiver acknowledged as rejected (a partial success): not retried",
             rejected.clone(),
         );
+        let refused = Counter::default();
+        registry.register(
+            "plegd_otlp_refused",
+            "Events in batches the OTLP receiver refused for good (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED without RetryInfo: a request it will never take, such as one over its size limit): dropped, not retried",
+            refused.clone(),
+        );
         let dropped = Counter::default();
         registry.register(
             "plegd_otlp_dropped",
@@ -297,12 +305,13 @@ impl Export {
         let failures = Counter::default();
         registry.register(
             "plegd_otlp_export_failures",
-            "OTLP export calls that failed (receiver unreachable, refused or past the 10 s deadline); each batch is retried until it is acknowledged",
+            "OTLP export calls that failed (receiver unreachable, failing or past the 10 s deadline) and are retried until the receiver acknowledges the batch; batches refused for good are not retried and not counted here (plegd_otlp_refused_total)",
             failures.clone(),
         );
         Self {
             exported,
             rejected,
+            refused,
             dropped,
             failures,
         }
@@ -808,6 +817,11 @@ impl Metrics {
         let export = &self.inner.export;
         export.exported.inc_by(count);
         export.rejected.inc_by(rejected);
+    }
+
+    /// The OTLP receiver refused a batch of `count` events for good.
+    pub fn otlp_refused(&self, count: u64) {
+        self.inner.export.refused.inc_by(count);
     }
 
     /// `count` events fell out of the history before the OTLP exporter sent them.
