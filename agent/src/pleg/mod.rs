@@ -56,7 +56,10 @@ mod sync_loop;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::sync::broadcast;
+use tokio::{
+    sync::{broadcast, watch},
+    time::Instant,
+};
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::warn;
 
@@ -75,7 +78,7 @@ pub use self::{
         scheduler::{DEFAULT_KERNEL_GRACE, DEFAULT_RELIST_PERIOD},
     },
     driver::{
-        generator::Tuning,
+        generator::{LONGEST_WAIT, Tuning},
         relist::{DEFAULT_INSPECT_CONCURRENCY, RelistConfig, Relister},
         sink::{EventSink, NOTICE_QUEUE},
         triggers::{TriggerReceiver, TriggerSender, trigger_channel},
@@ -169,6 +172,8 @@ pub struct Pleg {
     notices: Notices,
     triggers: TriggerSender,
     tuning: Tuning,
+    /// When the generator loop last turned.
+    turns: watch::Receiver<Instant>,
     /// The first sequence of this start.
     first: u64,
 }
@@ -218,7 +223,9 @@ impl Pleg {
         let (triggers, receiver) =
             observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
         let (tuning, tuned) = tuning(options.relist_period);
+        let (turned, turns) = watch::channel(Instant::now());
         let pleg = Self {
+            turns,
             first: events.last_sequence() + 1,
             events,
             cache,
@@ -256,6 +263,7 @@ impl Pleg {
             triggers: receiver,
             tuned,
             metrics: metrics.clone(),
+            turns: turned,
         };
         let generating = generate(generator, options.last_relist, stop.clone());
         let running = Running {
@@ -341,6 +349,13 @@ impl Pleg {
     /// The settings changed while it runs.
     pub fn tuning(&self) -> &Tuning {
         &self.tuning
+    }
+
+    /// When the generator loop last turned: it turns at least every [`LONGEST_WAIT`] whatever
+    /// the runtime answers (a relist that fails is a turn too), so a loop stuck (or gone: the
+    /// watch then ends) is told from an idle one. The watchdog's pulse.
+    pub fn turns(&self) -> watch::Receiver<Instant> {
+        self.turns.clone()
     }
 }
 

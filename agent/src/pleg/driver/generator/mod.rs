@@ -35,6 +35,11 @@ use crate::{
 /// runtime keeps failing: a failed listing costs little).
 pub const FULL_RELIST_AFTER_ERROR: Duration = Duration::from_secs(1);
 
+/// The longest the loop waits without turning, whatever is due later (the next full relist
+/// can be minutes away): each turn is told ([`Generator::turns`]), so a loop that stops
+/// turning for much longer than this is stuck, not idle.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(10);
+
 /// What the daemon changes while the PLEG runs: the full relist period (adaptive: long while
 /// push sources are healthy, short otherwise) and how long kernel triggers wait for the
 /// runtime's own event ([`RelistScheduler::set_kernel_grace`]). Cheap to clone.
@@ -81,6 +86,9 @@ pub struct Generator<R> {
     pub triggers: TriggerReceiver,
     pub tuned: Tuned,
     pub metrics: Metrics,
+    /// When the loop last turned: set at each turn, at least every [`LONGEST_WAIT`]; dropped
+    /// when the loop ends.
+    pub turns: watch::Sender<Instant>,
 }
 
 impl<R: Runtime> Generator<R> {
@@ -89,6 +97,7 @@ impl<R: Runtime> Generator<R> {
     /// which never blocks: no consumer can stall the relists or make them spin.
     pub async fn run(mut self, shutdown: CancellationToken) -> Stopped<R> {
         while !shutdown.is_cancelled() {
+            self.turns.send_replace(Instant::now());
             // One relist per turn of the loop, after the triggers that came meanwhile: under
             // churn many relists are due at once (retries of hints the runtime has not caught
             // up with), and draining them all first kept fresh triggers waiting in the channel
@@ -122,9 +131,13 @@ impl<R: Runtime> Generator<R> {
             .push(trigger, Instant::now(), |c| relister.pod_of(c));
     }
 
-    /// Waits for the next trigger, deadline or change of tuning; `false` at shutdown.
+    /// Waits for the next trigger, deadline or change of tuning, or [`LONGEST_WAIT`]; `false`
+    /// at shutdown.
     async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
-        let deadline = self.scheduler.next_deadline();
+        let deadline = self
+            .scheduler
+            .next_deadline()
+            .min(Instant::now() + LONGEST_WAIT);
         let Tuned {
             period,
             kernel_grace,
