@@ -35,7 +35,7 @@ use opentelemetry_proto::tonic::{
     logs::v1::LogRecord,
 };
 use prost::Message as _;
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::{info, warn};
@@ -119,6 +119,8 @@ impl Receiver {
 pub struct Exporter {
     task: AbortOnDropHandle<()>,
     acknowledged: Arc<AtomicU64>,
+    /// Ends (its sender dropped) when the task does, however it does.
+    running: watch::Receiver<()>,
 }
 
 impl Exporter {
@@ -145,11 +147,23 @@ impl Exporter {
             metrics,
             acknowledged: Arc::clone(&acknowledged),
         };
-        let task = tokio::spawn(sender.run(events));
+        let (alive, running) = watch::channel(());
+        let task = tokio::spawn(async move {
+            let _alive = alive;
+            sender.run(events).await;
+        });
         Self {
             task: AbortOnDropHandle::new(task),
             acknowledged,
+            running,
         }
+    }
+
+    /// Resolves when the exporter's task ends: once the events are closed and every one read,
+    /// or before, if it panicked.
+    pub async fn ended(&self) {
+        let mut running = self.running.clone();
+        while running.changed().await.is_ok() {}
     }
 
     /// The last sequence the receiver acknowledged or refused for good (or that came before
