@@ -5,6 +5,8 @@
 //! - `bench`: what `cargo xtask bench` measures with: the release `plegd` and a `plegd watch`
 //!   as processes, containerd's events and a CRI poller as anchors, CPU and memory from /proc.
 //! - `containerd`: a private containerd daemon (start, restart, stop, cleanup of killed runs).
+//! - `hostile`: hostile input against the `plegd` binary, and the one check each case ends with
+//!   (alive, RSS grown by less than 64 MiB, health answering, the next kill seen).
 //! - `image`: OCI image tarballs built from busybox-static (no registry needed).
 //! - `demo`: what `cargo xtask demo` shows.
 //! - `cri`: test-support calls through CRI v1 (pods with host networking, containers).
@@ -34,6 +36,7 @@ pub mod containerd;
 pub mod cri;
 pub mod demo;
 pub mod fake_cri;
+pub mod hostile;
 pub mod image;
 pub mod native;
 pub mod neighbours;
