@@ -28,7 +28,10 @@ use std::{
     },
 };
 
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
 use tokio::sync::{
     mpsc::{self, error::TrySendError},
     watch,
@@ -57,6 +60,13 @@ pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
 pub const DEFAULT_EVENT_HISTORY_BYTES: usize = 32 << 20;
 /// Default queue length of each subscriber.
 pub const DEFAULT_WATCH_QUEUE: usize = 1024;
+
+/// Label of the count of subscribers ended as lagged.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaggedLabel {
+    /// `watcher` or `internal`.
+    pub kind: &'static str,
+}
 
 /// What the bus needs of an event.
 pub trait Sequenced {
@@ -128,6 +138,8 @@ struct Inner<T> {
     max_bytes: usize,
     /// Counts the events the byte budget dropped before the history held `capacity` of them.
     byte_evictions: Counter,
+    /// Counts the subscribers ended as lagged, by kind.
+    lagged: Family<LaggedLabel, Counter>,
     /// Sequence of the last published event (0: none).
     last: u64,
     subscribers: Vec<Slot<T>>,
@@ -153,6 +165,7 @@ impl<T: Sequenced> EventBus<T> {
                 bytes: 0,
                 max_bytes: DEFAULT_EVENT_HISTORY_BYTES,
                 byte_evictions: Counter::default(),
+                lagged: Family::default(),
                 last: 0,
                 subscribers: Vec::new(),
                 next_id: 0,
@@ -190,6 +203,14 @@ impl<T: Sequenced> EventBus<T> {
             inner.byte_evictions = evictions;
             inner.evict();
         }
+        self
+    }
+
+    /// Counts each subscriber ended as lagged on `lagged`, by kind (`watcher`, or `internal`:
+    /// stdout, the sync loop, the OTLP export, which catch up from the history).
+    #[must_use]
+    pub fn counting_lagged(self, lagged: Family<LaggedLabel, Counter>) -> Self {
+        self.lock().lagged = lagged;
         self
     }
 
@@ -234,21 +255,26 @@ impl<T: Sequenced> EventBus<T> {
         }
         inner.last = sequence;
         inner.keep(Arc::clone(&event));
-        inner
-            .subscribers
-            .retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
-                    warn!(
-                        subscriber = slot.id,
-                        queue = slot.tx.max_capacity(),
-                        "a subscriber fell behind; ending it as lagged"
-                    );
-                    slot.lagged.store(true, Ordering::Release);
-                    false
-                }
-                Err(TrySendError::Closed(_)) => false,
-            });
+        let Inner {
+            subscribers,
+            lagged,
+            ..
+        } = &mut *inner;
+        subscribers.retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                warn!(
+                    subscriber = slot.id,
+                    queue = slot.tx.max_capacity(),
+                    "a subscriber fell behind; ending it as lagged"
+                );
+                slot.lagged.store(true, Ordering::Release);
+                let kind = if slot.internal { "internal" } else { "watcher" };
+                lagged.get_or_create(&LaggedLabel { kind }).inc();
+                false
+            }
+            Err(TrySendError::Closed(_)) => false,
+        });
     }
 
     /// Subscribes a watcher from sequence `from` (0: live events only); see the module docs.
@@ -627,6 +653,17 @@ mod tests {
         // The lagged one can resume from the history.
         let mut resumed = bus.subscribe(1).unwrap();
         assert_eq!(take(&mut resumed, 20).await.len(), 20);
+    }
+
+    #[tokio::test]
+    async fn each_subscriber_ended_as_lagged_is_counted_by_kind() {
+        let lagged = Family::<LaggedLabel, Counter>::default();
+        let bus = EventBus::new(1, 50, 2).counting_lagged(lagged.clone());
+        let _watcher = bus.subscribe(0).unwrap();
+        let _internal = bus.consume(0, 4).unwrap();
+        publish(&bus, 1..=10);
+        let count = |kind| lagged.get_or_create(&LaggedLabel { kind }).get();
+        assert_eq!((count("watcher"), count("internal")), (1, 1));
     }
 
     #[tokio::test]

@@ -35,6 +35,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::base::bus::LaggedLabel;
+
 /// kubelet's buckets (`metrics.DefBuckets`, Prometheus' defaults).
 const KUBELET_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -177,6 +179,8 @@ struct Inner {
     export: Export,
     /// Events the history's byte budget dropped.
     history_evictions: Counter,
+    /// Subscribers the bus ended as lagged.
+    lagged: Family<LaggedLabel, Counter>,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -577,10 +581,24 @@ impl Metrics {
                     );
                     evictions
                 },
+                lagged: {
+                    let lagged = Family::<LaggedLabel, Counter>::default();
+                    registry.register(
+                        "plegd_subscribers_lagged",
+                        "Subscribers of the event bus ended because their queue was full, by kind: watcher (a Watch that fell --watch-queue events behind: it ends RESOURCE_EXHAUSTED and resumes), internal (stdout, the sync loop or the OTLP export, --event-channel-capacity behind: each catches up from the history or resyncs)",
+                        lagged.clone(),
+                    );
+                    lagged
+                },
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
         }
+    }
+
+    /// The counter the event bus counts the subscribers it ended as lagged on.
+    pub fn lagged_subscribers(&self) -> Family<LaggedLabel, Counter> {
+        self.inner.lagged.clone()
     }
 
     /// The counter the event history counts the events its byte budget dropped on.

@@ -218,7 +218,8 @@ impl Pleg {
             Some(r) => EventBus::resumed(r.run_id, history, queue, r.sequence, r.history.clone()),
             None => EventBus::new(run_id, history, queue),
         }
-        .with_history_bytes(options.event_history_bytes, metrics.history_evictions());
+        .with_history_bytes(options.event_history_bytes, metrics.history_evictions())
+        .counting_lagged(metrics.lagged_subscribers());
         let notices = Notices::new(Arc::clone(&cache));
         let (triggers, receiver) =
             observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
