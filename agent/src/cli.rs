@@ -275,7 +275,10 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(run_daemon(config, listeners, ebpf))
+    let run = runtime.block_on(run_daemon(config, listeners, ebpf));
+    // Not waited for: a write to a stdout nobody reads blocks its thread for good.
+    runtime.shutdown_background();
+    run
 }
 
 async fn run_daemon(
@@ -297,13 +300,28 @@ async fn run_daemon(
     };
     let daemon = Daemon::start(connected.runtime, push, &config, tokio::io::stdout(), ())?;
     let api = tokio::spawn(serve_api(listeners, daemon.shared(), shutdown.clone()));
-    let served = daemon
-        .run(shutdown.clone())
-        .await
-        .context("writing events to stdout");
-    shutdown.cancel();
-    let _ = api.await;
-    served
+    let stop = async {
+        let served = daemon.run(shutdown.clone()).await;
+        shutdown.cancel();
+        let _ = api.await;
+        served
+    };
+    // Whatever a consumer does (a stdout nobody reads, a watcher that stopped reading, an
+    // OTLP receiver gone), plegd exits this long after it was asked to stop.
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(crate::daemon::STOP_DEADLINE).await;
+    };
+    tokio::select! {
+        served = stop => served.context("plegd stopped"),
+        () = deadline => {
+            tracing::warn!(
+                deadline = ?crate::daemon::STOP_DEADLINE,
+                "stopping took too long; exiting without waiting for the rest"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Serves the API; an API that fails stops the daemon.

@@ -35,15 +35,23 @@ impl Receiver {
     /// Starts a receiver on `port` (0: any free one) that adds each record it receives to
     /// `records`.
     pub async fn start(port: u16, records: Records) -> anyhow::Result<Self> {
-        Self::spawn(port, records, false).await
+        Self::spawn(port, records, "keep").await
     }
 
     /// Starts a receiver on any free port that acknowledges and keeps nothing (the bench's).
     pub async fn start_quiet() -> anyhow::Result<Self> {
-        Self::spawn(0, Records::default(), true).await
+        Self::spawn(0, Records::default(), "quiet").await
     }
 
-    async fn spawn(port: u16, records: Records, quiet: bool) -> anyhow::Result<Self> {
+    /// Starts a receiver on any free port that answers every Export INVALID_ARGUMENT, as a
+    /// receiver does to a request it will never take; each call adds `{"rejected": RECORDS}`
+    /// to its records.
+    pub async fn start_rejecting() -> anyhow::Result<Self> {
+        Self::spawn(0, Records::default(), "reject").await
+    }
+
+    async fn spawn(port: u16, records: Records, mode: &str) -> anyhow::Result<Self> {
+        let quiet = mode == "quiet";
         let tests = Path::new(env!("CARGO_MANIFEST_DIR"));
         let python = tests.join("../.xtask/otlp-receiver/bin/python");
         if !python.exists() {
@@ -52,7 +60,7 @@ impl Receiver {
         let mut child = tokio::process::Command::new(python)
             .arg(tests.join("tests/python/otlp_receiver.py"))
             .arg(port.to_string())
-            .args(quiet.then_some("quiet"))
+            .arg(mode)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()

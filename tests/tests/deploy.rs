@@ -116,6 +116,14 @@ fn the_systemd_unit_matches_plegds_defaults_and_the_daemonset() {
         assert_eq!(unit_caps, pod_caps, "{key}");
     }
     assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
+    // The watchdog is fed each time the generator loop turns, which is at least every
+    // LONGEST_WAIT (and a relist, whose calls each have a deadline): well above that.
+    let watchdog = plegd::config::parse_duration(&unit_setting(&unit, "WatchdogSec")).unwrap();
+    assert!(
+        watchdog >= 10 * plegd::pleg::LONGEST_WAIT,
+        "WatchdogSec={watchdog:?} is not well above the loop's longest wait"
+    );
+    assert!(watchdog >= 10 * defaults.runtime_timeout, "{watchdog:?}");
     // One memory bound: the unit's MemoryMax= (M: MiB) is the pod's limit (Mi), the one
     // tests/tests/memory_limit.rs runs plegd under.
     let limits = container

@@ -58,6 +58,7 @@ async fn each_event_type_has_the_fields_consuming_md_shows() {
     config.pod_metadata = PodMetadata {
         labels: Keys::from_list(&["app".to_owned()]),
         annotations: Keys::All,
+        ..PodMetadata::default()
     };
     let (plegd, api) = RunningPlegd::start_serving_api(config).await;
     plegd.wait_sources_connected(2, DEADLINE).await;

@@ -4,6 +4,9 @@
 //! kill seen by a new watcher. `cargo test -p plegd-tests --test hostile_input -- --nocapture`
 //! prints each input's RSS before, at peak and after.
 
+#[path = "hostile_input/data.rs"]
+mod data;
+
 use std::time::Duration;
 
 use plegd::config::DEFAULT_API_MAX_CONNECTIONS_PER_PEER;

@@ -9,6 +9,9 @@
 //!   container.
 //! - A receiver down for longer than the history holds costs the oldest events, counted:
 //!   what never arrives is exactly `plegd_otlp_dropped_total`, and the rest arrives once.
+//! - A receiver that refuses every batch for good (INVALID_ARGUMENT) is sent each event once:
+//!   each refused batch is dropped and counted (`plegd_otlp_refused_total`), never retried,
+//!   and the export goes on with the newer events.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -310,6 +313,44 @@ async fn a_receiver_down_longer_than_the_history_costs_the_oldest_events_counted
         last,
         "events after the churn's"
     );
+    plegd.stop();
+    receiver.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_refuses_every_batch_is_sent_each_event_once_and_never_stalls_the_export() {
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start_rejecting().await.unwrap();
+    let binary = plegd_binary().unwrap();
+    let args = otlp_args(receiver.port, &dir.path().join("state"), &[]);
+    let plegd = Plegd::start(&binary, &containerd, dir.path(), &args).unwrap();
+
+    // Two churns apart: what comes after the first refusals is sent too.
+    churn(&cri, &tasks, "refused", 3).await;
+    let first = plegd.last_sequence().unwrap();
+    wait_metric(&plegd, "plegd_otlp_refused_total", first as f64).await;
+    churn(&cri, &tasks, "newer", 3).await;
+    let last = plegd.last_sequence().unwrap();
+    wait_metric(&plegd, "plegd_otlp_refused_total", last as f64).await;
+
+    let calls = receiver.records();
+    let sent: u64 = calls.iter().filter_map(|c| c["rejected"].as_u64()).sum();
+    let refused = plegd.metric("plegd_otlp_refused_total").unwrap();
+    let failures = plegd.metric("plegd_otlp_export_failures_total").unwrap();
+    println!(
+        "OTLP export to a receiver refusing every batch: {last} events, {} export calls \
+         carrying {sent} records, {refused} refused (metric), {failures} failed calls retried",
+        calls.len(),
+    );
+    assert_eq!(sent, last, "each event sent once, none retried: {calls:?}");
+    assert_eq!(refused, last as f64);
+    assert_eq!(failures, 0.0, "a refusal is no failure to retry");
+    assert_eq!(plegd.metric("plegd_otlp_exported_total").unwrap(), 0.0);
     plegd.stop();
     receiver.stop().await.unwrap();
 }

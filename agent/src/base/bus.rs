@@ -14,8 +14,11 @@
 //!   subscriber's queue is full, it is removed and its [`Subscription`] ends with
 //!   [`Ended::Lagged`] at its next read (events still queued are dropped: the subscriber
 //!   resumes from what it last received). Other subscribers are not delayed.
-//! - **Bounded memory**: `history` events plus at most `queue` per subscriber; a subscriber's
-//!   backlog is at most `history` shared (`Arc`) events.
+//! - **Bounded memory**: `history` events, and no more than `history_bytes` of them
+//!   ([`Sequenced::size`]; the newest is kept whatever its size), plus at most `queue` per
+//!   subscriber; a subscriber's backlog is at most the history's shared (`Arc`) events. A
+//!   queue holds the newest events, those the history holds too, as long as the history keeps
+//!   at least a queue's length of them.
 
 use std::{
     collections::VecDeque,
@@ -25,6 +28,10 @@ use std::{
     },
 };
 
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
 use tokio::sync::{
     mpsc::{self, error::TrySendError},
     watch,
@@ -38,16 +45,36 @@ impl Sequenced for plegd_proto::v1::Event {
     fn sequence(&self) -> u64 {
         self.sequence
     }
+
+    fn size(&self) -> usize {
+        std::mem::size_of::<Self>() + prost::Message::encoded_len(self)
+    }
 }
 
 /// Default number of events kept for resuming watchers.
 pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
+/// Default bytes the kept events hold at most ([`Sequenced::size`]): 10,000 events of a
+/// usual size (about 1 KiB) fit; of the largest (16 KiB of a pod's labels and annotations,
+/// `--pod-metadata-max-bytes`), about 1,900, more than a subscriber's queue, so that the
+/// queues hold only events the history holds. Far below the unit's `MemoryMax=160M`.
+pub const DEFAULT_EVENT_HISTORY_BYTES: usize = 32 << 20;
 /// Default queue length of each subscriber.
 pub const DEFAULT_WATCH_QUEUE: usize = 1024;
+
+/// Label of the count of subscribers ended as lagged.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaggedLabel {
+    /// `watcher` or `internal`.
+    pub kind: &'static str,
+}
 
 /// What the bus needs of an event.
 pub trait Sequenced {
     fn sequence(&self) -> u64;
+
+    /// The bytes the event holds, itself and what it owns, about: what the history's byte
+    /// budget counts. The same every time it is asked.
+    fn size(&self) -> usize;
 }
 
 /// Why a subscription cannot start.
@@ -105,6 +132,14 @@ impl<T> std::fmt::Debug for EventBus<T> {
 struct Inner<T> {
     history: VecDeque<Arc<T>>,
     capacity: usize,
+    /// The history's events' sizes, summed.
+    bytes: usize,
+    /// The most `bytes` may reach (but for the newest event alone).
+    max_bytes: usize,
+    /// Counts the events the byte budget dropped before the history held `capacity` of them.
+    byte_evictions: Counter,
+    /// Counts the subscribers ended as lagged, by kind.
+    lagged: Family<LaggedLabel, Counter>,
     /// Sequence of the last published event (0: none).
     last: u64,
     subscribers: Vec<Slot<T>>,
@@ -127,6 +162,10 @@ impl<T: Sequenced> EventBus<T> {
             inner: Arc::new(Mutex::new(Inner {
                 history: VecDeque::with_capacity(history.clamp(1, 1 << 16)),
                 capacity: history.max(1),
+                bytes: 0,
+                max_bytes: DEFAULT_EVENT_HISTORY_BYTES,
+                byte_evictions: Counter::default(),
+                lagged: Family::default(),
                 last: 0,
                 subscribers: Vec::new(),
                 next_id: 0,
@@ -146,11 +185,33 @@ impl<T: Sequenced> EventBus<T> {
             let mut inner = bus.lock();
             inner.last = last;
             let skip = kept.len().saturating_sub(inner.capacity);
-            inner
-                .history
-                .extend(kept.into_iter().skip(skip).map(Arc::new));
+            for event in kept.into_iter().skip(skip) {
+                inner.keep(Arc::new(event));
+            }
         }
         bus
+    }
+
+    /// Keeps no more than `bytes` of events in the history too (at least the newest, whatever
+    /// its size), counting each event this drops before the history holds its number of
+    /// events on `evictions`.
+    #[must_use]
+    pub fn with_history_bytes(self, bytes: usize, evictions: Counter) -> Self {
+        {
+            let mut inner = self.lock();
+            inner.max_bytes = bytes;
+            inner.byte_evictions = evictions;
+            inner.evict();
+        }
+        self
+    }
+
+    /// Counts each subscriber ended as lagged on `lagged`, by kind (`watcher`, or `internal`:
+    /// stdout, the sync loop, the OTLP export, which catch up from the history).
+    #[must_use]
+    pub fn counting_lagged(self, lagged: Family<LaggedLabel, Counter>) -> Self {
+        self.lock().lagged = lagged;
+        self
     }
 
     /// The kept events, oldest first.
@@ -193,25 +254,27 @@ impl<T: Sequenced> EventBus<T> {
             return;
         }
         inner.last = sequence;
-        if inner.history.len() == inner.capacity {
-            inner.history.pop_front();
-        }
-        inner.history.push_back(Arc::clone(&event));
-        inner
-            .subscribers
-            .retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
-                    warn!(
-                        subscriber = slot.id,
-                        queue = slot.tx.max_capacity(),
-                        "a subscriber fell behind; ending it as lagged"
-                    );
-                    slot.lagged.store(true, Ordering::Release);
-                    false
-                }
-                Err(TrySendError::Closed(_)) => false,
-            });
+        inner.keep(Arc::clone(&event));
+        let Inner {
+            subscribers,
+            lagged,
+            ..
+        } = &mut *inner;
+        subscribers.retain(|slot| match slot.tx.try_send(Arc::clone(&event)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                warn!(
+                    subscriber = slot.id,
+                    queue = slot.tx.max_capacity(),
+                    "a subscriber fell behind; ending it as lagged"
+                );
+                slot.lagged.store(true, Ordering::Release);
+                let kind = if slot.internal { "internal" } else { "watcher" };
+                lagged.get_or_create(&LaggedLabel { kind }).inc();
+                false
+            }
+            Err(TrySendError::Closed(_)) => false,
+        });
     }
 
     /// Subscribes a watcher from sequence `from` (0: live events only); see the module docs.
@@ -286,6 +349,30 @@ impl<T: Sequenced> EventBus<T> {
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         lock(&self.inner)
+    }
+}
+
+impl<T: Sequenced> Inner<T> {
+    /// Adds `event` to the history, dropping the oldest past either bound.
+    fn keep(&mut self, event: Arc<T>) {
+        self.bytes += event.size();
+        self.history.push_back(event);
+        self.evict();
+    }
+
+    fn evict(&mut self) {
+        while self.history.len() > self.capacity
+            || (self.bytes > self.max_bytes && self.history.len() > 1)
+        {
+            let by_bytes = self.history.len() <= self.capacity;
+            let Some(oldest) = self.history.pop_front() else {
+                return;
+            };
+            self.bytes -= oldest.size();
+            if by_bytes {
+                self.byte_evictions.inc();
+            }
+        }
     }
 }
 
@@ -466,6 +553,10 @@ mod tests {
         fn sequence(&self) -> u64 {
             self.0
         }
+
+        fn size(&self) -> usize {
+            100
+        }
     }
 
     fn publish(bus: &EventBus<E>, range: std::ops::RangeInclusive<u64>) {
@@ -565,6 +656,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn each_subscriber_ended_as_lagged_is_counted_by_kind() {
+        let lagged = Family::<LaggedLabel, Counter>::default();
+        let bus = EventBus::new(1, 50, 2).counting_lagged(lagged.clone());
+        let _watcher = bus.subscribe(0).unwrap();
+        let _internal = bus.consume(0, 4).unwrap();
+        publish(&bus, 1..=10);
+        let count = |kind| lagged.get_or_create(&LaggedLabel { kind }).get();
+        assert_eq!((count("watcher"), count("internal")), (1, 1));
+    }
+
+    #[tokio::test]
     async fn memory_stays_bounded() {
         let bus = EventBus::new(1, 50, 8);
         let _stalled = bus.subscribe(0).unwrap();
@@ -573,6 +675,41 @@ mod tests {
         assert_eq!(inner.history.len(), 50);
         assert_eq!(inner.history.front().unwrap().0, 9_951);
         assert!(inner.subscribers.is_empty(), "the stalled one was dropped");
+    }
+
+    #[tokio::test]
+    async fn the_history_stays_within_its_bytes_too_counting_what_that_drops() {
+        let evictions = Counter::default();
+        let bus = EventBus::new(1, 50, 8).with_history_bytes(1_000, evictions.clone());
+        publish(&bus, 1..=30);
+        let history: Vec<u64> = bus.history().iter().map(|e| e.0).collect();
+        assert_eq!(history, (21..=30).collect::<Vec<_>>(), "ten of 100 bytes");
+        assert_eq!(bus.lock().bytes, 1_000);
+        assert_eq!(evictions.get(), 20);
+        assert!(matches!(
+            bus.subscribe(20),
+            Err(SubscribeError::TooOld { oldest: 21, .. })
+        ));
+
+        // The number of events binds first: not counted as the bytes' doing.
+        let by_number = Counter::default();
+        let bus = EventBus::new(1, 5, 8).with_history_bytes(1_000, by_number.clone());
+        publish(&bus, 1..=30);
+        assert_eq!(bus.history().len(), 5);
+        assert_eq!(by_number.get(), 0);
+
+        // An event larger than the whole budget is still kept, alone.
+        let tiny = EventBus::new(1, 50, 8).with_history_bytes(10, Counter::default());
+        publish(&tiny, 1..=3);
+        assert_eq!(tiny.history().len(), 1);
+        assert_eq!(tiny.history()[0].0, 3);
+
+        // A resumed history is held to the budget given after.
+        let saved = (1..=20).map(E).collect();
+        let resumed =
+            EventBus::resumed(1, 50, 8, 20, saved).with_history_bytes(500, Counter::default());
+        assert_eq!(resumed.history().first().map(|e| e.0), Some(16));
+        assert_eq!(resumed.lock().bytes, 500);
     }
 
     #[tokio::test]

@@ -35,6 +35,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::base::bus::LaggedLabel;
+
 /// kubelet's buckets (`metrics.DefBuckets`, Prometheus' defaults).
 const KUBELET_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -85,15 +87,24 @@ struct CallLabel {
     call: &'static str,
 }
 
-/// Counts the calls plegd makes to the runtime, by method: the runtime backends hold one (from
-/// [`Metrics::runtime_calls`]; a default one counts for nobody).
+/// Counts what the runtime backends do: the calls plegd makes to the runtime, by method, and
+/// the pods' labels and annotations they cut to `--pod-metadata-max-bytes`. The backends hold
+/// one (from [`Metrics::runtime_calls`]; a default one counts for nobody).
 #[derive(Clone, Debug, Default)]
-pub struct RuntimeCalls(Family<CallLabel, Counter>);
+pub struct RuntimeCalls {
+    calls: Family<CallLabel, Counter>,
+    metadata_truncated: Counter,
+}
 
 impl RuntimeCalls {
     /// One call of `call` was made (whatever its outcome).
     pub fn count(&self, call: &'static str) {
-        self.0.get_or_create(&CallLabel { call }).inc();
+        self.calls.get_or_create(&CallLabel { call }).inc();
+    }
+
+    /// A pod's labels and annotations, as read once, lost entries to the byte budget.
+    pub fn metadata_truncated(&self) {
+        self.metadata_truncated.inc();
     }
 }
 
@@ -166,6 +177,10 @@ struct Inner {
     containers: ContainerCounters,
     api: Api,
     export: Export,
+    /// Events the history's byte budget dropped.
+    history_evictions: Counter,
+    /// Subscribers the bus ended as lagged.
+    lagged: Family<LaggedLabel, Counter>,
     /// Start of the last successful full relist, for the interval histogram.
     last_full_relist: Mutex<Option<Instant>>,
 }
@@ -255,10 +270,12 @@ impl Api {
     }
 }
 
-/// The OTLP export's deliveries and losses: every event is exported, dropped or still kept.
+/// The OTLP export's deliveries and losses: every event is exported, refused, dropped or
+/// still kept.
 struct Export {
     exported: Counter,
     rejected: Counter,
+    refused: Counter,
     dropped: Counter,
     failures: Counter,
 }
@@ -277,6 +294,12 @@ impl Export {
             "Events the OTLP receiver acknowledged as rejected (a partial success): not retried",
             rejected.clone(),
         );
+        let refused = Counter::default();
+        registry.register(
+            "plegd_otlp_refused",
+            "Events in batches the OTLP receiver refused for good (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED without RetryInfo: a request it will never take, such as one over its size limit): dropped, not retried",
+            refused.clone(),
+        );
         let dropped = Counter::default();
         registry.register(
             "plegd_otlp_dropped",
@@ -286,12 +309,13 @@ impl Export {
         let failures = Counter::default();
         registry.register(
             "plegd_otlp_export_failures",
-            "OTLP export calls that failed (receiver unreachable, refused or past the 10 s deadline); each batch is retried until it is acknowledged",
+            "OTLP export calls that failed (receiver unreachable, failing or past the 10 s deadline) and are retried until the receiver acknowledges the batch; batches refused for good are not retried and not counted here (plegd_otlp_refused_total)",
             failures.clone(),
         );
         Self {
             exported,
             rejected,
+            refused,
             dropped,
             failures,
         }
@@ -363,7 +387,12 @@ impl Relists {
         registry.register(
         "plegd_runtime_calls",
         "Calls made to the container runtime (CRI or containerd API), by method; event streams not included",
-        runtime_calls.0.clone(),
+        runtime_calls.calls.clone(),
+    );
+        registry.register(
+        "plegd_pod_metadata_truncated",
+        "Readings of a pod's labels and annotations (those --pod-labels and --pod-annotations keep) that left entries out to stay within --pod-metadata-max-bytes; every listing of the pod counts, so a pod over the budget adds about one per full relist",
+        runtime_calls.metadata_truncated.clone(),
     );
         // 100µs .. ~10s, doubling.
         let trigger_to_event = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
@@ -543,10 +572,38 @@ impl Metrics {
                 containers: ContainerCounters::register(&mut registry),
                 api: Api::register(&mut registry),
                 export: Export::register(&mut registry),
+                history_evictions: {
+                    let evictions = Counter::default();
+                    registry.register(
+                        "plegd_event_history_byte_evictions",
+                        "Events dropped from the event history to keep it within --event-history-bytes while it held fewer than --event-history events: watchers and the OTLP export can resume from fewer events back",
+                        evictions.clone(),
+                    );
+                    evictions
+                },
+                lagged: {
+                    let lagged = Family::<LaggedLabel, Counter>::default();
+                    registry.register(
+                        "plegd_subscribers_lagged",
+                        "Subscribers of the event bus ended because their queue was full, by kind: watcher (a Watch that fell --watch-queue events behind: it ends RESOURCE_EXHAUSTED and resumes), internal (stdout, the sync loop or the OTLP export, --event-channel-capacity behind: each catches up from the history or resyncs)",
+                        lagged.clone(),
+                    );
+                    lagged
+                },
                 registry,
                 last_full_relist: Mutex::new(None),
             }),
         }
+    }
+
+    /// The counter the event bus counts the subscribers it ended as lagged on.
+    pub fn lagged_subscribers(&self) -> Family<LaggedLabel, Counter> {
+        self.inner.lagged.clone()
+    }
+
+    /// The counter the event history counts the events its byte budget dropped on.
+    pub fn history_evictions(&self) -> Counter {
+        self.inner.history_evictions.clone()
     }
 
     /// The counter the runtime backends count their calls on.
@@ -778,6 +835,11 @@ impl Metrics {
         let export = &self.inner.export;
         export.exported.inc_by(count);
         export.rejected.inc_by(rejected);
+    }
+
+    /// The OTLP receiver refused a batch of `count` events for good.
+    pub fn otlp_refused(&self, count: u64) {
+        self.inner.export.refused.inc_by(count);
     }
 
     /// `count` events fell out of the history before the OTLP exporter sent them.

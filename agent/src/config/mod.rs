@@ -32,7 +32,10 @@ use crate::{
         DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_INSPECT_CONCURRENCY, DEFAULT_RELIST_PERIOD,
         DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Store,
     },
-    runtime::{DEFAULT_CALL_TIMEOUT, Keys, PodMetadata, RuntimeKind},
+    runtime::{
+        DEFAULT_CALL_TIMEOUT, DEFAULT_POD_METADATA_MAX_BYTES, Keys, MAX_POD_METADATA_MAX_BYTES,
+        PodMetadata, RuntimeKind,
+    },
 };
 
 /// The values of `--confirm`: each store, and what confirming there means.
@@ -189,6 +192,19 @@ pub struct RunArgs {
         value_name = "KEY,..."
     )]
     pub pod_annotations: Option<Vec<String>>,
+
+    /// Bytes (keys and values) the labels and annotations kept of one pod carry together at
+    /// most: every event and pod status carries a copy. Labels first, then annotations, each in
+    /// key order, are kept whole while they fit; those that do not are left out, and the map
+    /// that lost some gets the entry `plegd.io/truncated` saying how many
+    /// (plegd_pod_metadata_truncated_total counts it).
+    #[arg(
+        long,
+        env = "PLEGD_POD_METADATA_MAX_BYTES",
+        value_name = "BYTES",
+        default_value = DEFAULT_POD_METADATA_MAX_BYTES.to_string()
+    )]
+    pub pod_metadata_max_bytes: Option<usize>,
 
     /// Period of the full relist.
     #[arg(
@@ -446,6 +462,18 @@ pub struct RunArgs {
     )]
     pub event_history: Option<usize>,
 
+    /// Bytes the events kept for resuming may hold together, about (the oldest go first): a
+    /// history of the largest events (--pod-metadata-max-bytes of labels and annotations
+    /// each) stays this small, at fewer than --event-history events
+    /// (plegd_event_history_byte_evictions_total counts them).
+    #[arg(
+        long,
+        env = "PLEGD_EVENT_HISTORY_BYTES",
+        value_name = "BYTES",
+        default_value = crate::base::bus::DEFAULT_EVENT_HISTORY_BYTES.to_string()
+    )]
+    pub event_history_bytes: Option<usize>,
+
     /// Events queued per watcher; a watcher that falls further behind is ended as lagged.
     #[arg(
         long,
@@ -675,8 +703,9 @@ pub struct Config {
     pub otlp: Option<OtlpConfig>,
     /// Where a clean shutdown saves the run for the next start (`None`: nowhere).
     pub state_dir: Option<PathBuf>,
-    /// Events kept for resuming watchers.
+    /// Events kept for resuming watchers, and the bytes they may hold.
     pub event_history: usize,
+    pub event_history_bytes: usize,
     /// Events queued per watcher.
     pub watch_queue: usize,
     /// What each API listener's peers may hold ([`crate::api::admission`]).
@@ -774,6 +803,11 @@ impl Config {
                 annotations: Keys::from_list(
                     &a.pod_annotations.or(f.pod_annotations).unwrap_or_default(),
                 ),
+                max_bytes: first(
+                    a.pod_metadata_max_bytes,
+                    f.pod_metadata_max_bytes,
+                    d.pod_metadata_max_bytes,
+                ),
             },
             relist_period: first(a.relist_period, f.relist_period, d.relist_period),
             slow_relist_period: first(
@@ -831,6 +865,11 @@ impl Config {
             state_dir: Some(first(a.state_dir, f.state_dir, d.state_dir))
                 .filter(|dir| !dir.as_os_str().is_empty() && dir.as_os_str() != "none"),
             event_history: first(a.event_history, f.event_history, d.event_history),
+            event_history_bytes: first(
+                a.event_history_bytes,
+                f.event_history_bytes,
+                d.event_history_bytes,
+            ),
             watch_queue: first(a.watch_queue, f.watch_queue, d.watch_queue),
             api_limits: ApiLimits {
                 connections: first(
@@ -867,6 +906,8 @@ impl Config {
             ("inspect-concurrency", self.inspect_concurrency == 0),
             ("event-history", self.event_history == 0),
             ("watch-queue", self.watch_queue == 0),
+            ("pod-metadata-max-bytes", self.pod_metadata.max_bytes == 0),
+            ("event-history-bytes", self.event_history_bytes == 0),
             ("api-max-connections", self.api_limits.connections == 0),
             (
                 "api-max-connections-per-peer",
@@ -915,6 +956,24 @@ impl Config {
             return Err(ConfigError::TooLarge {
                 key,
                 max: human(MAX_DURATION),
+            });
+        }
+        let sizes = [
+            (
+                "pod-metadata-max-bytes",
+                self.pod_metadata.max_bytes,
+                MAX_POD_METADATA_MAX_BYTES,
+            ),
+            (
+                "event-history-bytes",
+                self.event_history_bytes,
+                MAX_EVENT_HISTORY_BYTES,
+            ),
+        ];
+        if let Some((key, _, max)) = sizes.into_iter().find(|(_, bytes, max)| bytes > max) {
+            return Err(ConfigError::TooLarge {
+                key,
+                max: max.to_string(),
             });
         }
         let counts = [
@@ -991,6 +1050,10 @@ const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
 /// The largest count a setting takes: far more than any node needs, far below what would
 /// overflow a tokio channel.
 const MAX_COUNT: usize = 1 << 24;
+
+/// The largest `--event-history-bytes`: past this the history alone would outgrow the unit's
+/// `MemoryMax` several times over.
+const MAX_EVENT_HISTORY_BYTES: usize = 1 << 30;
 
 /// A setting from the first layer that has it: flags and environment, the file, the defaults.
 fn first<T>(given: Option<T>, file: Option<T>, default: Option<T>) -> T {
@@ -1173,6 +1236,7 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/run/plegd/plegd.sock"));
         assert_eq!((config.listen, config.metrics_address), (None, None));
         assert_eq!((config.event_history, config.watch_queue), (10_000, 1024));
+        assert_eq!(config.pod_metadata.max_bytes, 16 * 1024);
         // Root only.
         assert_eq!(config.api_allow_uids, [0]);
         assert!(config.api_allow_gids.is_empty());
@@ -1567,6 +1631,8 @@ mod tests {
             ("--runtime-timeout", "0ms"),
             ("--watch-queue", "0"),
             ("--inspect-concurrency", "0"),
+            ("--pod-metadata-max-bytes", "0"),
+            ("--event-history-bytes", "0"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be greater than zero", &flag[2..]));
@@ -1579,6 +1645,8 @@ mod tests {
             ("--watch-queue", "18446744073709551615", "16777216"),
             ("--event-channel-capacity", "16777217", "16777216"),
             ("--event-history", "100000000", "16777216"),
+            ("--pod-metadata-max-bytes", "1048577", "1048576"),
+            ("--event-history-bytes", "1073741825", "1073741824"),
         ] {
             let err = load_given(&[flag, value]).unwrap_err().to_string();
             assert_eq!(err, format!("{} must be at most {max}", &flag[2..]));

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::{io::AsyncWrite, task::JoinSet};
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub use self::{
     connect::{Connected, StartError, connect},
@@ -42,11 +42,28 @@ const SERIES_HOUSEKEEPING: Duration = Duration::from_secs(60);
 
 /// How long stdout may take, at shutdown, to take the events not yet written; a reader that
 /// stopped reading is abandoned after it (like a watcher that stopped reading).
-const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(3);
+const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// How long the OTLP receiver may take, at shutdown, to acknowledge the events not sent yet;
 /// what it has not by then is sent by the next start that continues the run.
-const OTLP_DRAIN_GRACE: Duration = Duration::from_secs(5);
+const OTLP_DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest a stop may take from SIGTERM (or a fault) to the exit: the PLEG's last relist
+/// (2 s at most), the consumers' graces (together) and saving the run fit in it; `plegd run`
+/// exits when it has passed, whatever is left.
+pub const STOP_DEADLINE: Duration = Duration::from_millis(4500);
+
+/// A fault inside plegd: it stops, with this error, rather than run on without the part that
+/// failed (the service manager restarts it; `Restart=always` in the unit).
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
+    #[error("a push source's task panicked: {message}")]
+    SourcePanicked { message: String },
+    #[error("the PLEG's generator loop ended while plegd ran (it panicked)")]
+    GeneratorEnded,
+    #[error("the OTLP exporter ended while plegd ran (it panicked)")]
+    ExporterEnded,
+}
 
 /// A running daemon: it owns everything it started. [`Daemon::run`] ends it in order;
 /// dropping it aborts what is left.
@@ -61,6 +78,8 @@ pub struct Daemon {
     stdout: AbortOnDropHandle<std::io::Result<()>>,
     /// Tells systemd once the first full relist filled the cache.
     ready: AbortOnDropHandle<()>,
+    /// Feeds systemd's watchdog while the generator loop turns.
+    watchdog: AbortOnDropHandle<()>,
     /// Drops the metric series of pods gone ([`SERIES_HOUSEKEEPING`]).
     series: AbortOnDropHandle<()>,
     /// Sends the events to an OTLP receiver, if one is configured.
@@ -131,6 +150,7 @@ impl Daemon {
         // systemd (`Type=notify`) starts the units ordered after plegd once the cache holds
         // the node's pods; a no-op without $NOTIFY_SOCKET.
         let ready = tokio::spawn(notify::ready_after_first_relist(pleg.health().clone()));
+        let watchdog = tokio::spawn(notify::watchdog(pleg.turns()));
         let shared = Shared {
             pleg: pleg.clone(),
             sources: registry,
@@ -145,6 +165,7 @@ impl Daemon {
             stop_sources,
             stdout: AbortOnDropHandle::new(stdout),
             ready: AbortOnDropHandle::new(ready),
+            watchdog: AbortOnDropHandle::new(watchdog),
             series: AbortOnDropHandle::new(series),
             exporter,
             config: config.clone(),
@@ -157,25 +178,37 @@ impl Daemon {
         self.shared.clone()
     }
 
-    /// Runs until `shutdown`, or until stdout cannot be written, then stops in order: the
-    /// PLEG (its last relist, then its events: each consumer ends after what it has queued),
-    /// stdout (given a grace to take what is left), the push sources; then the run is saved
-    /// for the next start. Returns stdout's error, if it failed.
+    /// Runs until `shutdown`, until stdout cannot be written, or until a fault (a task that
+    /// panicked: [`Fault`]), then stops in order: the PLEG (its last relist, then its events:
+    /// each consumer ends after what it has queued), stdout and the OTLP export (each given a
+    /// grace to take what is left), the push sources; then the run is saved for the next
+    /// start. Returns stdout's error, if it failed, or the fault.
     pub async fn run(mut self, shutdown: CancellationToken) -> std::io::Result<()> {
-        let stdout_failed = tokio::select! {
-            () = shutdown.cancelled() => None,
-            written = &mut self.stdout => Some(written),
+        let ending = tokio::select! {
+            () = shutdown.cancelled() => Ending::Asked,
+            written = &mut self.stdout => Ending::Stdout(written),
+            fault = fault(&mut self.sources, self.pleg.turns(), self.exporter.as_ref()) => {
+                error!("{fault}; stopping plegd");
+                Ending::Fault(fault)
+            }
         };
         shutdown.cancel();
         self.ready.abort();
+        self.watchdog.abort();
         self.series.abort();
         notify::send(notify::STOPPING);
         let saved = self.running.stop().await;
+        let (stdout_ended, fault) = match ending {
+            Ending::Asked => (None, None),
+            Ending::Stdout(written) => (Some(written), None),
+            Ending::Fault(fault) => (None, Some(fault)),
+        };
+        let stdout = self.stdout;
         let (written, exported) = tokio::join!(
             async {
-                match stdout_failed {
+                match stdout_ended {
                     Some(written) => written,
-                    None => drain(self.stdout).await,
+                    None => drain(stdout).await,
                 }
             },
             async {
@@ -194,14 +227,78 @@ impl Daemon {
         }
         drop(self.pleg);
         info!("plegd stopped");
+        if let Some(fault) = fault {
+            return Err(std::io::Error::other(fault));
+        }
         match written {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
                 warn!(error = %e, "writing events failed; stopping");
-                Err(e)
+                Err(std::io::Error::new(
+                    e.kind(),
+                    format!("writing events to stdout: {e}"),
+                ))
             }
             Err(e) => Err(std::io::Error::other(e)),
         }
+    }
+}
+
+/// Why [`Daemon::run`] stops.
+enum Ending {
+    /// `shutdown` was cancelled.
+    Asked,
+    /// stdout's writer ended: it failed (or its task did).
+    Stdout(Result<std::io::Result<()>, tokio::task::JoinError>),
+    Fault(Fault),
+}
+
+/// Resolves at the first fault: a push source's task (or a tuning task) that panics, the
+/// generator loop that ends (its pulse, `turns`, stops), the exporter that ends. Tasks of
+/// `sources` that end without a panic are reaped (a source that gave up says so in health).
+async fn fault(
+    sources: &mut JoinSet<()>,
+    mut turns: tokio::sync::watch::Receiver<tokio::time::Instant>,
+    exporter: Option<&Exporter>,
+) -> Fault {
+    let source = async {
+        loop {
+            match sources.join_next().await {
+                None => std::future::pending::<()>().await,
+                Some(Err(error)) if error.is_panic() => {
+                    return Fault::SourcePanicked {
+                        message: panic_message(error.into_panic()),
+                    };
+                }
+                Some(_) => {}
+            }
+        }
+    };
+    let generator = async {
+        while turns.changed().await.is_ok() {}
+        Fault::GeneratorEnded
+    };
+    let exporter = async {
+        match exporter {
+            Some(exporter) => exporter.ended().await,
+            None => std::future::pending().await,
+        }
+        Fault::ExporterEnded
+    };
+    tokio::select! {
+        fault = source => fault,
+        fault = generator => fault,
+        fault = exporter => fault,
+    }
+}
+
+/// What a panic said, when it said it with a string (as `panic!` and `expect` do).
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(message) => *message,
+        Err(payload) => payload
+            .downcast_ref::<&str>()
+            .map_or_else(|| "(no message)".to_owned(), |m| (*m).to_owned()),
     }
 }
 
@@ -263,6 +360,7 @@ fn options(config: &Config, push: &PushSources) -> Options {
         relist_period: config.relist_period,
         relist_threshold: config.relist_threshold,
         event_history: config.event_history,
+        event_history_bytes: config.event_history_bytes,
         watch_queue: config.watch_queue,
         event_channel_capacity: config.event_channel_capacity,
         sync: SyncConfig {
@@ -413,6 +511,46 @@ mod tests {
             pod.containers[&crate::pleg::ContainerId("c".to_owned())].state,
             ContainerState::Exited
         );
+    }
+
+    /// A push source's task that panics stops the daemon with an error saying so, at once:
+    /// it does not run on without the source, unnoticed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_task_that_panics_stops_the_daemon_with_the_panic() {
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            state_dir: Some("none".into()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        let mut daemon =
+            Daemon::start(runtime, PushSources::none(), &config, tokio::io::sink(), ()).unwrap();
+        let (go, went) = tokio::sync::oneshot::channel::<()>();
+        daemon.sources.spawn(async move {
+            let _ = went.await;
+            panic!("the probe's ring buffer is gone");
+        });
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(daemon.run(shutdown.clone()));
+        go.send(()).unwrap();
+        let error = tokio::time::timeout(STOP_DEADLINE, running)
+            .await
+            .expect("stopped within its deadline, unasked")
+            .unwrap()
+            .expect_err("a fault is an error");
+        assert_eq!(
+            error.to_string(),
+            "a push source's task panicked: the probe's ring buffer is gone"
+        );
+        assert!(shutdown.is_cancelled(), "the rest of plegd is told to stop");
+    }
+
+    #[test]
+    fn a_panics_message_is_told_whichever_string_it_was() {
+        assert_eq!(panic_message(Box::new("static")), "static");
+        assert_eq!(panic_message(Box::new(String::from("owned"))), "owned");
+        assert_eq!(panic_message(Box::new(7)), "(no message)");
     }
 
     /// stdout is a pipe nobody reads: the relist neither waits on it nor spins, a watcher

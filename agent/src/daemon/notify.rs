@@ -8,8 +8,10 @@ use std::{
     os::unix::{ffi::OsStrExt as _, net::UnixDatagram},
     path::Path,
     sync::Arc,
+    time::Duration,
 };
 
+use tokio::{sync::watch, time::Instant};
 use tracing::{debug, warn};
 
 use crate::pleg::Health;
@@ -21,6 +23,12 @@ pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
 pub const READY: &str = "READY=1\nSTATUS=first full relist done; generating events\n";
 /// The message when shutdown starts.
 pub const STOPPING: &str = "STOPPING=1\nSTATUS=stopping\n";
+/// The watchdog's keep-alive (`WatchdogSec=` in the unit).
+pub const WATCHDOG: &str = "WATCHDOG=1\n";
+
+/// The least time between two keep-alives: the generator loop may turn thousands of times a
+/// second under churn, and systemd needs one per half `WatchdogSec=`.
+pub const WATCHDOG_SPACING: Duration = Duration::from_secs(1);
 
 /// Why a notification could not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +85,25 @@ pub async fn ready_after_first_relist(health: Arc<Health>) {
     send(READY);
 }
 
+/// Keeps systemd's watchdog fed while the PLEG's generator loop turns (`turns`, the PLEG's
+/// pulse: a turn at least every 10 s, whatever the runtime answers), one keep-alive per turn
+/// and at most one per [`WATCHDOG_SPACING`]. A loop that stops turning stops the keep-alives,
+/// and systemd restarts plegd after `WatchdogSec=`; a runtime that fails or hangs does not,
+/// since failed relists are turns too. Returns when the loop ends.
+pub async fn watchdog(turns: watch::Receiver<Instant>) {
+    if std::env::var_os(NOTIFY_SOCKET).is_none() {
+        return;
+    }
+    keep_alive(turns, || send(WATCHDOG)).await;
+}
+
+async fn keep_alive(mut turns: watch::Receiver<Instant>, mut ping: impl FnMut()) {
+    while turns.changed().await.is_ok() {
+        ping();
+        tokio::time::sleep(WATCHDOG_SPACING).await;
+    }
+}
+
 /// Returns once `health` has seen a full relist succeed.
 async fn first_full_relist(health: &Health) {
     let mut successes = health.successes();
@@ -94,8 +121,6 @@ pub fn send(state: &str) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -132,6 +157,39 @@ mod tests {
             notify_to(OsStr::new("vsock:2:1234"), READY),
             Err(NotifyError::Unsupported { .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_is_fed_per_turn_of_the_loop_spaced_and_only_while_it_turns() {
+        let (turned, turns) = watch::channel(Instant::now());
+        let pings = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let count = {
+            let pings = Arc::clone(&pings);
+            move || {
+                pings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        let feeding = tokio::spawn(keep_alive(turns, count));
+        let read = || pings.load(std::sync::atomic::Ordering::Relaxed);
+        // A thousand turns within a second: one keep-alive, and one for those after it.
+        for _ in 0..1000 {
+            turned.send_replace(Instant::now());
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        tokio::time::sleep(WATCHDOG_SPACING * 2).await;
+        assert_eq!(read(), 2);
+        // No turn, no keep-alive, however long.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(read(), 2);
+        turned.send_replace(Instant::now());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(read(), 3);
+        // The loop's end ends it.
+        drop(turned);
+        tokio::time::timeout(WATCHDOG_SPACING * 2, feeding)
+            .await
+            .expect("ended with the loop")
+            .unwrap();
     }
 
     #[tokio::test(start_paused = true)]

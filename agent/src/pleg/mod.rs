@@ -56,7 +56,10 @@ mod sync_loop;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::sync::broadcast;
+use tokio::{
+    sync::{broadcast, watch},
+    time::Instant,
+};
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::warn;
 
@@ -75,7 +78,7 @@ pub use self::{
         scheduler::{DEFAULT_KERNEL_GRACE, DEFAULT_RELIST_PERIOD},
     },
     driver::{
-        generator::Tuning,
+        generator::{LONGEST_WAIT, Tuning},
         relist::{DEFAULT_INSPECT_CONCURRENCY, RelistConfig, Relister},
         sink::{EventSink, NOTICE_QUEUE},
         triggers::{TriggerReceiver, TriggerSender, trigger_channel},
@@ -99,7 +102,7 @@ pub use self::{
     },
 };
 use crate::base::{
-    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_WATCH_QUEUE, EventBus},
+    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_EVENT_HISTORY_BYTES, DEFAULT_WATCH_QUEUE, EventBus},
     metrics::Metrics,
 };
 
@@ -109,8 +112,10 @@ pub struct Options {
     pub relist: RelistConfig,
     pub relist_period: Duration,
     pub relist_threshold: Duration,
-    /// Events kept for watchers that resume, and the queue of each watcher.
+    /// Events kept for watchers that resume, the bytes they may hold, and the queue of each
+    /// watcher.
     pub event_history: usize,
+    pub event_history_bytes: usize,
     pub watch_queue: usize,
     /// The sync loop's queue of events.
     pub event_channel_capacity: usize,
@@ -127,6 +132,7 @@ impl Default for Options {
             relist_period: DEFAULT_RELIST_PERIOD,
             relist_threshold: DEFAULT_RELIST_THRESHOLD,
             event_history: DEFAULT_EVENT_HISTORY,
+            event_history_bytes: DEFAULT_EVENT_HISTORY_BYTES,
             watch_queue: DEFAULT_WATCH_QUEUE,
             event_channel_capacity: DEFAULT_EVENT_CHANNEL_CAPACITY,
             sync: SyncConfig::default(),
@@ -166,6 +172,8 @@ pub struct Pleg {
     notices: Notices,
     triggers: TriggerSender,
     tuning: Tuning,
+    /// When the generator loop last turned.
+    turns: watch::Receiver<Instant>,
     /// The first sequence of this start.
     first: u64,
 }
@@ -209,12 +217,16 @@ impl Pleg {
         let events = match &resume {
             Some(r) => EventBus::resumed(r.run_id, history, queue, r.sequence, r.history.clone()),
             None => EventBus::new(run_id, history, queue),
-        };
+        }
+        .with_history_bytes(options.event_history_bytes, metrics.history_evictions())
+        .counting_lagged(metrics.lagged_subscribers());
         let notices = Notices::new(Arc::clone(&cache));
         let (triggers, receiver) =
             observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
         let (tuning, tuned) = tuning(options.relist_period);
+        let (turned, turns) = watch::channel(Instant::now());
         let pleg = Self {
+            turns,
             first: events.last_sequence() + 1,
             events,
             cache,
@@ -252,6 +264,7 @@ impl Pleg {
             triggers: receiver,
             tuned,
             metrics: metrics.clone(),
+            turns: turned,
         };
         let generating = generate(generator, options.last_relist, stop.clone());
         let running = Running {
@@ -337,6 +350,13 @@ impl Pleg {
     /// The settings changed while it runs.
     pub fn tuning(&self) -> &Tuning {
         &self.tuning
+    }
+
+    /// When the generator loop last turned: it turns at least every [`LONGEST_WAIT`] whatever
+    /// the runtime answers (a relist that fails is a turn too), so a loop stuck (or gone: the
+    /// watch then ends) is told from an idle one. The watchdog's pulse.
+    pub fn turns(&self) -> watch::Receiver<Instant> {
+        self.turns.clone()
     }
 }
 

@@ -40,7 +40,7 @@ use crate::{
         Runtime, RuntimeError, Scope, Store, exit_reason,
     },
     runtime::{
-        Keys, RuntimeOptions, RuntimeVersion,
+        Keys, MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion,
         cri::{CriRuntime, apply_status, container_state},
         labels::{
             CONTAINER_NAME_ANNOTATION, CONTAINER_NAME_LABEL, KIND_LABEL, POD_NAME_LABEL,
@@ -72,7 +72,7 @@ pub struct ContainerdRuntime {
     cri: CriRuntime,
     /// Which of a pod's labels its record keeps: the CRI plugin writes the pod's labels on its
     /// sandbox container (its annotations it keeps to itself).
-    pod_labels: Keys,
+    pod_labels: MetadataKeeper,
     ran: Arc<RunMemory>,
 }
 
@@ -129,7 +129,13 @@ impl ContainerdRuntime {
             caller,
             channel,
             namespaces,
-            pod_labels: options.pod_metadata.labels.clone(),
+            pod_labels: MetadataKeeper {
+                kept: Arc::new(PodMetadata {
+                    annotations: Keys::None,
+                    ..options.pod_metadata.clone()
+                }),
+                calls: options.calls.clone(),
+            },
             ran: Arc::default(),
         })
     }
@@ -554,10 +560,15 @@ fn task_state(task: Option<&Process>) -> ContainerState {
 }
 
 /// One container and its task; a sandbox's entry carries the pod's labels `kept`.
-fn entry(namespace: &str, container: &Container, task: Option<&Process>, kept: &Keys) -> Entry {
+fn entry(
+    namespace: &str,
+    container: &Container,
+    task: Option<&Process>,
+    kept: &MetadataKeeper,
+) -> Entry {
     let mut identity = identity(namespace, container);
     if identity.sandbox {
-        identity.pod.labels = kept.keep(&container.labels);
+        identity.pod.labels = kept.keep(&container.labels, []).labels;
     }
     let state = task_state(task);
     let exited = task.filter(|_| state == ContainerState::Exited);
@@ -783,7 +794,12 @@ mod tests {
     #[test]
     fn stopped_tasks_give_exit_code_reason_and_time() {
         let c = container("c", &[], &[]);
-        let killed = entry("ns", &c, Some(&process(Status::Stopped, 137)), &Keys::None);
+        let killed = entry(
+            "ns",
+            &c,
+            Some(&process(Status::Stopped, 137)),
+            &MetadataKeeper::default(),
+        );
         assert_eq!(killed.record.state, ContainerState::Exited);
         assert_eq!(killed.record.exit_code, Some(137));
         assert_eq!(killed.record.reason, "Error");
@@ -795,9 +811,19 @@ mod tests {
             killed.record.created_at,
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(5))
         );
-        let clean = entry("ns", &c, Some(&process(Status::Stopped, 0)), &Keys::None);
+        let clean = entry(
+            "ns",
+            &c,
+            Some(&process(Status::Stopped, 0)),
+            &MetadataKeeper::default(),
+        );
         assert_eq!(clean.record.reason, "Completed");
-        let running = entry("ns", &c, Some(&process(Status::Running, 0)), &Keys::None);
+        let running = entry(
+            "ns",
+            &c,
+            Some(&process(Status::Running, 0)),
+            &MetadataKeeper::default(),
+        );
         assert_eq!(
             (running.record.exit_code, running.record.finished_at),
             (None, None)
@@ -811,7 +837,7 @@ mod tests {
             "k8s.io",
             &container("s", &[(KIND_LABEL, "sandbox")], &[]),
             None,
-            &Keys::None,
+            &MetadataKeeper::default(),
         );
         assert_eq!(sandbox.record.state, ContainerState::Exited);
         assert!(!sandbox.ask_cri);
@@ -819,10 +845,15 @@ mod tests {
             "k8s.io",
             &container("c", &[(KIND_LABEL, "container")], &[]),
             None,
-            &Keys::None,
+            &MetadataKeeper::default(),
         );
         assert!(c.ask_cri);
-        let native = entry("ns", &container("n", &[], &[]), None, &Keys::None);
+        let native = entry(
+            "ns",
+            &container("n", &[], &[]),
+            None,
+            &MetadataKeeper::default(),
+        );
         assert_eq!(native.record.state, ContainerState::Created);
         assert!(!native.ask_cri);
     }
@@ -834,7 +865,7 @@ mod tests {
         let running = process(Status::Running, 0);
         let stopped = process(Status::Stopped, 137);
         let state_after = |task: Option<&Process>, full: bool| {
-            let mut entries = vec![entry("ns", &solo, task, &Keys::None)];
+            let mut entries = vec![entry("ns", &solo, task, &MetadataKeeper::default())];
             memory.apply(&mut entries, full);
             entries.remove(0).record
         };
@@ -883,19 +914,19 @@ mod tests {
                 "k8s.io",
                 &container("a", &labels("p1"), &[]),
                 None,
-                &Keys::None,
+                &MetadataKeeper::default(),
             ),
             entry(
                 "k8s.io",
                 &container("b", &labels("p1"), &[]),
                 None,
-                &Keys::None,
+                &MetadataKeeper::default(),
             ),
             entry(
                 "k8s.io",
                 &container("c", &labels("p2"), &[]),
                 None,
-                &Keys::None,
+                &MetadataKeeper::default(),
             ),
         ];
         let pods = assemble(entries);

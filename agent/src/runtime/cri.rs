@@ -8,6 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     path::Path,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -26,7 +27,7 @@ use crate::{
         Runtime, RuntimeError, Scope, Store, TaskRecord,
     },
     runtime::{
-        PodMetadata, RuntimeOptions, RuntimeVersion, known_status,
+        MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion, known_status,
         labels::{POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL},
         tasks::{Namespace, TaskService},
         transport::{Caller, MAX_MESSAGE_SIZE, connect_unix, endpoint_name, found},
@@ -42,7 +43,7 @@ pub struct CriRuntime {
     /// other runtimes: it says so once and is not asked again).
     tasks: TaskService,
     /// Which of a pod's labels and annotations (its sandbox's) its record keeps.
-    pod_metadata: PodMetadata,
+    pod_metadata: MetadataKeeper,
 }
 
 impl CriRuntime {
@@ -69,9 +70,12 @@ impl CriRuntime {
     ) -> Self {
         Self {
             tasks: TaskService::new(caller.clone(), channel.clone(), Namespace::cri()),
+            pod_metadata: MetadataKeeper {
+                kept: Arc::new(pod_metadata),
+                calls: caller.calls.clone(),
+            },
             caller,
             client: RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE),
-            pod_metadata,
         }
     }
 
@@ -249,8 +253,9 @@ impl CriRuntime {
                 let mut pod = identity.with(sandbox_status_record(&status));
                 // The pod's labels and annotations are its sandbox's: a container read alone
                 // keeps those committed (reconcile), a sandbox brings its own.
-                pod.labels = self.pod_metadata.labels.keep(&status.labels);
-                pod.annotations = self.pod_metadata.annotations.keep(&status.annotations);
+                let kept = self.pod_metadata.keep(&status.labels, &status.annotations);
+                pod.labels = kept.labels;
+                pod.annotations = kept.annotations;
                 pod
             }),
         };
@@ -584,7 +589,7 @@ fn container_record(container: &cri::Container) -> ContainerRecord {
 fn assemble(
     sandboxes: Vec<cri::PodSandbox>,
     containers: Vec<cri::Container>,
-    kept: &PodMetadata,
+    kept: &MetadataKeeper,
 ) -> Vec<PodRecord> {
     let by_id: HashMap<&str, &cri::PodSandbox> =
         sandboxes.iter().map(|s| (s.id.as_str(), s)).collect();
@@ -604,11 +609,12 @@ fn assemble(
             container_record(container),
         );
     }
-    if *kept != PodMetadata::default() {
+    if kept.kept.keeps_any() {
         for sandbox in &sandboxes {
             if let Some(pod) = pods.get_mut(&sandbox_pod(sandbox).uid) {
-                pod.labels = kept.labels.keep(&sandbox.labels);
-                pod.annotations = kept.annotations.keep(&sandbox.annotations);
+                let metadata = kept.keep(&sandbox.labels, &sandbox.annotations);
+                pod.labels = metadata.labels;
+                pod.annotations = metadata.annotations;
             }
         }
     }
@@ -703,7 +709,7 @@ mod tests {
                 container("c2", "s1", C::ContainerExited),
                 container("c3", "s2", C::ContainerCreated),
             ],
-            &PodMetadata::default(),
+            &MetadataKeeper::default(),
         );
         assert_eq!(pods.len(), 2);
         let first = &pods[0];
@@ -750,7 +756,7 @@ mod tests {
             (POD_NAME_LABEL.into(), "web".into()),
             (POD_NAMESPACE_LABEL.into(), "prod".into()),
         ]);
-        let pods = assemble(Vec::new(), vec![orphan], &PodMetadata::default());
+        let pods = assemble(Vec::new(), vec![orphan], &MetadataKeeper::default());
         assert_eq!(pods.len(), 1);
         assert_eq!(
             (
@@ -771,7 +777,7 @@ mod tests {
                 "gone",
                 cri::ContainerState::ContainerExited,
             )],
-            &PodMetadata::default(),
+            &MetadataKeeper::default(),
         );
         assert_eq!(pods[0].uid, PodUid("gone".into()));
         assert!(pods[0].containers.contains_key(&ContainerId("c1".into())));
@@ -783,7 +789,7 @@ mod tests {
         let pods = assemble(
             vec![sandbox("s1", "uid-1", cri::PodSandboxState::SandboxReady)],
             vec![c.clone(), c],
-            &PodMetadata::default(),
+            &MetadataKeeper::default(),
         );
         assert_eq!(pods[0].containers.len(), 2);
     }

@@ -70,6 +70,10 @@ fn every_family() -> Metrics {
     metrics.api_refused("tls", "connection", "peer-full");
     metrics.api_closed("tls", "no-first-stream");
     metrics
+        .lagged_subscribers()
+        .get_or_create(&plegd::base::bus::LaggedLabel { kind: "watcher" })
+        .inc();
+    metrics
 }
 
 /// The sample names a family exposes, given its type and name in the classic text.

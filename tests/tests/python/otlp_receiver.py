@@ -3,8 +3,11 @@ protos, served by grpcio. Prints `listening PORT`, then one JSON line per log re
 (its attributes flattened, with its resource's and its body), flushed as it comes. SIGTERM
 stops it gracefully: calls in flight are answered first.
 
-    otlp_receiver.py PORT [quiet]    (PORT 0: any free port; quiet: print no records, as
-                                      the benchmark wants)
+    otlp_receiver.py PORT [keep|quiet|reject]    (PORT 0: any free port; keep, the default:
+                                                  print each record; quiet: print none, as
+                                                  the benchmark wants; reject: answer every
+                                                  Export INVALID_ARGUMENT, printing one line
+                                                  `{"rejected": RECORDS}` per call instead)
 """
 
 import json
@@ -31,13 +34,22 @@ def flat(key_values):
 
 
 class Logs(logs_service_pb2_grpc.LogsServiceServicer):
-    def __init__(self, quiet):
+    def __init__(self, mode):
         self.lock = threading.Lock()
-        self.quiet = quiet
+        self.mode = mode
 
     def Export(self, request, context):
-        if self.quiet:
+        if self.mode == "quiet":
             return logs_service_pb2.ExportLogsServiceResponse()
+        if self.mode == "reject":
+            records = sum(
+                len(scope_logs.log_records)
+                for resource_logs in request.resource_logs
+                for scope_logs in resource_logs.scope_logs
+            )
+            with self.lock:
+                print(json.dumps({"rejected": records}), flush=True)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "rejected by the test receiver")
         lines = []
         for resource_logs in request.resource_logs:
             resource = flat(resource_logs.resource.attributes)
@@ -69,8 +81,8 @@ def main():
     # Before saying where it listens: a test may stop it right after.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    quiet = sys.argv[2:] == ["quiet"]
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(quiet), server)
+    mode = sys.argv[2] if len(sys.argv) > 2 else "keep"
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(mode), server)
     port = server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
     server.start()
     print(f"listening {port}", flush=True)

@@ -6,7 +6,7 @@ use crate::{
     base::bus::Sequenced,
     pleg::model::{
         record::{ContainerId, HostIdentity, PodUid, Store},
-        trigger::{Observation, TriggerSource},
+        trigger::{Observation, ObservationKind, TriggerSource},
     },
 };
 
@@ -83,6 +83,46 @@ impl Sequenced for PodLifecycleEvent {
     fn sequence(&self) -> u64 {
         self.sequence
     }
+
+    /// The event and the text it owns; the host identity it shares with its container's
+    /// other events is counted in each (an upper bound).
+    fn size(&self) -> usize {
+        // A map's entry: its key and value in a B-tree node, with the nodes' slack.
+        const ENTRY: usize = 2 * size_of::<String>() + 16;
+        let map = |map: &BTreeMap<String, String>| -> usize {
+            map.iter().map(|(k, v)| ENTRY + k.len() + v.len()).sum()
+        };
+        let texts = [
+            &self.pod.0,
+            &self.pod_namespace,
+            &self.pod_name,
+            &self.container_id.0,
+            &self.container_name,
+            &self.reason,
+            &self.image,
+        ];
+        let observations: usize = self
+            .observations
+            .iter()
+            .map(|o| {
+                size_of::<Observation>()
+                    + match &o.kind {
+                        ObservationKind::Exec(path) => path.len(),
+                        _ => 0,
+                    }
+            })
+            .sum();
+        let host = self.host.as_ref().map_or(0, |host| {
+            size_of::<HostIdentity>() + host.cgroup_path.as_ref().map_or(0, String::len)
+        });
+        size_of::<Self>()
+            + texts.iter().map(|text| text.len()).sum::<usize>()
+            + self.sources.len() * size_of::<TriggerSource>()
+            + observations
+            + host
+            + map(&self.pod_labels)
+            + map(&self.pod_annotations)
+    }
 }
 
 /// What a kernel observation is, told on its own: never a PLEG event, never numbered.
@@ -110,4 +150,48 @@ pub struct Notice {
     pub observations: Vec<Observation>,
     pub observed_at: SystemTime,
     pub emitted_at: SystemTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(annotations: usize) -> PodLifecycleEvent {
+        PodLifecycleEvent {
+            sequence: 1,
+            pod: PodUid("0d9c7a5e-2b8f-4a51-9d0c-3f1e6b7a8c9d".into()),
+            pod_namespace: "default".into(),
+            pod_name: "web-7d4b9c".into(),
+            container_id: ContainerId("f".repeat(64)),
+            container_name: "app".into(),
+            event_type: PodLifecycleEventType::ContainerDied,
+            observed_at: SystemTime::UNIX_EPOCH,
+            emitted_at: SystemTime::UNIX_EPOCH,
+            sources: vec![TriggerSource::Relist],
+            observations: Vec::new(),
+            exit_code: Some(137),
+            reason: "Error".into(),
+            confirmed_by: Some(Store::Task),
+            signal: Some(9),
+            image: "registry.example/web:1.2".into(),
+            attempt: 0,
+            host: None,
+            pod_labels: BTreeMap::from([("app".into(), "web".into())]),
+            pod_annotations: (0..annotations)
+                .map(|i| (format!("a{i}"), "x".repeat(4_000)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_events_size_is_what_it_holds_give_or_take_its_overheads() {
+        let plain = event(0).size();
+        assert!((500..1_000).contains(&plain), "{plain}");
+        // Four 4,000-byte annotations, what the 16 KiB default keeps of them.
+        let large = event(4).size();
+        assert!(
+            (16_000..17_000).contains(&(large - plain)),
+            "{plain} {large}"
+        );
+    }
 }

@@ -36,6 +36,11 @@ use crate::{
 /// runtime keeps failing: a failed listing costs little).
 pub const FULL_RELIST_AFTER_ERROR: Duration = Duration::from_secs(1);
 
+/// The longest the loop waits without turning, whatever is due later (the next full relist
+/// can be minutes away): each turn is told ([`Generator::turns`]), so a loop that stops
+/// turning for much longer than this is stuck, not idle.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(10);
+
 /// What the daemon changes while the PLEG runs: the full relist period (adaptive: long while
 /// push sources are healthy, short otherwise) and how long kernel triggers wait for the
 /// runtime's own event ([`RelistScheduler::set_kernel_grace`]). Cheap to clone.
@@ -83,6 +88,9 @@ pub struct Generator<R> {
     pub triggers: TriggerReceiver,
     pub tuned: Tuned,
     pub metrics: Metrics,
+    /// When the loop last turned: set at each turn, at least every [`LONGEST_WAIT`]; dropped
+    /// when the loop ends.
+    pub turns: watch::Sender<Instant>,
 }
 
 /// A read in flight: the batch it serves and the read itself.
@@ -113,6 +121,7 @@ impl<R: Runtime> Generator<R> {
     pub async fn run(mut self, shutdown: CancellationToken) -> Stopped<R> {
         let mut in_flight = InFlight::default();
         while !shutdown.is_cancelled() {
+            self.turns.send_replace(Instant::now());
             while let Ok(trigger) = self.triggers.triggers.try_recv() {
                 self.accept(trigger);
             }
@@ -137,10 +146,14 @@ impl<R: Runtime> Generator<R> {
         self.scheduler.push(trigger, Instant::now());
     }
 
-    /// Waits for the next trigger, read done, deadline or change of tuning; `false` at
-    /// shutdown.
+    /// Waits for the next trigger, read done, deadline or change of tuning, or
+    /// [`LONGEST_WAIT`]; `false` at shutdown.
     async fn wait(&mut self, shutdown: &CancellationToken, in_flight: &mut InFlight) -> bool {
-        let deadline = self.scheduler.next_deadline();
+        let longest = Instant::now() + LONGEST_WAIT;
+        let deadline = self
+            .scheduler
+            .next_deadline()
+            .map_or(longest, |deadline| deadline.min(longest));
         let Tuned {
             period,
             kernel_grace,
@@ -169,7 +182,7 @@ impl<R: Runtime> Generator<R> {
                 // need not be waited for long.
                 self.relister.set_runtime_events(!grace.is_zero());
             }
-            () = sleep_until(deadline) => {}
+            () = tokio::time::sleep_until(deadline) => {}
         }
         true
     }
@@ -335,14 +348,6 @@ impl<R: Runtime> Generator<R> {
             relister: self.relister,
             pending,
         }
-    }
-}
-
-/// Sleeps until `deadline`; forever without one (a read's end wakes the loop).
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -29,6 +29,7 @@ struct Harness {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Stopped<FakeRuntime>>,
     metrics: Metrics,
+    turns: watch::Receiver<Instant>,
 }
 
 fn start(period: Duration) -> Harness {
@@ -57,12 +58,14 @@ fn start_observed(period: Duration, notices: Option<Notices>) -> Harness {
     let (triggers, receiver) = observed_trigger_channel(notices, true);
     let (tuning, tuned) = tuning(period);
     let shutdown = CancellationToken::new();
+    let (turned, turns) = watch::channel(Instant::now());
     let generator = Generator {
         relister,
         scheduler,
         triggers: receiver,
         tuned,
         metrics: metrics.clone(),
+        turns: turned,
     };
     let task = tokio::spawn(generator.run(shutdown.clone()));
     Harness {
@@ -73,7 +76,28 @@ fn start_observed(period: Duration, notices: Option<Notices>) -> Harness {
         shutdown,
         task,
         metrics,
+        turns,
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loop_turns_at_least_every_longest_wait_and_its_end_is_seen() {
+    // Nothing due for five minutes: the loop still turns.
+    let mut h = start(Duration::from_secs(300));
+    let started = Instant::now();
+    for turn in 1..=5 {
+        h.turns.changed().await.unwrap();
+        let at = *h.turns.borrow_and_update();
+        assert!(
+            at - started <= LONGEST_WAIT * turn,
+            "turn {turn} at {:?}",
+            at - started
+        );
+    }
+    assert!(Instant::now() - started >= LONGEST_WAIT * 3, "it waited");
+    h.shutdown.cancel();
+    let _stopped = h.task.await.unwrap();
+    assert!(h.turns.changed().await.is_err(), "the loop's end is seen");
 }
 
 fn add_running(runtime: &FakeRuntime, pod: &str, id: &str) {

@@ -74,8 +74,9 @@ pub const TASK_BUSY_BACKOFF: Duration = Duration::from_secs(1);
 /// an exit some 40 to 200 ms after the kernel and containerd saw it (a few hundred under load).
 pub const STOP_CONFIRM: Duration = Duration::from_secs(1);
 
-/// How long the relist before saving may take at shutdown.
-const LAST_RELIST_GRACE: Duration = Duration::from_secs(5);
+/// How long the relist before saving may take at shutdown: with the consumers' drain after it,
+/// plegd exits within 5 s of SIGTERM.
+const LAST_RELIST_GRACE: Duration = Duration::from_secs(2);
 
 /// The wait between those readings.
 const STOP_RETRY: Duration = Duration::from_millis(20);
