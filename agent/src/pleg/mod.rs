@@ -25,10 +25,15 @@
 //!   record of the runtime's own that a trigger carried (containerd's `/tasks/start`,
 //!   `/tasks/exit` and `/containers/delete`). A kernel observation never makes an event. So
 //!   every source produces the same events, deduplicated, in per-pod order.
-//! - **A relist sees snapshots, not history.** A container that started and died between two
-//!   readings yields `ContainerDied` only, unless the runtime's own record of its start came
-//!   with a trigger; one created, run and removed between two readings yields nothing at all.
-//!   Kubelet has the same blind spot: an event means "look at this pod now", not a full log.
+//! - **A relist sees snapshots; the runtime's records fill in its history.** Where containerd's
+//!   event stream reaches plegd, its records of a start, an exit and a deletion are each a
+//!   reading in themselves: a container that started and died between two readings yields
+//!   both events, and one whose whole life passed before any read of it (a busy node) is
+//!   told from those records alone, confirmed by the task service, in the pod its cgroup
+//!   names. Without them (polling, eBPF only), a container that started and died between
+//!   two readings yields `ContainerDied` only, and one created, run and removed between two
+//!   readings yields nothing at all: kubelet has the same blind spot, an event means "look
+//!   at this pod now", not a full log.
 //! - **Triggers are hints.** A trigger says *where* and *when* to look. It may come before the
 //!   runtime reflects the change (the scheduler reads again a few times), or be lost (a ring
 //!   buffer overflow, a stream reconnect).

@@ -10,6 +10,7 @@ use std::{
 };
 
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::pleg::model::record::{ContainerId, ContainerRecord, PodRecord, PodRecords, PodUid};
 
@@ -25,6 +26,9 @@ pub struct Committed {
     pods: BTreeMap<PodKey, Entry>,
     /// Container -> pod, over `pods`, so container triggers can be relisted by pod.
     pods_of_containers: HashMap<ContainerId, PodUid>,
+    /// When the reading that last showed each container began ([`Committed::shown`]): reads
+    /// run side by side, and one that began before the record was read must not undo it.
+    read_at: HashMap<ContainerId, Instant>,
     /// Seeds the listings' fingerprints, anew at each start: no container id can be chosen to
     /// make two listings of a pod look the same.
     fingerprints: foldhash::quality::RandomState,
@@ -113,6 +117,19 @@ impl Committed {
         self.get(uid)?.containers.get(container)
     }
 
+    /// Notes that a reading begun at `at` showed `container` as it is committed now.
+    pub fn shown(&mut self, container: &ContainerId, at: Instant) {
+        if self.pods_of_containers.contains_key(container) {
+            let stamp = self.read_at.entry(container.clone()).or_insert(at);
+            *stamp = (*stamp).max(at);
+        }
+    }
+
+    /// Whether a reading begun after `at` showed `container` since it was committed last.
+    pub fn read_since(&self, container: &ContainerId, at: Instant) -> bool {
+        self.read_at.get(container).is_some_and(|read| *read > at)
+    }
+
     pub fn into_pods(self) -> PodRecords {
         self.pods
             .into_iter()
@@ -144,11 +161,12 @@ impl Committed {
             if let Some(old) = self.pods.remove(uid.0.as_bytes()) {
                 for id in old.record.containers.keys() {
                     self.pods_of_containers.remove(id);
+                    self.read_at.remove(id);
                 }
             }
             return;
         };
-        let index = &mut self.pods_of_containers;
+        let (index, read_at) = (&mut self.pods_of_containers, &mut self.read_at);
         match self.pods.get_mut(uid.0.as_bytes()) {
             Some(old) => {
                 // Most pods keep their containers from one commit to the next: then the
@@ -157,6 +175,7 @@ impl Committed {
                     for id in old.record.containers.keys() {
                         if !pod.containers.contains_key(id) {
                             index.remove(id);
+                            read_at.remove(id);
                         }
                     }
                     index_containers(index, uid, &pod);

@@ -231,6 +231,18 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
+    /// A pod known by its uid alone (empty: not even that), with no containers.
+    pub fn known_as(uid: PodUid) -> PodRecord {
+        PodRecord {
+            uid,
+            namespace: String::new(),
+            name: String::new(),
+            containers: Containers::new(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        }
+    }
+
     /// The pod's identity with no containers: the shell a partial reading fills.
     pub fn identity(&self) -> PodRecord {
         PodRecord {

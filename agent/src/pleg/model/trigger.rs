@@ -101,6 +101,8 @@ pub struct Identity {
     pub cgroup_path: Arc<str>,
     /// The host pid of its init, when the observation is about the init.
     pub init_pid: Option<u32>,
+    /// The pod its cgroup's path names (kubelet's layouts), if it names one.
+    pub pod: Option<PodUid>,
 }
 
 /// What an observation says of its container's life, in the lifecycle's order.

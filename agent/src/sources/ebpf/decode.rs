@@ -11,7 +11,9 @@ use std::{
 use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
 
 use crate::{
-    pleg::{ContainerId, Identity, Observation, ObservationKind, Scope, Trigger, TriggerSource},
+    pleg::{
+        ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Trigger, TriggerSource,
+    },
     sources::ebpf::{cgroup_path, index::CgroupIndex},
 };
 
@@ -68,12 +70,15 @@ fn insert_bounded<T: Eq + std::hash::Hash>(set: &mut HashSet<T>, value: T, max: 
     set.insert(value);
 }
 
-/// Who a container is: cgroup `cgroup_id` at `path`, its init `init` (when the event is its).
+/// Who a container is: cgroup `cgroup_id` at `path` (and the pod the path names), its init
+/// `init` (when the event is its).
 fn identity(cgroup_id: u64, path: Arc<str>, init: Option<u32>) -> ObservationKind {
+    let pod = cgroup_path::parse(&path, &[]).and_then(|owner| owner.pod_uid);
     ObservationKind::Identity(Identity {
         cgroup_id,
         cgroup_path: path,
         init_pid: init,
+        pod: pod.map(PodUid),
     })
 }
 

@@ -18,6 +18,7 @@ use std::{
 };
 
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::pleg::{
     decide::{
@@ -131,6 +132,49 @@ pub struct Reread {
     pub why: Why,
 }
 
+/// `reading` (begun at `began`) without what a reading begun since showed of the committed
+/// containers: reads run side by side, and a listing taken before a container was read (the
+/// full relist, beside the container's own read) must neither take its record back nor find it
+/// gone. Those containers stay as committed (the pod's reading names the others); the rest of
+/// the reading stands.
+pub fn fresh(reading: Reading, committed: &Committed, began: Instant) -> Reading {
+    let newer = |id: &ContainerId| committed.read_since(id, began);
+    let pods = reading
+        .pods
+        .into_iter()
+        .map(|(uid, read)| {
+            let Some(held) = committed
+                .get(&uid)
+                .filter(|pod| pod.containers.keys().any(&newer))
+            else {
+                return (uid, read);
+            };
+            let older = || held.containers.keys().filter(|id| !newer(id)).cloned();
+            let read = match read {
+                PodReading::Inspected(mut pod) => {
+                    pod.containers.retain(|id, _| !newer(id));
+                    let gone = older()
+                        .filter(|id| !pod.containers.contains_key(id))
+                        .collect();
+                    PodReading::Containers { pod, gone }
+                }
+                PodReading::Containers { mut pod, mut gone } => {
+                    pod.containers.retain(|id, _| !newer(id));
+                    gone.retain(|id| !newer(id));
+                    PodReading::Containers { pod, gone }
+                }
+                PodReading::Gone => PodReading::Containers {
+                    pod: held.identity(),
+                    gone: older().collect(),
+                },
+                PodReading::Failed => PodReading::Failed,
+            };
+            (uid, read)
+        })
+        .collect();
+    Reading { pods, ..reading }
+}
+
 /// The hints a reconcile left unreflected, to be read.
 pub fn unanswered(reread: &[Reread]) -> Hints {
     reread
@@ -194,6 +238,11 @@ pub trait Act {
     fn committed(&self) -> &Committed;
     /// Carries out `pod`, committing its record.
     fn act(&mut self, pod: PodPlan<'_>);
+    /// Tells the events of containers no record of plegd's ever held ([`unread lives`]): none
+    /// is committed, no pod's status changes.
+    ///
+    /// [`unread lives`]: Decide::unread_lives
+    fn tell(&mut self, events: std::vec::Drain<'_, PodLifecycleEvent>);
 }
 
 /// What reconcile leaves once every pod's plan is acted on.
@@ -204,8 +253,10 @@ pub struct FollowUp {
     /// Containers in a state only the task service confirmed: to read once more when the CRI
     /// store has caught up, for its status and reason (no event: the state does not change).
     pub settling: Vec<ContainerId>,
-    /// Containers the runtime recorded deleted: a listing that still shows one (the CRI store
-    /// forgets it a moment after) must not bring it back.
+    /// Containers gone: those the runtime recorded deleted, and those a reading found gone. A
+    /// listing that still shows one (the CRI store forgets a deleted container a moment after;
+    /// a listing taken before a reading found it gone) must not bring it back, nor a record of
+    /// the runtime's that comes after tell its end again: container ids are never reused.
     pub deleted: Vec<ContainerId>,
     /// Pods whose inspection failed.
     pub failed: Vec<PodUid>,
@@ -218,6 +269,9 @@ pub struct FollowUp {
 /// the task service recorded are taken, so a container first read exited is announced started
 /// though the record of its start waits in another hint. `tombstones`: containers the runtime
 /// recorded deleted at earlier relists.
+/// `unread`: whether containers no reading ever showed, whose whole life the runtime's records
+/// tell, are told ([`Decide::unread_lives`]). Not while a read of them is in flight: that read
+/// will show who they are.
 pub fn reconcile(
     out: &mut impl Act,
     reading: Reading,
@@ -225,6 +279,7 @@ pub fn reconcile(
     queued: &Hints,
     tombstones: &HashSet<ContainerId>,
     settings: Settings,
+    unread: bool,
 ) -> FollowUp {
     let Reading {
         covers,
@@ -241,6 +296,7 @@ pub fn reconcile(
     let before = Before::of(out.committed(), hints);
     let mut plan = FollowUp::default();
     let mut unsettled: Vec<ContainerId> = Vec::new();
+    let mut gone: Vec<ContainerId> = Vec::new();
     let mut events = Vec::new();
     for (uid, pod_reading) in considered(out.committed(), pods, &decide.records) {
         if matches!(pod_reading, Some(PodReading::Failed)) {
@@ -261,18 +317,40 @@ pub fn reconcile(
                 pod.record.as_ref(),
             ));
         }
+        gone.extend(removed(out.committed().get(&pod.uid), pod.record.as_ref()));
         out.act(pod);
     }
     unsettled.retain(|id| is_unsettled(out.committed().container(id)));
-    plan.deleted = decide
-        .records
-        .deleted
-        .iter()
-        .map(|id| (*id).clone())
-        .collect();
+    let lives = match settings.confirm {
+        Store::Task => decide.unread_lives(out.committed(), tombstones),
+        Store::Cri => Vec::new(),
+    };
+    // Not told now (a read of them is in flight), they are not answered either: the read, or
+    // the records once it is done, will tell them.
+    let withheld: Vec<ContainerId> = if unread {
+        decide.tell_unread(&lives, out.committed(), &mut events);
+        if !events.is_empty() {
+            out.tell(events.drain(..));
+        }
+        Vec::new()
+    } else {
+        lives.into_iter().cloned().collect()
+    };
+    gone.extend(
+        decide
+            .records
+            .deleted
+            .iter()
+            .filter(|id| !withheld.contains(id))
+            .map(|id| (*id).clone()),
+    );
+    gone.sort();
+    gone.dedup();
+    plan.deleted = gone;
     let world = World {
         before: &before,
         after: out.committed(),
+        withheld: &withheld,
         covers: &covers,
         tombstones,
         deleted: &plan.deleted,
@@ -326,6 +404,98 @@ impl Decide<'_> {
     }
 }
 
+impl Decide<'_> {
+    /// The containers no reading ever showed whose life the runtime's own records tell: one
+    /// started (or exited) and deleted (containerd's `/tasks/start`, `/tasks/exit`,
+    /// `/containers/delete`) before any read of it could run. The runtime no longer has it, and
+    /// by its own word. A container created and deleted without a start has no event, as for
+    /// kubelet: it is none of these.
+    fn unread_lives<'c>(
+        &'c self,
+        committed: &Committed,
+        tombstones: &HashSet<ContainerId>,
+    ) -> Vec<&'c ContainerId> {
+        let mut lives: Vec<&ContainerId> = self
+            .records
+            .deleted
+            .iter()
+            .copied()
+            .filter(|id| committed.pod_of(id).is_none() && !tombstones.contains(*id))
+            .filter(|id| self.records.started.contains_key(*id) || self.exit(id).is_some())
+            .collect();
+        lives.sort();
+        lives
+    }
+
+    /// The exit the task service recorded of `id`, if any.
+    fn exit(&self, id: &ContainerId) -> Option<TaskRecord> {
+        self.records
+            .tasks
+            .get(id)
+            .copied()
+            .filter(|r| matches!(r, TaskRecord::Exited { .. }))
+    }
+
+    /// The events of the [`Self::unread_lives`] `lives`, put in `events`: each transition the
+    /// runtime's records say, in order, confirmed by the task service (the removal by the
+    /// deletion). Its pod is the one its cgroup's path names, when the kernel's probes saw it,
+    /// else none (an empty uid); its name, none.
+    fn tell_unread(
+        &self,
+        lives: &[&ContainerId],
+        committed: &Committed,
+        events: &mut Vec<PodLifecycleEvent>,
+    ) {
+        for &id in lives {
+            let started = self.records.started.get(id).copied();
+            let exited = self.exit(id);
+            let unread = ContainerRecord {
+                id: id.clone(),
+                name: String::new(),
+                attempt: 0,
+                image: String::new(),
+                state: ContainerState::Created,
+                sandbox: false,
+                created_at: None,
+                started_at: None,
+                finished_at: None,
+                exit_code: None,
+                reason: String::new(),
+                confirmed_by: Store::Task,
+                oom_killed_by: BTreeSet::new(),
+                host: None,
+            };
+            let told = |task: Option<TaskRecord>| {
+                let mut record = merge(None, Some(unread.clone()), task, self.records.witness)?;
+                self.records.teach(id, &mut record);
+                Some(record)
+            };
+            let ran = started.and_then(|started| told(Some(started)));
+            let last = exited.and_then(|exited| told(Some(exited)));
+            let pod = self.records.pod_of_unread(id, committed);
+            let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
+            way.push(None);
+            way.extend(ran.as_ref().map(Some));
+            way.extend(last.as_ref().map(Some));
+            way.push(None);
+            for step in way.windows(2) {
+                let (from, to) = (step[0], step[1]);
+                let Some(record) = to.or(from) else {
+                    continue;
+                };
+                for &event_type in transition(from.map(|c| c.state), to.map(|c| c.state)) {
+                    let change = Change {
+                        pod: &pod,
+                        event_type,
+                        record,
+                    };
+                    events.push(event(change, self.hints, self.read_at));
+                }
+            }
+        }
+    }
+}
+
 /// The containers a plan leaves in a state only the task service confirmed, and that were
 /// not so before it (those that were have their settling read queued already, or gave up on
 /// it: another container's change must not start it over).
@@ -338,6 +508,16 @@ fn newly_unsettled(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<Cont
         .filter(|c| awaits_cri(c))
         .filter(|c| old.and_then(|old| old.containers.get(&c.id)) != Some(*c))
         .map(|c| c.id.clone())
+        .collect()
+}
+
+/// The containers of `old` that `new` no longer holds.
+fn removed(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<ContainerId> {
+    let kept = |id: &ContainerId| new.is_some_and(|new| new.containers.contains_key(id));
+    old.into_iter()
+        .flat_map(|old| old.containers.keys())
+        .filter(|id| !kept(id))
+        .cloned()
         .collect()
 }
 
@@ -404,6 +584,8 @@ struct Records<'a> {
 struct Learned {
     oom_killed_by: BTreeSet<TriggerSource>,
     host: Option<HostIdentity>,
+    /// The pod its cgroup's path names: who it is when no reading ever showed it.
+    pod: Option<PodUid>,
 }
 
 impl Learned {
@@ -414,11 +596,16 @@ impl Learned {
                 self.oom_killed_by.insert(observation.source);
                 return;
             }
-            ObservationKind::Identity(identity) => HostIdentity {
-                cgroup_id: Some(identity.cgroup_id),
-                cgroup_path: Some(identity.cgroup_path.to_string()),
-                init_pid: identity.init_pid,
-            },
+            ObservationKind::Identity(identity) => {
+                if self.pod.is_none() {
+                    self.pod.clone_from(&identity.pod);
+                }
+                HostIdentity {
+                    cgroup_id: Some(identity.cgroup_id),
+                    cgroup_path: Some(identity.cgroup_path.to_string()),
+                    init_pid: identity.init_pid,
+                }
+            }
             &ObservationKind::TaskStarted { pid, .. } if pid != 0 => HostIdentity {
                 init_pid: Some(pid),
                 ..HostIdentity::default()
@@ -486,6 +673,18 @@ impl<'a> Records<'a> {
             .filter_map(|(id, observation)| Some((id.clone(), observation.kind.task_record()?)))
             .collect();
         records
+    }
+
+    /// The pod of a container no reading showed: the one its cgroup names (the committed
+    /// pod of that uid, for its name), else none.
+    fn pod_of_unread(&self, id: &ContainerId, committed: &Committed) -> PodRecord {
+        let uid = self.learned.get(id).and_then(|learned| learned.pod.clone());
+        match uid {
+            Some(uid) => committed
+                .get(&uid)
+                .map_or_else(|| PodRecord::known_as(uid), PodRecord::identity),
+            None => PodRecord::known_as(PodUid(String::new())),
+        }
     }
 
     fn is_deleted(&self, id: &ContainerId) -> bool {
@@ -792,6 +991,9 @@ fn containers_of<'h>(target: &'h Scope, hint: &'h Hint) -> impl Iterator<Item = 
 /// The node after a reconcile, as far as the hints ask about it.
 struct World<'a> {
     before: &'a Before<'a>,
+    /// Containers whose life the runtime's records tell, not told yet: nothing about them is
+    /// answered.
+    withheld: &'a [ContainerId],
     /// The records with every pod's plan committed.
     after: &'a Committed,
     /// Where the reading can say a container is absent.
@@ -887,6 +1089,9 @@ impl World<'_> {
 
     /// Whether the node shows that `id` did what `says`.
     fn shows(&self, id: &ContainerId, says: Says) -> bool {
+        if self.withheld.contains(id) {
+            return false;
+        }
         let state = self.find(id).map(|(_, state)| state);
         let known = self.before.pod_of(id).is_some();
         let deleted = self.tombstones.contains(id) || self.deleted.contains(id);

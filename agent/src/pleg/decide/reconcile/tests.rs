@@ -8,6 +8,7 @@ use ContainerState::{Created, Exited, Running};
 use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
 use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
 use TriggerSource::{Containerd, Ebpf};
+use tokio::time::Instant;
 
 use super::*;
 use crate::{
@@ -121,11 +122,17 @@ struct Planned {
 struct Collect {
     committed: Committed,
     pods: Vec<Planned>,
+    /// The events of containers no record held ([`Act::tell`]).
+    told: Vec<PodLifecycleEvent>,
 }
 
 impl Act for Collect {
     fn committed(&self) -> &Committed {
         &self.committed
+    }
+
+    fn tell(&mut self, events: std::vec::Drain<'_, PodLifecycleEvent>) {
+        self.told.extend(events);
     }
 
     fn act(&mut self, pod: PodPlan<'_>) {
@@ -152,8 +159,9 @@ fn reconcile(
     let mut out = Collect {
         committed: committed.clone(),
         pods: Vec::new(),
+        told: Vec::new(),
     };
-    let plan = super::reconcile(&mut out, reading, hints, queued, tombstones, settings);
+    let plan = super::reconcile(&mut out, reading, hints, queued, tombstones, settings, true);
     (out.pods, plan)
 }
 
@@ -805,6 +813,7 @@ fn the_containers_identity_on_the_host_is_kept_and_carried() {
         cgroup_id: 7,
         cgroup_path: "/k8s.io/c".into(),
         init_pid: Some(41),
+        pod: None,
     });
     let (pods, _) = reconcile(
         &committed(Some(Created)),
@@ -823,6 +832,217 @@ fn the_containers_identity_on_the_host_is_kept_and_carried() {
         "the runtime's pid stands where both said one"
     );
     assert_eq!(planned_container(&pods).host.as_deref(), Some(host));
+}
+
+/// A container no reading showed, whose whole life the runtime's records tell (its start,
+/// exit and deletion all came before any read of it could run), is told from them: started,
+/// died with the recorded code, removed, confirmed by the task service, in the pod its cgroup
+/// names; not while a read of it is in flight (nor answered then), and not at all when it
+/// never started.
+#[test]
+fn a_life_no_reading_showed_is_told_from_the_runtimes_records() {
+    let in_pod = ObservationKind::Identity(crate::pleg::model::trigger::Identity {
+        cgroup_id: 9,
+        cgroup_path: "/kubepods/besteffort/podp/c".into(),
+        init_pid: Some(41),
+        pod: Some(uid("p")),
+    });
+    let whole_life = [TaskStarted { at: at(8), pid: 41 }, exit(137), Deleted];
+    let mut hints = hints(true, Containerd, &whole_life);
+    let kernel = crate::pleg::decide::hints::Hint {
+        sources: BTreeSet::from([Ebpf]),
+        observed_at: at(9),
+        observations: vec![
+            (
+                id("c"),
+                Observation {
+                    source: Ebpf,
+                    kind: Signal(9),
+                },
+            ),
+            (
+                id("c"),
+                Observation {
+                    source: Ebpf,
+                    kind: in_pod,
+                },
+            ),
+        ],
+        unspecific: false,
+    };
+    hints.insert(Scope::Container(id("c")), kernel);
+    // Its pod is known (another container of it): the event names it.
+    let mut before = Committed::default();
+    before.commit(
+        &uid("p"),
+        Some(Arc::new(pod("p", "web", [container("s", "", Running)]))),
+        false,
+    );
+
+    let tell = |unread: bool, hints: &Hints| {
+        let mut out = Collect {
+            committed: before.clone(),
+            pods: Vec::new(),
+            told: Vec::new(),
+        };
+        let settings = TASK;
+        let plan = super::reconcile(
+            &mut out,
+            nothing(),
+            hints,
+            &Hints::default(),
+            &HashSet::new(),
+            settings,
+            unread,
+        );
+        (out, plan)
+    };
+    let (out, plan) = tell(true, &hints);
+    let told: Vec<_> = out
+        .told
+        .iter()
+        .map(|e| {
+            (
+                e.event_type,
+                e.exit_code,
+                e.confirmed_by,
+                e.pod.0.as_str(),
+                e.pod_name.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        told,
+        [
+            (ContainerStarted, None, TASK_STORE, "p", "web"),
+            (ContainerDied, Some(137), TASK_STORE, "p", "web"),
+            (ContainerRemoved, Some(137), TASK_STORE, "p", "web"),
+        ]
+    );
+    let died = &out.told[1];
+    assert_eq!(
+        (died.reason.as_str(), died.signal, died.sources.clone()),
+        ("Error", Some(9), vec![Ebpf, Containerd])
+    );
+    assert!(
+        out.pods.is_empty(),
+        "no pod's record changes: {:?}",
+        out.pods.len()
+    );
+    assert_eq!((whys(&plan), plan.deleted), (vec![], vec![id("c")]));
+
+    let (out, plan) = tell(false, &hints);
+    assert!(out.told.is_empty(), "a read of it is in flight");
+    assert_eq!(
+        (whys(&plan), plan.deleted),
+        (vec![Why::Unreflected], vec![]),
+        "nor answered: the read (or the records after it) will tell it"
+    );
+
+    let never_started = self::hints(true, Containerd, &[Deleted]);
+    let (out, _) = tell(true, &never_started);
+    assert!(out.told.is_empty(), "created and deleted: no event");
+}
+
+/// Reads run side by side: what a reading begun later showed of a container stands against
+/// one begun earlier (the full relist's listing, beside the container's own read), which
+/// neither takes its record back nor finds it gone; the rest of that reading stands.
+#[test]
+fn a_reading_begun_earlier_leaves_what_a_later_one_showed_as_it_is() {
+    let (t0, t1) = {
+        let now = Instant::now();
+        (now, now + Duration::from_millis(5))
+    };
+    let mut held = Committed::default();
+    let other = container("o", "other", Running);
+    held.commit(
+        &uid("p"),
+        Some(Arc::new(pod(
+            "p",
+            "web",
+            [exited("c", "app", 1, "Error"), other],
+        ))),
+        false,
+    );
+    held.shown(&id("c"), t1);
+    held.shown(&id("o"), t0 - Duration::from_millis(1));
+    let earlier = |read| fresh(reading(Covers::Node, vec![("p", read)]), &held, t0);
+    // Inspected before c's exit was read: c not taken back; o, gone since, is gone.
+    let stale = earlier(PodReading::Inspected(pod(
+        "p",
+        "web",
+        [container("c", "app", Running)],
+    )));
+    assert_eq!(
+        stale.pods,
+        [(
+            uid("p"),
+            PodReading::Containers {
+                pod: pod("p", "web", []),
+                gone: vec![id("o")]
+            }
+        )]
+    );
+    // The pod not listed: c stands, o is gone.
+    let stale = earlier(PodReading::Gone);
+    assert_eq!(
+        stale.pods,
+        [(
+            uid("p"),
+            PodReading::Containers {
+                pod: pod("p", "web", []).identity(),
+                gone: vec![id("o")]
+            }
+        )]
+    );
+    // Begun after both were read: as it came.
+    let later = fresh(
+        reading(Covers::Node, vec![("p", PodReading::Gone)]),
+        &held,
+        t1,
+    );
+    assert_eq!(later.pods, [(uid("p"), PodReading::Gone)]);
+}
+
+/// A container a reading found gone is gone for good: the runtime's records of its end that
+/// come after (a frozen plegd resumed: the full relist ran before their triggers) tell
+/// nothing again.
+#[test]
+fn a_container_a_reading_found_gone_is_not_told_gone_again_by_the_records() {
+    let (pods, plan) = reconcile(
+        &committed(Some(Running)),
+        reading(Covers::Node, vec![("p", PodReading::Gone)]),
+        &Hints::default(),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        [
+            (ContainerDied, None, CRI_STORE),
+            (ContainerRemoved, None, CRI_STORE)
+        ]
+    );
+    assert_eq!(plan.deleted, [id("c")], "remembered gone");
+    let tombstones: HashSet<ContainerId> = plan.deleted.into_iter().collect();
+    let mut out = Collect {
+        committed: Committed::default(),
+        pods: Vec::new(),
+        told: Vec::new(),
+    };
+    let late = hints(true, Containerd, &[exit(137), Deleted]);
+    let plan = super::reconcile(
+        &mut out,
+        nothing(),
+        &late,
+        &Hints::default(),
+        &tombstones,
+        TASK,
+        true,
+    );
+    assert!(out.told.is_empty() && out.pods.is_empty(), "{:?}", out.told);
+    assert_eq!(whys(&plan), [], "the records are answered");
 }
 
 /// A death whose reason the task service's record decided, and the CRI store shows another:

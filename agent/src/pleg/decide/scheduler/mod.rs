@@ -11,12 +11,12 @@
 //!   hint pending for its target when it starts; hints that come while it is in flight wait for
 //!   the next one: one read in flight per target, however many triggers came. So the reads a
 //!   busy node costs grow with the containers that change, not with the triggers about them.
-//! - Reads of different containers run side by side (up to [`DEFAULT_READS_IN_FLIGHT`]): one slow
-//!   read (a shim busy with its cleanup) holds up no other. A pod's read (rare: only pod-wide
-//!   triggers ask for one) and the full relist run alone: once one is due, no other read starts,
-//!   and it starts when those in flight are done. A due full relist subsumes every targeted one
-//!   and carries their hints, so the events it finds are still credited to the sources that
-//!   saw them first.
+//! - Reads of different targets run side by side (up to [`DEFAULT_READS_IN_FLIGHT`], and the
+//!   full relist beside them): one slow read (a shim busy with its cleanup, a listing of a busy
+//!   node) holds up no other. What a read begun later showed stands against one begun earlier
+//!   (`crate::pleg::decide::reconcile::fresh`). The full relist carries no hint (each goes
+//!   on to its own read), but lends them all its credit: the events it finds are still
+//!   credited to the sources that saw them first.
 //! - A target's hints are tried against the runtime's own records at once, even while a read of
 //!   it is in flight ([`Batch::read`] false): an exit containerd's `/tasks/exit` recorded never
 //!   waits on a read.
@@ -211,27 +211,17 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn is_empty(&self) -> bool {
-        !self.full && self.targets.is_empty()
-    }
-
-    /// Whether `target` is being read, by its own read or a full one.
+    /// Whether `target` is being read by its own read.
     fn reads(&self, target: &Scope) -> bool {
-        self.full || self.targets.contains(target)
+        self.targets.contains(target)
     }
 
-    /// Whether a read of `target` can start beside those in flight, `limit` at most.
+    /// Whether a read of `target` can start beside those in flight, `limit` targeted ones at
+    /// most (the full relist is not one of them: it runs beside them).
     fn admits(&self, target: &Scope, limit: usize) -> bool {
         match target {
-            Scope::All => self.is_empty(),
-            // A pod's read would race its containers' reads: it runs alone.
-            Scope::Pod(_) => self.is_empty(),
-            Scope::Container(_) => {
-                !self.full
-                    && !self.targets.contains(target)
-                    && !self.targets.iter().any(|t| matches!(t, Scope::Pod(_)))
-                    && self.targets.len() < limit.max(1)
-            }
+            Scope::All => !self.full,
+            target => !self.targets.contains(target) && self.targets.len() < limit.max(1),
         }
     }
 }
@@ -420,11 +410,6 @@ impl RelistScheduler {
         }
     }
 
-    /// Every read in flight was cut short (a stop): none holds its target any more.
-    pub fn cut_short(&mut self) {
-        self.in_flight = InFlight::default();
-    }
-
     /// The hints queued for targets `scope` covers, copied (see [`Batch::queued`]).
     pub fn queued(&self, scope: &Scope) -> Hints {
         let covered = |target: &Scope| scope == &Scope::All || scope == target;
@@ -447,16 +432,9 @@ impl RelistScheduler {
         if let Some(tried) = self.next_records_try(now) {
             return Some(tried);
         }
-        if self.full_relist_due(now) {
-            if !self.in_flight.admits(&Scope::All, 0) {
-                // It starts once the reads in flight are done; none starts before it.
-                return None;
-            }
-            // The node is read whole: the kernel's hints still waiting are read with it.
-            self.end_waits(None);
-            let every: Vec<Scope> = self.pending.keys().cloned().collect();
+        if self.full_relist_due(now) && self.in_flight.admits(&Scope::All, 0) {
             self.full_relisted(now);
-            return Some(self.full_batch(every));
+            return Some(Self::full_batch());
         }
         self.end_waits(Some(now));
         // Fresh triggers before retries, each in due order: a retry waits on a runtime that
@@ -551,25 +529,28 @@ impl RelistScheduler {
         self.full_requested = None;
     }
 
-    /// A full relist carrying the hints of `targets` (each with its retries so far).
-    fn full_batch(&mut self, targets: Vec<Scope>) -> Batch {
-        let mut hints = Hints::default();
-        let mut attempts = BTreeMap::new();
-        for target in targets {
-            if let Some(pending) = self.pending.remove(&target) {
-                attempts.insert(target.clone(), pending.retries);
-                hints.insert(target, pending.hint);
-            }
-        }
+    /// A full relist. It carries no hint: each goes on to its own read, beside it (a listing of
+    /// the node takes long on a busy one), and lends it only its credit ([`Batch::queued`]).
+    fn full_batch() -> Batch {
         Batch {
             scope: Scope::All,
-            hints,
+            hints: Hints::default(),
             required: true,
             read: true,
-            attempts,
+            attempts: BTreeMap::new(),
             settle: None,
             queued: Hints::default(),
         }
+    }
+
+    /// Every hint pending or waiting in its grace, taken out (a stop: the last relist reads
+    /// them).
+    pub fn drain(&mut self) -> Hints {
+        self.end_waits(None);
+        std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(target, pending)| (target, pending.hint))
+            .collect()
     }
 
     /// When [`Self::next_due`] will next have something (the next full relist at the latest),
@@ -578,7 +559,7 @@ impl RelistScheduler {
     pub fn next_deadline(&self) -> Option<Instant> {
         let limit = self.config.reads_in_flight;
         let full_waits = !self.in_flight.admits(&Scope::All, 0);
-        let startable = |target: &Scope| !full_waits && self.in_flight.admits(target, limit);
+        let startable = |target: &Scope| self.in_flight.admits(target, limit);
         let pending = self.pending.iter().filter_map(|(target, p)| {
             let tried_now = !p.tried && self.in_flight.reads(target);
             (tried_now || startable(target)).then_some(p.due)

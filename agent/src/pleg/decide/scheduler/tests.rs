@@ -244,7 +244,11 @@ fn hints_that_come_while_their_target_is_read_join_the_next_read() {
             "not tried again, not read while c's read is in flight"
         );
     }
-    assert_eq!(scheduler.next_deadline(), None, "c's read's end wakes us");
+    assert_eq!(
+        scheduler.next_deadline(),
+        Some(t0 + Duration::from_secs(3600)),
+        "nothing before the next full relist: c's read's end wakes us"
+    );
     scheduler.finished(&reading.scope);
     let next = scheduler.next_due(t0 + 10 * MS).expect("the next read");
     assert!(next.read);
@@ -272,76 +276,43 @@ fn reads_of_different_containers_run_side_by_side_up_to_the_limit() {
     let b = scheduler.next_due(t0).expect("b beside a");
     assert_eq!([&a.scope, &b.scope], [&of("a"), &of("b")]);
     assert_eq!(scheduler.next_due(t0), None, "two in flight at most");
-    assert_eq!(scheduler.next_deadline(), None);
+    assert_eq!(
+        scheduler.next_deadline(),
+        Some(t0 + Duration::from_secs(3600))
+    );
     scheduler.finished(&a.scope);
     assert_eq!(scheduler.next_due(t0).map(|b| b.scope), Some(of("c")));
 }
 
-/// A due full relist waits for the reads in flight, and no read starts before it; a pod's
-/// read runs alone too.
+/// The full relist runs beside the targeted reads: neither waits for the other. It carries
+/// no hint (each goes on to its own read) but lends them all its credit.
 #[test]
-fn the_full_relist_and_a_pods_read_run_alone() {
+fn the_full_relist_runs_beside_targeted_reads_and_lends_their_hints_its_credit() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
     scheduler.push(trigger(of("a"), TriggerSource::Containerd, 1), t0);
     let a = scheduler.next_due(t0).expect("a");
-    scheduler.request_full_relist(t0);
-    scheduler.push(trigger(of("b"), TriggerSource::Containerd, 1), t0);
-    assert_eq!(scheduler.next_due(t0), None, "the full relist waits for a");
-    scheduler.finished(&a.scope);
-    let full = scheduler.next_due(t0).expect("the full relist");
-    assert_eq!(full.scope, Scope::All);
-    assert_eq!(
-        full.hints.scopes().collect::<Vec<_>>(),
-        [&of("b")],
-        "b's hint rides along"
-    );
-    scheduler.push(trigger(of("c"), TriggerSource::Containerd, 1), t0);
-    let tried = scheduler.next_due(t0).expect("c's hint");
-    assert!(
-        !tried.read,
-        "only a try of the records while the node is read"
-    );
-    scheduler.untried(tried, t0);
-    scheduler.finished(&full.scope);
-    let c = scheduler.next_due(t0).expect("c after the full relist");
-    assert_eq!((&c.scope, c.read), (&of("c"), true));
-
-    scheduler.push(
-        trigger(Scope::Pod(uid("p")), TriggerSource::Containerd, 1),
-        t0,
-    );
-    scheduler.push(trigger(of("d"), TriggerSource::Containerd, 1), t0);
-    assert_eq!(scheduler.next_due(t0).map(|b| b.scope), Some(of("d")));
-    scheduler.finished(&c.scope);
-    assert_eq!(scheduler.next_due(t0), None, "p waits for d");
-    scheduler.finished(&of("d"));
-    let p = scheduler.next_due(t0).expect("p alone");
-    assert_eq!(p.scope, Scope::Pod(uid("p")));
-    scheduler.push(trigger(of("e"), TriggerSource::Containerd, 1), t0);
-    assert_eq!(scheduler.next_due(t0), None, "e waits for p");
-    scheduler.finished(&p.scope);
-    assert_eq!(drain(&mut scheduler, t0), [of("e")]);
-}
-
-#[test]
-fn full_relist_subsumes_targeted_ones() {
-    let t0 = Instant::now();
-    let mut scheduler = after_first_full(t0);
     scheduler.push(trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1), t0);
     scheduler.push(trigger(Scope::All, TriggerSource::Containerd, 2), t0);
-    scheduler.push(trigger(of("c"), TriggerSource::CriEvents, 3), t0);
-    let batch = scheduler.next_due(t0).expect("full relist");
-    assert_eq!(batch.scope, Scope::All);
-    assert!(batch.hints.for_container(&uid("p"), &cid("x")).is_some());
-    assert!(
-        batch
-            .hints
-            .for_container(&uid("other"), &cid("c"))
-            .is_some()
+    scheduler.push(trigger(of("b"), TriggerSource::CriEvents, 3), t0);
+    let full = scheduler
+        .next_due(t0)
+        .expect("the full relist beside a's read");
+    assert_eq!((&full.scope, full.hints.is_empty()), (&Scope::All, true));
+    let lent: Vec<&Scope> = full.queued.scopes().collect();
+    assert_eq!(lent, [&Scope::Pod(uid("p")), &of("b")]);
+    let mut beside = drain(&mut scheduler, t0);
+    beside.sort();
+    assert_eq!(
+        beside,
+        [Scope::Pod(uid("p")), of("b")],
+        "their own reads, beside it"
     );
-    scheduler.finished(&batch.scope);
-    assert_eq!(scheduler.next_due(t0), None);
+    scheduler.request_full_relist(t0);
+    assert_eq!(scheduler.next_due(t0), None, "one full relist at a time");
+    scheduler.finished(&full.scope);
+    scheduler.finished(&a.scope);
+    assert_eq!(drain(&mut scheduler, t0), [Scope::All]);
 }
 
 #[test]

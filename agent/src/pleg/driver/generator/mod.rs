@@ -336,12 +336,8 @@ impl<R: Runtime> Generator<R> {
                 pending.insert(scope.clone(), hint.clone());
             }
         }
-        self.scheduler.cut_short();
-        self.scheduler.request_full_relist(now);
-        if let Some(batch) = self.scheduler.next_due(now) {
-            for (scope, hint) in batch.hints.iter() {
-                pending.insert(scope.clone(), hint.clone());
-            }
+        for (scope, hint) in self.scheduler.drain().iter() {
+            pending.insert(scope.clone(), hint.clone());
         }
         debug!(pending = pending.scopes().count(), "generator stopped");
         Stopped {

@@ -28,7 +28,7 @@ use crate::pleg::{
         hints::Hints,
         provenance,
         reconcile::{
-            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, ToRead,
+            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, ToRead, fresh,
             inspection_needed, reconcile, tasks_to_read, unanswered, what_to_read,
         },
     },
@@ -308,8 +308,13 @@ impl<R: Runtime> Relister<R> {
         read: bool,
     ) -> Begun {
         let started = Instant::now();
-        let (answered, events_sent) =
-            self.reconcile(Reading::none(SystemTime::now()), hints, queued, started);
+        let (answered, events_sent) = self.reconcile(
+            Reading::none(SystemTime::now()),
+            hints,
+            queued,
+            started,
+            read,
+        );
         let left = unanswered(&answered.reread);
         // A settling read (no hint) of a container the runtime removed since: its last record
         // stands, the store has nothing more to tell.
@@ -406,10 +411,16 @@ impl<R: Runtime> Relister<R> {
         };
         self.note_busy(busy);
         let read_in = job.read_started.elapsed();
+        // Other reads ran beside this one: what one begun since showed stands.
+        let reading = fresh(reading, &self.committed, job.read_started);
         let pods_read = reading.pods.len();
         let mut outcome = std::mem::take(&mut job.outcome);
         self.note_read(&reading, &mut outcome);
-        let (plan, events_sent) = self.reconcile(reading, &job.hints, queued, job.read_started);
+        let (plan, events_sent) =
+            self.reconcile(reading, &job.hints, queued, job.read_started, true);
+        for id in &outcome.read_containers {
+            self.committed.shown(id, job.read_started);
+        }
         note_plan(&plan, &mut outcome);
         outcome.events_sent += events_sent;
         self.remember(plan);
@@ -494,13 +505,16 @@ impl<R: Runtime> Relister<R> {
 
     /// Reconciles `reading`, each pod's plan carried out as it is decided ([`Publisher`]).
     /// Returns what is left, and how many events went out. `read_at`: when the runtime was
-    /// read (the cache entries are at least this fresh).
+    /// read (the cache entries are at least this fresh). `unread`: whether containers no
+    /// reading showed are told from the runtime's records (not while a read of them is in
+    /// flight).
     fn reconcile(
         &mut self,
         reading: Reading,
         hints: &Hints,
         queued: &Hints,
         read_at: Instant,
+        unread: bool,
     ) -> (FollowUp, usize) {
         let settings = Settings {
             confirm: self.config.confirm,
@@ -523,6 +537,7 @@ impl<R: Runtime> Relister<R> {
             queued,
             &self.tombstones,
             settings,
+            unread,
         );
         (plan, publisher.sent)
     }
@@ -650,6 +665,10 @@ impl Act for Publisher<'_> {
             self.sink.corrected(&pod.uid, correction);
         }
         self.committed.commit(&pod.uid, record, pod.same_containers);
+    }
+
+    fn tell(&mut self, events: std::vec::Drain<'_, PodLifecycleEvent>) {
+        self.publish(events);
     }
 }
 
