@@ -208,6 +208,17 @@ impl Runtime for AnyRuntime {
         }
     }
 
+    async fn inspect_listed(
+        &self,
+        listed: PodRecord,
+        known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.inspect_listed(listed, known).await,
+            Self::Containerd(runtime) => runtime.inspect_listed(listed, known).await,
+        }
+    }
+
     async fn read_containers(
         &self,
         ids: &[ContainerId],

@@ -335,14 +335,22 @@ impl Runtime for CriRuntime {
         uid: &PodUid,
         known: Option<&PodRecord>,
     ) -> Result<Option<PodRecord>, RuntimeError> {
-        let Some(mut pod) = self
+        let listed = self
             .list_pod(uid)
             .await?
             .into_iter()
-            .find(|p| &p.uid == uid)
-        else {
-            return Ok(None);
-        };
+            .find(|p| &p.uid == uid);
+        match listed {
+            Some(pod) => self.inspect_listed(pod, known).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn inspect_listed(
+        &self,
+        mut pod: PodRecord,
+        known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
         let inspected = try_join_all(pod.containers.values().map(|listed| async move {
             if let Some(known) = known_status(known, listed) {
                 Ok(Some(known.clone()))

@@ -467,7 +467,7 @@ impl<R: Runtime> Relister<R> {
         } = node_pods(committed, &self.to_reinspect, listed, &self.tombstones);
         let to_inspect = to_inspect
             .into_iter()
-            .map(|(at, known)| (at, known.cloned()))
+            .map(|(at, known, listed)| (at, known.cloned(), listed))
             .collect();
         // A fact about the records as they are, not a decision: a commit of the pod forgets it.
         for (uid, listing) in &fingerprints {
@@ -713,7 +713,7 @@ struct NodeListing<'a> {
     /// reinspection, or whose listing moved on, [`inspection_needed`]), each with its
     /// committed record: the walk has it at hand, a lookup per inspection was a B-tree's
     /// descent out of the caches at 10,000 pods.
-    to_inspect: Vec<(usize, Option<&'a Arc<PodRecord>>)>,
+    to_inspect: Vec<(usize, Option<&'a Arc<PodRecord>>, PodRecord)>,
     /// The pods listed as committed whose listing's fingerprint the records do not hold yet,
     /// with it ([`Committed::note_listing`]).
     fingerprints: Vec<(PodUid, u64)>,
@@ -764,9 +764,9 @@ fn node_pods<'a>(
                 needed
             });
         if inspect {
+            node.pods.push((pod.uid.clone(), PodReading::Failed));
             node.to_inspect
-                .push((node.pods.len(), old.map(|old| old.record)));
-            node.pods.push((pod.uid, PodReading::Failed));
+                .push((node.pods.len() - 1, old.map(|old| old.record), pod));
         }
     }
     node.pods.extend(walk.map(|(key, _)| not_listed(key)));

@@ -53,8 +53,8 @@ pub(super) enum Step {
     /// ask for: the node's reading.
     Inspect {
         pods: Vec<(PodUid, PodReading)>,
-        /// Where in `pods` each pod to inspect is, with its committed record.
-        to_inspect: Vec<(usize, Option<Arc<PodRecord>>)>,
+        /// Where in `pods` each pod to inspect is, with its committed record and its listing.
+        to_inspect: Vec<(usize, Option<Arc<PodRecord>>, PodRecord)>,
         tasks: Vec<ContainerId>,
         read_at: SystemTime,
     },
@@ -115,18 +115,10 @@ impl ReadJob {
                 tasks,
                 read_at,
             } => {
-                let listed = &pods;
-                let to_inspect = &to_inspect;
-                // By index: a stream of borrowed entries made the future not `Send` for every
-                // lifetime (rustc cannot prove it of the closure's higher-ranked borrow).
-                let inspections = stream::iter(0..to_inspect.len())
-                    .map(|i| async move {
-                        let (at, known) = &to_inspect[i];
-                        let uid = &listed[*at].0;
-                        (
-                            *at,
-                            inspection(runtime.inspect_pod(uid, known.as_deref()).await),
-                        )
+                let inspections = stream::iter(to_inspect)
+                    .map(|(at, known, listed)| async move {
+                        let read = runtime.inspect_listed(listed, known.as_deref()).await;
+                        (at, inspection(read))
                     })
                     .buffer_unordered(self.concurrency.max(1))
                     .collect::<Vec<_>>();

@@ -116,10 +116,14 @@ fn a_full_relist_inspects_what_moved_on_and_reads_the_unlisted_gone() {
     let to_inspect: Vec<&PodUid> = node
         .to_inspect
         .iter()
-        .map(|&(at, _)| &node.pods[at].0)
+        .map(|(at, _, _)| &node.pods[*at].0)
         .collect();
     assert_eq!(to_inspect, [&uid("b"), &uid("c"), &uid("e")]);
-    let known: Vec<bool> = node.to_inspect.iter().map(|(_, k)| k.is_some()).collect();
+    let known: Vec<bool> = node
+        .to_inspect
+        .iter()
+        .map(|(_, k, _)| k.is_some())
+        .collect();
     assert_eq!(
         known,
         [true, true, false],
