@@ -208,6 +208,13 @@ impl Runtime for AnyRuntime {
         }
     }
 
+    async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
+        match self {
+            Self::Cri(runtime) => runtime.task_exit(container).await,
+            Self::Containerd(runtime) => runtime.task_exit(container).await,
+        }
+    }
+
     async fn inspect_listed(
         &self,
         listed: PodRecord,

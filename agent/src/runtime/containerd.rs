@@ -37,7 +37,7 @@ use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
         ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, PodRecord, PodUid,
-        Runtime, RuntimeError, Scope, Store, exit_reason,
+        Runtime, RuntimeError, Scope, Store, TaskRecord, exit_reason,
     },
     runtime::{
         Keys, MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion,
@@ -269,12 +269,17 @@ impl ContainerdRuntime {
     /// call (its status, with kubelet's labels naming its pod) where containerd's own API takes
     /// two (the container, its task) and a third once its task is deleted (the CRI store then
     /// holds its exit). Any other through containerd's containers and tasks.
+    /// Whether it reads the CRI plugin's namespace, whose containers it reads through CRI.
+    fn reads_cri(&self) -> bool {
+        self.namespaces.iter().any(|n| n.as_str() == CRI_NAMESPACE)
+    }
+
     async fn read_container(
         &self,
         id: &ContainerId,
         committed: Option<&PodRecord>,
     ) -> Result<ContainerRead, RuntimeError> {
-        if self.namespaces.iter().any(|n| n.as_str() == CRI_NAMESPACE) {
+        if self.reads_cri() {
             let read = self.cri.read_container(id, committed).await?;
             if let Some(mut found) = read.found {
                 // containerd's image name is the one the container was made from; CRI's status
@@ -443,6 +448,25 @@ impl Runtime for ContainerdRuntime {
         committed: Option<&PodRecord>,
     ) -> Result<Vec<ContainerRead>, RuntimeError> {
         try_join_all(ids.iter().map(|id| self.read_container(id, committed))).await
+    }
+
+    /// A container read by its id is read through CRI when the CRI plugin made it: its task is
+    /// asked as the CRI backend asks it, in the CRI plugin's namespace.
+    async fn task_record(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        match self.reads_cri() {
+            true => self.cri.task_record(container).await,
+            false => Ok(None),
+        }
+    }
+
+    async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
+        match self.reads_cri() {
+            true => self.cri.task_exit(container).await,
+            false => Ok(None),
+        }
     }
 
     /// `known` is not needed: containers and tasks come in two calls for the whole pod, and

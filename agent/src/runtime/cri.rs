@@ -330,6 +330,10 @@ impl Runtime for CriRuntime {
         self.tasks.record(container).await
     }
 
+    async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
+        self.tasks.exit(container).await
+    }
+
     async fn inspect_pod(
         &self,
         uid: &PodUid,

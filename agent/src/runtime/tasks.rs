@@ -14,7 +14,7 @@ use std::{
 };
 
 use containerd_client::{
-    services::v1::{GetRequest, tasks_client::TasksClient},
+    services::v1::{GetRequest, WaitRequest, tasks_client::TasksClient},
     types::v1::{Process, Status},
 };
 use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
@@ -131,6 +131,29 @@ impl TaskService {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+impl TaskService {
+    /// The exit of `container`'s init, waited for (`Tasks.Wait`): see
+    /// [`crate::pleg::Runtime::task_exit`]. `None` when it has no task (or no task service).
+    pub(crate) async fn exit(
+        &self,
+        container: &ContainerId,
+    ) -> Result<Option<TaskRecord>, RuntimeError> {
+        if self.absent.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let mut client = TasksClient::new(self.channel.clone());
+        let request = client.wait(self.namespace.request(WaitRequest {
+            container_id: container.0.clone(),
+            exec_id: String::new(),
+        }));
+        let response = found(self.caller.call("Tasks.Wait", request).await)?;
+        Ok(response.map(|exit| TaskRecord::Exited {
+            code: i32::try_from(exit.exit_status).unwrap_or(i32::MAX),
+            at: time_from_timestamp(exit.exited_at.as_ref()).unwrap_or_else(SystemTime::now),
+        }))
     }
 }
 

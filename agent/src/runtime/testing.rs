@@ -195,7 +195,7 @@ impl FakeRuntime {
         };
     }
 
-    /// Containers of every `task_record` call so far.
+    /// Containers of every `task_record` and `task_exit` call so far.
     pub fn task_calls(&self) -> Vec<ContainerId> {
         self.lock().task_calls.clone()
     }
@@ -368,5 +368,18 @@ impl Runtime for FakeRuntime {
         self.lock().task_calls.push(container.clone());
         self.wait().await;
         Ok(self.lock().tasks.get(container).copied())
+    }
+
+    /// Waits, as containerd's `Tasks.Wait` does, until the task set is an exit (or gone).
+    async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
+        self.lock().task_calls.push(container.clone());
+        self.wait().await;
+        loop {
+            match self.lock().tasks.get(container).copied() {
+                Some(TaskRecord::Started { .. }) => {}
+                exited => return Ok(exited),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 }

@@ -132,6 +132,18 @@ pub trait Runtime: Send + Sync + 'static {
         let _ = container;
         async { Ok(None) }
     }
+
+    /// The exit the runtime's task service records of `container`'s init, waited for: it
+    /// answers as the init is reaped (containerd's `Tasks.Wait`), where a status call then
+    /// waits out the runtime's cleanup (the shim holds the task through it). `None` where
+    /// [`Runtime::task_record`] is, or when the task is gone already.
+    fn task_exit(
+        &self,
+        container: &ContainerId,
+    ) -> impl Future<Output = Result<Option<TaskRecord>, RuntimeError>> + Send {
+        let _ = container;
+        async { Ok(None) }
+    }
 }
 
 /// One container or sandbox read by its id ([`Runtime::read_containers`]).

@@ -1189,32 +1189,44 @@ pub fn inspection_needed(
     }
 }
 
-/// The containers whose task status is worth reading: a kernel hint says their init started
-/// or died, `state` (what the runtime shows now) does not show it, and no record of the
-/// runtime's said it.
+/// What the task service is asked of a container's init ([`tasks_to_read`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TaskAsk {
+    /// Whether it started: its status.
+    Start,
+    /// Its exit, waited for: the task service answers it the moment the shim reaps the init,
+    /// where a status call made then waits out the runtime's cleanup.
+    Exit,
+}
+
+/// The containers whose task the task service is worth asking about: a kernel hint says their
+/// init started or died, `state` (what the runtime shows now) does not show it, and no record
+/// of the runtime's said it. An exit outranks a start.
 pub fn tasks_to_read(
     hints: &Hints,
     state: impl Fn(&ContainerId) -> Option<ContainerState>,
-) -> Vec<ContainerId> {
+) -> Vec<(ContainerId, TaskAsk)> {
     let carried = hints.task_records();
-    let mut ids: Vec<ContainerId> = hints
+    let mut asks: Vec<(ContainerId, TaskAsk)> = hints
         .observations()
         .filter(|(id, observation)| {
-            !observation.kind.is_runtime_record()
-                && !carried.contains_key(id)
-                && matches!(
-                    (observation.kind.says(), state(id)),
-                    (
-                        Says::Died,
-                        Some(ContainerState::Created | ContainerState::Running)
-                    ) | (Says::Started, Some(ContainerState::Created))
-                )
+            !observation.kind.is_runtime_record() && !carried.contains_key(id)
         })
-        .map(|(id, _)| id.clone())
+        .filter_map(|(id, observation)| {
+            let ask = match (observation.kind.says(), state(id)?) {
+                (Says::Died, ContainerState::Created | ContainerState::Running) => TaskAsk::Exit,
+                (Says::Started, ContainerState::Created) => TaskAsk::Start,
+                _ => return None,
+            };
+            Some((id.clone(), ask))
+        })
         .collect();
-    ids.sort();
-    ids.dedup();
-    ids
+    // The exit last of each container's: it stands.
+    asks.sort();
+    asks.reverse();
+    asks.dedup_by(|a, b| a.0 == b.0);
+    asks.reverse();
+    asks
 }
 
 #[cfg(test)]

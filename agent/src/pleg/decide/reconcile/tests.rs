@@ -712,14 +712,26 @@ fn only_what_the_node_does_not_show_yet_is_read_again() {
 #[test]
 fn task_statuses_are_read_only_for_kernel_hints_the_runtime_does_not_show() {
     let kernel = hints(false, Ebpf, &[Signal(9)]);
-    assert_eq!(tasks_to_read(&kernel, |_| Some(Running)), vec![id("c")]);
+    assert_eq!(
+        tasks_to_read(&kernel, |_| Some(Running)),
+        vec![(id("c"), TaskAsk::Exit)]
+    );
     assert_eq!(tasks_to_read(&kernel, |_| Some(Exited)), vec![]);
     assert_eq!(tasks_to_read(&kernel, |_| None), vec![], "unknown");
     let exec = hints(false, Ebpf, &[Exec("/bin/sh".into())]);
-    assert_eq!(tasks_to_read(&exec, |_| Some(Created)), vec![id("c")]);
+    assert_eq!(
+        tasks_to_read(&exec, |_| Some(Created)),
+        vec![(id("c"), TaskAsk::Start)]
+    );
     assert_eq!(tasks_to_read(&exec, |_| Some(Running)), vec![]);
     let carried = hints(false, Containerd, &[exit(137)]);
     assert_eq!(tasks_to_read(&carried, |_| Some(Running)), vec![]);
+    let both = hints(false, Ebpf, &[Exec("/bin/sh".into()), Signal(9)]);
+    assert_eq!(
+        tasks_to_read(&both, |_| Some(Created)),
+        vec![(id("c"), TaskAsk::Exit)],
+        "the exit outranks the start"
+    );
 }
 
 /// Container "c" of pod "p" as the plans left it.

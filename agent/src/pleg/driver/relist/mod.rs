@@ -28,7 +28,7 @@ use crate::pleg::{
         hints::Hints,
         provenance,
         reconcile::{
-            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, ToRead, fresh,
+            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, TaskAsk, ToRead, fresh,
             inspection_needed, reconcile, tasks_to_read, unanswered, what_to_read,
         },
     },
@@ -45,7 +45,7 @@ use crate::pleg::{
 mod read;
 
 use read::{Found, Step};
-pub use read::{ReadDone, ReadJob};
+pub use read::{ReadDone, ReadJob, TASK_EXIT_WAIT};
 
 /// Default number of pod inspections in flight at once.
 pub const DEFAULT_INSPECT_CONCURRENCY: usize = 8;
@@ -258,7 +258,8 @@ impl<R: Runtime> Relister<R> {
             self.busy_tasks.clear();
             let outcome = self.relist(&Scope::All, &hints, true).await?;
             hints = unanswered(&outcome.reread);
-            if hints.is_empty() || Instant::now() + STOP_RETRY > until {
+            // A read may wait for an exit as long as TASK_EXIT_WAIT: the next one must end in time.
+            if hints.is_empty() || Instant::now() + STOP_RETRY + TASK_EXIT_WAIT > until {
                 return Ok(hints);
             }
             tokio::time::sleep(STOP_RETRY).await;
@@ -559,13 +560,13 @@ impl<R: Runtime> Relister<R> {
         &self,
         hints: &Hints,
         state: impl Fn(&ContainerId) -> Option<ContainerState>,
-    ) -> Vec<ContainerId> {
+    ) -> Vec<(ContainerId, TaskAsk)> {
         if self.config.confirm != Store::Task {
             return Vec::new();
         }
-        let mut ids = tasks_to_read(hints, state);
-        ids.retain(|id| !self.busy_tasks.contains_key(id));
-        ids
+        let mut asks = tasks_to_read(hints, state);
+        asks.retain(|(id, _)| !self.busy_tasks.contains_key(id));
+        asks
     }
 
     /// A container whose task status missed its deadline is not asked again for

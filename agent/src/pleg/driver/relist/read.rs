@@ -15,7 +15,7 @@ use tracing::debug;
 use crate::pleg::{
     decide::{
         hints::Hints,
-        reconcile::{Covers, PodReading, Reading, ToRead, tasks_to_read},
+        reconcile::{Covers, PodReading, Reading, TaskAsk, ToRead, tasks_to_read},
     },
     model::{
         record::{ContainerId, PodRecord, PodUid, TaskRecords},
@@ -23,6 +23,11 @@ use crate::pleg::{
         trigger::Scope,
     },
 };
+
+/// How long an exit a kernel hint saw is waited for from the task service: it answers as the
+/// shim reaps the init (a few ms after the kernel saw the exit, tens under churn). A read runs
+/// beside the others, so the wait holds up nothing but the container's next read.
+pub const TASK_EXIT_WAIT: Duration = Duration::from_millis(250);
 
 /// A read a relist planned, and what it carries to its end.
 #[derive(Debug)]
@@ -55,7 +60,7 @@ pub(super) enum Step {
         pods: Vec<(PodUid, PodReading)>,
         /// Where in `pods` each pod to inspect is, with its committed record and its listing.
         to_inspect: Vec<(usize, Option<Arc<PodRecord>>, PodRecord)>,
-        tasks: Vec<ContainerId>,
+        tasks: Vec<(ContainerId, TaskAsk)>,
         read_at: SystemTime,
     },
     /// A committed pod: what of it.
@@ -63,7 +68,7 @@ pub(super) enum Step {
         uid: PodUid,
         committed: Option<Arc<PodRecord>>,
         what: ToRead,
-        tasks: Vec<ContainerId>,
+        tasks: Vec<(ContainerId, TaskAsk)>,
     },
     /// A container not committed yet; the task statuses its state then asks for, but
     /// `busy`'s.
@@ -158,7 +163,7 @@ impl ReadJob {
                     })
                 };
                 let mut to_read = tasks_to_read(&self.hints, state);
-                to_read.retain(|id| !busy.contains(id));
+                to_read.retain(|(id, _)| !busy.contains(id));
                 let (tasks, busy) = read_tasks(runtime, to_read, deadline).await;
                 let reading = reading(Covers::Containers(vec![id]), pods, tasks);
                 Ok(Found::Read { reading, busy })
@@ -173,7 +178,7 @@ async fn read_pod<R: Runtime>(
     uid: PodUid,
     committed: Option<&PodRecord>,
     what: ToRead,
-    tasks: Vec<ContainerId>,
+    tasks: Vec<(ContainerId, TaskAsk)>,
     deadline: Duration,
 ) -> Found {
     let ((tasks, busy), covers, pods) = match what {
@@ -223,16 +228,20 @@ fn reading(covers: Covers, pods: Vec<(PodUid, PodReading)>, tasks: TaskRecords) 
     }
 }
 
-/// The task statuses of `ids`, each within `deadline`, and the containers whose status missed
-/// it. All at once: under churn a full relist carries kernel hints of many containers, and one
-/// busy shim after another would each cost the whole deadline.
+/// What the task service says of `asks`' inits: a start's status within `deadline`, an exit
+/// waited for up to [`TASK_EXIT_WAIT`]; and the containers whose answer missed its deadline. All
+/// at once: under churn a read carries kernel hints of many containers, and one busy shim after
+/// another would each cost the whole deadline.
 async fn read_tasks<R: Runtime>(
     runtime: &R,
-    ids: Vec<ContainerId>,
+    asks: Vec<(ContainerId, TaskAsk)>,
     deadline: Duration,
 ) -> (TaskRecords, Vec<ContainerId>) {
-    let read = ids.into_iter().map(|id| async move {
-        let record = tokio::time::timeout(deadline, runtime.task_record(&id)).await;
+    let read = asks.into_iter().map(|(id, ask)| async move {
+        let record = match ask {
+            TaskAsk::Start => tokio::time::timeout(deadline, runtime.task_record(&id)).await,
+            TaskAsk::Exit => tokio::time::timeout(TASK_EXIT_WAIT, runtime.task_exit(&id)).await,
+        };
         (id, record)
     });
     let (mut tasks, mut busy) = (TaskRecords::new(), Vec::new());

@@ -697,38 +697,61 @@ async fn the_relist_before_a_stop_is_bounded() {
     assert!(drain(&mut h.events).is_empty());
 }
 
-/// A kernel hint is not a confirmation: the relist reads the task's status, and only a
-/// stopped task (or the CRI store) confirms the death.
-#[tokio::test]
-async fn a_kernel_death_is_confirmed_by_the_task_status_never_alone() {
+/// A kernel hint is not a confirmation: the relist waits for the exit the task service
+/// records, and only that (or the CRI store) confirms the death. The wait answers as the shim
+/// reaps the init; one that does not answer in time (the kernel's false alarm, a shim stuck)
+/// leaves the CRI store to tell, and the task is not asked again for a while.
+#[tokio::test(start_paused = true)]
+async fn a_kernel_death_is_confirmed_by_the_task_service_never_alone() {
     let (mut h, scope, hints) = kernel_death_of_running_container().await;
     h.runtime
         .set_task("c", Some(TaskRecord::Started { at: None }));
+    let runtime = h.runtime.clone();
+    let reaped = tokio::spawn(async move {
+        tokio::time::sleep(TASK_EXIT_WAIT / 10).await;
+        runtime.set_task(
+            "c",
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: SystemTime::UNIX_EPOCH,
+            }),
+        );
+    });
+    let started = Instant::now();
     let outcome = relist_on(&mut h, &scope, &hints).await;
-    assert_eq!(whys(&outcome), [Why::Unreflected], "the task still runs");
-    assert!(drain(&mut h.events).is_empty());
-
-    h.runtime.set_task(
-        "c",
-        Some(TaskRecord::Exited {
-            code: 137,
-            at: SystemTime::UNIX_EPOCH,
-        }),
+    reaped.await.unwrap();
+    assert!(
+        started.elapsed() < TASK_EXIT_WAIT,
+        "answered as it was reaped"
     );
-    let outcome = relist_on(&mut h, &scope, &hints).await;
     assert_eq!((whys(&outcome), outcome.settling), (vec![], vec![cid("c")]));
     let events = drain(&mut h.events);
     assert_eq!(summary(&events), [ev("p", "c", ContainerDied)]);
     assert_eq!(events[0].confirmed_by, Some(Store::Task));
     assert_eq!(events[0].sources, [TriggerSource::Ebpf]);
-    assert_eq!(h.runtime.task_calls(), [cid("c"), cid("c")]);
+    assert_eq!(h.runtime.task_calls(), [cid("c")]);
+
+    // The task still runs past the wait: not confirmed, and not asked again at once.
+    let (mut h, scope, hints) = kernel_death_of_running_container().await;
+    h.runtime
+        .set_task("c", Some(TaskRecord::Started { at: None }));
+    for _ in 0..2 {
+        let outcome = relist_on(&mut h, &scope, &hints).await;
+        assert_eq!(whys(&outcome), [Why::Unreflected], "the task still runs");
+    }
+    assert!(drain(&mut h.events).is_empty());
+    assert_eq!(h.runtime.task_calls(), [cid("c")]);
+    h.runtime.set_state("p", "c", Exited, Some(137));
+    relist_on(&mut h, &scope, &hints).await;
+    let events = drain(&mut h.events);
+    assert_eq!(summary(&events), [ev("p", "c", ContainerDied)]);
+    assert_eq!(events[0].confirmed_by, Some(Store::Cri));
 }
 
-/// A task status that missed its deadline is not asked again at once: the shim is busy.
+/// A task that did not answer in time is not asked again at once: the shim is busy.
 #[tokio::test(start_paused = true)]
 async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
     let (mut h, scope, hints) = kernel_death_of_running_container().await;
-    h.relister.set_runtime_events(true);
     h.runtime.set_task(
         "c",
         Some(TaskRecord::Exited {
@@ -736,7 +759,7 @@ async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
             at: SystemTime::UNIX_EPOCH,
         }),
     );
-    h.runtime.set_delay(Some(TASK_STATUS_DEADLINE * 2));
+    h.runtime.set_delay(Some(TASK_EXIT_WAIT * 2));
     for _ in 0..3 {
         let outcome = relist_on(&mut h, &scope, &hints).await;
         assert_eq!(whys(&outcome), [Why::Unreflected], "no answer in time");
@@ -754,31 +777,32 @@ async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
     );
 }
 
-/// How long a task status is waited for depends on whether the runtime's own exit event
-/// is on its way: with the event stream connected, not past a short deadline (the event
-/// answers); without it, long enough for a shim still cleaning up, as the CRI store
-/// would take longer still.
+/// How long a start's task status is waited for depends on whether the runtime's own start
+/// event is on its way: with the event stream connected, not past a short deadline (the event
+/// answers); without it, long enough for a shim busy starting it. An exit is waited for the
+/// same either way ([`TASK_EXIT_WAIT`]).
 #[tokio::test(start_paused = true)]
-async fn a_task_status_is_waited_for_longer_when_no_runtime_event_will_come() {
+async fn a_starts_status_is_waited_for_longer_when_no_runtime_event_will_come() {
     let slow = (TASK_STATUS_DEADLINE + TASK_STATUS_DEADLINE_ALONE) / 2;
-    for (events_connected, died) in [(true, false), (false, true)] {
-        let (mut h, scope, hints) = kernel_death_of_running_container().await;
+    for (events_connected, started) in [(true, false), (false, true)] {
+        let mut h = default_harness();
+        add_running_pod(&h.runtime, "p", &[]);
+        relist_all(&mut h).await;
+        h.runtime.set_container("p", container("new", "n", Created));
+        relist_all(&mut h).await;
+        drain(&mut h.events);
         h.relister.set_runtime_events(events_connected);
-        h.runtime.set_task(
-            "c",
-            Some(TaskRecord::Exited {
-                code: 137,
-                at: SystemTime::UNIX_EPOCH,
-            }),
-        );
+        h.runtime
+            .set_task("new", Some(TaskRecord::Started { at: None }));
         h.runtime.set_delay(Some(slow));
-        let outcome = relist_on(&mut h, &scope, &hints).await;
+        let outcome = relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
         let events = drain(&mut h.events);
         assert_eq!(
             (outcome.reread.is_empty(), summary(&events)),
             (
-                died,
-                died.then(|| ev("p", "c", ContainerDied))
+                started,
+                started
+                    .then(|| ev("p", "new", ContainerStarted))
                     .into_iter()
                     .collect()
             ),
