@@ -322,7 +322,7 @@ pub fn reconcile(
     }
     unsettled.retain(|id| is_unsettled(out.committed().container(id)));
     let lives = match settings.confirm {
-        Store::Task => decide.unread_lives(out.committed(), tombstones),
+        Store::Task => decide.unread_lives(&before, out.committed(), tombstones),
         Store::Cri => Vec::new(),
     };
     // Not told now (a read of them is in flight), they are not answered either: the read, or
@@ -412,15 +412,22 @@ impl Decide<'_> {
     /// kubelet: it is none of these.
     fn unread_lives<'c>(
         &'c self,
+        before: &Before<'_>,
         committed: &Committed,
         tombstones: &HashSet<ContainerId>,
     ) -> Vec<&'c ContainerId> {
+        // Neither committed before the reading (its plan has told its end), nor now.
+        let unread = |id: &ContainerId| {
+            before.pod_of(id).is_none()
+                && committed.pod_of(id).is_none()
+                && !tombstones.contains(id)
+        };
         let mut lives: Vec<&ContainerId> = self
             .records
             .deleted
             .iter()
             .copied()
-            .filter(|id| committed.pod_of(id).is_none() && !tombstones.contains(*id))
+            .filter(|id| unread(id))
             .filter(|id| self.records.started.contains_key(*id) || self.exit(id).is_some())
             .collect();
         lives.sort();

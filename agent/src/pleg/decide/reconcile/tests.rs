@@ -1016,6 +1016,28 @@ fn a_reading_begun_earlier_leaves_what_a_later_one_showed_as_it_is() {
     assert_eq!(later.pods, [(uid("p"), PodReading::Gone)]);
 }
 
+/// A container committed before, whose end the runtime's records tell in one batch, is told
+/// gone once: by its committed record's plan, not again as a life no reading showed.
+#[test]
+fn a_committed_containers_end_told_by_the_records_is_told_once() {
+    let (pods, plan) = reconcile(
+        &committed(Some(Running)),
+        nothing(),
+        &hints(true, Containerd, &[exit(137), Deleted]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        [
+            (ContainerDied, Some(137), TASK_STORE),
+            (ContainerRemoved, Some(137), TASK_STORE)
+        ]
+    );
+    assert_eq!((whys(&plan), plan.deleted), (vec![], vec![id("c")]));
+}
+
 /// A container a reading found gone is gone for good: the runtime's records of its end that
 /// come after (a frozen plegd resumed: the full relist ran before their triggers) tell
 /// nothing again.
