@@ -56,6 +56,12 @@ pub fn parse(path: &str, namespaces: &[String]) -> Option<CgroupOwner> {
     None
 }
 
+/// Whether a path component is a pod's cgroup: `pod<uid>` (cgroupfs) or
+/// `kubepods-<qos>-pod<uid>.slice` (systemd).
+pub fn is_pod_cgroup(component: &str) -> bool {
+    pod_uid(component).is_some()
+}
+
 /// The pod uid in a `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid>.slice` (systemd)
 /// component.
 fn pod_uid(component: &str) -> Option<String> {
