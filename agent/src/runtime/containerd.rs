@@ -529,6 +529,7 @@ fn entry(namespace: &str, container: &Container, task: Option<&Process>, kept: &
         // Read from the task service itself (CRI's store only where the task is gone).
         confirmed_by: Store::Task,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     };
     Entry {

@@ -14,6 +14,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -33,7 +34,7 @@ use crate::pleg::{
             ContainerId, ContainerRecord, ContainerState, HostIdentity, OomWitness, PodRecord,
             PodUid, Store, TaskRecord, TaskRecords, side_by_side,
         },
-        trigger::{Observation, ObservationKind, Says, Scope, TriggerSource},
+        trigger::{Observation, ObservationKind, OomKill, Says, Scope, TriggerSource},
     },
 };
 
@@ -368,6 +369,7 @@ struct Records<'a> {
 #[derive(Debug, Default)]
 struct Learned {
     oom_killed_by: BTreeSet<TriggerSource>,
+    oom_kill: Option<Arc<OomKill>>,
     host: Option<HostIdentity>,
 }
 
@@ -377,6 +379,10 @@ impl Learned {
         let host = match &observation.kind {
             ObservationKind::OomKilled => {
                 self.oom_killed_by.insert(observation.source);
+                return;
+            }
+            ObservationKind::OomKill(kill) => {
+                self.oom_kill = Some(Arc::clone(kill));
                 return;
             }
             ObservationKind::Identity(identity) => HostIdentity {
@@ -420,6 +426,7 @@ impl<'a> Records<'a> {
             if matches!(
                 observation.kind,
                 ObservationKind::OomKilled
+                    | ObservationKind::OomKill(_)
                     | ObservationKind::Identity(_)
                     | ObservationKind::TaskStarted { .. }
             ) {
@@ -469,6 +476,7 @@ impl<'a> Records<'a> {
             learn(
                 record,
                 &learned.oom_killed_by,
+                learned.oom_kill.as_ref(),
                 learned.host.as_ref(),
                 self.witness,
             );
