@@ -53,6 +53,8 @@ const ROOT_PACKAGES: &[&str] = &[
     "kmod",
     "containerd",
     "runc",
+    // Debian's crun (1.8.1): the node check's second OCI runtime (`--oci-runtime crun`).
+    "crun",
     "busybox-static",
     "procps",
 ];

@@ -126,6 +126,23 @@ struct TerminationLabels {
     reason: String,
 }
 
+/// Label of `plegd_oom_kills_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OomScopeLabel {
+    scope: &'static str,
+}
+
+/// Labels of `plegd_pod_oom_kills_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct PodOomLabels {
+    namespace: String,
+    pod: String,
+    scope: &'static str,
+}
+
+/// The scopes of an OOM kill, as the metrics label them (`pleg::OomScope::name`).
+pub const OOM_SCOPES: [&str; 5] = ["container", "pod", "ancestor", "node", "unknown"];
+
 /// How long a pod's per-container series stay once the pod is gone: long enough for every
 /// scraper to read the last counts (a few intervals), short enough that the series count stays
 /// bounded by what the node runs.
@@ -208,6 +225,8 @@ struct ContainerCounters {
     starts: Family<ContainerLabels, Counter>,
     terminations: Family<TerminationLabels, Counter>,
     corrections: Counter,
+    oom_kills: Family<OomScopeLabel, Counter>,
+    pod_oom_kills: Family<PodOomLabels, Counter>,
     /// Each pod's series, by (namespace, name), and since when the pod is gone.
     series: Mutex<BTreeMap<(String, String), PodSeries>>,
 }
@@ -217,6 +236,7 @@ struct ContainerCounters {
 struct PodSeries {
     starts: BTreeSet<ContainerLabels>,
     terminations: BTreeSet<TerminationLabels>,
+    oom_kills: BTreeSet<PodOomLabels>,
     gone_since: Option<Instant>,
 }
 
@@ -496,10 +516,28 @@ impl ContainerCounters {
             "Deaths whose reason the CRI store, catching up, showed other than the one their event told (the pod's status takes the store's)",
             corrections.clone(),
         );
+        let oom_kills = Family::<OomScopeLabel, Counter>::default();
+        registry.register(
+            "plegd_oom_kills",
+            "OOM kills the kernel made in containers on this node, by which limit they came from: container (its own), pod (its pod's cgroup), ancestor (a cgroup above the pod), node (no limit: the node ran out of memory), unknown. One per process the OOM killer chose, whether or not its container died; needs the eBPF source",
+            oom_kills.clone(),
+        );
+        // Every scope from the start: an alert's increase() sees the first kill.
+        for scope in OOM_SCOPES {
+            let _made = oom_kills.get_or_create(&OomScopeLabel { scope });
+        }
+        let pod_oom_kills = Family::<PodOomLabels, Counter>::default();
+        registry.register(
+            "plegd_pod_oom_kills",
+            "OOM kills the kernel made in a pod's containers, by pod and by which limit they came from (as plegd_oom_kills): its pod-level kills, and the kills of processes other than a container's init, which no termination shows. One per process the OOM killer chose; needs the eBPF source",
+            pod_oom_kills.clone(),
+        );
         Self {
             starts,
             terminations,
             corrections,
+            oom_kills,
+            pod_oom_kills,
             series: Mutex::default(),
         }
     }
@@ -712,7 +750,43 @@ impl Metrics {
             let _made = counters.terminations.get_or_create(&termination);
             of_pod.terminations.insert(termination);
         }
+        // The scopes a pod's own limits cause, made at 0 likewise.
+        for scope in ["container", "pod"] {
+            let kills = PodOomLabels {
+                namespace: labels.namespace.clone(),
+                pod: labels.pod.clone(),
+                scope,
+            };
+            let _made = counters.pod_oom_kills.get_or_create(&kills);
+            of_pod.oom_kills.insert(kills);
+        }
         of_pod.starts.insert(labels);
+    }
+
+    /// The kernel's OOM killer killed a process in a container, for a limit of `scope`.
+    pub fn oom_kill(&self, scope: &'static str) {
+        self.inner
+            .containers
+            .oom_kills
+            .get_or_create(&OomScopeLabel { scope })
+            .inc();
+    }
+
+    /// ... in a container of pod `namespace`/`pod`.
+    pub fn pod_oom_kill(&self, namespace: &str, pod: &str, scope: &'static str) {
+        let labels = PodOomLabels {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            scope,
+        };
+        let counters = &self.inner.containers;
+        counters.pod_oom_kills.get_or_create(&labels).inc();
+        let mut series = counters.series();
+        let of_pod = series
+            .entry((labels.namespace.clone(), labels.pod.clone()))
+            .or_default();
+        of_pod.gone_since = None;
+        of_pod.oom_kills.insert(labels);
     }
 
     /// A container of pod `namespace`/`pod` died, for `reason`.
@@ -814,6 +888,9 @@ impl Metrics {
             }
             for labels in &of_pod.terminations {
                 counters.terminations.remove(labels);
+            }
+            for labels in &of_pod.oom_kills {
+                counters.pod_oom_kills.remove(labels);
             }
             false
         });
