@@ -11,6 +11,7 @@ use std::{
 use plegd_common::{
     EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind, OOM_VICTIM_TASK, OomEvent,
 };
+use tracing::debug;
 
 use crate::{
     pleg::{ContainerId, Identity, Observation, ObservationKind, Scope, Trigger, TriggerSource},
@@ -73,6 +74,10 @@ pub struct Decoded {
     pub triggers: Vec<Trigger>,
     /// Stop tracking inits in this cgroup id: it is not a container's.
     pub untrack: Option<u64>,
+    /// The pod of an OOM kill's container, where its cgroup path names one: the kill is
+    /// counted in its pod, whose container the cache may not hold yet (a container that runs
+    /// out of memory as it starts).
+    pub pod: Option<String>,
 }
 
 /// Turns kernel events into triggers, keeping the cgroup index current.
@@ -152,7 +157,7 @@ impl Decoded {
     fn trigger(trigger: Trigger) -> Self {
         Self {
             triggers: vec![trigger],
-            untrack: None,
+            ..Self::default()
         }
     }
 }
@@ -188,8 +193,8 @@ impl Decoder {
                     None => {
                         insert_bounded(&mut self.untracked, event.cgroup_id, MAX_UNTRACKED);
                         Decoded {
-                            triggers: Vec::new(),
                             untrack: Some(event.cgroup_id),
+                            ..Decoded::default()
                         }
                     }
                 }
@@ -234,17 +239,12 @@ impl Decoder {
         observed_at: SystemTime,
         victim: &VictimProc,
     ) -> Decoded {
-        let by_id = || {
-            self.index
-                .get(event.cgroup_id)
-                .map(|o| o.container_id.clone())
-        };
+        let by_id = || self.index.get(event.cgroup_id).cloned();
         let by_path = || {
             victim
                 .cgroup2
                 .as_deref()
                 .and_then(|path| cgroup_path::parse(path, &self.namespaces))
-                .map(|owner| owner.container_id)
         };
         let own = event.flags & OOM_VICTIM_TASK != 0;
         let owner = if own {
@@ -252,33 +252,48 @@ impl Decoder {
         } else {
             by_path().or_else(by_id)
         };
-        let Some(id) = owner else {
+        let Some(owner) = owner else {
             return Decoded::default();
         };
-        // The memory cgroup's path: /proc's, else (the victim gone) its cgroup2 path, which
-        // the runtimes make alike in every hierarchy.
+        // The memory cgroup's path: the one indexed for the victim's cgroup2 id (the runtimes
+        // make a container's path alike in every hierarchy), else /proc's, read late (a dying
+        // process's says `/`).
         let index_path = own.then(|| self.index.path(event.cgroup_id)).flatten();
-        let memory = victim
-            .memory
-            .clone()
-            .or_else(|| index_path.map(|p| p.to_string()))
-            .or_else(|| victim.cgroup2.clone());
+        let memory: Vec<&str> = index_path
+            .as_deref()
+            .into_iter()
+            .chain(victim.memory.as_deref())
+            .chain(victim.cgroup2.as_deref())
+            .collect();
+        debug!(
+            pid = event.pid,
+            flags = event.flags,
+            victim = ?&event.victim[..(event.victim_depth as usize).min(event.victim.len())],
+            victim_level = event.victim_level,
+            charger = ?&event.charger[..(event.charger_depth as usize).min(event.charger.len())],
+            charger_level = event.charger_level,
+            ?memory,
+            "an OOM kill's record"
+        );
         let kill = oom::account(
             event,
-            memory.as_deref(),
+            &memory,
             victim.comm.as_deref(),
             &self.namespaces,
             self.page_size,
             &mut self.oom_counts,
         );
-        Decoded::trigger(trigger(
-            &id,
-            observed_at,
-            vec![
-                ObservationKind::OomKilled,
-                ObservationKind::OomKill(Arc::new(kill)),
-            ],
-        ))
+        Decoded {
+            pod: owner.pod_uid,
+            ..Decoded::trigger(trigger(
+                &owner.container_id,
+                observed_at,
+                vec![
+                    ObservationKind::OomKilled,
+                    ObservationKind::OomKill(Arc::new(kill)),
+                ],
+            ))
+        }
     }
 
     /// A cgroup removed: if it was a container's (indexed, or its path says so when its
@@ -318,7 +333,7 @@ impl Decoder {
         ));
         Decoded {
             triggers,
-            untrack: None,
+            ..Decoded::default()
         }
     }
 
@@ -445,8 +460,8 @@ mod tests {
         assert_eq!(
             other,
             Decoded {
-                triggers: Vec::new(),
-                untrack: Some(8)
+                untrack: Some(8),
+                ..Decoded::default()
             }
         );
 

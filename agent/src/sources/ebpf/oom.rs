@@ -12,7 +12,7 @@
 //!
 //! The cgroup whose limit was hit is the lowest common level whose count rose since plegd
 //! last saw it, preferring one at its limit; a level plegd sees for the first time counts as
-//! risen only when at or over its limit (its count may be from before plegd ran). Where no
+//! risen only when near or over its limit (its count may be from before plegd ran). Where no
 //! common level rose, one of the victim's that did (a limit written below the usage: the
 //! writer is no task of the subtree). Where none rose at all, no limit was hit: the node ran
 //! out of memory (the global OOM killer raises no cgroup's count).
@@ -104,19 +104,31 @@ fn at_limit(level: &MemcgLevel, unlimited: u64) -> bool {
     level.max < unlimited && level.usage.saturating_add(LIMIT_SLACK_PAGES) >= level.max
 }
 
+/// Whether a level seen for the first time is near enough its limit for its OOM count to be
+/// this kill's: within a sixteenth of it (the victim's own tasks may have freed some by the
+/// time the probe reads it), or over it.
+fn near_limit(level: &MemcgLevel, unlimited: u64) -> bool {
+    level.max < unlimited
+        && level
+            .usage
+            .saturating_add(LIMIT_SLACK_PAGES.max(level.max / 16))
+            >= level.max
+}
+
 /// Whether its usage is above its limit (a limit written below the usage).
 fn over_limit(level: &MemcgLevel, unlimited: u64) -> bool {
     level.max < unlimited && level.usage > level.max
 }
 
-/// The account of the kill `event` describes. `memory_path`: the victim's memory cgroup path
-/// (cgroup2's, or the memory hierarchy's on cgroup v1), where known; `comm`: the victim's
+/// The account of the kill `event` describes. `memory_paths`: what may be the victim's memory
+/// cgroup path (cgroup2's, or the memory hierarchy's on cgroup v1), best first: the first as
+/// deep as the record says its cgroup is is taken (a dying process's /proc says `/`); `comm`: the victim's
 /// name when the record has none; `namespaces`: the containerd namespaces whose
 /// `/<namespace>/<id>` cgroups are containers; `page_size` in bytes. `counts` remembers the
 /// OOM counts seen, for the next kill.
 pub fn account(
     event: &OomEvent,
-    memory_path: Option<&str>,
+    memory_paths: &[&str],
     comm: Option<&str>,
     namespaces: &[String],
     page_size: u64,
@@ -154,9 +166,7 @@ pub fn account(
     let unlimited = (i64::MAX as u64) / page_size.max(1);
     let rose = |level: &MemcgLevel| match counts.seen(level.id) {
         Some(seen) => level.oom_events > seen,
-        None => {
-            level.oom_events > 0 && (at_limit(level, unlimited) || over_limit(level, unlimited))
-        }
+        None => level.oom_events > 0 && near_limit(level, unlimited),
     };
     // The chain the scope is told on (the victim's where read), and its part common with the
     // charger's.
@@ -200,11 +210,12 @@ pub fn account(
     };
     kill.limit_bytes = Some(hit.memcg.max.saturating_mul(page_size));
     // The victim's memory cgroup path, if it is the one the chain starts at.
-    let components: Option<Vec<&str>> = memory_path
+    let components: Option<Vec<&str>> = memory_paths
+        .iter()
         .map(|path| path.split('/').filter(|c| !c.is_empty()).collect())
-        .filter(|c: &Vec<&str>| {
+        .find(|c: &Vec<&str>| {
             victim.is_some() && c.len() == event.victim_level as usize
-                || victim.is_none() && c.len() >= hit.depth as usize
+                || victim.is_none() && c.len() >= hit.depth as usize && !c.is_empty()
         });
     let Some(components) = components else {
         // Without the path, only the victim's own cgroup is surely its container's.
@@ -289,7 +300,7 @@ mod tests {
         path: &str,
         counts: &mut OomCounts,
     ) -> (OomScope, Option<String>) {
-        let kill = account(event, Some(path), None, &namespaces(), PAGE, counts);
+        let kill = account(event, &[path], None, &namespaces(), PAGE, counts);
         (kill.scope, kill.cgroup.map(|c| c.to_string()))
     }
 
@@ -325,6 +336,22 @@ mod tests {
                     (4, 32 * MIB - 1, 32 * MIB, 1),
                     (3, 33 * MIB, UNLIMITED, 0),
                     (2, 40 * MIB, UNLIMITED, 0),
+                    (1, 90 * MIB, UNLIMITED, 0),
+                ],
+                OomScope::Container,
+                Some(path.as_str()),
+            ),
+            (
+                // Its tasks freed a little between the failed charge and the probe's read.
+                "the container first seen a little below its own limit",
+                vec![
+                    (4, 32 * MIB - 100, 32 * MIB, 1),
+                    (3, 33 * MIB, UNLIMITED, 0),
+                    (1, 90 * MIB, UNLIMITED, 0),
+                ],
+                vec![
+                    (4, 32 * MIB - 100, 32 * MIB, 1),
+                    (3, 33 * MIB, UNLIMITED, 0),
                     (1, 90 * MIB, UNLIMITED, 0),
                 ],
                 OomScope::Container,
@@ -490,7 +517,7 @@ mod tests {
         ];
         let kill = account(
             &event(4, &levels, &levels),
-            Some(&path),
+            &[&path],
             None,
             &namespaces(),
             PAGE,
@@ -516,7 +543,7 @@ mod tests {
         let levels = [(4, MIB, UNLIMITED, 0), (3, 64 * MIB, 64 * MIB, 1)];
         let kill = account(
             &event(2, &levels, &levels),
-            Some(&format!("/k8s.io/{ID}")),
+            &[&format!("/k8s.io/{ID}")],
             None,
             &namespaces(),
             PAGE,
@@ -540,12 +567,12 @@ mod tests {
             scope_of(&cut, &path, &mut OomCounts::default()).0,
             OomScope::Unknown
         );
-        // No path for the victim: its own cgroup is its container's; a level above is not
-        // told apart.
+        // No path for the victim (a dying process's /proc says `/`): its own cgroup is its
+        // container's; a level above is not told apart.
         let levels = [(4, 47 * MIB, UNLIMITED, 0), (3, 48 * MIB, 48 * MIB, 1)];
         let kill = account(
             &event(4, &levels, &levels),
-            None,
+            &["/"],
             None,
             &namespaces(),
             PAGE,
@@ -559,7 +586,7 @@ mod tests {
         bare.flags = 0;
         let kill = account(
             &bare,
-            Some(&path),
+            &[&path],
             Some("hog"),
             &namespaces(),
             PAGE,
@@ -586,7 +613,7 @@ mod tests {
         pid_only.flags = OOM_CHARGER_CHAIN | OOM_CHARGER_WHOLE;
         let kill = account(
             &pid_only,
-            Some(&path),
+            &[&path],
             Some("dd"),
             &namespaces(),
             PAGE,
