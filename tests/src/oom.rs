@@ -30,11 +30,25 @@ pub fn hog(name: &str, memory_limit: Option<i64>) -> ContainerSpec {
     }
 }
 
-/// The directory of a pod's cgroup in the memory controller's hierarchy: `parent` is the
-/// sandbox's cgroup parent (`/kubepods/besteffort/pod<uid>`, or the systemd driver's
+/// The path of a pod's cgroup below the hierarchy's root: `parent` is the sandbox's cgroup
+/// parent (`/kubepods/besteffort/pod<uid>`, or the systemd driver's
 /// `kubepods-besteffort-pod<uid>.slice`).
-pub fn pod_memory_cgroup(parent: &str) -> PathBuf {
-    let relative = match parent.strip_suffix(".slice") {
+pub fn pod_cgroup_path(parent: &str) -> String {
+    format!("/{}", relative(parent))
+}
+
+/// The path of a container's cgroup below the hierarchy's root, as containerd's runc or crun
+/// makes it for either driver.
+pub fn container_cgroup_path(parent: &str, id: &str) -> String {
+    if parent.ends_with(".slice") {
+        format!("{}/cri-containerd-{id}.scope", pod_cgroup_path(parent))
+    } else {
+        format!("{}/{id}", pod_cgroup_path(parent))
+    }
+}
+
+fn relative(parent: &str) -> String {
+    match parent.strip_suffix(".slice") {
         // systemd: each dash a level (`kubepods-besteffort-pod<uid>.slice` lives in
         // `kubepods.slice/kubepods-besteffort.slice/`).
         Some(slice) => {
@@ -45,7 +59,13 @@ pub fn pod_memory_cgroup(parent: &str) -> PathBuf {
                 .join("/")
         }
         None => parent.trim_start_matches('/').to_owned(),
-    };
+    }
+}
+
+/// The directory of a pod's cgroup in the memory controller's hierarchy (see
+/// [`pod_cgroup_path`]).
+pub fn pod_memory_cgroup(parent: &str) -> PathBuf {
+    let relative = relative(parent);
     let v1 = Path::new(MEMORY_V1);
     if v1.join("memory.limit_in_bytes").exists() {
         v1.join(relative)
@@ -166,6 +186,14 @@ mod tests {
 
     #[test]
     fn systemd_slices_nest_by_their_dashes() {
+        assert_eq!(
+            container_cgroup_path("kubepods-besteffort-pod1a_2b.slice", "c0"),
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a_2b.slice/cri-containerd-c0.scope"
+        );
+        assert_eq!(
+            container_cgroup_path("/kubepods/besteffort/pod1", "c0"),
+            "/kubepods/besteffort/pod1/c0"
+        );
         let dir = pod_memory_cgroup("kubepods-besteffort-pod1a_2b.slice");
         assert!(
             dir.ends_with(

@@ -57,8 +57,8 @@ async fn oom_kill(
     let kills_before = oom::kernel_oom_kills().ok();
     let id = cri.run_container(pod, spec).await.unwrap();
     let limited = match scope {
-        "container" => format!("{}/{id}", pod.cgroup_parent()),
-        _ => pod.cgroup_parent().to_owned(),
+        "container" => oom::container_cgroup_path(pod.cgroup_parent(), &id),
+        _ => oom::pod_cgroup_path(pod.cgroup_parent()),
     };
     let limited = limited.as_str();
     plegd
