@@ -112,10 +112,30 @@ impl OciRuntime {
     fn binary_name(self) -> &'static str {
         match self {
             Self::Runc => "",
-            Self::Crun => "  BinaryName = \"/usr/bin/crun\"\n",
+            Self::Crun => "  BinaryName = \"/usr/local/sbin/crun-oci-1.1\"\n",
         }
     }
 }
+
+/// Where `prepare` puts [`CRUN_WRAPPER`], the shim's `BinaryName` with crun.
+const CRUN_WRAPPER_PATH: &str = "/usr/local/sbin/crun-oci-1.1";
+
+/// Debian 12's crun (1.8.1) predates OCI runtime-spec 1.2 and refuses the `ociVersion` 1.2.x
+/// that containerd 1.7 and 2.x write ("unknown version specified": a prefix check, not a
+/// comparison). The bundles plegd's checks make use nothing of 1.2, so the shim's crun is this
+/// wrapper: it says 1.1.0 in the bundle's config.json, then runs crun as asked.
+const CRUN_WRAPPER: &str = r#"#!/bin/sh
+# Written by plegd-harness node prepare --oci-runtime crun (tests/src/node.rs).
+prev=
+for arg in "$@"; do
+    case "$prev" in --bundle|-b) bundle=$arg ;; esac
+    prev=$arg
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    sed -i 's/"ociVersion": *"1\.[2-9][.0-9a-z-]*"/"ociVersion":"1.1.0"/' "$bundle/config.json"
+fi
+exec /usr/bin/crun "$@"
+"#;
 
 /// containerd's config on the node: the CRI plugin's runc shim on the systemd cgroup driver
 /// (running `runtime` as its OCI runtime), the sandbox image the harness imports (no registry
@@ -151,6 +171,12 @@ pub fn prepare(runtime: OciRuntime) -> anyhow::Result<Version> {
     }
     std::fs::write(CONTAINERD_CONFIG, containerd_config(version, runtime))
         .with_context(|| format!("writing {CONTAINERD_CONFIG}"))?;
+    if runtime == OciRuntime::Crun {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(CRUN_WRAPPER_PATH, CRUN_WRAPPER)
+            .with_context(|| format!("writing {CRUN_WRAPPER_PATH}"))?;
+        std::fs::set_permissions(CRUN_WRAPPER_PATH, std::fs::Permissions::from_mode(0o755))?;
+    }
     Ok(version)
 }
 
@@ -1076,9 +1102,13 @@ async fn oci_runtime(cri: &Cri, runtime: OciRuntime) -> anyhow::Result<String> {
             &["--version"],
         )?;
         Ok(format!(
-            "{} runs the containers ({})",
+            "{} runs the containers ({}{})",
             runtime.name(),
-            version.lines().next().unwrap_or_default()
+            version.lines().next().unwrap_or_default(),
+            match runtime {
+                OciRuntime::Runc => "",
+                OciRuntime::Crun => ", through crun-oci-1.1: ociVersion 1.1.0",
+            }
         ))
     }
     .await;
@@ -1154,7 +1184,10 @@ async fn oom_kill_checked(
         .into_iter()
         .filter(|k| k.pid != pid && !kills_before.contains(k))
         .collect();
-    ensure!(others.is_empty(), "the kernel killed others too: {others:?}");
+    ensure!(
+        others.is_empty(),
+        "the kernel killed others too: {others:?}"
+    );
     let after = (
         counter("plegd_oom_kills_total", &node_labels)?,
         counter("plegd_pod_oom_kills_total", &pod_labels)?,
@@ -1216,7 +1249,10 @@ async fn oom_node(cri: &Cri) -> anyhow::Result<String> {
         &hog,
         |config| {
             if let Some(linux) = config.linux.as_mut() {
-                linux.resources.get_or_insert_with(Default::default).oom_score_adj = 1000;
+                linux
+                    .resources
+                    .get_or_insert_with(Default::default)
+                    .oom_score_adj = 1000;
             }
         },
         "node",
@@ -1224,7 +1260,11 @@ async fn oom_node(cri: &Cri) -> anyhow::Result<String> {
     .await;
     let _ = cri.remove_pod(&pod).await;
     watcher.stop();
-    Ok(format!("{} ({mib} MiB of {} MiB)", result?, total_kib / 1024))
+    Ok(format!(
+        "{} ({mib} MiB of {} MiB)",
+        result?,
+        total_kib / 1024
+    ))
 }
 
 /// The event belongs to `pod`; in eBPF-only rounds it came through eBPF.
@@ -1524,7 +1564,7 @@ mod tests {
             let config: toml::Value =
                 toml::from_str(&containerd_config(version, OciRuntime::Crun)).unwrap();
             let options = &config["plugins"][plugin]["containerd"]["runtimes"]["runc"]["options"];
-            assert_eq!(options["BinaryName"].as_str(), Some("/usr/bin/crun"));
+            assert_eq!(options["BinaryName"].as_str(), Some(CRUN_WRAPPER_PATH));
             assert_eq!(options["SystemdCgroup"].as_bool(), Some(true));
         }
     }

@@ -295,11 +295,15 @@ pub async fn run(
     source.drive(kernel, host, programs, shutdown).await
 }
 
-/// One record of the ring buffer.
-#[derive(Clone, Copy, Debug)]
+/// One record of the ring buffer (an OOM kill's is twice the size of the others, and rare).
+#[derive(Clone, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the common record inline: boxing it would allocate once per kernel event"
+)]
 enum Record {
     Event(KernelEvent),
-    Oom(OomEvent),
+    Oom(Box<OomEvent>),
 }
 
 /// The kernel side of a running source: the ring buffer and the maps.
@@ -471,7 +475,7 @@ impl Source {
         let mut scans: JoinSet<Scan> = JoinSet::new();
         // Events were lost while a scan ran: it may have walked past the cgroups they made.
         let mut rescan = false;
-        let mut victims: JoinSet<(OomEvent, VictimProc)> = JoinSet::new();
+        let mut victims: JoinSet<(Box<OomEvent>, VictimProc)> = JoinSet::new();
         let mut events = Vec::new();
         loop {
             tokio::select! {
@@ -482,7 +486,10 @@ impl Source {
                         match record {
                             Record::Oom(event) => {
                                 let host = host.clone();
-                                victims.spawn_blocking(move || (event, host.victim(event.pid)));
+                                victims.spawn_blocking(move || {
+                                    let victim = host.victim(event.pid);
+                                    (event, victim)
+                                });
                             }
                             Record::Event(event) => {
                                 self.decode(&mut decoder, &event, &mut kernel, &mut map_errors);
@@ -788,9 +795,9 @@ fn read_record(bytes: &[u8]) -> Option<Record> {
         }
         // SAFETY: OomEvent is plain old data, the buffer is long enough, and read_unaligned
         // tolerates any alignment.
-        return Some(Record::Oom(unsafe {
+        return Some(Record::Oom(Box::new(unsafe {
             std::ptr::read_unaligned(bytes.as_ptr().cast::<OomEvent>())
-        }));
+        })));
     }
     if bytes.len() < std::mem::size_of::<KernelEvent>() {
         return None;

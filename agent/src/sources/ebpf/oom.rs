@@ -254,6 +254,15 @@ mod tests {
     /// `(id, usage, max, oom_events)` per level, lowest first.
     type Levels<'a> = &'a [(u64, u64, u64, u64)];
 
+    /// (name, victim chain, charger chain, wanted scope, wanted cgroup)
+    type Case<'a> = (
+        &'a str,
+        Vec<(u64, u64, u64, u64)>,
+        Vec<(u64, u64, u64, u64)>,
+        OomScope,
+        Option<&'a str>,
+    );
+
     fn fill(levels: Levels<'_>) -> [MemcgLevel; OOM_LEVELS] {
         let mut chain = [MemcgLevel::default(); OOM_LEVELS];
         for (slot, &(id, usage, max, oom_events)) in chain.iter_mut().zip(levels) {
@@ -316,14 +325,7 @@ mod tests {
     fn the_lowest_common_level_whose_count_rose_at_its_limit_is_the_one_hit() {
         let path = cgroupfs();
         let pod = format!("/kubepods/besteffort/pod{UID}");
-        // (name, victim chain, charger chain, wanted scope, wanted cgroup)
-        let cases: Vec<(
-            &str,
-            Vec<(u64, u64, u64, u64)>,
-            Vec<(u64, u64, u64, u64)>,
-            OomScope,
-            Option<&str>,
-        )> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "the container over its own 32 MiB",
                 vec![
