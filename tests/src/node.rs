@@ -1155,6 +1155,15 @@ async fn oom_kill_checked(
         "pod" => Some(oom::pod_cgroup_path(pod.cgroup_parent())),
         _ => None,
     };
+    // crun limits its `container` cgroup inside the scope: the container's own too.
+    let limited = match (scope, account["cgroup"].as_str(), limited) {
+        ("container", Some(told), Some(scope_path))
+            if told == format!("{scope_path}/container") =>
+        {
+            Some(told.to_owned())
+        }
+        (_, _, limited) => limited,
+    };
     ensure!(
         died["exit_code"] == 137
             && died["reason"] == "OOMKilled"
@@ -1303,9 +1312,16 @@ fn scope_of(pod: &Pod, id: &str) -> anyhow::Result<PathBuf> {
     Ok(scope)
 }
 
+/// The processes of `cgroup` and of crun's `container` cgroup inside it (crun's systemd
+/// manager runs a container's processes there, not in its scope).
 fn procs(cgroup: &Path) -> anyhow::Result<Vec<i32>> {
-    let text = std::fs::read_to_string(cgroup.join("cgroup.procs"))?;
-    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    let mut pids = Vec::new();
+    for dir in [cgroup.to_owned(), cgroup.join("container")] {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+    }
+    Ok(pids)
 }
 
 fn pid_key(mode: PidMode) -> &'static str {
