@@ -1164,9 +1164,16 @@ async fn oom_kill_checked(
         }
         (_, _, limited) => limited,
     };
+    // The reason is containerd's record: its shim may miss an OOM kill (under crun it missed
+    // these), and then CRI says `Error` too; the kill's account is the kernel's.
+    let shown = cri
+        .wait_state(&id, ContainerState::ContainerExited, STEP)
+        .await?
+        .reason;
     ensure!(
         died["exit_code"] == 137
-            && died["reason"] == "OOMKilled"
+            && died["reason"] == shown.as_str()
+            && (shown == "OOMKilled" || shown == "Error")
             && account["scope"] == scope
             && account["cgroup"] == limited.as_deref().map_or(Value::Null, Value::from)
             && account["victim_init"] == true
@@ -1207,7 +1214,7 @@ async fn oom_kill_checked(
     );
     println!("{MARK} note oom-{scope}: {died}");
     Ok(format!(
-        "{scope} {} victim {pid} (kernel: {}), plegd_oom_kills_total{node_labels} {} -> {}, plegd_pod_oom_kills_total{{..}} {} -> {}",
+        "{scope} {} victim {pid} reason {shown} (kernel: {}), plegd_oom_kills_total{node_labels} {} -> {}, plegd_pod_oom_kills_total{{..}} {} -> {}",
         account["cgroup"], kernel.constraint, before.0, after.0, before.1, after.1
     ))
 }

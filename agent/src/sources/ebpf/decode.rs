@@ -3,7 +3,7 @@
 //! maps, no ring buffer, so it is tested with plain values.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -99,6 +99,10 @@ pub struct Decoder {
     unplaced: VecDeque<(KernelEvent, SystemTime)>,
     /// The memory cgroups' OOM counts seen at earlier kills ([`oom::account`]).
     oom_counts: OomCounts,
+    /// Containers' inits by pid, with their cgroup2 id, from their execs: where a kernel's
+    /// `mark_victim` names only the victim's pid (and the running task is another, as in a
+    /// node's OOM), an init victim's container is found here.
+    inits: HashMap<u32, u64>,
     /// The kernel's page size, in bytes.
     page_size: u64,
 }
@@ -108,6 +112,9 @@ const MAX_BOOTSTRAPS: usize = 4096;
 /// Untracked cgroups remembered past this many are forgotten (their events could only be held
 /// for nothing, until [`MAX_UNPLACED`] drops them).
 const MAX_UNTRACKED: usize = 4096;
+/// Inits remembered by pid past this many are forgotten (an exit lost to a full ring leaves
+/// its entry).
+const MAX_INITS: usize = 65_536;
 /// Events of unknown cgroups held past this many: the oldest are dropped.
 const MAX_UNPLACED: usize = 256;
 
@@ -171,6 +178,7 @@ impl Decoder {
             untracked: HashSet::new(),
             unplaced: VecDeque::new(),
             oom_counts: OomCounts::default(),
+            inits: HashMap::new(),
             page_size: page_size(),
         }
     }
@@ -206,7 +214,15 @@ impl Decoder {
                 Decoded::default()
             }
             Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
-            Some(KernelEventKind::Exec | KernelEventKind::Exit) => {
+            Some(kind @ (KernelEventKind::Exec | KernelEventKind::Exit)) => {
+                if kind == KernelEventKind::Exec {
+                    if self.inits.len() >= MAX_INITS {
+                        self.inits.clear();
+                    }
+                    self.inits.insert(event.pid, event.cgroup_id);
+                } else {
+                    self.inits.remove(&event.pid);
+                }
                 match self.index.get(event.cgroup_id) {
                     Some(owner) => Decoded::trigger(init_trigger(
                         &owner.container_id,
@@ -247,10 +263,15 @@ impl Decoder {
                 .and_then(|path| cgroup_path::parse(path, &self.namespaces))
         };
         let own = event.flags & OOM_VICTIM_TASK != 0;
+        // Without the victim's task: its cgroup as its exec said, if it is an init.
+        let init_cgroup = (!own)
+            .then(|| self.inits.get(&event.pid).copied())
+            .flatten();
+        let by_init = || init_cgroup.and_then(|id| self.index.get(id).cloned());
         let owner = if own {
             by_id().or_else(by_path)
         } else {
-            by_path().or_else(by_id)
+            by_path().or_else(by_init).or_else(by_id)
         };
         let Some(owner) = owner else {
             return Decoded::default();
@@ -258,7 +279,10 @@ impl Decoder {
         // The memory cgroup's path: the one indexed for the victim's cgroup2 id (the runtimes
         // make a container's path alike in every hierarchy), else /proc's, read late (a dying
         // process's says `/`).
-        let index_path = own.then(|| self.index.path(event.cgroup_id)).flatten();
+        let index_path = match init_cgroup {
+            Some(id) => self.index.path(id),
+            None => own.then(|| self.index.path(event.cgroup_id)).flatten(),
+        };
         let memory: Vec<&str> = index_path
             .as_deref()
             .into_iter()
@@ -275,7 +299,7 @@ impl Decoder {
             ?memory,
             "an OOM kill's record"
         );
-        let kill = oom::account(
+        let mut kill = oom::account(
             event,
             &memory,
             victim.comm.as_deref(),
@@ -283,6 +307,7 @@ impl Decoder {
             self.page_size,
             &mut self.oom_counts,
         );
+        kill.victim_init |= init_cgroup.is_some();
         Decoded {
             pod: owner.pod_uid,
             ..Decoded::trigger(trigger(
@@ -724,6 +749,42 @@ mod tests {
         assert_eq!(own.scope, Scope::Container(ContainerId(ID.into())));
         assert_eq!(
             d.oom(&oom_event(99, true), SystemTime::UNIX_EPOCH, &gone),
+            Decoded::default()
+        );
+    }
+
+    /// A kernel whose `mark_victim` names only the pid, the node out of memory: the running
+    /// task is another (systemd), the victim's /proc already says `/`; its exec said whose init
+    /// it is.
+    #[test]
+    fn a_pid_only_victim_is_found_by_the_init_its_exec_named() {
+        let mut d = decoder();
+        d.decode(
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
+            SystemTime::UNIX_EPOCH,
+        );
+        d.decode(
+            &test_event(KernelEventKind::Exec, 7, "/bin/dd"),
+            SystemTime::UNIX_EPOCH,
+        );
+        let dying = VictimProc {
+            cgroup2: Some("/".into()),
+            ..VictimProc::default()
+        };
+        let decoded = d.oom(&oom_event(99, false), SystemTime::UNIX_EPOCH, &dying);
+        let trigger = decoded.only();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
+        let Some(ObservationKind::OomKill(kill)) = trigger.observations.get(1).map(|o| &o.kind)
+        else {
+            panic!("{trigger:?}");
+        };
+        assert!(kill.victim_init, "{kill:?}");
+        // Once it exited, its pid names nothing.
+        let mut exit = test_event(KernelEventKind::Exit, 7, "");
+        exit.pid = 42;
+        d.decode(&exit, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            d.oom(&oom_event(99, false), SystemTime::UNIX_EPOCH, &dying),
             Decoded::default()
         );
     }
