@@ -102,7 +102,7 @@ pub struct Decoder {
     /// Containers' inits by pid, with their cgroup2 id, from their execs: where a kernel's
     /// `mark_victim` names only the victim's pid (and the running task is another, as in a
     /// node's OOM), an init victim's container is found here.
-    inits: HashMap<u32, u64>,
+    inits: HashMap<u32, (u64, String)>,
     /// The kernel's page size, in bytes.
     page_size: u64,
 }
@@ -219,7 +219,11 @@ impl Decoder {
                     if self.inits.len() >= MAX_INITS {
                         self.inits.clear();
                     }
-                    self.inits.insert(event.pid, event.cgroup_id);
+                    // The exec'd file's name is what the kernel makes the process's comm of.
+                    let path = text(&event.path);
+                    let name = path.rsplit('/').next().unwrap_or_default();
+                    let comm: String = name.chars().take(15).collect();
+                    self.inits.insert(event.pid, (event.cgroup_id, comm));
                 } else {
                     self.inits.remove(&event.pid);
                 }
@@ -246,6 +250,19 @@ impl Decoder {
         }
     }
 
+    /// Whether the container of an OOM kill's victim is known without /proc: by the victim's
+    /// own cgroup, or, where the record has only its pid, by the exec that made it an init.
+    /// Such a kill is decoded at once, in the ring's order (before the exit that follows it).
+    pub fn knows_victim(&self, event: &OomEvent) -> bool {
+        if event.flags & OOM_VICTIM_TASK != 0 {
+            self.index.contains(event.cgroup_id)
+        } else {
+            self.inits
+                .get(&event.pid)
+                .is_some_and(|(id, _)| self.index.contains(*id))
+        }
+    }
+
     /// Decodes an OOM kill; `observed_at` is its wall-clock time, `victim` what /proc said of
     /// the victim. The container is the victim's (its cgroup2 id where the record has the
     /// victim's own, else its /proc path), else the running task's.
@@ -264,9 +281,10 @@ impl Decoder {
         };
         let own = event.flags & OOM_VICTIM_TASK != 0;
         // Without the victim's task: its cgroup as its exec said, if it is an init.
-        let init_cgroup = (!own)
-            .then(|| self.inits.get(&event.pid).copied())
+        let init = (!own)
+            .then(|| self.inits.get(&event.pid).cloned())
             .flatten();
+        let init_cgroup = init.as_ref().map(|(id, _)| *id);
         let by_init = || init_cgroup.and_then(|id| self.index.get(id).cloned());
         let owner = if own {
             by_id().or_else(by_path)
@@ -307,7 +325,12 @@ impl Decoder {
             self.page_size,
             &mut self.oom_counts,
         );
-        kill.victim_init |= init_cgroup.is_some();
+        if let Some((_, comm)) = init {
+            kill.victim_init = true;
+            if kill.victim_comm.is_empty() {
+                kill.victim_comm = comm;
+            }
+        }
         Decoded {
             pod: owner.pod_uid,
             ..Decoded::trigger(trigger(
@@ -767,10 +790,12 @@ mod tests {
             &test_event(KernelEventKind::Exec, 7, "/bin/dd"),
             SystemTime::UNIX_EPOCH,
         );
+        assert!(!d.knows_victim(&oom_event(98, true)), "no cgroup 98");
         let dying = VictimProc {
             cgroup2: Some("/".into()),
             ..VictimProc::default()
         };
+        assert!(d.knows_victim(&oom_event(99, false)));
         let decoded = d.oom(&oom_event(99, false), SystemTime::UNIX_EPOCH, &dying);
         let trigger = decoded.only();
         assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
@@ -779,6 +804,7 @@ mod tests {
             panic!("{trigger:?}");
         };
         assert!(kill.victim_init, "{kill:?}");
+        assert_eq!(kill.victim_comm, "dd", "the exec'd file's name");
         // Once it exited, its pid names nothing.
         let mut exit = test_event(KernelEventKind::Exit, 7, "");
         exit.pid = 42;

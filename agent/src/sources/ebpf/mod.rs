@@ -47,7 +47,10 @@ use tracing::{debug, info, warn};
 
 use crate::{
     base::metrics::Metrics,
-    pleg::{ContainerId, ObservationKind, PodCache, Scope, Trigger, TriggerSender, TriggerSource},
+    pleg::{
+        ContainerId, ObservationKind, PodCache, PodUid, Scope, Trigger, TriggerSender,
+        TriggerSource,
+    },
     sources::{
         ebpf::{
             decode::{Decoder, VictimProc, wall_time_of},
@@ -484,6 +487,16 @@ impl Source {
                     read?;
                     for record in events.drain(..) {
                         match record {
+                            // Known without /proc: decoded now, in the ring's order, so
+                            // the kill rides with the death that follows it.
+                            Record::Oom(event) if decoder.knows_victim(&event) => {
+                                let at = wall_time_of(event.ktime_ns);
+                                let decoded = decoder.oom(&event, at, &VictimProc::default());
+                                for trigger in decoded.triggers {
+                                    self.count_oom(&trigger, decoded.pod.as_deref());
+                                    self.send(trigger);
+                                }
+                            }
                             Record::Oom(event) => {
                                 let host = host.clone();
                                 victims.spawn_blocking(move || {
@@ -500,8 +513,9 @@ impl Source {
                 Some(victim) = victims.join_next() => match victim {
                     Ok((event, victim)) => {
                         let at = wall_time_of(event.ktime_ns);
-                        for trigger in decoder.oom(&event, at, &victim).triggers {
-                            self.count_oom(&trigger);
+                        let decoded = decoder.oom(&event, at, &victim);
+                        for trigger in decoded.triggers {
+                            self.count_oom(&trigger, decoded.pod.as_deref());
                             self.send(trigger);
                         }
                     }
@@ -608,9 +622,10 @@ impl Source {
         }
     }
 
-    /// Counts the OOM kill `trigger` tells of, by scope: on the node, and in its pod when the
-    /// cache knows the container's (one it has not read yet counts on the node only).
-    fn count_oom(&self, trigger: &Trigger) {
+    /// Counts the OOM kill `trigger` tells of, by scope: on the node, and in its pod (`pod`,
+    /// from its cgroup path, else the one the cache holds the container in) when the cache
+    /// knows the pod's name.
+    fn count_oom(&self, trigger: &Trigger, pod: Option<&str>) {
         let Scope::Container(container) = &trigger.scope else {
             return;
         };
@@ -620,7 +635,7 @@ impl Source {
             };
             let scope = kill.scope.name();
             self.metrics.oom_kill(scope);
-            match pod_of(&self.cache, container) {
+            match pod_named(&self.cache, pod, container) {
                 Some((namespace, pod)) => self.metrics.pod_oom_kill(&namespace, &pod, scope),
                 None => debug!(%container, scope, "an OOM kill in a container no relist has read"),
             }
@@ -741,8 +756,16 @@ fn start_scan(
     scans.spawn_blocking(move || host.scan(&tracked()));
 }
 
-/// The namespace and name of the pod holding `container`, as the cache last read it.
-fn pod_of(cache: &PodCache, container: &ContainerId) -> Option<(String, String)> {
+/// The namespace and name of pod `uid` (its sandbox is read before its containers start),
+/// else of the pod holding `container`, as the cache last read them.
+fn pod_named(
+    cache: &PodCache,
+    uid: Option<&str>,
+    container: &ContainerId,
+) -> Option<(String, String)> {
+    if let Some(pod) = uid.and_then(|uid| cache.get(&PodUid(uid.to_owned())).record) {
+        return Some((pod.namespace.clone(), pod.name.clone()));
+    }
     cache.pods().into_iter().find_map(|(_, cached)| {
         let pod = cached.record?;
         pod.containers
