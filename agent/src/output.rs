@@ -6,6 +6,7 @@
 
 use std::{
     collections::BTreeMap,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -16,7 +17,7 @@ use tracing::warn;
 
 use crate::{
     base::bus::{Followed, Follower},
-    pleg::PodLifecycleEvent,
+    pleg::{Observation, ObservationKind, OomKill, PodLifecycleEvent},
 };
 
 /// How events are written to stdout.
@@ -64,6 +65,18 @@ pub struct EventLine {
     pub pod_labels: BTreeMap<String, String>,
     pub pod_annotations: BTreeMap<String, String>,
     pub observations: Vec<String>,
+    /// The kernel's account of the OOM kill the event tells of (`null`: none): which limit
+    /// (`scope`, `cgroup`, `limit_bytes`) and which process (`victim_pid`, `victim_comm`,
+    /// `victim_init`).
+    pub oom: Option<Arc<OomKill>>,
+}
+
+/// The kernel's account of an OOM kill among `observations`, if one is there.
+pub fn oom_kill(observations: &[Observation]) -> Option<Arc<OomKill>> {
+    observations.iter().find_map(|o| match &o.kind {
+        ObservationKind::OomKill(kill) => Some(Arc::clone(kill)),
+        _ => None,
+    })
 }
 
 impl EventLine {
@@ -98,6 +111,7 @@ impl EventLine {
                 .filter(|o| o.kind.is_shown())
                 .map(ToString::to_string)
                 .collect(),
+            oom: oom_kill(&event.observations),
         }
     }
 

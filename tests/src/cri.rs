@@ -64,6 +64,16 @@ pub struct Pod {
     config: PodSandboxConfig,
 }
 
+impl Pod {
+    /// The sandbox's cgroup parent: the pod's cgroup, as kubelet names it for the driver.
+    pub fn cgroup_parent(&self) -> &str {
+        self.config
+            .linux
+            .as_ref()
+            .map_or("", |linux| linux.cgroup_parent.as_str())
+    }
+}
+
 /// Which pid namespace a pod's containers run in (CRI `NamespaceOption.pid`, as kubelet sets it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PidMode {

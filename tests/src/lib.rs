@@ -18,6 +18,8 @@
 //!   cgroup driver, plegd installed from deploy/), against the node's own containerd and plegd.
 //! - `neighbours`: other agents' subscriptions (CRI `GetContainerEvents`, containerd
 //!   `Events.Subscribe`) recording what they receive, and barriers, for the coexistence tests.
+//! - `oom`: OOM kills for the OOM-scope tests: a pod cgroup's memory limit, and the kernel's
+//!   log's own word on each kill (`oom_memcg=`), the oracle of plegd's scope.
 //! - `otlp`: the OTLP/gRPC receiver (OpenTelemetry's Python protos over grpcio) of the export
 //!   test and the bench.
 //! - `process`: /proc, mount and cgroup helpers behind cleanup and the kill/cgroup helpers.
@@ -45,6 +47,7 @@ pub mod image;
 pub mod native;
 pub mod neighbours;
 pub mod node;
+pub mod oom;
 pub mod otlp;
 pub mod pki;
 pub mod process;

@@ -29,6 +29,7 @@ use crate::{
     cri::{CgroupDriver, ContainerSpec, Cri, PidMode, Pod},
     image,
     native::Native,
+    oom,
     process::Terminating,
     soak,
 };
@@ -89,38 +90,93 @@ const SANDBOX_KEYS: &[&str] = &[
     "SystemCallErrorNumber",
 ];
 
-/// containerd's config on the node: the CRI plugin's runc on the systemd cgroup driver, the
-/// sandbox image the harness imports (no registry here); everything else containerd's default.
-pub fn containerd_config(version: Version) -> String {
+/// The OCI runtime containerd's runc shim runs containers with (`--oci-runtime`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntime {
+    /// Debian's runc (the shim's own default).
+    #[default]
+    Runc,
+    /// Debian's crun, as the shim's `BinaryName`: it runs only on a pure cgroup v2 node.
+    Crun,
+}
+
+impl OciRuntime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Crun => "crun",
+        }
+    }
+
+    /// The `BinaryName` line of the shim's options, if any.
+    fn binary_name(self) -> &'static str {
+        match self {
+            Self::Runc => "",
+            Self::Crun => "  BinaryName = \"/usr/local/sbin/crun-oci-1.1\"\n",
+        }
+    }
+}
+
+/// Where `prepare` puts [`CRUN_WRAPPER`], the shim's `BinaryName` with crun.
+const CRUN_WRAPPER_PATH: &str = "/usr/local/sbin/crun-oci-1.1";
+
+/// Debian 12's crun (1.8.1) predates OCI runtime-spec 1.2 and refuses the `ociVersion` 1.2.x
+/// that containerd 1.7 and 2.x write ("unknown version specified": a prefix check, not a
+/// comparison). The bundles plegd's checks make use nothing of 1.2, so the shim's crun is this
+/// wrapper: it says 1.1.0 in the bundle's config.json, then runs crun as asked.
+const CRUN_WRAPPER: &str = r#"#!/bin/sh
+# Written by plegd-harness node prepare --oci-runtime crun (tests/src/node.rs).
+prev=
+for arg in "$@"; do
+    case "$prev" in --bundle|-b) bundle=$arg ;; esac
+    prev=$arg
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    sed -i 's/"ociVersion": *"1\.[2-9][.0-9a-z-]*"/"ociVersion":"1.1.0"/' "$bundle/config.json"
+fi
+exec /usr/bin/crun "$@"
+"#;
+
+/// containerd's config on the node: the CRI plugin's runc shim on the systemd cgroup driver
+/// (running `runtime` as its OCI runtime), the sandbox image the harness imports (no registry
+/// here); everything else containerd's default.
+pub fn containerd_config(version: Version, runtime: OciRuntime) -> String {
     let pause = image::PAUSE_IMAGE;
+    let binary = runtime.binary_name();
     if version.wants_config_v3() {
         format!(
             "version = 3\n\n\
              [plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = \"{pause}\"\n\n\
              [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\n\
-             [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"
+             [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n{binary}"
         )
     } else {
         format!(
             "version = 2\n\n\
              [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{pause}\"\n\n\
              [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\n\
-             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n{binary}"
         )
     }
 }
 
 /// Writes [`containerd_config`] for the `containerd` first in `PATH` (the guest restarts
 /// containerd afterwards); returns its version.
-pub fn prepare() -> anyhow::Result<Version> {
+pub fn prepare(runtime: OciRuntime) -> anyhow::Result<Version> {
     let out = run("containerd", &["--version"])?;
     let version = Version::parse_version_output(&out)
         .with_context(|| format!("containerd --version said {out:?}"))?;
     if let Some(dir) = Path::new(CONTAINERD_CONFIG).parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(CONTAINERD_CONFIG, containerd_config(version))
+    std::fs::write(CONTAINERD_CONFIG, containerd_config(version, runtime))
         .with_context(|| format!("writing {CONTAINERD_CONFIG}"))?;
+    if runtime == OciRuntime::Crun {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(CRUN_WRAPPER_PATH, CRUN_WRAPPER)
+            .with_context(|| format!("writing {CRUN_WRAPPER_PATH}"))?;
+        std::fs::set_permissions(CRUN_WRAPPER_PATH, std::fs::Permissions::from_mode(0o755))?;
+    }
     Ok(version)
 }
 
@@ -132,6 +188,8 @@ pub struct Plan {
     /// Lifecycles of the churn audit (0: none).
     pub churn: usize,
     pub seed: u64,
+    /// The OCI runtime containerd runs containers with (`prepare` wrote it in its config).
+    pub oci_runtime: OciRuntime,
 }
 
 /// Runs every check on the node, printing each result as it comes; fails if one failed.
@@ -154,11 +212,14 @@ pub async fn check(plan: Plan) -> anyhow::Result<()> {
     let cri = Cri::connect_socket(Path::new(CONTAINERD_SOCKET), CgroupDriver::Systemd).await;
     match (cri, imported_ok) {
         (Ok(cri), true) => {
+            report.result("oci-runtime", oci_runtime(&cri, plan.oci_runtime).await);
             for pid_mode in PidMode::ALL {
                 let name = format!("lifecycle-default-{}", pid_key(pid_mode));
                 report.result(&name, lifecycles(&cri, pid_mode, Round::Default).await);
             }
+            report.result("oom-scope", oom_scope(&cri).await);
             if !plan.quick {
+                report.result("oom-node", oom_node(&cri).await);
                 let result = ebpf_only(&cri, &mut report).await;
                 report.result("ebpf-only", result);
             }
@@ -1008,6 +1069,220 @@ async fn lifecycles_in(
     ))
 }
 
+/// Where the unit serves /metrics on the node: node.sh's drop-in sets
+/// `PLEGD_METRICS_ADDRESS` (the installed config leaves it off).
+const METRICS: &str = "127.0.0.1:9809";
+
+/// The OCI runtime containerd runs containers with is the one asked for: its state
+/// directory under the shim's root holds crun's `status` or runc's `state.json`.
+async fn oci_runtime(cri: &Cri, runtime: OciRuntime) -> anyhow::Result<String> {
+    let pod = cri.run_pod("node-oci-runtime").await?;
+    let result = async {
+        let id = cri
+            .run_container(&pod, &ContainerSpec::sleeper("sleeper"))
+            .await?;
+        let state = Path::new("/run/containerd/runc")
+            .join(CRI_NAMESPACE)
+            .join(&id);
+        let file = match runtime {
+            OciRuntime::Runc => "state.json",
+            OciRuntime::Crun => "status",
+        };
+        ensure!(
+            state.join(file).exists(),
+            "{} has no {file}: the container is not {}'s",
+            state.display(),
+            runtime.name()
+        );
+        let version = run(
+            match runtime {
+                OciRuntime::Runc => "runc",
+                OciRuntime::Crun => "crun",
+            },
+            &["--version"],
+        )?;
+        Ok(format!(
+            "{} runs the containers ({}{})",
+            runtime.name(),
+            version.lines().next().unwrap_or_default(),
+            match runtime {
+                OciRuntime::Runc => "",
+                OciRuntime::Crun => ", through crun-oci-1.1: ociVersion 1.1.0",
+            }
+        ))
+    }
+    .await;
+    let _ = cri.remove_pod(&pod).await;
+    result
+}
+
+/// A counter's series on the unit's /metrics (0 for one not made yet).
+fn counter(name: &str, labels: &str) -> anyhow::Result<f64> {
+    let address = METRICS.parse().context("metrics address")?;
+    let series = crate::bench::metric_series_at(address, name)
+        .with_context(|| format!("reading {name} at {METRICS}"))?;
+    Ok(series.get(labels).copied().unwrap_or(0.0))
+}
+
+/// An OOM kill of `spec` in `pod`: its ContainerDied says `scope` and the cgroup the kernel's
+/// log names (none for the node's), the victim is the init (`dd`), and the node's and the
+/// pod's counters move by exactly one; the kernel killed nothing else meanwhile.
+async fn oom_kill_checked(
+    cri: &Cri,
+    watcher: &Watcher,
+    pod: &Pod,
+    spec: &ContainerSpec,
+    customize: impl FnOnce(&mut k8s_cri::v1::ContainerConfig),
+    scope: &str,
+) -> anyhow::Result<String> {
+    let node_labels = format!("{{scope=\"{scope}\"}}");
+    let pod_labels = format!(
+        "{{namespace=\"{}\",pod=\"{}\",scope=\"{scope}\"}}",
+        pod.namespace, pod.name
+    );
+    let before = (
+        counter("plegd_oom_kills_total", &node_labels)?,
+        counter("plegd_pod_oom_kills_total", &pod_labels)?,
+    );
+    let kills_before = oom::kernel_oom_kills()?;
+    let id = cri.create_container_with(pod, spec, customize).await?;
+    cri.start_container(&id).await?;
+    let died = watcher.event(&id, "ContainerDied", STEP * 2).await?;
+    check_event(&died, pod, Round::Default)?;
+    let account = &died["oom"];
+    let limited = match scope {
+        "container" => Some(oom::container_cgroup_path(pod.cgroup_parent(), &id)),
+        "pod" => Some(oom::pod_cgroup_path(pod.cgroup_parent())),
+        _ => None,
+    };
+    // crun limits its `container` cgroup inside the scope: the container's own too.
+    let limited = match (scope, account["cgroup"].as_str(), limited) {
+        ("container", Some(told), Some(scope_path))
+            if told == format!("{scope_path}/container") =>
+        {
+            Some(told.to_owned())
+        }
+        (_, _, limited) => limited,
+    };
+    // The reason is containerd's record: its shim may miss an OOM kill (under crun it missed
+    // these), and then CRI says `Error` too; the kill's account is the kernel's.
+    let shown = cri
+        .wait_state(&id, ContainerState::ContainerExited, STEP)
+        .await?
+        .reason;
+    ensure!(
+        died["exit_code"] == 137
+            && died["reason"] == shown.as_str()
+            && (shown == "OOMKilled" || shown == "Error")
+            && account["scope"] == scope
+            && account["cgroup"] == limited.as_deref().map_or(Value::Null, Value::from)
+            && account["victim_init"] == true
+            && account["victim_comm"] == "dd",
+        "OOM ({scope}): {died}"
+    );
+    let pid = account["victim_pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .context("no victim pid")?;
+    let kernel = oom::kernel_oom_kill_of(pid, STEP).await?;
+    match &limited {
+        Some(limited) => ensure!(
+            kernel.constraint == "CONSTRAINT_MEMCG"
+                && kernel.oom_memcg.as_deref() == Some(limited.as_str()),
+            "the kernel says {kernel:?}, plegd {account}"
+        ),
+        None => ensure!(
+            kernel.constraint == "CONSTRAINT_NONE" && kernel.oom_memcg.is_none(),
+            "the kernel says {kernel:?}, plegd {account}"
+        ),
+    }
+    let others: Vec<_> = oom::kernel_oom_kills()?
+        .into_iter()
+        .filter(|k| k.pid != pid && !kills_before.contains(k))
+        .collect();
+    ensure!(
+        others.is_empty(),
+        "the kernel killed others too: {others:?}"
+    );
+    let after = (
+        counter("plegd_oom_kills_total", &node_labels)?,
+        counter("plegd_pod_oom_kills_total", &pod_labels)?,
+    );
+    ensure!(
+        after.0 - before.0 == 1.0 && after.1 - before.1 == 1.0,
+        "OOM ({scope}): counters {before:?} -> {after:?}"
+    );
+    println!("{MARK} note oom-{scope}: {died}");
+    Ok(format!(
+        "{scope} {} victim {pid} reason {shown} (kernel: {}), plegd_oom_kills_total{node_labels} {} -> {}, plegd_pod_oom_kills_total{{..}} {} -> {}",
+        account["cgroup"], kernel.constraint, before.0, after.0, before.1, after.1
+    ))
+}
+
+/// A container over its own 32 MiB, then one without a limit in a pod capped at 48 MiB (a
+/// pod-level limit, written into the pod's slice as kubelet would).
+async fn oom_scope(cri: &Cri) -> anyhow::Result<String> {
+    let watcher = Watcher::start()?;
+    let mut notes = Vec::new();
+    let result = async {
+        let own = cri.run_pod("node-oom-own").await?;
+        let hog = oom::hog("hog", Some(32 << 20));
+        notes.push(oom_kill_checked(cri, &watcher, &own, &hog, |_| {}, "container").await);
+        let _ = cri.remove_pod(&own).await;
+        let shared = cri.run_pod("node-oom-pod").await?;
+        oom::cap_pod_memory(&shared, 48 << 20)?;
+        let hog = oom::hog("hog", None);
+        notes.push(oom_kill_checked(cri, &watcher, &shared, &hog, |_| {}, "pod").await);
+        let _ = cri.remove_pod(&shared).await;
+        notes.into_iter().collect::<anyhow::Result<Vec<_>>>()
+    }
+    .await;
+    watcher.stop();
+    Ok(result?.join("; "))
+}
+
+/// The node out of memory: a container without a limit, `oom_score_adj` 1000, takes nearly
+/// all of it in one allocation. The kernel's global OOM killer must take it, and nothing else.
+async fn oom_node(cri: &Cri) -> anyhow::Result<String> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no MemTotal in /proc/meminfo")?;
+    // Below the overcommit heuristic's refusal (the RAM), above what is free.
+    let mib = total_kib * 95 / 100 / 1024;
+    let hog = ContainerSpec::shell(
+        "hog",
+        &format!("sleep 1; exec dd if=/dev/zero of=/dev/null bs={mib}M count=1"),
+    );
+    let watcher = Watcher::start()?;
+    let pod = cri.run_pod("node-oom-node").await?;
+    let result = oom_kill_checked(
+        cri,
+        &watcher,
+        &pod,
+        &hog,
+        |config| {
+            if let Some(linux) = config.linux.as_mut() {
+                linux
+                    .resources
+                    .get_or_insert_with(Default::default)
+                    .oom_score_adj = 1000;
+            }
+        },
+        "node",
+    )
+    .await;
+    let _ = cri.remove_pod(&pod).await;
+    watcher.stop();
+    Ok(format!(
+        "{} ({mib} MiB of {} MiB)",
+        result?,
+        total_kib / 1024
+    ))
+}
+
 /// The event belongs to `pod`; in eBPF-only rounds it came through eBPF.
 fn check_event(event: &Value, pod: &Pod, round: Round) -> anyhow::Result<()> {
     ensure!(
@@ -1044,9 +1319,16 @@ fn scope_of(pod: &Pod, id: &str) -> anyhow::Result<PathBuf> {
     Ok(scope)
 }
 
+/// The processes of `cgroup` and of crun's `container` cgroup inside it (crun's systemd
+/// manager runs a container's processes there, not in its scope).
 fn procs(cgroup: &Path) -> anyhow::Result<Vec<i32>> {
-    let text = std::fs::read_to_string(cgroup.join("cgroup.procs"))?;
-    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    let mut pids = Vec::new();
+    for dir in [cgroup.to_owned(), cgroup.join("container")] {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+    }
+    Ok(pids)
 }
 
 fn pid_key(mode: PidMode) -> &'static str {
@@ -1297,9 +1579,16 @@ mod tests {
             (Version::new(1, 7, 24), "io.containerd.grpc.v1.cri"),
             (Version::new(2, 1, 9), "io.containerd.cri.v1.runtime"),
         ] {
-            let config: toml::Value = toml::from_str(&containerd_config(version)).unwrap();
+            let config: toml::Value =
+                toml::from_str(&containerd_config(version, OciRuntime::Runc)).unwrap();
             let runc = &config["plugins"][plugin]["containerd"]["runtimes"]["runc"];
             assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
+            assert_eq!(runc["options"].get("BinaryName"), None);
+            let config: toml::Value =
+                toml::from_str(&containerd_config(version, OciRuntime::Crun)).unwrap();
+            let options = &config["plugins"][plugin]["containerd"]["runtimes"]["runc"]["options"];
+            assert_eq!(options["BinaryName"].as_str(), Some(CRUN_WRAPPER_PATH));
+            assert_eq!(options["SystemdCgroup"].as_bool(), Some(true));
         }
     }
 

@@ -87,6 +87,7 @@ async fn container_lifecycle_reaches_userspace_with_kernel_observations() {
         tx,
         registry.clone(),
         plegd::base::metrics::Metrics::new(),
+        std::sync::Arc::new(plegd::pleg::PodCache::new()),
         shutdown.clone(),
     ));
     plegd_tests::wait::until("eBPF source connected", DEADLINE, || async {

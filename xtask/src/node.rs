@@ -53,6 +53,8 @@ const ROOT_PACKAGES: &[&str] = &[
     "kmod",
     "containerd",
     "runc",
+    // Debian's crun (1.8.1): the node check's second OCI runtime (`--oci-runtime crun`).
+    "crun",
     "busybox-static",
     "procps",
 ];
@@ -124,14 +126,19 @@ const REQUIRED_CHECKS: &[&str] = &[
     "lifecycle-default-container",
     "lifecycle-default-pod",
     "lifecycle-default-node",
+    "oci-runtime",
+    "oom-scope",
     "kill-restart",
     "journal",
 ];
-const EBPF_ONLY_CHECKS: &[&str] = &[
+/// Checks of the full run only (not with `--quick`): the eBPF-only round and the node-level
+/// OOM.
+const FULL_CHECKS: &[&str] = &[
     "lifecycle-ebpf-only-container",
     "lifecycle-ebpf-only-pod",
     "lifecycle-ebpf-only-node",
     "ebpf-only",
+    "oom-node",
 ];
 
 /// Options of `cargo xtask node`.
@@ -147,12 +154,32 @@ pub struct Options {
     /// Every kernel with containerd 1.7 and 2.1 (overrides --kernel and --containerd).
     #[arg(long)]
     pub all: bool,
-    /// Skip the eBPF-only round.
+    /// Skip the eBPF-only round and the node-level OOM.
     #[arg(long)]
     pub quick: bool,
+    /// The OCI runtime containerd's runc shim runs containers with: Debian's runc, or its
+    /// crun as the shim's `BinaryName` (crun needs the VM's pure cgroup v2).
+    #[arg(long, value_enum, default_value_t = OciRuntime::Runc)]
+    pub oci_runtime: OciRuntime,
     /// Lifecycles of the churn audit (0: none).
     #[arg(long, default_value_t = 60)]
     pub churn: usize,
+}
+
+/// `--oci-runtime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciRuntime {
+    Runc,
+    Crun,
+}
+
+impl OciRuntime {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Crun => "crun",
+        }
+    }
 }
 
 /// `--containerd`.
@@ -225,7 +252,10 @@ pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
     for kernel in &tools.kernels {
         let modules = modules_image(dir, kernel)?;
         for &containerd in &runtimes {
-            let name = format!("{}+containerd-{}", kernel.series.name(), containerd.label());
+            let mut name = format!("{}+containerd-{}", kernel.series.name(), containerd.label());
+            if opts.oci_runtime != OciRuntime::Runc {
+                name.push_str(&format!("+{}", opts.oci_runtime.name()));
+            }
             let run_dir = workspace::target_dir().join("xtask/node").join(&name);
             let initramfs = initramfs(&run_dir, kernel)?;
             let payload = payload(&run_dir, &built, containerd, opts)?;
@@ -558,17 +588,22 @@ fn payload(
             fs::copy(entry.path(), to.join(entry.file_name()))?;
         }
     }
-    fs::write(tree.join("node.sh"), guest_script(opts.quick, opts.churn))?;
+    fs::write(
+        tree.join("node.sh"),
+        guest_script(opts.quick, opts.churn, opts.oci_runtime),
+    )?;
     let image = run_dir.join("payload.ext4");
     let size = tree_bytes(&tree)? * 5 / 4 + (32 << 20);
     make_ext4(&tree, &image, &format!("{}k", size >> 10))?;
     Ok(image)
 }
 
-/// `node.sh`: the containerd release as the service's binary, its config, README's Install
-/// lines verbatim, the node check; then power off.
-fn guest_script(quick: bool, churn: usize) -> String {
+/// `node.sh`: the containerd release as the service's binary, its config (with the OCI
+/// runtime asked for), README's Install lines verbatim (and a drop-in that serves /metrics,
+/// for the OOM counters), the node check; then power off.
+fn guest_script(quick: bool, churn: usize, runtime: OciRuntime) -> String {
     let quick = if quick { " --quick" } else { "" };
+    let runtime = runtime.name();
     format!(
         r#"# Written by cargo xtask node; run by node-check.service in the VM.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -582,7 +617,7 @@ if [ -d $N/containerd ]; then
     printf '[Service]\nExecStart=\nExecStart=/usr/local/bin/containerd\n' \
         > /etc/systemd/system/containerd.service.d/release.conf
 fi
-$N/bin/plegd-harness node prepare || {{ mark fatal "writing containerd's config failed"; finish; }}
+$N/bin/plegd-harness node prepare --oci-runtime {runtime} || {{ mark fatal "writing containerd's config failed"; finish; }}
 if ! {{ systemctl daemon-reload && systemctl restart containerd; }}; then
     mark fatal "containerd did not restart"
     journalctl -u containerd -b --no-pager | tail -n 30
@@ -593,6 +628,11 @@ cd $N
 install -m 0755 bin/plegd /usr/local/bin/plegd
 install -m 0644 deploy/systemd/plegd.service /etc/systemd/system/
 install -D -m 0644 deploy/plegd.toml /etc/plegd/plegd.toml
+# Not README's: /metrics for the check's OOM counters, in a drop-in (the unit file stays as
+# deploy/ has it).
+mkdir -p /etc/systemd/system/plegd.service.d
+printf '[Service]\nEnvironment=PLEGD_METRICS_ADDRESS=127.0.0.1:9809\n' \
+    > /etc/systemd/system/plegd.service.d/metrics.conf
 if ! {{ systemctl daemon-reload && systemctl enable --now plegd; }}; then
     mark fatal "systemctl enable --now plegd failed"
     systemctl status plegd --no-pager
@@ -600,7 +640,7 @@ if ! {{ systemctl daemon-reload && systemctl enable --now plegd; }}; then
     finish
 fi
 cd /
-$N/bin/plegd-harness node check{quick} --churn {churn}
+$N/bin/plegd-harness node check{quick} --churn {churn} --oci-runtime {runtime}
 status=$?
 if [ $status -ne 0 ]; then
     journalctl -u plegd -b --no-pager | tail -n 40
@@ -761,7 +801,7 @@ impl Report {
         }
         let required = REQUIRED_CHECKS
             .iter()
-            .chain(if quick { &[][..] } else { EBPF_ONLY_CHECKS })
+            .chain(if quick { &[][..] } else { FULL_CHECKS })
             .chain(if churn { &["churn"][..] } else { &[] });
         let missing: Vec<&str> = required
             .filter(|c| !self.passed.iter().chain(&self.failed).any(|n| n == *c))
@@ -842,7 +882,7 @@ mod tests {
         );
         assert_eq!(
             report.verdict(false, false),
-            [format!("never reported: {}", EBPF_ONLY_CHECKS.join(", "))]
+            [format!("never reported: {}", FULL_CHECKS.join(", "))]
         );
         report.line("@@xtask check journal FAIL plegd's journal: EPERM", at);
         assert!(report.verdict(true, false)[0].contains("failed: journal"));
@@ -866,7 +906,7 @@ mod tests {
 
     #[test]
     fn the_guest_script_installs_as_readme_says() {
-        let script = guest_script(true, 30);
+        let script = guest_script(true, 30, OciRuntime::Runc);
         let readme = fs::read_to_string(workspace::root().join("README.md")).unwrap();
         // README's lines for deploy/'s files, verbatim (the binary is the debug one built here).
         for line in [
@@ -878,6 +918,8 @@ mod tests {
             assert!(script.contains(line), "node.sh lacks {line:?}");
         }
         assert!(script.contains("install -m 0755 bin/plegd /usr/local/bin/plegd\n"));
-        assert!(script.contains("node check --quick --churn 30\n"));
+        assert!(script.contains("node check --quick --churn 30 --oci-runtime runc\n"));
+        let crun = guest_script(false, 0, OciRuntime::Crun);
+        assert!(crun.contains("node prepare --oci-runtime crun "));
     }
 }

@@ -156,6 +156,7 @@ fn run_steps(opts: &Options, steps: &mut Steps) -> Result<()> {
             all: false,
             quick: true,
             churn: NODE_CHURN,
+            oci_runtime: node::OciRuntime::Runc,
         };
         let name = format!(
             "a real node in a VM (cargo xtask node --kernel 6.1 --containerd 1.7 --quick --churn {NODE_CHURN})"

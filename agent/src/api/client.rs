@@ -8,6 +8,7 @@ use std::{
     collections::BTreeMap,
     io::Write,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -17,11 +18,11 @@ use tonic::{Code, Status, transport::Channel};
 
 use crate::{
     api::convert::{
-        event_type_name, from_timestamp, observation_text, source_name, store_from_pb,
-        sync_reason_from_pb,
+        event_type_name, from_timestamp, observation_from_pb, observation_text, source_name,
+        store_from_pb, sync_reason_from_pb,
     },
-    output::{OutputFormat, Stamp, latency_ms, short},
-    pleg::{Store, SyncReason},
+    output::{OutputFormat, Stamp, latency_ms, oom_kill, short},
+    pleg::{OomKill, Store, SyncReason},
 };
 
 /// How long a one-shot command waits for the daemon.
@@ -351,6 +352,9 @@ pub struct WatchLine {
     pub pod_labels: BTreeMap<String, String>,
     pub pod_annotations: BTreeMap<String, String>,
     pub observations: Vec<String>,
+    /// The kernel's account of the OOM kill the event tells of (`null`: none), as in
+    /// `plegd run --output json`.
+    pub oom: Option<Arc<OomKill>>,
 }
 
 impl WatchLine {
@@ -385,6 +389,13 @@ impl WatchLine {
             pod_labels: event.pod_labels.clone().into_iter().collect(),
             pod_annotations: event.pod_annotations.clone().into_iter().collect(),
             observations: event.observations.iter().map(observation_text).collect(),
+            oom: oom_kill(
+                &event
+                    .observations
+                    .iter()
+                    .filter_map(observation_from_pb)
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
 

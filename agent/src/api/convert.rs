@@ -9,7 +9,7 @@ use prost_types::Timestamp;
 use crate::{
     pleg::{
         CachedPod, ContainerId, ContainerRecord, ContainerState, HealthError, HostIdentity, Notice,
-        NoticeKind, Observation, ObservationKind, PodCache, PodLifecycleEvent,
+        NoticeKind, Observation, ObservationKind, OomKill, OomScope, PodCache, PodLifecycleEvent,
         PodLifecycleEventType, PodRecord, PodSync, PodUid, Store, SyncReason, TriggerSource,
     },
     sources::status::{SourceState, SourceStatus},
@@ -196,6 +196,7 @@ pub fn observation(o: &Observation) -> Option<pb::Observation> {
         ObservationKind::ExitCode(code) => Kind::ExitCode(*code),
         ObservationKind::Signal(signal) => Kind::Signal(*signal),
         ObservationKind::OomKilled => Kind::OomKilled(true),
+        ObservationKind::OomKill(kill) => Kind::OomKill(oom_kill(kill)),
         ObservationKind::Exec(path) => Kind::Exec(path.clone()),
         ObservationKind::Exited => Kind::Exited(true),
         ObservationKind::CgroupRemoved => Kind::CgroupRemoved(true),
@@ -220,6 +221,7 @@ pub fn observation_from_pb(o: &pb::Observation) -> Option<Observation> {
         Kind::ExitCode(code) => ObservationKind::ExitCode(*code),
         Kind::Signal(signal) => ObservationKind::Signal(*signal),
         Kind::OomKilled(_) => ObservationKind::OomKilled,
+        Kind::OomKill(kill) => ObservationKind::OomKill(Arc::new(oom_kill_from_pb(kill))),
         Kind::Exec(path) => ObservationKind::Exec(path.clone()),
         Kind::Exited(_) => ObservationKind::Exited,
         Kind::CgroupRemoved(_) => ObservationKind::CgroupRemoved,
@@ -234,6 +236,53 @@ pub fn observation_from_pb(o: &pb::Observation) -> Option<Observation> {
         kind,
     })
 }
+
+/// An OOM kill's account as served.
+pub fn oom_kill(kill: &OomKill) -> pb::OomKill {
+    pb::OomKill {
+        scope: oom_scope(kill.scope) as i32,
+        cgroup: kill.cgroup.as_deref().unwrap_or_default().to_owned(),
+        limit_bytes: kill.limit_bytes.unwrap_or_default(),
+        victim_pid: kill.victim_pid,
+        victim_comm: kill.victim_comm.clone(),
+        victim_init: kill.victim_init,
+    }
+}
+
+/// An OOM kill's account as served, back in plegd's terms.
+pub fn oom_kill_from_pb(kill: &pb::OomKill) -> OomKill {
+    OomKill {
+        scope: OOM_SCOPES
+            .into_iter()
+            .find(|scope| oom_scope(*scope) == kill.scope())
+            .unwrap_or(OomScope::Unknown),
+        cgroup: Some(kill.cgroup.as_str())
+            .filter(|c| !c.is_empty())
+            .map(Into::into),
+        limit_bytes: Some(kill.limit_bytes).filter(|&b| b != 0),
+        victim_pid: kill.victim_pid,
+        victim_comm: kill.victim_comm.clone(),
+        victim_init: kill.victim_init,
+    }
+}
+
+pub fn oom_scope(scope: OomScope) -> pb::OomScope {
+    match scope {
+        OomScope::Container => pb::OomScope::Container,
+        OomScope::Pod => pb::OomScope::Pod,
+        OomScope::Ancestor => pb::OomScope::Ancestor,
+        OomScope::Node => pb::OomScope::Node,
+        OomScope::Unknown => pb::OomScope::Unknown,
+    }
+}
+
+const OOM_SCOPES: [OomScope; 5] = [
+    OomScope::Container,
+    OomScope::Pod,
+    OomScope::Ancestor,
+    OomScope::Node,
+    OomScope::Unknown,
+];
 
 /// An observation as served, as printed: `source:fact`.
 pub fn observation_text(o: &pb::Observation) -> String {
@@ -459,6 +508,42 @@ mod tests {
             event(&unconfirmed, 1).confirmed_by(),
             pb::Layer::Unspecified
         );
+    }
+
+    #[test]
+    fn an_oom_kills_account_is_served_and_read_back_whole() {
+        let kill = OomKill {
+            scope: OomScope::Ancestor,
+            cgroup: Some("/kubepods/besteffort".into()),
+            limit_bytes: Some(64 << 20),
+            victim_pid: 77,
+            victim_comm: "hog".into(),
+            victim_init: false,
+        };
+        let observed = Observation {
+            source: TriggerSource::Ebpf,
+            kind: ObservationKind::OomKill(Arc::new(kill.clone())),
+        };
+        let served = observation(&observed).unwrap();
+        let Some(pb::observation::Kind::OomKill(pb_kill)) = &served.kind else {
+            panic!("{served:?}");
+        };
+        assert_eq!(pb_kill.scope(), pb::OomScope::Ancestor);
+        assert_eq!(observation_from_pb(&served), Some(observed));
+        assert_eq!(
+            observation_text(&served),
+            "ebpf:oom_scope=ancestor(/kubepods/besteffort,limit=67108864,victim=77/hog)"
+        );
+        // A node OOM: no cgroup, no limit; an unset scope reads as unknown.
+        let node = OomKill {
+            scope: OomScope::Node,
+            cgroup: None,
+            limit_bytes: None,
+            ..kill
+        };
+        assert_eq!(oom_kill_from_pb(&oom_kill(&node)), node);
+        let unset = pb::OomKill::default();
+        assert_eq!(oom_kill_from_pb(&unset).scope, OomScope::Unknown);
     }
 
     #[test]

@@ -137,6 +137,23 @@ struct TerminationLabels {
     reason: String,
 }
 
+/// Label of `plegd_oom_kills_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OomScopeLabel {
+    scope: &'static str,
+}
+
+/// Labels of `plegd_pod_oom_kills_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct PodOomLabels {
+    namespace: String,
+    pod: String,
+    scope: &'static str,
+}
+
+/// The scopes of an OOM kill, as the metrics label them (`pleg::OomScope::name`).
+pub const OOM_SCOPES: [&str; 5] = ["container", "pod", "ancestor", "node", "unknown"];
+
 /// How long a pod's per-container series stay once the pod is gone: long enough for every
 /// scraper to read the last counts (a few intervals), short enough that the series count stays
 /// bounded by what the node runs.
@@ -223,6 +240,8 @@ struct ContainerCounters {
     starts: Family<ContainerLabels, Counter>,
     terminations: Family<TerminationLabels, Counter>,
     corrections: Counter,
+    oom_kills: Family<OomScopeLabel, Counter>,
+    pod_oom_kills: Family<PodOomLabels, Counter>,
     /// Each pod's series, by (namespace, name), and since when the pod is gone.
     series: Mutex<BTreeMap<(String, String), PodSeries>>,
 }
@@ -232,6 +251,7 @@ struct ContainerCounters {
 struct PodSeries {
     starts: BTreeSet<ContainerLabels>,
     terminations: BTreeSet<TerminationLabels>,
+    oom_kills: BTreeSet<PodOomLabels>,
     gone_since: Option<Instant>,
 }
 
@@ -525,12 +545,40 @@ impl ContainerCounters {
             "Deaths whose reason the CRI store, catching up, showed other than the one their event told (the pod's status takes the store's)",
             corrections.clone(),
         );
+        let oom_kills = Family::<OomScopeLabel, Counter>::default();
+        registry.register(
+            "plegd_oom_kills",
+            "OOM kills the kernel made in containers on this node, by which limit they came from: container (its own), pod (its pod's cgroup), ancestor (a cgroup above the pod), node (no limit: the node ran out of memory), unknown. One per process the OOM killer chose, whether or not its container died; needs the eBPF source",
+            oom_kills.clone(),
+        );
+        // Every scope from the start: an alert's increase() sees the first kill.
+        for scope in OOM_SCOPES {
+            let _made = oom_kills.get_or_create(&OomScopeLabel { scope });
+        }
+        let pod_oom_kills = Family::<PodOomLabels, Counter>::default();
+        registry.register(
+            "plegd_pod_oom_kills",
+            "OOM kills the kernel made in a pod's containers, by pod and by which limit they came from (as plegd_oom_kills): its pod-level kills, and the kills of processes other than a container's init, which no termination shows. One per process the OOM killer chose; needs the eBPF source",
+            pod_oom_kills.clone(),
+        );
         Self {
             starts,
             terminations,
             corrections,
+            oom_kills,
+            pod_oom_kills,
             series: Mutex::default(),
         }
+    }
+
+    /// Notes a series of pod `namespace`/`pod` with `note`; the pod is live (again).
+    fn note(&self, namespace: &str, pod: &str, note: impl FnOnce(&mut PodSeries)) {
+        let mut series = self.series();
+        let of_pod = series
+            .entry((namespace.to_owned(), pod.to_owned()))
+            .or_default();
+        of_pod.gone_since = None;
+        note(of_pod);
     }
 
     fn series(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), PodSeries>> {
@@ -769,7 +817,40 @@ impl Metrics {
             let _made = counters.terminations.get_or_create(&termination);
             of_pod.terminations.insert(termination);
         }
+        // The scopes a pod's own limits cause, made at 0 likewise.
+        for scope in ["container", "pod"] {
+            let kills = PodOomLabels {
+                namespace: labels.namespace.clone(),
+                pod: labels.pod.clone(),
+                scope,
+            };
+            let _made = counters.pod_oom_kills.get_or_create(&kills);
+            of_pod.oom_kills.insert(kills);
+        }
         of_pod.starts.insert(labels);
+    }
+
+    /// The kernel's OOM killer killed a process in a container, for a limit of `scope`.
+    pub fn oom_kill(&self, scope: &'static str) {
+        self.inner
+            .containers
+            .oom_kills
+            .get_or_create(&OomScopeLabel { scope })
+            .inc();
+    }
+
+    /// ... in a container of pod `namespace`/`pod`.
+    pub fn pod_oom_kill(&self, namespace: &str, pod: &str, scope: &'static str) {
+        let labels = PodOomLabels {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            scope,
+        };
+        let counters = &self.inner.containers;
+        counters.pod_oom_kills.get_or_create(&labels).inc();
+        counters.note(namespace, pod, |of_pod| {
+            of_pod.oom_kills.insert(labels);
+        });
     }
 
     /// A container of pod `namespace`/`pod` died, for `reason`.
@@ -782,12 +863,9 @@ impl Metrics {
         };
         let counters = &self.inner.containers;
         counters.terminations.get_or_create(&labels).inc();
-        let mut series = counters.series();
-        let of_pod = series
-            .entry((labels.namespace.clone(), labels.pod.clone()))
-            .or_default();
-        of_pod.gone_since = None;
-        of_pod.terminations.insert(labels);
+        counters.note(namespace, pod, |of_pod| {
+            of_pod.terminations.insert(labels);
+        });
     }
 
     /// An API listener admitted a connection.
@@ -876,6 +954,9 @@ impl Metrics {
             }
             for labels in &of_pod.terminations {
                 counters.terminations.remove(labels);
+            }
+            for labels in &of_pod.oom_kills {
+                counters.pod_oom_kills.remove(labels);
             }
             false
         });
@@ -1102,8 +1183,12 @@ mod tests {
         metrics.trigger("containerd");
         metrics.ringbuf_drops(3);
         let text = metrics.encode_as(Format::Text);
+        // No OpenMetrics type (the OOM scope `unknown` is a label value, not a type).
         assert!(
-            !text.contains("# EOF") && !text.contains("unknown"),
+            !text.contains("# EOF")
+                && !text
+                    .lines()
+                    .any(|l| l.starts_with("# TYPE") && l.ends_with(" unknown")),
             "{text}"
         );
         for expected in [

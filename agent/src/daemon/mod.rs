@@ -137,6 +137,7 @@ impl Daemon {
             triggers: pleg.triggers(),
             registry: &registry,
             metrics: &metrics,
+            cache: pleg.cache(),
             shutdown: &stop_sources,
         }
         .start(push, &mut sources);

@@ -1,7 +1,7 @@
 //! The push sources: the kernel probes, loaded before the privileges are dropped, and the
 //! runtime's event streams, started once the runtime is reached.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -10,7 +10,7 @@ use tracing::{debug, error, info, warn};
 use crate::{
     base::metrics::Metrics,
     config::{Config, Mode, SourceName, fit},
-    pleg::{OomWitness, TriggerSender, TriggerSource},
+    pleg::{OomWitness, PodCache, TriggerSender, TriggerSource},
     runtime::{CRI_NAMESPACE, RuntimeKind},
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
@@ -106,6 +106,8 @@ pub struct Starter<'a> {
     pub triggers: &'a TriggerSender,
     pub registry: &'a SourceRegistry,
     pub metrics: &'a Metrics,
+    /// The pods as last read (the eBPF source names an OOM kill's pod from it).
+    pub cache: &'a Arc<PodCache>,
     pub shutdown: &'a CancellationToken,
 }
 
@@ -174,6 +176,7 @@ impl Starter<'_> {
             self.triggers.clone(),
             self.registry.clone(),
             self.metrics.clone(),
+            Arc::clone(self.cache),
             self.shutdown.clone(),
         );
         let registry = self.registry.clone();

@@ -7,6 +7,14 @@
 //! what only plegd knows: the event's type, sequence and run, exit code, reason, signal,
 //! sources and confirming store. `plegd.run_id` and `plegd.sequence` together name an event
 //! once: a receiver that must not count one twice keys on them.
+//!
+//! An OOM kill's account (the kernel's, on the death it caused) names its victim with the
+//! conventions' `process.pid` and `process.executable.name` (the kernel's `comm`, which is
+//! `/proc/<pid>/status`'s `Name`, as the conventions suggest), and the limit with plegd's own,
+//! in the conventions' style as none exists: `plegd.oom.scope` (`container`, `pod`,
+//! `ancestor`, `node`, `unknown`), `plegd.oom.cgroup` (the path of the cgroup whose limit was
+//! hit), `plegd.oom.memory.limit` (that limit, in bytes, as `k8s.container.memory.limit`
+//! names a limit) and `plegd.oom.victim.init` (whether the victim was the container's init).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,7 +26,7 @@ use opentelemetry_proto::tonic::{
 };
 
 use crate::{
-    output::EventLine,
+    output::{EventLine, oom_kill},
     pleg::{PodLifecycleEvent, PodLifecycleEventType},
 };
 
@@ -139,6 +147,26 @@ fn attributes(event: &PodLifecycleEvent, run_id: u64) -> Vec<KeyValue> {
         "plegd.sources",
         event.sources.iter().map(|source| source.name()),
     ));
+    if let Some(kill) = oom_kill(&event.observations) {
+        attributes.push(string("plegd.oom.scope", kill.scope.name()));
+        if let Some(cgroup) = &kill.cgroup {
+            attributes.push(string("plegd.oom.cgroup", cgroup));
+        }
+        if let Some(limit) = kill.limit_bytes {
+            attributes.push(int(
+                "plegd.oom.memory.limit",
+                i64::try_from(limit).unwrap_or(i64::MAX),
+            ));
+        }
+        attributes.push(int("process.pid", kill.victim_pid.into()));
+        if !kill.victim_comm.is_empty() {
+            attributes.push(string("process.executable.name", &kill.victim_comm));
+        }
+        attributes.push(key_value(
+            "plegd.oom.victim.init",
+            Value::BoolValue(kill.victim_init),
+        ));
+    }
     attributes
 }
 
@@ -286,6 +314,52 @@ mod tests {
         );
         assert!(
             body.ends_with("exit=137 reason=OOMKilled confirmed_by=task"),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn an_oom_kills_account_names_its_limit_and_its_victim() {
+        use crate::pleg::{Observation, ObservationKind, OomKill, OomScope};
+        let kill = OomKill {
+            scope: OomScope::Pod,
+            cgroup: Some("/kubepods/besteffort/pod0c1d-uid".into()),
+            limit_bytes: Some(48 << 20),
+            victim_pid: 4242,
+            victim_comm: "dd".into(),
+            victim_init: true,
+        };
+        let event = PodLifecycleEvent {
+            observations: vec![Observation {
+                source: TriggerSource::Ebpf,
+                kind: ObservationKind::OomKill(std::sync::Arc::new(kill)),
+            }],
+            ..died()
+        };
+        let record = record(&event, 7);
+        let flat = flat(&record);
+        let from = flat
+            .iter()
+            .position(|a| a.starts_with("plegd.oom."))
+            .unwrap();
+        assert_eq!(
+            flat[from..],
+            [
+                "plegd.oom.scope=pod",
+                "plegd.oom.cgroup=/kubepods/besteffort/pod0c1d-uid",
+                "plegd.oom.memory.limit=50331648",
+                "process.pid=4242",
+                "process.executable.name=dd",
+                "plegd.oom.victim.init=Some(BoolValue(true))",
+            ]
+        );
+        let Some(Value::StringValue(body)) = record.body.and_then(|b| b.value) else {
+            panic!("no text body");
+        };
+        assert!(
+            body.ends_with(
+                "ebpf:oom_scope=pod(/kubepods/besteffort/pod0c1d-uid,limit=50331648,victim=4242/dd,init)"
+            ),
             "{body}"
         );
     }

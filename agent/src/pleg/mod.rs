@@ -95,7 +95,10 @@ pub use self::{
             PodRecord, PodRecords, PodUid, Store, TaskRecord, UnknownStore, exit_reason,
         },
         runtime::{ContainerRead, Runtime, RuntimeError},
-        trigger::{Identity, Observation, ObservationKind, Scope, Trigger, TriggerSource},
+        trigger::{
+            Identity, Observation, ObservationKind, OomKill, OomScope, Scope, Trigger,
+            TriggerSource,
+        },
     },
     shared::{
         cache::{CachedPod, PodCache},

@@ -622,6 +622,7 @@ fn entry(
         // Read from the task service itself (CRI's store only where the task is gone).
         confirmed_by: Store::Task,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     };
     Entry {

@@ -445,6 +445,7 @@ fn status_record(status: &cri::ContainerStatus) -> ContainerRecord {
         reason: String::new(),
         confirmed_by: Store::Cri,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     };
     apply_status(&mut record, status);
@@ -567,6 +568,7 @@ fn sandbox_of(
         reason: String::new(),
         confirmed_by: Store::Cri,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     }
 }
@@ -591,6 +593,7 @@ fn container_record(container: &cri::Container) -> ContainerRecord {
         reason: String::new(),
         confirmed_by: Store::Cri,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     }
 }

@@ -85,6 +85,7 @@ pub fn container(id: &str, name: &str, state: ContainerState) -> ContainerRecord
         reason: String::new(),
         confirmed_by: Store::Cri,
         oom_killed_by: BTreeSet::new(),
+        oom_kill: None,
         host: None,
     }
 }

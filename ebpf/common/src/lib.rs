@@ -21,7 +21,8 @@ pub enum KernelEventKind {
     /// kernel says so); `exit_status` is its wait status when `flags` has
     /// [`EVENT_HAS_EXIT_STATUS`].
     Exit = 4,
-    /// The OOM killer chose a victim (`oom/mark_victim`); `pid` is the victim.
+    /// The OOM killer chose a victim (`oom/mark_victim`): an [`OomEvent`] record, not a
+    /// [`KernelEvent`].
     Oom = 5,
 }
 
@@ -45,7 +46,8 @@ pub const EVENT_HAS_EXIT_STATUS: u32 = 1;
 /// Bytes of a path or file name carried in an event (longer ones are truncated).
 pub const EVENT_PATH_BYTES: usize = 256;
 
-/// One record in the `EVENTS` ring buffer.
+/// One record in the `EVENTS` ring buffer, of every kind but [`KernelEventKind::Oom`] (an
+/// [`OomEvent`]; both start with `kind: u32`).
 ///
 /// Layout (288 bytes, no implicit padding): `kind: u32 @0`, `pid: u32 @4`, `cgroup_id: u64
 /// @8`, `ktime_ns: u64 @16`, `exit_status: i32 @24`, `flags: u32 @28`, `path: [u8; 256]
@@ -78,9 +80,12 @@ pub struct KernelEvent {
 /// read come from the kernel's BTF, and the loader attaches a raw program only when it found
 /// every offset it reads.
 ///
-/// Layout (40 bytes, every field a `u32`, no padding): `task_exit_code @0`, `exit_group_dead
+/// Layout (80 bytes, every field a `u32`, no padding): `task_exit_code @0`, `exit_group_dead
 /// @4`, `flags @8`, `cgroup_root @12`, `root_hierarchy_id @16`, `cgroup_level @20`,
-/// `cgroup_kn @24`, `kn_id @28`, `bprm_filename @32`, `task_pid @36`.
+/// `cgroup_kn @24`, `kn_id @28`, `bprm_filename @32`, `task_pid @36`, `task_tgid @40`,
+/// `task_comm @44`, `task_cgroups @48`, `css_set_dfl_cgrp @52`, `css_set_memcg @56`,
+/// `css_parent @60`, `css_cgroup @64`, `memcg_usage @68`, `memcg_max @72`,
+/// `memcg_oom_events @76`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeConfig {
@@ -107,6 +112,30 @@ pub struct ProbeConfig {
     pub bprm_filename: u32,
     /// `struct task_struct`: `pid_t pid`, valid with [`PROBE_OOM_TASK`].
     pub task_pid: u32,
+    /// `struct task_struct`: `pid_t tgid`; the rest down to `memcg_oom_events` are valid with
+    /// [`PROBE_OOM_MEMCG`].
+    pub task_tgid: u32,
+    /// `struct task_struct`: `char comm[16]`.
+    pub task_comm: u32,
+    /// `struct task_struct`: `cgroups` (a `struct css_set *`).
+    pub task_cgroups: u32,
+    /// `struct css_set`: `dfl_cgrp` (a `struct cgroup *`, the task's cgroup2 cgroup).
+    pub css_set_dfl_cgrp: u32,
+    /// `struct css_set`: `subsys[memory_cgrp_id]` (the task's memory cgroup's
+    /// `struct cgroup_subsys_state *`, which is the first member of its `struct mem_cgroup`).
+    pub css_set_memcg: u32,
+    /// `struct cgroup_subsys_state`: `parent` (NULL for the root).
+    pub css_parent: u32,
+    /// `struct cgroup_subsys_state`: `cgroup` (the cgroup in the memory controller's
+    /// hierarchy: cgroup2, or cgroup v1's memory hierarchy).
+    pub css_cgroup: u32,
+    /// `struct mem_cgroup`: `memory.usage` (pages charged, an `atomic_long_t`).
+    pub memcg_usage: u32,
+    /// `struct mem_cgroup`: `memory.max` (the limit, in pages).
+    pub memcg_max: u32,
+    /// `struct mem_cgroup`: `memory_events_local[MEMCG_OOM]` (how often this cgroup's own
+    /// limit started the OOM killer: cgroup v2's `memory.events.local` `oom`).
+    pub memcg_oom_events: u32,
 }
 
 /// [`ProbeConfig::flags`]: `task_exit_code` is set; exits carry their wait status.
@@ -117,6 +146,84 @@ pub const PROBE_GROUP_DEAD: u32 = 2;
 /// `struct task_struct *` (and `task_pid` is set), not its pid (kernels since 6.9, and the
 /// stable releases the change went back to).
 pub const PROBE_OOM_TASK: u32 = 4;
+/// [`ProbeConfig::flags`]: the memory cgroup offsets are set: an OOM event carries the
+/// memory cgroup chains of its victim and of the task that ran out of memory.
+pub const PROBE_OOM_MEMCG: u32 = 8;
+
+/// Memory cgroup levels an [`OomEvent`] carries per chain, from the bottom (the root's is
+/// never carried: it has no limit). Kubernetes' containers sit at level 4
+/// (`kubepods/<qos>/pod<uid>/<id>`, or the systemd driver's slices).
+pub const OOM_LEVELS: usize = 8;
+
+/// One memory cgroup of an OOM's chain, as the kernel's `struct mem_cgroup` says at the kill.
+///
+/// Layout (32 bytes, no padding): `id: u64 @0`, `usage: u64 @8`, `max: u64 @16`,
+/// `oom_events: u64 @24`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemcgLevel {
+    /// The cgroup's id in the memory controller's hierarchy (the inode of its directory).
+    pub id: u64,
+    /// Pages charged to it and its descendants.
+    pub usage: u64,
+    /// Its limit, in pages (the kernel's `PAGE_COUNTER_MAX` when it has none).
+    pub max: u64,
+    /// How often its own limit started the OOM killer (`memory_events_local[MEMCG_OOM]`).
+    pub oom_events: u64,
+}
+
+/// [`OomEvent::flags`]: `cgroup_id`, `comm` and `victim` are the victim's own (the
+/// tracepoint gave its task); without it they are the running task's, `comm` is empty.
+pub const OOM_VICTIM_TASK: u32 = 1;
+/// [`OomEvent::flags`]: the victim is its container's init (the `INITS` map's entry for its
+/// cgroup2 id).
+pub const OOM_VICTIM_INIT: u32 = 2;
+/// [`OomEvent::flags`]: `victim` holds the victim's memory cgroup chain.
+pub const OOM_VICTIM_CHAIN: u32 = 4;
+/// [`OomEvent::flags`]: `charger` holds the memory cgroup chain of the task the probe ran in
+/// (in a memory cgroup's OOM, the one whose charge failed).
+pub const OOM_CHARGER_CHAIN: u32 = 8;
+/// [`OomEvent::flags`]: the victim's chain reached the root within [`OOM_LEVELS`].
+pub const OOM_VICTIM_WHOLE: u32 = 16;
+/// [`OomEvent::flags`]: the charger's chain reached the root within [`OOM_LEVELS`].
+pub const OOM_CHARGER_WHOLE: u32 = 32;
+
+/// An OOM kill (`oom/mark_victim`), a record of its own in the `EVENTS` ring buffer: who was
+/// chosen, and the memory cgroups above the victim and above the task that ran out of
+/// memory, read at the kill, so userspace can tell which limit the kill came from.
+///
+/// Layout (576 bytes, no implicit padding): `kind: u32 @0` ([`KernelEventKind::Oom`]), `pid:
+/// u32 @4`, `cgroup_id: u64 @8`, `ktime_ns: u64 @16`, `flags: u32 @24`, `victim_depth: u32
+/// @28`, `charger_depth: u32 @32`, `victim_level: u32 @36`, `charger_level: u32 @40`,
+/// `_pad: u32 @44`, `comm: [u8; 16] @48`, `victim: [MemcgLevel; 8] @64`, `charger:
+/// [MemcgLevel; 8] @320`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomEvent {
+    /// [`KernelEventKind::Oom`] as `u32`.
+    pub kind: u32,
+    /// The victim's thread-group id.
+    pub pid: u32,
+    /// cgroup2 id of the victim (with [`OOM_VICTIM_TASK`]), else of the running task.
+    pub cgroup_id: u64,
+    /// `bpf_ktime_get_ns()` when the probe ran (CLOCK_MONOTONIC).
+    pub ktime_ns: u64,
+    /// `OOM_*` bits.
+    pub flags: u32,
+    /// Entries of `victim` filled, from the victim's own memory cgroup up.
+    pub victim_depth: u32,
+    /// Entries of `charger` filled, from the running task's memory cgroup up.
+    pub charger_depth: u32,
+    /// The level of the victim's memory cgroup in its hierarchy (the root is 0).
+    pub victim_level: u32,
+    /// The level of the running task's memory cgroup.
+    pub charger_level: u32,
+    pub _pad: u32,
+    /// The victim's `comm` (NUL-terminated unless full), with [`OOM_VICTIM_TASK`].
+    pub comm: [u8; 16],
+    pub victim: [MemcgLevel; OOM_LEVELS],
+    pub charger: [MemcgLevel; OOM_LEVELS],
+}
 
 /// Tracepoint field offsets the programs read (from the tracefs `format` files of this
 /// kernel); the loader checks them before attaching.
@@ -143,6 +250,10 @@ unsafe impl aya::Pod for KernelEvent {}
 // SAFETY: repr(C), Copy, no padding, and every bit pattern is a valid value.
 unsafe impl aya::Pod for ProbeConfig {}
 
+#[cfg(feature = "user")]
+// SAFETY: repr(C), Copy, no padding, and every bit pattern is a valid value.
+unsafe impl aya::Pod for OomEvent {}
+
 /// Index in the per-CPU `LOST` counters: events that found the ring buffer full.
 pub const LOST_RING_FULL: u32 = 0;
 /// Index in the per-CPU `LOST` counters: cgroups the `INITS` map could not take (their
@@ -156,3 +267,9 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 /// none has exec'd yet). The mkdir probe adds every cgroup at container depth, userspace drops
 /// those that are not containers' and seeds the containers that existed before it started.
 pub const INIT_CGROUPS: u32 = 65_536;
+
+// The layouts documented above, checked.
+const _: () = assert!(core::mem::size_of::<KernelEvent>() == 288);
+const _: () = assert!(core::mem::size_of::<ProbeConfig>() == 80);
+const _: () = assert!(core::mem::size_of::<MemcgLevel>() == 32);
+const _: () = assert!(core::mem::size_of::<OomEvent>() == 576);

@@ -11,8 +11,10 @@ use aya_ebpf::{
 };
 use plegd_common::{
     EVENT_HAS_EXIT_STATUS, EVENTS_RING_BYTES, INIT_CGROUPS, KernelEvent, KernelEventKind,
-    LOST_INIT_SLOTS, LOST_RING_FULL, PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_TASK,
-    ProbeConfig, tracepoint_offsets as tp,
+    LOST_INIT_SLOTS, LOST_RING_FULL, MemcgLevel, OOM_CHARGER_CHAIN, OOM_CHARGER_WHOLE, OOM_LEVELS,
+    OOM_VICTIM_CHAIN, OOM_VICTIM_INIT, OOM_VICTIM_TASK, OOM_VICTIM_WHOLE, OomEvent,
+    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_MEMCG, PROBE_OOM_TASK, ProbeConfig,
+    tracepoint_offsets as tp,
 };
 
 /// Events for userspace.
@@ -51,6 +53,16 @@ static PROBE_CONFIG: ProbeConfig = ProbeConfig {
     kn_id: 0,
     bprm_filename: 0,
     task_pid: 0,
+    task_tgid: 0,
+    task_comm: 0,
+    task_cgroups: 0,
+    css_set_dfl_cgrp: 0,
+    css_set_memcg: 0,
+    css_parent: 0,
+    css_cgroup: 0,
+    memcg_usage: 0,
+    memcg_max: 0,
+    memcg_oom_events: 0,
 };
 
 /// The cgroup2 hierarchy's id in cgroup tracepoints (v1 hierarchies count from 1).
@@ -146,7 +158,7 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
     result(
         unsafe { ctx.read_at::<i32>(tp::OOM_PID) }
             .map_err(|_| 1)
-            .and_then(oom),
+            .and_then(|pid| oom(Victim::Pid(pid as u32))),
     )
 }
 
@@ -154,17 +166,13 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 /// `mark_victim(struct task_struct *task, uid_t uid)`.
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn mark_victim_raw(ctx: RawTracePointContext) -> u32 {
-    let config = probe_config();
     let arg = ctx.arg::<u64>(0);
-    let victim = if config.flags & PROBE_OOM_TASK != 0 {
-        let task = arg as *const u8;
-        // SAFETY: a probe read at an offset from this kernel's BTF.
-        unsafe { bpf_probe_read_kernel(task.add(config.task_pid as usize) as *const i32) }
-            .map_err(|_| 1)
+    let victim = if probe_config().flags & PROBE_OOM_TASK != 0 {
+        Victim::Task(arg as *const u8)
     } else {
-        Ok(arg as i32)
+        Victim::Pid(arg as u32)
     };
-    result(victim.and_then(oom))
+    result(oom(victim))
 }
 
 fn result(ret: Result<u32, u32>) -> u32 {
@@ -332,12 +340,169 @@ fn current_tgid() -> u64 {
     bpf_get_current_pid_tgid() >> 32
 }
 
-/// The OOM killer chose `victim` (the probe runs in the task that hit the limit).
-fn oom(victim: i32) -> Result<u32, u32> {
-    // SAFETY: no preconditions. In a memcg OOM the probe runs in the task that hit the limit,
-    // usually a process of the same container; userspace prefers the victim's own cgroup.
-    let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    emit(KernelEventKind::Oom, victim as u64, cgroup, 0, 0, None)
+/// Who the OOM killer chose, as the tracepoint says.
+enum Victim {
+    /// Its task (kernels since 6.9, and the stable releases the change went back to).
+    Task(*const u8),
+    /// Only its pid.
+    Pid(u32),
+}
+
+/// The OOM killer chose `victim`. The probe runs in the task that ran out of memory: in a
+/// memory cgroup's OOM, the one whose charge failed, inside the cgroup whose limit was hit.
+/// The record carries both memory cgroup chains as the kernel has them now; userspace tells
+/// from them which limit it was (`sources::ebpf::oom`).
+fn oom(victim: Victim) -> Result<u32, u32> {
+    let config = probe_config();
+    let Some(mut entry) = EVENTS.reserve::<OomEvent>(0) else {
+        count_lost(LOST_RING_FULL);
+        return Err(1);
+    };
+    let event = entry.as_mut_ptr();
+    let memcg = config.flags & PROBE_OOM_MEMCG != 0;
+    // SAFETY: `event` points to a reserved, writable OomEvent; every kernel read is a probe
+    // read at an offset from this kernel's BTF.
+    unsafe {
+        (*event).kind = KernelEventKind::Oom as u32;
+        (*event).ktime_ns = bpf_ktime_get_ns();
+        (*event).flags = 0;
+        (*event).victim_depth = 0;
+        (*event).charger_depth = 0;
+        (*event).victim_level = 0;
+        (*event).charger_level = 0;
+        (*event)._pad = 0;
+        (*event).comm = [0; 16];
+        // The current task's cgroup: in a memory cgroup's OOM, usually the victim's container.
+        (*event).cgroup_id = bpf_get_current_cgroup_id();
+        match victim {
+            Victim::Task(task) => {
+                (*event).pid = if memcg {
+                    read_u32(task, config.task_tgid)
+                } else {
+                    read_u32(task, config.task_pid)
+                }
+                .unwrap_or(0);
+                if memcg {
+                    (*event).flags |= OOM_VICTIM_TASK;
+                    if let Ok(comm) = bpf_probe_read_kernel(
+                        task.add(config.task_comm as usize) as *const [u8; 16]
+                    ) {
+                        (*event).comm = comm;
+                    }
+                    if let Ok(id) = cgroup2_id(task, &config) {
+                        (*event).cgroup_id = id;
+                    }
+                    let (depth, level) = (&mut (*event).victim_depth, &mut (*event).victim_level);
+                    if let Ok(whole) =
+                        memcg_chain(task, &config, &mut (*event).victim, depth, level)
+                    {
+                        (*event).flags |= OOM_VICTIM_CHAIN;
+                        if whole != 0 {
+                            (*event).flags |= OOM_VICTIM_WHOLE;
+                        }
+                    }
+                }
+            }
+            Victim::Pid(pid) => (*event).pid = pid,
+        }
+        if memcg {
+            let current = bpf_get_current_task() as *const u8;
+            let (depth, level) = (&mut (*event).charger_depth, &mut (*event).charger_level);
+            if let Ok(whole) = memcg_chain(current, &config, &mut (*event).charger, depth, level) {
+                (*event).flags |= OOM_CHARGER_CHAIN;
+                if whole != 0 {
+                    (*event).flags |= OOM_CHARGER_WHOLE;
+                }
+            }
+        }
+        let cgroup = (*event).cgroup_id;
+        if INITS.get(&cgroup).copied() == Some((*event).pid) && (*event).pid != 0 {
+            (*event).flags |= OOM_VICTIM_INIT;
+        }
+    }
+    entry.submit(0);
+    Ok(0)
+}
+
+/// A `u32` at `offset` from `base`.
+///
+/// # Safety
+/// A probe read: any address is safe, a wrong one only fails.
+unsafe fn read_u32(base: *const u8, offset: u32) -> Result<u32, u32> {
+    // SAFETY: a probe read.
+    unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const u32) }.map_err(|_| 1)
+}
+
+/// A pointer or `u64` at `offset` from `base`.
+///
+/// # Safety
+/// A probe read: any address is safe, a wrong one only fails.
+unsafe fn read_u64(base: *const u8, offset: u32) -> Result<u64, u32> {
+    // SAFETY: a probe read.
+    unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const u64) }.map_err(|_| 1)
+}
+
+/// `task->cgroups->dfl_cgrp->kn->id`: the task's cgroup2 id.
+///
+/// # Safety
+/// Probe reads only.
+unsafe fn cgroup2_id(task: *const u8, config: &ProbeConfig) -> Result<u64, u32> {
+    // SAFETY: probe reads at offsets from this kernel's BTF.
+    unsafe {
+        let cgroups = read_u64(task, config.task_cgroups)? as *const u8;
+        let cgroup = read_u64(cgroups, config.css_set_dfl_cgrp)? as *const u8;
+        let kn = read_u64(cgroup, config.cgroup_kn)? as *const u8;
+        read_u64(kn, config.kn_id)
+    }
+}
+
+/// Fills `chain` with `task`'s memory cgroup and its ancestors below the root, lowest first,
+/// `depth` with how many and `level` with the level of the lowest; `Ok(1)` when the walk
+/// reached the root. (Plain `u32`s: the object's BTF cannot describe a Rust tuple in a
+/// `Result`, and the kernel then refuses it.)
+///
+/// # Safety
+/// Probe reads only; `chain`, `depth` and `level` are written in place.
+// Inlined: a BPF call takes at most five arguments in registers.
+#[inline(always)]
+unsafe fn memcg_chain(
+    task: *const u8,
+    config: &ProbeConfig,
+    chain: &mut [MemcgLevel; OOM_LEVELS],
+    depth: &mut u32,
+    level: &mut u32,
+) -> Result<u32, u32> {
+    // SAFETY: probe reads at offsets from this kernel's BTF.
+    unsafe {
+        let cgroups = read_u64(task, config.task_cgroups)? as *const u8;
+        // The css is the first member of its struct mem_cgroup.
+        let mut memcg = read_u64(cgroups, config.css_set_memcg)? as *const u8;
+        for slot in chain.iter_mut() {
+            if memcg.is_null() {
+                return Ok(1);
+            }
+            let parent = read_u64(memcg, config.css_parent)? as *const u8;
+            if parent.is_null() {
+                // The root: no limit of its own.
+                return Ok(1);
+            }
+            let cgroup = read_u64(memcg, config.css_cgroup)? as *const u8;
+            if *depth == 0 {
+                *level = read_u32(cgroup, config.cgroup_level)?;
+            }
+            let kn = read_u64(cgroup, config.cgroup_kn)? as *const u8;
+            slot.id = read_u64(kn, config.kn_id)?;
+            slot.usage = read_u64(memcg, config.memcg_usage)?;
+            slot.max = read_u64(memcg, config.memcg_max)?;
+            slot.oom_events = read_u64(memcg, config.memcg_oom_events)?;
+            *depth += 1;
+            memcg = parent;
+        }
+        // Full: whole if what is left is the root.
+        Ok(u32::from(
+            memcg.is_null() || read_u64(memcg, config.css_parent)? == 0,
+        ))
+    }
 }
 
 /// Writes one event in place in the ring buffer (the struct is too large for the stack twice).

@@ -226,6 +226,72 @@ func (Layer) EnumDescriptor() ([]byte, []int) {
 	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{2}
 }
 
+// Which limit an OOM kill came from.
+type OomScope int32
+
+const (
+	// Never sent.
+	OomScope_OOM_SCOPE_UNSPECIFIED OomScope = 0
+	// The container's own memory limit.
+	OomScope_OOM_SCOPE_CONTAINER OomScope = 1
+	// The pod cgroup's limit (a pod-level limit, shared by the pod's containers).
+	OomScope_OOM_SCOPE_POD OomScope = 2
+	// A limit above the pod: its QoS class's cgroup, kubepods, a slice above them.
+	OomScope_OOM_SCOPE_ANCESTOR OomScope = 3
+	// No memory cgroup limit: the node ran out of memory and the kernel's global OOM killer
+	// chose this process.
+	OomScope_OOM_SCOPE_NODE OomScope = 4
+	// What the kernel's probe read at the kill was not enough to tell.
+	OomScope_OOM_SCOPE_UNKNOWN OomScope = 5
+)
+
+// Enum value maps for OomScope.
+var (
+	OomScope_name = map[int32]string{
+		0: "OOM_SCOPE_UNSPECIFIED",
+		1: "OOM_SCOPE_CONTAINER",
+		2: "OOM_SCOPE_POD",
+		3: "OOM_SCOPE_ANCESTOR",
+		4: "OOM_SCOPE_NODE",
+		5: "OOM_SCOPE_UNKNOWN",
+	}
+	OomScope_value = map[string]int32{
+		"OOM_SCOPE_UNSPECIFIED": 0,
+		"OOM_SCOPE_CONTAINER":   1,
+		"OOM_SCOPE_POD":         2,
+		"OOM_SCOPE_ANCESTOR":    3,
+		"OOM_SCOPE_NODE":        4,
+		"OOM_SCOPE_UNKNOWN":     5,
+	}
+)
+
+func (x OomScope) Enum() *OomScope {
+	p := new(OomScope)
+	*p = x
+	return p
+}
+
+func (x OomScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OomScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_plegd_v1_plegd_proto_enumTypes[3].Descriptor()
+}
+
+func (OomScope) Type() protoreflect.EnumType {
+	return &file_plegd_v1_plegd_proto_enumTypes[3]
+}
+
+func (x OomScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OomScope.Descriptor instead.
+func (OomScope) EnumDescriptor() ([]byte, []int) {
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{3}
+}
+
 // A container's state as the runtime reports it (CRI ContainerState).
 type ContainerState int32
 
@@ -271,11 +337,11 @@ func (x ContainerState) String() string {
 }
 
 func (ContainerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_plegd_v1_plegd_proto_enumTypes[3].Descriptor()
+	return file_plegd_v1_plegd_proto_enumTypes[4].Descriptor()
 }
 
 func (ContainerState) Type() protoreflect.EnumType {
-	return &file_plegd_v1_plegd_proto_enumTypes[3]
+	return &file_plegd_v1_plegd_proto_enumTypes[4]
 }
 
 func (x ContainerState) Number() protoreflect.EnumNumber {
@@ -284,7 +350,7 @@ func (x ContainerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerState.Descriptor instead.
 func (ContainerState) EnumDescriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{3}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{4}
 }
 
 // Why a pod is synced.
@@ -329,11 +395,11 @@ func (x SyncReason) String() string {
 }
 
 func (SyncReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_plegd_v1_plegd_proto_enumTypes[4].Descriptor()
+	return file_plegd_v1_plegd_proto_enumTypes[5].Descriptor()
 }
 
 func (SyncReason) Type() protoreflect.EnumType {
-	return &file_plegd_v1_plegd_proto_enumTypes[4]
+	return &file_plegd_v1_plegd_proto_enumTypes[5]
 }
 
 func (x SyncReason) Number() protoreflect.EnumNumber {
@@ -342,7 +408,7 @@ func (x SyncReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SyncReason.Descriptor instead.
 func (SyncReason) EnumDescriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{4}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{5}
 }
 
 // A push source's state.
@@ -394,11 +460,11 @@ func (x SourceState) String() string {
 }
 
 func (SourceState) Descriptor() protoreflect.EnumDescriptor {
-	return file_plegd_v1_plegd_proto_enumTypes[5].Descriptor()
+	return file_plegd_v1_plegd_proto_enumTypes[6].Descriptor()
 }
 
 func (SourceState) Type() protoreflect.EnumType {
-	return &file_plegd_v1_plegd_proto_enumTypes[5]
+	return &file_plegd_v1_plegd_proto_enumTypes[6]
 }
 
 func (x SourceState) Number() protoreflect.EnumNumber {
@@ -407,7 +473,7 @@ func (x SourceState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SourceState.Descriptor instead.
 func (SourceState) EnumDescriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{5}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{6}
 }
 
 // Which events to stream.
@@ -856,6 +922,7 @@ type Observation struct {
 	//	*Observation_CgroupRemoved
 	//	*Observation_TaskStarted
 	//	*Observation_Deleted
+	//	*Observation_OomKill
 	Kind isObservation_Kind `protobuf_oneof:"kind"`
 }
 
@@ -961,6 +1028,13 @@ func (x *Observation) GetDeleted() bool {
 	return false
 }
 
+func (x *Observation) GetOomKill() *OomKill {
+	if x, ok := x.GetKind().(*Observation_OomKill); ok {
+		return x.OomKill
+	}
+	return nil
+}
+
 type isObservation_Kind interface {
 	isObservation_Kind()
 }
@@ -1009,6 +1083,12 @@ type Observation_Deleted struct {
 	Deleted bool `protobuf:"varint,9,opt,name=deleted,proto3,oneof"`
 }
 
+type Observation_OomKill struct {
+	// The kernel's account of an OOM kill in the container (beside its oom_killed): which
+	// limit it came from and which process it chose. Only from the eBPF source.
+	OomKill *OomKill `protobuf:"bytes,10,opt,name=oom_kill,json=oomKill,proto3,oneof"`
+}
+
 func (*Observation_ExitCode) isObservation_Kind() {}
 
 func (*Observation_Signal) isObservation_Kind() {}
@@ -1025,6 +1105,102 @@ func (*Observation_TaskStarted) isObservation_Kind() {}
 
 func (*Observation_Deleted) isObservation_Kind() {}
 
+func (*Observation_OomKill) isObservation_Kind() {}
+
+// One OOM kill, as the kernel's probe saw it at oom:mark_victim.
+type OomKill struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Which limit it came from.
+	Scope OomScope `protobuf:"varint,1,opt,name=scope,proto3,enum=plegd.v1.OomScope" json:"scope,omitempty"`
+	// The cgroup whose limit was hit, as a path in the memory controller's hierarchy (cgroup2,
+	// or cgroup v1's memory hierarchy); empty for a node OOM, or when not known.
+	Cgroup string `protobuf:"bytes,2,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// That cgroup's memory limit, in bytes; 0 when not known.
+	LimitBytes uint64 `protobuf:"varint,3,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	// The process the OOM killer chose: its host pid (thread-group id) and its comm.
+	VictimPid  uint32 `protobuf:"varint,4,opt,name=victim_pid,json=victimPid,proto3" json:"victim_pid,omitempty"`
+	VictimComm string `protobuf:"bytes,5,opt,name=victim_comm,json=victimComm,proto3" json:"victim_comm,omitempty"`
+	// Whether that process was the container's init (its death is the container's).
+	VictimInit bool `protobuf:"varint,6,opt,name=victim_init,json=victimInit,proto3" json:"victim_init,omitempty"`
+}
+
+func (x *OomKill) Reset() {
+	*x = OomKill{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_plegd_v1_plegd_proto_msgTypes[4]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *OomKill) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OomKill) ProtoMessage() {}
+
+func (x *OomKill) ProtoReflect() protoreflect.Message {
+	mi := &file_plegd_v1_plegd_proto_msgTypes[4]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OomKill.ProtoReflect.Descriptor instead.
+func (*OomKill) Descriptor() ([]byte, []int) {
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *OomKill) GetScope() OomScope {
+	if x != nil {
+		return x.Scope
+	}
+	return OomScope_OOM_SCOPE_UNSPECIFIED
+}
+
+func (x *OomKill) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *OomKill) GetLimitBytes() uint64 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
+func (x *OomKill) GetVictimPid() uint32 {
+	if x != nil {
+		return x.VictimPid
+	}
+	return 0
+}
+
+func (x *OomKill) GetVictimComm() string {
+	if x != nil {
+		return x.VictimComm
+	}
+	return ""
+}
+
+func (x *OomKill) GetVictimInit() bool {
+	if x != nil {
+		return x.VictimInit
+	}
+	return false
+}
+
 // Lists every cached pod.
 type ListPodsRequest struct {
 	state         protoimpl.MessageState
@@ -1035,7 +1211,7 @@ type ListPodsRequest struct {
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[4]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[5]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1048,7 +1224,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[4]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[5]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1237,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{4}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{5}
 }
 
 // Every cached pod, and where the event stream stood when they were read.
@@ -1082,7 +1258,7 @@ type ListPodsResponse struct {
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[5]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[6]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1095,7 +1271,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[5]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[6]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1284,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{5}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -1145,7 +1321,7 @@ type GetPodStatusRequest struct {
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[6]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[7]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1158,7 +1334,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[6]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[7]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1347,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{6}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetPodStatusRequest) GetPodUid() string {
@@ -1223,7 +1399,7 @@ type ContainerStatus struct {
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[7]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[8]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1236,7 +1412,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[7]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[8]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1425,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{7}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ContainerStatus) GetId() string {
@@ -1382,7 +1558,7 @@ type PodStatus struct {
 func (x *PodStatus) Reset() {
 	*x = PodStatus{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[8]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[9]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1395,7 +1571,7 @@ func (x *PodStatus) String() string {
 func (*PodStatus) ProtoMessage() {}
 
 func (x *PodStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[8]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[9]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1584,7 @@ func (x *PodStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
 func (*PodStatus) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{8}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PodStatus) GetUid() string {
@@ -1480,7 +1656,7 @@ type SyncPodsRequest struct {
 func (x *SyncPodsRequest) Reset() {
 	*x = SyncPodsRequest{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[9]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[10]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1493,7 +1669,7 @@ func (x *SyncPodsRequest) String() string {
 func (*SyncPodsRequest) ProtoMessage() {}
 
 func (x *SyncPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[9]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[10]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1682,7 @@ func (x *SyncPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncPodsRequest.ProtoReflect.Descriptor instead.
 func (*SyncPodsRequest) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{9}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SyncPodsRequest) GetPodNamespace() string {
@@ -1566,7 +1742,7 @@ type PodSync struct {
 func (x *PodSync) Reset() {
 	*x = PodSync{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[10]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[11]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1579,7 +1755,7 @@ func (x *PodSync) String() string {
 func (*PodSync) ProtoMessage() {}
 
 func (x *PodSync) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[10]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[11]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1768,7 @@ func (x *PodSync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSync.ProtoReflect.Descriptor instead.
 func (*PodSync) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{10}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PodSync) GetPodUid() string {
@@ -1654,7 +1830,7 @@ type GetHealthRequest struct {
 func (x *GetHealthRequest) Reset() {
 	*x = GetHealthRequest{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[11]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[12]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1667,7 +1843,7 @@ func (x *GetHealthRequest) String() string {
 func (*GetHealthRequest) ProtoMessage() {}
 
 func (x *GetHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[11]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[12]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1856,7 @@ func (x *GetHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHealthRequest.ProtoReflect.Descriptor instead.
 func (*GetHealthRequest) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{11}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{12}
 }
 
 // One push source's health.
@@ -1705,7 +1881,7 @@ type SourceHealth struct {
 func (x *SourceHealth) Reset() {
 	*x = SourceHealth{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[12]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[13]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1718,7 +1894,7 @@ func (x *SourceHealth) String() string {
 func (*SourceHealth) ProtoMessage() {}
 
 func (x *SourceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[12]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[13]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1907,7 @@ func (x *SourceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceHealth.ProtoReflect.Descriptor instead.
 func (*SourceHealth) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{12}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SourceHealth) GetSource() TriggerSource {
@@ -1792,7 +1968,7 @@ type Health struct {
 func (x *Health) Reset() {
 	*x = Health{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_plegd_v1_plegd_proto_msgTypes[13]
+		mi := &file_plegd_v1_plegd_proto_msgTypes[14]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -1805,7 +1981,7 @@ func (x *Health) String() string {
 func (*Health) ProtoMessage() {}
 
 func (x *Health) ProtoReflect() protoreflect.Message {
-	mi := &file_plegd_v1_plegd_proto_msgTypes[13]
+	mi := &file_plegd_v1_plegd_proto_msgTypes[14]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1994,7 @@ func (x *Health) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Health.ProtoReflect.Descriptor instead.
 func (*Health) Descriptor() ([]byte, []int) {
-	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{13}
+	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Health) GetHealthy() bool {
@@ -1952,7 +2128,7 @@ var file_plegd_v1_plegd_proto_rawDesc = []byte{
 	0x1f, 0x0a, 0x0b, 0x63, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x5f, 0x70, 0x61, 0x74, 0x68, 0x18, 0x02,
 	0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x63, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x50, 0x61, 0x74, 0x68,
 	0x12, 0x19, 0x0a, 0x08, 0x69, 0x6e, 0x69, 0x74, 0x5f, 0x70, 0x69, 0x64, 0x18, 0x03, 0x20, 0x01,
-	0x28, 0x0d, 0x52, 0x07, 0x69, 0x6e, 0x69, 0x74, 0x50, 0x69, 0x64, 0x22, 0xba, 0x02, 0x0a, 0x0b,
+	0x28, 0x0d, 0x52, 0x07, 0x69, 0x6e, 0x69, 0x74, 0x50, 0x69, 0x64, 0x22, 0xea, 0x02, 0x0a, 0x0b,
 	0x4f, 0x62, 0x73, 0x65, 0x72, 0x76, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x12, 0x2f, 0x0a, 0x06, 0x73,
 	0x6f, 0x75, 0x72, 0x63, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0e, 0x32, 0x17, 0x2e, 0x70, 0x6c,
 	0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x54, 0x72, 0x69, 0x67, 0x67, 0x65, 0x72, 0x53, 0x6f,
@@ -1972,7 +2148,23 @@ var file_plegd_v1_plegd_proto_rawDesc = []byte{
 	0x08, 0x20, 0x01, 0x28, 0x08, 0x48, 0x00, 0x52, 0x0b, 0x74, 0x61, 0x73, 0x6b, 0x53, 0x74, 0x61,
 	0x72, 0x74, 0x65, 0x64, 0x12, 0x1a, 0x0a, 0x07, 0x64, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x64, 0x18,
 	0x09, 0x20, 0x01, 0x28, 0x08, 0x48, 0x00, 0x52, 0x07, 0x64, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x64,
-	0x42, 0x06, 0x0a, 0x04, 0x6b, 0x69, 0x6e, 0x64, 0x22, 0x11, 0x0a, 0x0f, 0x4c, 0x69, 0x73, 0x74,
+	0x12, 0x2e, 0x0a, 0x08, 0x6f, 0x6f, 0x6d, 0x5f, 0x6b, 0x69, 0x6c, 0x6c, 0x18, 0x0a, 0x20, 0x01,
+	0x28, 0x0b, 0x32, 0x11, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6f,
+	0x6d, 0x4b, 0x69, 0x6c, 0x6c, 0x48, 0x00, 0x52, 0x07, 0x6f, 0x6f, 0x6d, 0x4b, 0x69, 0x6c, 0x6c,
+	0x42, 0x06, 0x0a, 0x04, 0x6b, 0x69, 0x6e, 0x64, 0x22, 0xcd, 0x01, 0x0a, 0x07, 0x4f, 0x6f, 0x6d,
+	0x4b, 0x69, 0x6c, 0x6c, 0x12, 0x28, 0x0a, 0x05, 0x73, 0x63, 0x6f, 0x70, 0x65, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x0e, 0x32, 0x12, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4f,
+	0x6f, 0x6d, 0x53, 0x63, 0x6f, 0x70, 0x65, 0x52, 0x05, 0x73, 0x63, 0x6f, 0x70, 0x65, 0x12, 0x16,
+	0x0a, 0x06, 0x63, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x06,
+	0x63, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x12, 0x1f, 0x0a, 0x0b, 0x6c, 0x69, 0x6d, 0x69, 0x74, 0x5f,
+	0x62, 0x79, 0x74, 0x65, 0x73, 0x18, 0x03, 0x20, 0x01, 0x28, 0x04, 0x52, 0x0a, 0x6c, 0x69, 0x6d,
+	0x69, 0x74, 0x42, 0x79, 0x74, 0x65, 0x73, 0x12, 0x1d, 0x0a, 0x0a, 0x76, 0x69, 0x63, 0x74, 0x69,
+	0x6d, 0x5f, 0x70, 0x69, 0x64, 0x18, 0x04, 0x20, 0x01, 0x28, 0x0d, 0x52, 0x09, 0x76, 0x69, 0x63,
+	0x74, 0x69, 0x6d, 0x50, 0x69, 0x64, 0x12, 0x1f, 0x0a, 0x0b, 0x76, 0x69, 0x63, 0x74, 0x69, 0x6d,
+	0x5f, 0x63, 0x6f, 0x6d, 0x6d, 0x18, 0x05, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x76, 0x69, 0x63,
+	0x74, 0x69, 0x6d, 0x43, 0x6f, 0x6d, 0x6d, 0x12, 0x1f, 0x0a, 0x0b, 0x76, 0x69, 0x63, 0x74, 0x69,
+	0x6d, 0x5f, 0x69, 0x6e, 0x69, 0x74, 0x18, 0x06, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0a, 0x76, 0x69,
+	0x63, 0x74, 0x69, 0x6d, 0x49, 0x6e, 0x69, 0x74, 0x22, 0x11, 0x0a, 0x0f, 0x4c, 0x69, 0x73, 0x74,
 	0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x22, 0x6e, 0x0a, 0x10, 0x4c,
 	0x69, 0x73, 0x74, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12,
 	0x27, 0x0a, 0x04, 0x70, 0x6f, 0x64, 0x73, 0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x13, 0x2e,
@@ -2120,46 +2312,55 @@ var file_plegd_v1_plegd_proto_rawDesc = []byte{
 	0x0a, 0x11, 0x4c, 0x41, 0x59, 0x45, 0x52, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46,
 	0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x0d, 0x0a, 0x09, 0x4c, 0x41, 0x59, 0x45, 0x52, 0x5f, 0x43,
 	0x52, 0x49, 0x10, 0x01, 0x12, 0x0e, 0x0a, 0x0a, 0x4c, 0x41, 0x59, 0x45, 0x52, 0x5f, 0x54, 0x41,
-	0x53, 0x4b, 0x10, 0x02, 0x2a, 0x64, 0x0a, 0x0e, 0x43, 0x6f, 0x6e, 0x74, 0x61, 0x69, 0x6e, 0x65,
-	0x72, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x1f, 0x0a, 0x1b, 0x43, 0x4f, 0x4e, 0x54, 0x41, 0x49,
-	0x4e, 0x45, 0x52, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43,
-	0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x0b, 0x0a, 0x07, 0x43, 0x52, 0x45, 0x41, 0x54,
-	0x45, 0x44, 0x10, 0x01, 0x12, 0x0b, 0x0a, 0x07, 0x52, 0x55, 0x4e, 0x4e, 0x49, 0x4e, 0x47, 0x10,
-	0x02, 0x12, 0x0a, 0x0a, 0x06, 0x45, 0x58, 0x49, 0x54, 0x45, 0x44, 0x10, 0x03, 0x12, 0x0b, 0x0a,
-	0x07, 0x55, 0x4e, 0x4b, 0x4e, 0x4f, 0x57, 0x4e, 0x10, 0x04, 0x2a, 0x4d, 0x0a, 0x0a, 0x53, 0x79,
-	0x6e, 0x63, 0x52, 0x65, 0x61, 0x73, 0x6f, 0x6e, 0x12, 0x1b, 0x0a, 0x17, 0x53, 0x59, 0x4e, 0x43,
-	0x5f, 0x52, 0x45, 0x41, 0x53, 0x4f, 0x4e, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46,
-	0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x09, 0x0a, 0x05, 0x45, 0x56, 0x45, 0x4e, 0x54, 0x10, 0x01,
-	0x12, 0x0a, 0x0a, 0x06, 0x52, 0x45, 0x53, 0x59, 0x4e, 0x43, 0x10, 0x02, 0x12, 0x0b, 0x0a, 0x07,
-	0x52, 0x45, 0x4d, 0x4f, 0x56, 0x45, 0x44, 0x10, 0x03, 0x2a, 0x7b, 0x0a, 0x0b, 0x53, 0x6f, 0x75,
-	0x72, 0x63, 0x65, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x4f, 0x55, 0x52,
-	0x43, 0x45, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49,
-	0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x0d, 0x0a, 0x09, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43,
-	0x54, 0x45, 0x44, 0x10, 0x01, 0x12, 0x10, 0x0a, 0x0c, 0x52, 0x45, 0x43, 0x4f, 0x4e, 0x4e, 0x45,
-	0x43, 0x54, 0x49, 0x4e, 0x47, 0x10, 0x02, 0x12, 0x0f, 0x0a, 0x0b, 0x55, 0x4e, 0x53, 0x55, 0x50,
-	0x50, 0x4f, 0x52, 0x54, 0x45, 0x44, 0x10, 0x03, 0x12, 0x0c, 0x0a, 0x08, 0x44, 0x49, 0x53, 0x41,
-	0x42, 0x4c, 0x45, 0x44, 0x10, 0x04, 0x12, 0x0e, 0x0a, 0x0a, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43,
-	0x54, 0x49, 0x4e, 0x47, 0x10, 0x05, 0x32, 0xb8, 0x02, 0x0a, 0x04, 0x50, 0x6c, 0x65, 0x67, 0x12,
-	0x32, 0x0a, 0x05, 0x57, 0x61, 0x74, 0x63, 0x68, 0x12, 0x16, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64,
-	0x2e, 0x76, 0x31, 0x2e, 0x57, 0x61, 0x74, 0x63, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
-	0x1a, 0x0f, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x45, 0x76, 0x65, 0x6e,
-	0x74, 0x30, 0x01, 0x12, 0x41, 0x0a, 0x08, 0x4c, 0x69, 0x73, 0x74, 0x50, 0x6f, 0x64, 0x73, 0x12,
-	0x19, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x50,
-	0x6f, 0x64, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x1a, 0x2e, 0x70, 0x6c, 0x65,
-	0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65,
-	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x42, 0x0a, 0x0c, 0x47, 0x65, 0x74, 0x50, 0x6f, 0x64,
-	0x53, 0x74, 0x61, 0x74, 0x75, 0x73, 0x12, 0x1d, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76,
-	0x31, 0x2e, 0x47, 0x65, 0x74, 0x50, 0x6f, 0x64, 0x53, 0x74, 0x61, 0x74, 0x75, 0x73, 0x52, 0x65,
-	0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x13, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31,
-	0x2e, 0x50, 0x6f, 0x64, 0x53, 0x74, 0x61, 0x74, 0x75, 0x73, 0x12, 0x39, 0x0a, 0x09, 0x47, 0x65,
-	0x74, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x1a, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e,
-	0x76, 0x31, 0x2e, 0x47, 0x65, 0x74, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75,
-	0x65, 0x73, 0x74, 0x1a, 0x10, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x48,
-	0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x3a, 0x0a, 0x08, 0x53, 0x79, 0x6e, 0x63, 0x50, 0x6f, 0x64,
-	0x73, 0x12, 0x19, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x79, 0x6e,
-	0x63, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x11, 0x2e, 0x70,
-	0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x6f, 0x64, 0x53, 0x79, 0x6e, 0x63, 0x30,
-	0x01, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x53, 0x4b, 0x10, 0x02, 0x2a, 0x94, 0x01, 0x0a, 0x08, 0x4f, 0x6f, 0x6d, 0x53, 0x63, 0x6f, 0x70,
+	0x65, 0x12, 0x19, 0x0a, 0x15, 0x4f, 0x4f, 0x4d, 0x5f, 0x53, 0x43, 0x4f, 0x50, 0x45, 0x5f, 0x55,
+	0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x17, 0x0a, 0x13,
+	0x4f, 0x4f, 0x4d, 0x5f, 0x53, 0x43, 0x4f, 0x50, 0x45, 0x5f, 0x43, 0x4f, 0x4e, 0x54, 0x41, 0x49,
+	0x4e, 0x45, 0x52, 0x10, 0x01, 0x12, 0x11, 0x0a, 0x0d, 0x4f, 0x4f, 0x4d, 0x5f, 0x53, 0x43, 0x4f,
+	0x50, 0x45, 0x5f, 0x50, 0x4f, 0x44, 0x10, 0x02, 0x12, 0x16, 0x0a, 0x12, 0x4f, 0x4f, 0x4d, 0x5f,
+	0x53, 0x43, 0x4f, 0x50, 0x45, 0x5f, 0x41, 0x4e, 0x43, 0x45, 0x53, 0x54, 0x4f, 0x52, 0x10, 0x03,
+	0x12, 0x12, 0x0a, 0x0e, 0x4f, 0x4f, 0x4d, 0x5f, 0x53, 0x43, 0x4f, 0x50, 0x45, 0x5f, 0x4e, 0x4f,
+	0x44, 0x45, 0x10, 0x04, 0x12, 0x15, 0x0a, 0x11, 0x4f, 0x4f, 0x4d, 0x5f, 0x53, 0x43, 0x4f, 0x50,
+	0x45, 0x5f, 0x55, 0x4e, 0x4b, 0x4e, 0x4f, 0x57, 0x4e, 0x10, 0x05, 0x2a, 0x64, 0x0a, 0x0e, 0x43,
+	0x6f, 0x6e, 0x74, 0x61, 0x69, 0x6e, 0x65, 0x72, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x1f, 0x0a,
+	0x1b, 0x43, 0x4f, 0x4e, 0x54, 0x41, 0x49, 0x4e, 0x45, 0x52, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45,
+	0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x0b,
+	0x0a, 0x07, 0x43, 0x52, 0x45, 0x41, 0x54, 0x45, 0x44, 0x10, 0x01, 0x12, 0x0b, 0x0a, 0x07, 0x52,
+	0x55, 0x4e, 0x4e, 0x49, 0x4e, 0x47, 0x10, 0x02, 0x12, 0x0a, 0x0a, 0x06, 0x45, 0x58, 0x49, 0x54,
+	0x45, 0x44, 0x10, 0x03, 0x12, 0x0b, 0x0a, 0x07, 0x55, 0x4e, 0x4b, 0x4e, 0x4f, 0x57, 0x4e, 0x10,
+	0x04, 0x2a, 0x4d, 0x0a, 0x0a, 0x53, 0x79, 0x6e, 0x63, 0x52, 0x65, 0x61, 0x73, 0x6f, 0x6e, 0x12,
+	0x1b, 0x0a, 0x17, 0x53, 0x59, 0x4e, 0x43, 0x5f, 0x52, 0x45, 0x41, 0x53, 0x4f, 0x4e, 0x5f, 0x55,
+	0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x09, 0x0a, 0x05,
+	0x45, 0x56, 0x45, 0x4e, 0x54, 0x10, 0x01, 0x12, 0x0a, 0x0a, 0x06, 0x52, 0x45, 0x53, 0x59, 0x4e,
+	0x43, 0x10, 0x02, 0x12, 0x0b, 0x0a, 0x07, 0x52, 0x45, 0x4d, 0x4f, 0x56, 0x45, 0x44, 0x10, 0x03,
+	0x2a, 0x7b, 0x0a, 0x0b, 0x53, 0x6f, 0x75, 0x72, 0x63, 0x65, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12,
+	0x1c, 0x0a, 0x18, 0x53, 0x4f, 0x55, 0x52, 0x43, 0x45, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f,
+	0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x0d, 0x0a,
+	0x09, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x45, 0x44, 0x10, 0x01, 0x12, 0x10, 0x0a, 0x0c,
+	0x52, 0x45, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x49, 0x4e, 0x47, 0x10, 0x02, 0x12, 0x0f,
+	0x0a, 0x0b, 0x55, 0x4e, 0x53, 0x55, 0x50, 0x50, 0x4f, 0x52, 0x54, 0x45, 0x44, 0x10, 0x03, 0x12,
+	0x0c, 0x0a, 0x08, 0x44, 0x49, 0x53, 0x41, 0x42, 0x4c, 0x45, 0x44, 0x10, 0x04, 0x12, 0x0e, 0x0a,
+	0x0a, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x49, 0x4e, 0x47, 0x10, 0x05, 0x32, 0xb8, 0x02,
+	0x0a, 0x04, 0x50, 0x6c, 0x65, 0x67, 0x12, 0x32, 0x0a, 0x05, 0x57, 0x61, 0x74, 0x63, 0x68, 0x12,
+	0x16, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x57, 0x61, 0x74, 0x63, 0x68,
+	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x0f, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e,
+	0x76, 0x31, 0x2e, 0x45, 0x76, 0x65, 0x6e, 0x74, 0x30, 0x01, 0x12, 0x41, 0x0a, 0x08, 0x4c, 0x69,
+	0x73, 0x74, 0x50, 0x6f, 0x64, 0x73, 0x12, 0x19, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76,
+	0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73,
+	0x74, 0x1a, 0x1a, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73,
+	0x74, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x42, 0x0a,
+	0x0c, 0x47, 0x65, 0x74, 0x50, 0x6f, 0x64, 0x53, 0x74, 0x61, 0x74, 0x75, 0x73, 0x12, 0x1d, 0x2e,
+	0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x65, 0x74, 0x50, 0x6f, 0x64, 0x53,
+	0x74, 0x61, 0x74, 0x75, 0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x13, 0x2e, 0x70,
+	0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x6f, 0x64, 0x53, 0x74, 0x61, 0x74, 0x75,
+	0x73, 0x12, 0x39, 0x0a, 0x09, 0x47, 0x65, 0x74, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x1a,
+	0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x65, 0x74, 0x48, 0x65, 0x61,
+	0x6c, 0x74, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x10, 0x2e, 0x70, 0x6c, 0x65,
+	0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x3a, 0x0a, 0x08,
+	0x53, 0x79, 0x6e, 0x63, 0x50, 0x6f, 0x64, 0x73, 0x12, 0x19, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64,
+	0x2e, 0x76, 0x31, 0x2e, 0x53, 0x79, 0x6e, 0x63, 0x50, 0x6f, 0x64, 0x73, 0x52, 0x65, 0x71, 0x75,
+	0x65, 0x73, 0x74, 0x1a, 0x11, 0x2e, 0x70, 0x6c, 0x65, 0x67, 0x64, 0x2e, 0x76, 0x31, 0x2e, 0x50,
+	0x6f, 0x64, 0x53, 0x79, 0x6e, 0x63, 0x30, 0x01, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
 }
 
 var (
@@ -2174,79 +2375,83 @@ func file_plegd_v1_plegd_proto_rawDescGZIP() []byte {
 	return file_plegd_v1_plegd_proto_rawDescData
 }
 
-var file_plegd_v1_plegd_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_plegd_v1_plegd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_plegd_v1_plegd_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_plegd_v1_plegd_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_plegd_v1_plegd_proto_goTypes = []interface{}{
 	(EventType)(0),              // 0: plegd.v1.EventType
 	(TriggerSource)(0),          // 1: plegd.v1.TriggerSource
 	(Layer)(0),                  // 2: plegd.v1.Layer
-	(ContainerState)(0),         // 3: plegd.v1.ContainerState
-	(SyncReason)(0),             // 4: plegd.v1.SyncReason
-	(SourceState)(0),            // 5: plegd.v1.SourceState
-	(*WatchRequest)(nil),        // 6: plegd.v1.WatchRequest
-	(*Event)(nil),               // 7: plegd.v1.Event
-	(*HostIdentity)(nil),        // 8: plegd.v1.HostIdentity
-	(*Observation)(nil),         // 9: plegd.v1.Observation
-	(*ListPodsRequest)(nil),     // 10: plegd.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),    // 11: plegd.v1.ListPodsResponse
-	(*GetPodStatusRequest)(nil), // 12: plegd.v1.GetPodStatusRequest
-	(*ContainerStatus)(nil),     // 13: plegd.v1.ContainerStatus
-	(*PodStatus)(nil),           // 14: plegd.v1.PodStatus
-	(*SyncPodsRequest)(nil),     // 15: plegd.v1.SyncPodsRequest
-	(*PodSync)(nil),             // 16: plegd.v1.PodSync
-	(*GetHealthRequest)(nil),    // 17: plegd.v1.GetHealthRequest
-	(*SourceHealth)(nil),        // 18: plegd.v1.SourceHealth
-	(*Health)(nil),              // 19: plegd.v1.Health
-	nil,                         // 20: plegd.v1.Event.PodLabelsEntry
-	nil,                         // 21: plegd.v1.Event.PodAnnotationsEntry
-	nil,                         // 22: plegd.v1.PodStatus.LabelsEntry
-	nil,                         // 23: plegd.v1.PodStatus.AnnotationsEntry
-	(*timestamp.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(OomScope)(0),               // 3: plegd.v1.OomScope
+	(ContainerState)(0),         // 4: plegd.v1.ContainerState
+	(SyncReason)(0),             // 5: plegd.v1.SyncReason
+	(SourceState)(0),            // 6: plegd.v1.SourceState
+	(*WatchRequest)(nil),        // 7: plegd.v1.WatchRequest
+	(*Event)(nil),               // 8: plegd.v1.Event
+	(*HostIdentity)(nil),        // 9: plegd.v1.HostIdentity
+	(*Observation)(nil),         // 10: plegd.v1.Observation
+	(*OomKill)(nil),             // 11: plegd.v1.OomKill
+	(*ListPodsRequest)(nil),     // 12: plegd.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),    // 13: plegd.v1.ListPodsResponse
+	(*GetPodStatusRequest)(nil), // 14: plegd.v1.GetPodStatusRequest
+	(*ContainerStatus)(nil),     // 15: plegd.v1.ContainerStatus
+	(*PodStatus)(nil),           // 16: plegd.v1.PodStatus
+	(*SyncPodsRequest)(nil),     // 17: plegd.v1.SyncPodsRequest
+	(*PodSync)(nil),             // 18: plegd.v1.PodSync
+	(*GetHealthRequest)(nil),    // 19: plegd.v1.GetHealthRequest
+	(*SourceHealth)(nil),        // 20: plegd.v1.SourceHealth
+	(*Health)(nil),              // 21: plegd.v1.Health
+	nil,                         // 22: plegd.v1.Event.PodLabelsEntry
+	nil,                         // 23: plegd.v1.Event.PodAnnotationsEntry
+	nil,                         // 24: plegd.v1.PodStatus.LabelsEntry
+	nil,                         // 25: plegd.v1.PodStatus.AnnotationsEntry
+	(*timestamp.Timestamp)(nil), // 26: google.protobuf.Timestamp
 }
 var file_plegd_v1_plegd_proto_depIdxs = []int32{
 	0,  // 0: plegd.v1.WatchRequest.types:type_name -> plegd.v1.EventType
 	0,  // 1: plegd.v1.Event.type:type_name -> plegd.v1.EventType
-	24, // 2: plegd.v1.Event.observed_at:type_name -> google.protobuf.Timestamp
-	24, // 3: plegd.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
+	26, // 2: plegd.v1.Event.observed_at:type_name -> google.protobuf.Timestamp
+	26, // 3: plegd.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
 	1,  // 4: plegd.v1.Event.sources:type_name -> plegd.v1.TriggerSource
-	9,  // 5: plegd.v1.Event.observations:type_name -> plegd.v1.Observation
+	10, // 5: plegd.v1.Event.observations:type_name -> plegd.v1.Observation
 	2,  // 6: plegd.v1.Event.confirmed_by:type_name -> plegd.v1.Layer
-	8,  // 7: plegd.v1.Event.host:type_name -> plegd.v1.HostIdentity
-	20, // 8: plegd.v1.Event.pod_labels:type_name -> plegd.v1.Event.PodLabelsEntry
-	21, // 9: plegd.v1.Event.pod_annotations:type_name -> plegd.v1.Event.PodAnnotationsEntry
+	9,  // 7: plegd.v1.Event.host:type_name -> plegd.v1.HostIdentity
+	22, // 8: plegd.v1.Event.pod_labels:type_name -> plegd.v1.Event.PodLabelsEntry
+	23, // 9: plegd.v1.Event.pod_annotations:type_name -> plegd.v1.Event.PodAnnotationsEntry
 	1,  // 10: plegd.v1.Observation.source:type_name -> plegd.v1.TriggerSource
-	14, // 11: plegd.v1.ListPodsResponse.pods:type_name -> plegd.v1.PodStatus
-	3,  // 12: plegd.v1.ContainerStatus.state:type_name -> plegd.v1.ContainerState
-	24, // 13: plegd.v1.ContainerStatus.created_at:type_name -> google.protobuf.Timestamp
-	24, // 14: plegd.v1.ContainerStatus.started_at:type_name -> google.protobuf.Timestamp
-	24, // 15: plegd.v1.ContainerStatus.finished_at:type_name -> google.protobuf.Timestamp
-	2,  // 16: plegd.v1.ContainerStatus.confirmed_by:type_name -> plegd.v1.Layer
-	8,  // 17: plegd.v1.ContainerStatus.host:type_name -> plegd.v1.HostIdentity
-	13, // 18: plegd.v1.PodStatus.containers:type_name -> plegd.v1.ContainerStatus
-	24, // 19: plegd.v1.PodStatus.timestamp:type_name -> google.protobuf.Timestamp
-	22, // 20: plegd.v1.PodStatus.labels:type_name -> plegd.v1.PodStatus.LabelsEntry
-	23, // 21: plegd.v1.PodStatus.annotations:type_name -> plegd.v1.PodStatus.AnnotationsEntry
-	4,  // 22: plegd.v1.PodSync.reason:type_name -> plegd.v1.SyncReason
-	14, // 23: plegd.v1.PodSync.status:type_name -> plegd.v1.PodStatus
-	1,  // 24: plegd.v1.SourceHealth.source:type_name -> plegd.v1.TriggerSource
-	5,  // 25: plegd.v1.SourceHealth.state:type_name -> plegd.v1.SourceState
-	24, // 26: plegd.v1.SourceHealth.last_delivered:type_name -> google.protobuf.Timestamp
-	18, // 27: plegd.v1.Health.sources:type_name -> plegd.v1.SourceHealth
-	6,  // 28: plegd.v1.Pleg.Watch:input_type -> plegd.v1.WatchRequest
-	10, // 29: plegd.v1.Pleg.ListPods:input_type -> plegd.v1.ListPodsRequest
-	12, // 30: plegd.v1.Pleg.GetPodStatus:input_type -> plegd.v1.GetPodStatusRequest
-	17, // 31: plegd.v1.Pleg.GetHealth:input_type -> plegd.v1.GetHealthRequest
-	15, // 32: plegd.v1.Pleg.SyncPods:input_type -> plegd.v1.SyncPodsRequest
-	7,  // 33: plegd.v1.Pleg.Watch:output_type -> plegd.v1.Event
-	11, // 34: plegd.v1.Pleg.ListPods:output_type -> plegd.v1.ListPodsResponse
-	14, // 35: plegd.v1.Pleg.GetPodStatus:output_type -> plegd.v1.PodStatus
-	19, // 36: plegd.v1.Pleg.GetHealth:output_type -> plegd.v1.Health
-	16, // 37: plegd.v1.Pleg.SyncPods:output_type -> plegd.v1.PodSync
-	33, // [33:38] is the sub-list for method output_type
-	28, // [28:33] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	11, // 11: plegd.v1.Observation.oom_kill:type_name -> plegd.v1.OomKill
+	3,  // 12: plegd.v1.OomKill.scope:type_name -> plegd.v1.OomScope
+	16, // 13: plegd.v1.ListPodsResponse.pods:type_name -> plegd.v1.PodStatus
+	4,  // 14: plegd.v1.ContainerStatus.state:type_name -> plegd.v1.ContainerState
+	26, // 15: plegd.v1.ContainerStatus.created_at:type_name -> google.protobuf.Timestamp
+	26, // 16: plegd.v1.ContainerStatus.started_at:type_name -> google.protobuf.Timestamp
+	26, // 17: plegd.v1.ContainerStatus.finished_at:type_name -> google.protobuf.Timestamp
+	2,  // 18: plegd.v1.ContainerStatus.confirmed_by:type_name -> plegd.v1.Layer
+	9,  // 19: plegd.v1.ContainerStatus.host:type_name -> plegd.v1.HostIdentity
+	15, // 20: plegd.v1.PodStatus.containers:type_name -> plegd.v1.ContainerStatus
+	26, // 21: plegd.v1.PodStatus.timestamp:type_name -> google.protobuf.Timestamp
+	24, // 22: plegd.v1.PodStatus.labels:type_name -> plegd.v1.PodStatus.LabelsEntry
+	25, // 23: plegd.v1.PodStatus.annotations:type_name -> plegd.v1.PodStatus.AnnotationsEntry
+	5,  // 24: plegd.v1.PodSync.reason:type_name -> plegd.v1.SyncReason
+	16, // 25: plegd.v1.PodSync.status:type_name -> plegd.v1.PodStatus
+	1,  // 26: plegd.v1.SourceHealth.source:type_name -> plegd.v1.TriggerSource
+	6,  // 27: plegd.v1.SourceHealth.state:type_name -> plegd.v1.SourceState
+	26, // 28: plegd.v1.SourceHealth.last_delivered:type_name -> google.protobuf.Timestamp
+	20, // 29: plegd.v1.Health.sources:type_name -> plegd.v1.SourceHealth
+	7,  // 30: plegd.v1.Pleg.Watch:input_type -> plegd.v1.WatchRequest
+	12, // 31: plegd.v1.Pleg.ListPods:input_type -> plegd.v1.ListPodsRequest
+	14, // 32: plegd.v1.Pleg.GetPodStatus:input_type -> plegd.v1.GetPodStatusRequest
+	19, // 33: plegd.v1.Pleg.GetHealth:input_type -> plegd.v1.GetHealthRequest
+	17, // 34: plegd.v1.Pleg.SyncPods:input_type -> plegd.v1.SyncPodsRequest
+	8,  // 35: plegd.v1.Pleg.Watch:output_type -> plegd.v1.Event
+	13, // 36: plegd.v1.Pleg.ListPods:output_type -> plegd.v1.ListPodsResponse
+	16, // 37: plegd.v1.Pleg.GetPodStatus:output_type -> plegd.v1.PodStatus
+	21, // 38: plegd.v1.Pleg.GetHealth:output_type -> plegd.v1.Health
+	18, // 39: plegd.v1.Pleg.SyncPods:output_type -> plegd.v1.PodSync
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_plegd_v1_plegd_proto_init() }
@@ -2304,7 +2509,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[4].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*ListPodsRequest); i {
+			switch v := v.(*OomKill); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2316,7 +2521,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[5].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*ListPodsResponse); i {
+			switch v := v.(*ListPodsRequest); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2328,7 +2533,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[6].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*GetPodStatusRequest); i {
+			switch v := v.(*ListPodsResponse); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2340,7 +2545,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[7].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*ContainerStatus); i {
+			switch v := v.(*GetPodStatusRequest); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2352,7 +2557,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[8].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*PodStatus); i {
+			switch v := v.(*ContainerStatus); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2364,7 +2569,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[9].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*SyncPodsRequest); i {
+			switch v := v.(*PodStatus); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2376,7 +2581,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[10].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*PodSync); i {
+			switch v := v.(*SyncPodsRequest); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2388,7 +2593,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[11].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*GetHealthRequest); i {
+			switch v := v.(*PodSync); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2400,7 +2605,7 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[12].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*SourceHealth); i {
+			switch v := v.(*GetHealthRequest); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -2412,6 +2617,18 @@ func file_plegd_v1_plegd_proto_init() {
 			}
 		}
 		file_plegd_v1_plegd_proto_msgTypes[13].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*SourceHealth); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_plegd_v1_plegd_proto_msgTypes[14].Exporter = func(v interface{}, i int) interface{} {
 			switch v := v.(*Health); i {
 			case 0:
 				return &v.state
@@ -2434,14 +2651,15 @@ func file_plegd_v1_plegd_proto_init() {
 		(*Observation_CgroupRemoved)(nil),
 		(*Observation_TaskStarted)(nil),
 		(*Observation_Deleted)(nil),
+		(*Observation_OomKill)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_plegd_v1_plegd_proto_rawDesc,
-			NumEnums:      6,
-			NumMessages:   18,
+			NumEnums:      7,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

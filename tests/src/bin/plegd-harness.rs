@@ -65,7 +65,11 @@ fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
 #[derive(Debug, Subcommand)]
 enum NodeAction {
     /// Write /etc/containerd/config.toml for the containerd in PATH.
-    Prepare,
+    Prepare {
+        /// The OCI runtime containerd's runc shim runs (its `BinaryName`).
+        #[arg(long, value_enum, default_value_t)]
+        oci_runtime: plegd_tests::node::OciRuntime,
+    },
     /// Run the checks, one `@@xtask check` line each.
     Check {
         /// Skip the eBPF-only round.
@@ -77,6 +81,9 @@ enum NodeAction {
         /// The churn's seed (default: the clock's).
         #[arg(long)]
         seed: Option<u64>,
+        /// The OCI runtime `prepare` configured.
+        #[arg(long, value_enum, default_value_t)]
+        oci_runtime: plegd_tests::node::OciRuntime,
     },
 }
 
@@ -112,16 +119,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo { plegd, pause } => plegd_tests::demo::run(&plegd, pause).await?,
         Command::Node { action } => match action {
-            NodeAction::Prepare => {
-                let version = plegd_tests::node::prepare()?;
-                println!("containerd {version}: wrote its config (SystemdCgroup = true)");
+            NodeAction::Prepare { oci_runtime } => {
+                let version = plegd_tests::node::prepare(oci_runtime)?;
+                println!(
+                    "containerd {version}: wrote its config (SystemdCgroup = true, {})",
+                    oci_runtime.name()
+                );
             }
-            NodeAction::Check { quick, churn, seed } => {
+            NodeAction::Check {
+                quick,
+                churn,
+                seed,
+                oci_runtime,
+            } => {
                 let seed = match seed {
                     Some(seed) => seed,
                     None => plegd_tests::soak::seed_from_env()?,
                 };
-                let plan = plegd_tests::node::Plan { quick, churn, seed };
+                let plan = plegd_tests::node::Plan {
+                    quick,
+                    churn,
+                    seed,
+                    oci_runtime,
+                };
                 plegd_tests::node::check(plan).await?;
             }
         },

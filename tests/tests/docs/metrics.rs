@@ -109,6 +109,14 @@ const EXAMPLES: &[(&str, &str)] = &[
         "Deaths whose reason the CRI store corrected after their event (should stay 0)",
         "increase(plegd_reason_corrections_total[1d])",
     ),
+    (
+        "OOM kills in the last hour by which limit they came from (container, pod, ancestor, node)",
+        "sum by (scope) (increase(plegd_oom_kills_total[1h]))",
+    ),
+    (
+        "Pods whose shared (pod-level) memory limit killed processes in the last hour",
+        r#"sum by (namespace, pod) (increase(plegd_pod_oom_kills_total{scope="pod"}[1h])) > 0"#,
+    ),
 ];
 
 pub fn reference() -> String {
@@ -180,8 +188,26 @@ pub fn reference() -> String {
         let _ = writeln!(out, "{what}:\n\n```promql\n{query}\n```\n");
     }
     out.push_str(
-        "`deploy/kubernetes/alerts.yaml` alerts on them: `PlegdContainerOOMKilled` and \
-         `PlegdContainerCrashLooping` (unit-tested by `promtool test rules` in the suite).\n",
+        "`deploy/kubernetes/alerts.yaml` alerts on them: `PlegdContainerOOMKilled`, \
+         `PlegdContainerCrashLooping`, `PlegdPodMemoryLimitOOMKills` (kills at a pod's shared \
+         limit) and `PlegdNodeOutOfMemory` (the global OOM killer, no limit hit) (unit-tested \
+         by `promtool test rules` in the suite).\n\n\
+         ## OOM kills, by which limit\n\n\
+         `plegd_oom_kills_total{scope}` and `plegd_pod_oom_kills_total{namespace, pod, scope}` \
+         count each process the kernel's OOM killer chose in a container, told by the eBPF \
+         probe at the kill (docs/design.md, \"Which limit an OOM kill came from\"): `container` \
+         (its own limit), `pod` (the pod cgroup's, a pod-level limit), `ancestor` (a cgroup \
+         above the pod: its QoS class's, `kubepods`, a slice), `node` (no limit: the node ran \
+         out), `unknown`. Unlike `plegd_container_terminations_total{reason=\"OOMKilled\"}` \
+         they count the kills of processes that left their container running, and no death \
+         that was not an OOM kill. The node's series are made at 0 for every scope at start; a \
+         pod's, for `container` and `pod` at its first container's start.\n\n\
+         kubelet counts pod-level kills as `kubelet_oom_kills_total{scope, resource}` (KEP-2837's \
+         instrumentation, kubernetes/enhancements#6180): `scope` is `pod` or `container`, \
+         `resource` is always `memory`, and it has no pod label: a node's count, from what \
+         kubelet learns after the fact. `sum by (scope) (plegd_oom_kills_total)` is the same \
+         count at the kill, with `ancestor` and `node` besides; `plegd_pod_oom_kills_total` \
+         names the pod.\n",
     );
     out
 }

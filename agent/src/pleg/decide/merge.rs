@@ -11,13 +11,13 @@
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
 //! layer that moved it on says so (a task restarted in place, on the containerd backend).
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use crate::pleg::model::{
     record::{
         ContainerRecord, ContainerState, HostIdentity, OomWitness, Store, TaskRecord, exit_reason,
     },
-    trigger::TriggerSource,
+    trigger::{OomKill, TriggerSource},
 };
 
 /// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
@@ -37,6 +37,10 @@ pub fn merge(
             // What plegd learned of the container (its OOM kill, who it is on the host) no
             // reading carries: it stays.
             oom_killed_by: &shown.oom_killed_by | &committed.oom_killed_by,
+            oom_kill: shown
+                .oom_kill
+                .clone()
+                .or_else(|| committed.oom_kill.clone()),
             host: shown.host.clone().or_else(|| committed.host.clone()),
             ..shown
         },
@@ -66,14 +70,19 @@ pub fn merge(
 }
 
 /// What a relist learned of a container beyond its state: that the OOM killer killed one of
-/// its processes, and who it is on the host. Laid over its record, which keeps both.
+/// its processes (and the kernel's account of the kill), and who it is on the host. Laid over
+/// its record, which keeps them.
 pub fn learn(
     record: &mut ContainerRecord,
     oom_killed_by: &BTreeSet<TriggerSource>,
+    oom_kill: Option<&Arc<OomKill>>,
     host: Option<&HostIdentity>,
     witness: OomWitness,
 ) {
     record.oom_killed_by.extend(oom_killed_by);
+    if let Some(kill) = oom_kill {
+        record.oom_kill = Some(Arc::clone(kill));
+    }
     if let Some(host) = host {
         let merged = match &record.host {
             Some(known) => known.updated(host),
@@ -239,6 +248,7 @@ mod tests {
             &mut exited,
             &BTreeSet::from([TriggerSource::Ebpf]),
             None,
+            None,
             ANY,
         );
         assert_eq!(exited.reason, "OOMKilled");
@@ -248,6 +258,7 @@ mod tests {
         learn(
             &mut shown,
             &BTreeSet::from([TriggerSource::Ebpf]),
+            None,
             None,
             ANY,
         );
@@ -262,6 +273,33 @@ mod tests {
         assert_eq!(started.started_at, Some(at(9)));
     }
 
+    /// The kernel's account of an OOM kill, learned while the container ran, stays on its
+    /// record through the readings that follow (none carries it), for the death's event.
+    #[test]
+    fn the_kernels_account_of_an_oom_kill_stays_through_readings() {
+        use crate::pleg::model::trigger::{OomKill, OomScope};
+        let kill = Arc::new(OomKill {
+            scope: OomScope::Pod,
+            cgroup: Some("/kubepods/besteffort/pod1".into()),
+            limit_bytes: Some(48 << 20),
+            victim_pid: 42,
+            victim_comm: "dd".into(),
+            victim_init: false,
+        });
+        let mut running = record(Running, Cri);
+        learn(
+            &mut running,
+            &BTreeSet::from([TriggerSource::Ebpf]),
+            Some(&kill),
+            None,
+            ANY,
+        );
+        let exited = merge(Some(&running), Some(record(Exited, Cri)), None, ANY).unwrap();
+        assert_eq!(exited.oom_kill, Some(Arc::clone(&kill)));
+        let again = merge(Some(&exited), Some(record(Exited, Cri)), None, ANY).unwrap();
+        assert_eq!(again.oom_kill, Some(kill));
+    }
+
     /// Where containerd's event stream reaches plegd, only its own record of an OOM kill
     /// decides the reason, as only that one reaches its CRI store: the kernel's word of one
     /// the shim did not see is no reason CRI ever shows.
@@ -274,6 +312,7 @@ mod tests {
             &mut told_by_kernel,
             &BTreeSet::from([TriggerSource::Ebpf]),
             None,
+            None,
             runtime,
         );
         assert_eq!(told_by_kernel.reason, "Error");
@@ -284,6 +323,7 @@ mod tests {
         learn(
             &mut told_by_kernel,
             &BTreeSet::from([TriggerSource::Containerd]),
+            None,
             None,
             runtime,
         );

@@ -82,6 +82,18 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
                 event.observations.push(oom);
             }
         }
+        // The kernel's account of that kill, likewise, unless the hints brought one.
+        if let Some(kill) = &record.oom_kill
+            && !event
+                .observations
+                .iter()
+                .any(|o| matches!(o.kind, ObservationKind::OomKill(_)))
+        {
+            event.observations.push(Observation {
+                source: TriggerSource::Ebpf,
+                kind: ObservationKind::OomKill(std::sync::Arc::clone(kill)),
+            });
+        }
     }
     event.signal = signal_of(&event);
     event

@@ -13,7 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::pleg::model::trigger::TriggerSource;
+use crate::pleg::model::trigger::{OomKill, TriggerSource};
 
 /// A pod's uid (`io.kubernetes.pod.uid`), or the container id for a container that has no pod.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -142,6 +142,9 @@ pub struct ContainerRecord {
     /// whichever process it was.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub oom_killed_by: BTreeSet<TriggerSource>,
+    /// The kernel's account of the last OOM kill in it while it ran (which limit, whom).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kill: Option<Arc<OomKill>>,
     /// Who it is on the host, once the kernel or the runtime said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<Arc<HostIdentity>>,

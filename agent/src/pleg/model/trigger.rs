@@ -64,6 +64,9 @@ pub enum ObservationKind {
     /// the kernel's `mark_victim`): not a death by itself (a child may be the victim while the
     /// init lives on), but the reason of the one that follows.
     OomKilled,
+    /// The kernel's account of that OOM kill: which limit it came from and whom it chose.
+    /// Rides beside the kernel's [`ObservationKind::OomKilled`].
+    OomKill(Arc<OomKill>),
     /// A process of the container executed this binary.
     Exec(String),
     /// The container's main process exited, with no status known (a kernel without BTF).
@@ -90,6 +93,71 @@ pub enum ObservationKind {
     /// on the kernel's other observations; not shown to consumers as an observation (events
     /// and statuses carry it as the container's identity).
     Identity(Identity),
+}
+
+/// Which limit an OOM kill came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OomScope {
+    /// The container's own limit.
+    Container,
+    /// The pod's cgroup's limit (a pod-level limit, KEP-2837, shared by its containers).
+    Pod,
+    /// A limit above the pod: its QoS class's cgroup, `kubepods`, a slice above them.
+    Ancestor,
+    /// No memory cgroup limit: the node ran out of memory and the kernel's global OOM killer
+    /// chose this process.
+    Node,
+    /// The kernel's account was not enough to tell (a chain deeper than the probe reads, a
+    /// victim gone before its cgroup could be named).
+    Unknown,
+}
+
+impl OomScope {
+    /// The lowercase name, as in the output, the metrics and the OTLP records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Container => "container",
+            Self::Pod => "pod",
+            Self::Ancestor => "ancestor",
+            Self::Node => "node",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// One OOM kill in a container, as the kernel's probe saw it at the kill.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OomKill {
+    pub scope: OomScope,
+    /// The cgroup whose limit was hit, as a path in the memory controller's hierarchy
+    /// (cgroup2's, or cgroup v1's memory hierarchy); `None` for a node OOM or when unknown.
+    pub cgroup: Option<Arc<str>>,
+    /// That cgroup's limit, in bytes.
+    pub limit_bytes: Option<u64>,
+    /// The victim's host pid (its thread-group id) and its `comm`.
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    /// Whether the victim was the container's init (its death is the container's).
+    pub victim_init: bool,
+}
+
+/// `scope(cgroup,limit=...,victim=pid/comm,init)`, as an observation prints it.
+impl std::fmt::Display for OomKill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}(", self.scope.name())?;
+        if let Some(cgroup) = &self.cgroup {
+            write!(f, "{cgroup},")?;
+        }
+        if let Some(limit) = self.limit_bytes {
+            write!(f, "limit={limit},")?;
+        }
+        write!(f, "victim={}/{}", self.victim_pid, self.victim_comm)?;
+        if self.victim_init {
+            f.write_str(",init")?;
+        }
+        f.write_str(")")
+    }
 }
 
 /// A container's identity on the host, as the kernel's probes know it.
@@ -145,7 +213,7 @@ impl ObservationKind {
         match self {
             Self::Present | Self::Identity(_) => Says::Present,
             Self::Exec(_) | Self::TaskStarted { .. } => Says::Started,
-            Self::OomKilled => Says::OomKill,
+            Self::OomKilled | Self::OomKill(_) => Says::OomKill,
             Self::ExitCode(_)
             | Self::Signal(_)
             | Self::Exited
@@ -198,6 +266,7 @@ impl std::fmt::Display for Observation {
             }
             ObservationKind::Signal(signal) => write!(f, "{source}:signal={signal}"),
             ObservationKind::OomKilled => write!(f, "{source}:oom_killed"),
+            ObservationKind::OomKill(kill) => write!(f, "{source}:oom_scope={kill}"),
             ObservationKind::Exec(path) => write!(f, "{source}:exec={path}"),
             ObservationKind::Exited => write!(f, "{source}:exited"),
             ObservationKind::CgroupRemoved => write!(f, "{source}:cgroup_removed"),

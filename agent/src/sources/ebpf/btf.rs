@@ -9,7 +9,7 @@
 //! configurations wrap members that way); `btfparse` resolves a member through them and adds
 //! their offsets.
 
-use btfparse::{Offset, Readable, TypeInformation, TypeVariant};
+use btfparse::{Integer32Value, Offset, Readable, TypeInformation, TypeVariant};
 
 /// Why the offset could not be found; exits then carry no status (the runtime still has it).
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +35,11 @@ pub enum BtfError {
     },
     #[error("no prototype btf_trace_{tracepoint} in BTF (kernels before 5.5)")]
     MissingPrototype { tracepoint: &'static str },
+    #[error("no value {value} of enum {name} in BTF")]
+    MissingEnumValue {
+        name: &'static str,
+        value: &'static str,
+    },
     #[error("no BTF: {0}")]
     Unreadable(String),
 }
@@ -52,7 +57,20 @@ impl From<btfparse::Error> for BtfError {
 /// What the probes ask of the kernel's types; [`KernelTypes`] answers from BTF.
 pub trait Types {
     /// The byte offset of `member` in struct `name`.
-    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError>;
+    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError> {
+        self.path_offset(name, member, None)
+    }
+    /// The byte offset in struct `name` of `member` (a path: `memory.usage`), indexed by
+    /// `index` when it is an array (`subsys[index]`).
+    fn path_offset(
+        &self,
+        name: &'static str,
+        member: &'static str,
+        index: Option<u32>,
+    ) -> Result<u32, BtfError>;
+    /// The value of `value` in enum `name` (`memory_cgrp_id` in `cgroup_subsys_id`, whose
+    /// values depend on the controllers the kernel was built with).
+    fn enum_value(&self, name: &'static str, value: &'static str) -> Result<u32, BtfError>;
     /// The arguments a raw tracepoint program of `tracepoint` gets (its `TP_PROTO`, without
     /// the context pointer every one starts with).
     fn tracepoint_args(&self, tracepoint: &'static str) -> Result<Vec<Arg>, BtfError>;
@@ -96,7 +114,12 @@ impl KernelTypes {
 }
 
 impl Types for KernelTypes {
-    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError> {
+    fn path_offset(
+        &self,
+        name: &'static str,
+        member: &'static str,
+        index: Option<u32>,
+    ) -> Result<u32, BtfError> {
         let types = &self.0;
         // Looked up among structs, not by name alone: a forward declaration or another kind
         // of type may share the name.
@@ -108,7 +131,11 @@ impl Types for KernelTypes {
             })
             .map(|(&id, _)| id)
             .ok_or(BtfError::MissingStruct { name })?;
-        match types.offset_of(id, member) {
+        let path = match index {
+            Some(index) => format!("{member}[{index}]"),
+            None => member.to_owned(),
+        };
+        match types.offset_of(id, &path) {
             Ok((_, Offset::ByteOffset(offset))) => Ok(offset),
             Ok((_, Offset::BitOffsetAndSize(..))) => Err(BtfError::Bitfield { name, member }),
             Err(e) if e.kind() == btfparse::ErrorKind::InvalidTypePath => {
@@ -116,6 +143,24 @@ impl Types for KernelTypes {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn enum_value(&self, name: &'static str, value: &'static str) -> Result<u32, BtfError> {
+        let types = &self.0;
+        types
+            .get()
+            .values()
+            .filter_map(|kind| match kind {
+                TypeVariant::Enum(e) if e.name().as_deref() == Some(name) => Some(e),
+                _ => None,
+            })
+            .flat_map(|e| e.named_value_list())
+            .find(|v| v.name == value)
+            .and_then(|v| match v.value {
+                Integer32Value::Unsigned(v) => Some(v),
+                Integer32Value::Signed(v) => u32::try_from(v).ok(),
+            })
+            .ok_or(BtfError::MissingEnumValue { name, value })
     }
 
     fn tracepoint_args(&self, tracepoint: &'static str) -> Result<Vec<Arg>, BtfError> {

@@ -16,6 +16,9 @@ pub struct CgroupOwner {
     pub pod_uid: Option<String>,
 }
 
+/// The cgroup crun makes inside a container's systemd scope for its processes.
+const CRUN_SUBGROUP: &str = "container";
+
 /// Scope prefixes of the systemd driver, by runtime. `crio-conmon-` scopes hold CRI-O's monitor,
 /// not a container.
 const SCOPE_PREFIXES: [&str; 3] = ["cri-containerd-", "crio-", "docker-"];
@@ -25,6 +28,12 @@ const SCOPE_PREFIXES: [&str; 3] = ["cri-containerd-", "crio-", "docker-"];
 pub fn parse(path: &str, namespaces: &[String]) -> Option<CgroupOwner> {
     let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
     let (&last, parents) = components.split_last()?;
+    // crun's systemd cgroup manager runs the container in a `container` cgroup inside its
+    // scope (its `run.oci.systemd.subgroup` annotation's default): the container's too, and
+    // where its processes are. Only that name: a container's own sub-cgroups are not it.
+    if last == CRUN_SUBGROUP && parents.last().is_some_and(|p| p.ends_with(".scope")) {
+        return parse(&parents.join("/"), namespaces);
+    }
     let pod_uid = parents.iter().rev().find_map(|c| pod_uid(c));
 
     if let Some(scope) = last.strip_suffix(".scope") {
@@ -54,6 +63,12 @@ pub fn parse(path: &str, namespaces: &[String]) -> Option<CgroupOwner> {
         });
     }
     None
+}
+
+/// Whether a path component is a pod's cgroup: `pod<uid>` (cgroupfs) or
+/// `kubepods-<qos>-pod<uid>.slice` (systemd).
+pub fn is_pod_cgroup(component: &str) -> bool {
+    pod_uid(component).is_some()
 }
 
 /// The pod uid in a `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid>.slice` (systemd)
@@ -109,6 +124,24 @@ mod tests {
 
     fn namespaces() -> Vec<String> {
         vec!["k8s.io".into(), "plegd-native".into()]
+    }
+
+    #[test]
+    fn cruns_subgroup_is_its_containers_and_no_other_nested_cgroup_is() {
+        let uid = UID.replace('-', "_");
+        let scope = format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{ID}.scope"
+        );
+        assert_eq!(
+            parse(&format!("{scope}/container"), &namespaces()),
+            owner(ID, Some(UID))
+        );
+        assert_eq!(parse(&format!("{scope}/init.scope"), &namespaces()), None);
+        assert_eq!(
+            parse(&format!("{scope}/container/container"), &namespaces()),
+            None
+        );
+        assert_eq!(parse("/container", &namespaces()), None);
     }
 
     #[test]

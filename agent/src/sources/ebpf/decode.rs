@@ -3,19 +3,71 @@
 //! maps, no ring buffer, so it is tested with plain values.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
-use plegd_common::{EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind};
+use plegd_common::{
+    EVENT_HAS_EXIT_STATUS, KernelEvent, KernelEventKind, OOM_VICTIM_TASK, OomEvent,
+};
+use tracing::debug;
 
 use crate::{
     pleg::{
         ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Trigger, TriggerSource,
     },
-    sources::ebpf::{cgroup_path, index::CgroupIndex},
+    sources::ebpf::{
+        cgroup_path,
+        index::CgroupIndex,
+        oom::{self, OomCounts},
+    },
 };
+
+/// What /proc said of an OOM victim, read as soon as its record came (it may be gone by then).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VictimProc {
+    /// Its cgroup2 path (`0::`).
+    pub cgroup2: Option<String>,
+    /// Its memory cgroup's path: the memory hierarchy's on cgroup v1, else cgroup2's.
+    pub memory: Option<String>,
+    /// Its `comm`.
+    pub comm: Option<String>,
+}
+
+impl VictimProc {
+    /// What `/proc/<pid>/cgroup` (`cgroup`) and `/proc/<pid>/comm` (`comm`) say.
+    pub fn parse(cgroup: Option<&str>, comm: Option<&str>) -> Self {
+        let lines = || cgroup.into_iter().flat_map(str::lines);
+        let cgroup2 = lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(str::to_owned);
+        let memory = lines()
+            .find_map(|line| {
+                let mut fields = line.splitn(3, ':');
+                let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+                controllers
+                    .split(',')
+                    .any(|c| c == "memory")
+                    .then(|| path.to_owned())
+            })
+            .or_else(|| cgroup2.clone());
+        Self {
+            cgroup2,
+            memory,
+            comm: comm
+                .map(|c| c.trim_end().to_owned())
+                .filter(|c| !c.is_empty()),
+        }
+    }
+
+    /// Reads it for `pid`.
+    pub fn read(pid: u32) -> Self {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok();
+        Self::parse(cgroup.as_deref(), comm.as_deref())
+    }
+}
 
 /// What one kernel event asks of the source.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -24,6 +76,10 @@ pub struct Decoded {
     pub triggers: Vec<Trigger>,
     /// Stop tracking inits in this cgroup id: it is not a container's.
     pub untrack: Option<u64>,
+    /// The pod of an OOM kill's container, where its cgroup path names one: the kill is
+    /// counted in its pod, whose container the cache may not hold yet (a container that runs
+    /// out of memory as it starts).
+    pub pod: Option<String>,
 }
 
 /// Turns kernel events into triggers, keeping the cgroup index current.
@@ -43,6 +99,14 @@ pub struct Decoder {
     /// events name no container. They wait for a scan ([`Decoder::replay`]) or the cgroup's
     /// removal, whose path names it, to say whose they are.
     unplaced: VecDeque<(KernelEvent, SystemTime)>,
+    /// The memory cgroups' OOM counts seen at earlier kills ([`oom::account`]).
+    oom_counts: OomCounts,
+    /// Containers' inits by pid, with their cgroup2 id, from their execs: where a kernel's
+    /// `mark_victim` names only the victim's pid (and the running task is another, as in a
+    /// node's OOM), an init victim's container is found here.
+    inits: HashMap<u32, (u64, String)>,
+    /// The kernel's page size, in bytes.
+    page_size: u64,
 }
 
 /// Bootstraps whose exit was never seen (lost to a full ring) are forgotten past this many.
@@ -50,6 +114,9 @@ const MAX_BOOTSTRAPS: usize = 4096;
 /// Untracked cgroups remembered past this many are forgotten (their events could only be held
 /// for nothing, until [`MAX_UNPLACED`] drops them).
 const MAX_UNTRACKED: usize = 4096;
+/// Inits remembered by pid past this many are forgotten (an exit lost to a full ring leaves
+/// its entry).
+const MAX_INITS: usize = 65_536;
 /// Events of unknown cgroups held past this many: the oldest are dropped.
 const MAX_UNPLACED: usize = 256;
 
@@ -102,7 +169,7 @@ impl Decoded {
     fn trigger(trigger: Trigger) -> Self {
         Self {
             triggers: vec![trigger],
-            untrack: None,
+            ..Self::default()
         }
     }
 }
@@ -115,17 +182,14 @@ impl Decoder {
             bootstraps: HashSet::new(),
             untracked: HashSet::new(),
             unplaced: VecDeque::new(),
+            oom_counts: OomCounts::default(),
+            inits: HashMap::new(),
+            page_size: page_size(),
         }
     }
 
-    /// Decodes one event; `observed_at` is its wall-clock time. `victim_cgroup` resolves an OOM
-    /// victim's pid to its cgroup2 path (from /proc), when it can.
-    pub fn decode(
-        &mut self,
-        event: &KernelEvent,
-        observed_at: SystemTime,
-        victim_cgroup: impl FnOnce(u32) -> Option<String>,
-    ) -> Decoded {
+    /// Decodes one event; `observed_at` is its wall-clock time.
+    pub fn decode(&mut self, event: &KernelEvent, observed_at: SystemTime) -> Decoded {
         match KernelEventKind::from_raw(event.kind) {
             Some(KernelEventKind::CgroupMkdir) => {
                 let path = text(&event.path);
@@ -142,8 +206,8 @@ impl Decoder {
                     None => {
                         insert_bounded(&mut self.untracked, event.cgroup_id, MAX_UNTRACKED);
                         Decoded {
-                            triggers: Vec::new(),
                             untrack: Some(event.cgroup_id),
+                            ..Decoded::default()
                         }
                     }
                 }
@@ -155,7 +219,19 @@ impl Decoder {
                 Decoded::default()
             }
             Some(KernelEventKind::Exit) if self.bootstraps.remove(&event.pid) => Decoded::default(),
-            Some(KernelEventKind::Exec | KernelEventKind::Exit) => {
+            Some(kind @ (KernelEventKind::Exec | KernelEventKind::Exit)) => {
+                if kind == KernelEventKind::Exec {
+                    if self.inits.len() >= MAX_INITS {
+                        self.inits.clear();
+                    }
+                    // The exec'd file's name is what the kernel makes the process's comm of.
+                    let path = text(&event.path);
+                    let name = path.rsplit('/').next().unwrap_or_default();
+                    let comm: String = name.chars().take(15).collect();
+                    self.inits.insert(event.pid, (event.cgroup_id, comm));
+                } else {
+                    self.inits.remove(&event.pid);
+                }
                 match self.index.get(event.cgroup_id) {
                     Some(owner) => Decoded::trigger(init_trigger(
                         &owner.container_id,
@@ -173,20 +249,103 @@ impl Decoder {
                     }
                 }
             }
-            Some(KernelEventKind::Oom) => {
-                let owner = victim_cgroup(event.pid)
-                    .and_then(|path| cgroup_path::parse(&path, &self.namespaces))
-                    .map(|owner| owner.container_id)
-                    .or_else(|| {
-                        self.index
-                            .get(event.cgroup_id)
-                            .map(|o| o.container_id.clone())
-                    });
-                owner.map_or_else(Decoded::default, |id| {
-                    Decoded::trigger(trigger(&id, observed_at, vec![ObservationKind::OomKilled]))
-                })
-            }
+            // OOM kills come as records of their own ([`Decoder::oom`]).
+            Some(KernelEventKind::Oom) => Decoded::default(),
             None => Decoded::default(),
+        }
+    }
+
+    /// Whether the container of an OOM kill's victim is known without /proc: by the victim's
+    /// own cgroup, or, where the record has only its pid, by the exec that made it an init.
+    /// Such a kill is decoded at once, in the ring's order (before the exit that follows it).
+    pub fn knows_victim(&self, event: &OomEvent) -> bool {
+        if event.flags & OOM_VICTIM_TASK != 0 {
+            self.index.contains(event.cgroup_id)
+        } else {
+            self.inits
+                .get(&event.pid)
+                .is_some_and(|(id, _)| self.index.contains(*id))
+        }
+    }
+
+    /// Decodes an OOM kill; `observed_at` is its wall-clock time, `victim` what /proc said of
+    /// the victim. The container is the victim's (its cgroup2 id where the record has the
+    /// victim's own, else its /proc path), else the running task's.
+    pub fn oom(
+        &mut self,
+        event: &OomEvent,
+        observed_at: SystemTime,
+        victim: &VictimProc,
+    ) -> Decoded {
+        let by_id = || self.index.get(event.cgroup_id).cloned();
+        let by_path = || {
+            victim
+                .cgroup2
+                .as_deref()
+                .and_then(|path| cgroup_path::parse(path, &self.namespaces))
+        };
+        let own = event.flags & OOM_VICTIM_TASK != 0;
+        // Without the victim's task: its cgroup as its exec said, if it is an init.
+        let init = (!own)
+            .then(|| self.inits.get(&event.pid).cloned())
+            .flatten();
+        let init_cgroup = init.as_ref().map(|(id, _)| *id);
+        let by_init = || init_cgroup.and_then(|id| self.index.get(id).cloned());
+        let owner = if own {
+            by_id().or_else(by_path)
+        } else {
+            by_path().or_else(by_init).or_else(by_id)
+        };
+        let Some(owner) = owner else {
+            return Decoded::default();
+        };
+        // The memory cgroup's path: the one indexed for the victim's cgroup2 id (the runtimes
+        // make a container's path alike in every hierarchy), else /proc's, read late (a dying
+        // process's says `/`).
+        let index_path = match init_cgroup {
+            Some(id) => self.index.path(id),
+            None => own.then(|| self.index.path(event.cgroup_id)).flatten(),
+        };
+        let memory: Vec<&str> = index_path
+            .as_deref()
+            .into_iter()
+            .chain(victim.memory.as_deref())
+            .chain(victim.cgroup2.as_deref())
+            .collect();
+        debug!(
+            pid = event.pid,
+            flags = event.flags,
+            victim = ?&event.victim[..(event.victim_depth as usize).min(event.victim.len())],
+            victim_level = event.victim_level,
+            charger = ?&event.charger[..(event.charger_depth as usize).min(event.charger.len())],
+            charger_level = event.charger_level,
+            ?memory,
+            "an OOM kill's record"
+        );
+        let mut kill = oom::account(
+            event,
+            &memory,
+            victim.comm.as_deref(),
+            &self.namespaces,
+            self.page_size,
+            &mut self.oom_counts,
+        );
+        if let Some((_, comm)) = init {
+            kill.victim_init = true;
+            if kill.victim_comm.is_empty() {
+                kill.victim_comm = comm;
+            }
+        }
+        Decoded {
+            pod: owner.pod_uid,
+            ..Decoded::trigger(trigger(
+                &owner.container_id,
+                observed_at,
+                vec![
+                    ObservationKind::OomKilled,
+                    ObservationKind::OomKill(Arc::new(kill)),
+                ],
+            ))
         }
     }
 
@@ -227,7 +386,7 @@ impl Decoder {
         ));
         Decoded {
             triggers,
-            untrack: None,
+            ..Decoded::default()
         }
     }
 
@@ -291,12 +450,11 @@ pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
     SystemTime::now() - age
 }
 
-/// The cgroup2 path of a process, from /proc (`0::<path>`).
-pub fn proc_cgroup2_path(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_owned)
+/// The kernel's page size in bytes (4 KiB where it cannot be read).
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 /// A kernel event as the probes write it, for tests: pid 42, no status.
@@ -326,10 +484,6 @@ mod tests {
         Decoder::new(CgroupIndex::default(), vec!["k8s.io".into()])
     }
 
-    fn no_proc(_: u32) -> Option<String> {
-        None
-    }
-
     impl Decoded {
         /// Its one trigger.
         fn only(self) -> Trigger {
@@ -345,7 +499,6 @@ mod tests {
         let decoded = d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 7, &path),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         assert_eq!(decoded.untrack, None);
         let trigger = decoded.only();
@@ -356,13 +509,12 @@ mod tests {
         let other = d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 8, "/system.slice/x.service"),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         assert_eq!(
             other,
             Decoded {
-                triggers: Vec::new(),
-                untrack: Some(8)
+                untrack: Some(8),
+                ..Decoded::default()
             }
         );
 
@@ -370,7 +522,6 @@ mod tests {
         let gone = d.decode(
             &test_event(KernelEventKind::CgroupRmdir, 7, ""),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         assert_eq!(
             gone.only().observations[0].kind,
@@ -381,8 +532,7 @@ mod tests {
         assert_eq!(
             d.decode(
                 &test_event(KernelEventKind::CgroupRmdir, 8, ""),
-                SystemTime::UNIX_EPOCH,
-                no_proc
+                SystemTime::UNIX_EPOCH
             ),
             Decoded::default()
         );
@@ -394,7 +544,6 @@ mod tests {
         d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         for (status, expected) in [
             (9, ObservationKind::Signal(9)),
@@ -404,7 +553,7 @@ mod tests {
             let mut exit = test_event(KernelEventKind::Exit, 7, "");
             exit.exit_status = status;
             exit.flags = EVENT_HAS_EXIT_STATUS;
-            let trigger = d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc).only();
+            let trigger = d.decode(&exit, SystemTime::UNIX_EPOCH).only();
             assert_eq!(trigger.observations[0].kind, expected);
         }
         // Without exit details: an exit all the same, so the relist retries until the runtime
@@ -413,7 +562,6 @@ mod tests {
             .decode(
                 &test_event(KernelEventKind::Exit, 7, ""),
                 SystemTime::UNIX_EPOCH,
-                no_proc,
             )
             .only();
         assert_eq!(trigger.observations[0].kind, ObservationKind::Exited);
@@ -421,8 +569,7 @@ mod tests {
         assert_eq!(
             d.decode(
                 &test_event(KernelEventKind::Exit, 99, ""),
-                SystemTime::UNIX_EPOCH,
-                no_proc
+                SystemTime::UNIX_EPOCH
             ),
             Decoded::default()
         );
@@ -436,35 +583,26 @@ mod tests {
         d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         let mut bootstrap = test_event(KernelEventKind::Exec, 7, "/dev/fd/6");
         bootstrap.pid = 100;
         assert_eq!(
-            d.decode(&bootstrap, SystemTime::UNIX_EPOCH, no_proc),
+            d.decode(&bootstrap, SystemTime::UNIX_EPOCH),
             Decoded::default()
         );
         let mut exit = test_event(KernelEventKind::Exit, 7, "");
         exit.pid = 100;
-        assert_eq!(
-            d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc),
-            Decoded::default()
-        );
+        assert_eq!(d.decode(&exit, SystemTime::UNIX_EPOCH), Decoded::default());
         // The container's command, and its exit, are.
         let mut command = test_event(KernelEventKind::Exec, 7, "/bin/sh");
         command.pid = 101;
-        let trigger = d.decode(&command, SystemTime::UNIX_EPOCH, no_proc).only();
+        let trigger = d.decode(&command, SystemTime::UNIX_EPOCH).only();
         assert_eq!(
             trigger.observations[0].kind,
             ObservationKind::Exec("/bin/sh".into())
         );
         exit.pid = 101;
-        assert!(
-            d.decode(&exit, SystemTime::UNIX_EPOCH, no_proc)
-                .triggers
-                .len()
-                == 1
-        );
+        assert!(d.decode(&exit, SystemTime::UNIX_EPOCH).triggers.len() == 1);
     }
 
     /// A cgroup whose creation the ring had no room for: the probes follow its init, and
@@ -480,12 +618,11 @@ mod tests {
             (test_event(KernelEventKind::Exec, 9, "/bin/sh"), 1),
             (exit, 2),
         ] {
-            assert_eq!(d.decode(&event, at(ms), no_proc), Decoded::default());
+            assert_eq!(d.decode(&event, at(ms)), Decoded::default());
         }
         let removed = d.decode(
             &test_event(KernelEventKind::CgroupRmdir, 9, &format!("/k8s.io/{ID}")),
             at(3),
-            no_proc,
         );
         let seen: Vec<_> = removed
             .triggers
@@ -519,25 +656,15 @@ mod tests {
         d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 11, "/system.slice/y.service"),
             at(4),
-            no_proc,
         );
-        d.decode(
-            &test_event(KernelEventKind::Exec, 11, "/bin/sh"),
-            at(4),
-            no_proc,
-        );
+        d.decode(&test_event(KernelEventKind::Exec, 11, "/bin/sh"), at(4));
         assert!(d.unplaced.is_empty());
         // A cgroup whose creation was lost and that was no container's: its events go with it.
-        d.decode(
-            &test_event(KernelEventKind::Exec, 8, "/bin/sh"),
-            at(4),
-            no_proc,
-        );
+        d.decode(&test_event(KernelEventKind::Exec, 8, "/bin/sh"), at(4));
         assert_eq!(
             d.decode(
                 &test_event(KernelEventKind::CgroupRmdir, 8, "/system.slice/x.service"),
-                at(5),
-                no_proc
+                at(5)
             ),
             Decoded::default()
         );
@@ -555,7 +682,7 @@ mod tests {
         let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
         for (cgroup, ms) in [(9, 1), (10, 2), (9, 3)] {
             let event = test_event(KernelEventKind::Exec, cgroup, &format!("/bin/{ms}"));
-            assert_eq!(d.decode(&event, at(ms), no_proc), Decoded::default());
+            assert_eq!(d.decode(&event, at(ms)), Decoded::default());
         }
         let mut index = CgroupIndex::default();
         index.insert(9, &format!("/k8s.io/{ID}"), &["k8s.io".to_owned()]);
@@ -581,7 +708,6 @@ mod tests {
                 &format!("/k8s.io/{other}"),
             ),
             at(4),
-            no_proc,
         );
         assert_eq!(
             removed.triggers[0].observations[0].kind,
@@ -589,29 +715,122 @@ mod tests {
         );
     }
 
+    /// An OOM record with no chain: `cgroup_id` the victim's own (`own`) or the running
+    /// task's.
+    fn oom_event(cgroup_id: u64, own: bool) -> OomEvent {
+        OomEvent {
+            kind: KernelEventKind::Oom as u32,
+            pid: 42,
+            cgroup_id,
+            ktime_ns: 0,
+            flags: if own { OOM_VICTIM_TASK } else { 0 },
+            victim_depth: 0,
+            charger_depth: 0,
+            victim_level: 0,
+            charger_level: 0,
+            _pad: 0,
+            comm: [0; 16],
+            victim: Default::default(),
+            charger: Default::default(),
+        }
+    }
+
     #[test]
-    fn oom_victims_are_found_through_proc_then_the_index() {
+    fn oom_victims_are_found_by_their_own_cgroup_then_proc_then_the_running_task() {
         let mut d = decoder();
-        let via_proc = d.decode(
-            &test_event(KernelEventKind::Oom, 1, ""),
-            SystemTime::UNIX_EPOCH,
-            |_| Some(format!("/k8s.io/{ID}")),
-        );
-        assert_eq!(
-            via_proc.only().observations[0].kind,
-            ObservationKind::OomKilled
+        let proc_path = VictimProc {
+            cgroup2: Some(format!("/k8s.io/{ID}")),
+            ..VictimProc::default()
+        };
+        let via_proc = d
+            .oom(&oom_event(1, false), SystemTime::UNIX_EPOCH, &proc_path)
+            .only();
+        assert_eq!(via_proc.scope, Scope::Container(ContainerId(ID.into())));
+        let kinds: Vec<_> = via_proc.observations.iter().map(|o| &o.kind).collect();
+        assert!(
+            matches!(
+                kinds[..],
+                [ObservationKind::OomKilled, ObservationKind::OomKill(_)]
+            ),
+            "{kinds:?}"
         );
         d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
-        let via_index = d.decode(
-            &test_event(KernelEventKind::Oom, 7, ""),
+        let gone = VictimProc::default();
+        assert_eq!(
+            d.oom(&oom_event(7, false), SystemTime::UNIX_EPOCH, &gone)
+                .triggers
+                .len(),
+            1
+        );
+        // The victim's own cgroup wins over a /proc path read too late (the pid reused).
+        let other = "1d47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77";
+        let reused = VictimProc {
+            cgroup2: Some(format!("/k8s.io/{other}")),
+            ..VictimProc::default()
+        };
+        let own = d
+            .oom(&oom_event(7, true), SystemTime::UNIX_EPOCH, &reused)
+            .only();
+        assert_eq!(own.scope, Scope::Container(ContainerId(ID.into())));
+        assert_eq!(
+            d.oom(&oom_event(99, true), SystemTime::UNIX_EPOCH, &gone),
+            Decoded::default()
+        );
+    }
+
+    /// A kernel whose `mark_victim` names only the pid, the node out of memory: the running
+    /// task is another (systemd), the victim's /proc already says `/`; its exec said whose init
+    /// it is.
+    #[test]
+    fn a_pid_only_victim_is_found_by_the_init_its_exec_named() {
+        let mut d = decoder();
+        d.decode(
+            &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
-        assert!(via_index.triggers.len() == 1);
+        d.decode(
+            &test_event(KernelEventKind::Exec, 7, "/bin/dd"),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert!(!d.knows_victim(&oom_event(98, true)), "no cgroup 98");
+        let dying = VictimProc {
+            cgroup2: Some("/".into()),
+            ..VictimProc::default()
+        };
+        assert!(d.knows_victim(&oom_event(99, false)));
+        let decoded = d.oom(&oom_event(99, false), SystemTime::UNIX_EPOCH, &dying);
+        let trigger = decoded.only();
+        assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
+        let Some(ObservationKind::OomKill(kill)) = trigger.observations.get(1).map(|o| &o.kind)
+        else {
+            panic!("{trigger:?}");
+        };
+        assert!(kill.victim_init, "{kill:?}");
+        assert_eq!(kill.victim_comm, "dd", "the exec'd file's name");
+        // Once it exited, its pid names nothing.
+        let mut exit = test_event(KernelEventKind::Exit, 7, "");
+        exit.pid = 42;
+        d.decode(&exit, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            d.oom(&oom_event(99, false), SystemTime::UNIX_EPOCH, &dying),
+            Decoded::default()
+        );
+    }
+
+    #[test]
+    fn proc_says_the_memory_hierarchys_path_on_cgroup_v1_and_cgroup2s_alone() {
+        let hybrid =
+            "12:pids:/k8s.io/a\n6:cpu,cpuacct:/k8s.io/a\n4:memory:/kubepods/pod1/a\n0::/k8s.io/a\n";
+        let victim = VictimProc::parse(Some(hybrid), Some("dd\n"));
+        assert_eq!(victim.memory.as_deref(), Some("/kubepods/pod1/a"));
+        assert_eq!(victim.cgroup2.as_deref(), Some("/k8s.io/a"));
+        assert_eq!(victim.comm.as_deref(), Some("dd"));
+        let unified = VictimProc::parse(Some("0::/kubepods.slice/x.scope\n"), None);
+        assert_eq!(unified.memory.as_deref(), Some("/kubepods.slice/x.scope"));
+        assert_eq!(VictimProc::parse(None, Some("")), VictimProc::default());
     }
 
     #[test]
@@ -620,13 +839,11 @@ mod tests {
         d.decode(
             &test_event(KernelEventKind::CgroupMkdir, 7, &format!("/k8s.io/{ID}")),
             SystemTime::UNIX_EPOCH,
-            no_proc,
         );
         let trigger = d
             .decode(
                 &test_event(KernelEventKind::Exec, 7, "/bin/sleep"),
                 SystemTime::UNIX_EPOCH,
-                no_proc,
             )
             .only();
         assert_eq!(
@@ -636,7 +853,7 @@ mod tests {
         let mut unknown = test_event(KernelEventKind::Exec, 7, "");
         unknown.kind = 99;
         assert_eq!(
-            d.decode(&unknown, SystemTime::UNIX_EPOCH, no_proc),
+            d.decode(&unknown, SystemTime::UNIX_EPOCH),
             Decoded::default()
         );
     }

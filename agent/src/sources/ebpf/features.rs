@@ -20,7 +20,8 @@
 //! only offsets matter here.
 
 use plegd_common::{
-    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_TASK, ProbeConfig, tracepoint_offsets as tp,
+    PROBE_EXIT_CODE, PROBE_GROUP_DEAD, PROBE_OOM_MEMCG, PROBE_OOM_TASK, ProbeConfig,
+    tracepoint_offsets as tp,
 };
 
 use crate::sources::ebpf::btf::{Arg, BtfError, KernelTypes, Types};
@@ -152,6 +153,8 @@ fn raw_exit(types: &dyn Types, _: &mut ProbeConfig) -> Result<&'static str, Stri
 }
 
 /// `mark_victim(int pid)`; since 6.9 `mark_victim(struct task_struct *task, uid_t uid)`.
+/// The memory cgroup offsets ([`memcg_offsets`]) are the OOM scope's: without them the probe
+/// still attaches, and its kills carry no scope.
 fn raw_oom(types: &dyn Types, config: &mut ProbeConfig) -> Result<&'static str, String> {
     let args = expect_args(
         types,
@@ -162,7 +165,46 @@ fn raw_oom(types: &dyn Types, config: &mut ProbeConfig) -> Result<&'static str, 
         config.task_pid = offset(types, "task_struct", "pid")?;
         config.flags |= PROBE_OOM_TASK;
     }
+    let mut memcg = *config;
+    if memcg_offsets(types, &mut memcg).is_ok() {
+        *config = ProbeConfig {
+            flags: config.flags | PROBE_OOM_MEMCG,
+            ..memcg
+        };
+    }
     Ok("mark_victim_raw")
+}
+
+/// The offsets an OOM's memory cgroup chains are read at: a task's tgid, comm, cgroup2 cgroup
+/// and memory cgroup; a memory cgroup's parent, cgroup, usage, limit and local OOM count.
+pub fn memcg_offsets(types: &dyn Types, config: &mut ProbeConfig) -> Result<(), String> {
+    let enum_value = |name, value| types.enum_value(name, value).map_err(|e| e.to_string());
+    let memory = enum_value("cgroup_subsys_id", "memory_cgrp_id")?;
+    let oom = enum_value("memcg_memory_event", "MEMCG_OOM")?;
+    // The programs take a memory cgroup's css for the memory cgroup itself.
+    let css = offset(types, "mem_cgroup", "css")?;
+    if css != 0 {
+        return Err(format!("mem_cgroup.css at {css}, not first"));
+    }
+    let path = |name, member, index| {
+        types
+            .path_offset(name, member, index)
+            .map_err(|e| e.to_string())
+    };
+    config.task_tgid = offset(types, "task_struct", "tgid")?;
+    config.task_comm = offset(types, "task_struct", "comm")?;
+    config.task_cgroups = offset(types, "task_struct", "cgroups")?;
+    config.css_set_dfl_cgrp = offset(types, "css_set", "dfl_cgrp")?;
+    config.css_set_memcg = path("css_set", "subsys", Some(memory))?;
+    config.css_parent = offset(types, "cgroup_subsys_state", "parent")?;
+    config.css_cgroup = offset(types, "cgroup_subsys_state", "cgroup")?;
+    config.memcg_usage = path("mem_cgroup", "memory.usage", None)?;
+    config.memcg_max = path("mem_cgroup", "memory.max", None)?;
+    config.memcg_oom_events = path("mem_cgroup", "memory_events_local", Some(oom))?;
+    config.cgroup_level = offset(types, "cgroup", "level")?;
+    config.cgroup_kn = offset(types, "cgroup", "kn")?;
+    config.kn_id = offset(types, "kernfs_node", "id")?;
+    Ok(())
 }
 
 /// The tracepoint's arguments, if they are one of `known`.
@@ -408,6 +450,27 @@ impl KernelFeatures {
                 "sched_process_exit has no group_dead (kernels before ~6.16): a process's main \
                  thread exit stands for the process's"
                     .into(),
+            ),
+        });
+        let oom = self.probes.iter().find(|p| p.spec.name == "mark_victim");
+        let oom_raw = oom.is_some_and(|p| p.raw.is_ok());
+        lines.push(match (oom_raw, self.raw_config.flags & PROBE_OOM_MEMCG != 0) {
+            (true, true) => (
+                "oom scope".into(),
+                true,
+                "memory cgroup chains read at each OOM kill (BTF): kills say which limit".into(),
+            ),
+            (true, false) => (
+                "oom scope".into(),
+                false,
+                "the kernel's BTF lacks a memory cgroup member the OOM probe reads: kills carry \
+                 no scope"
+                    .into(),
+            ),
+            (false, _) => (
+                "oom scope".into(),
+                false,
+                "no raw mark_victim program: kills carry no scope".into(),
             ),
         });
         lines.push(match &self.exit_code {

@@ -27,6 +27,7 @@ pub(crate) mod decode;
 pub mod features;
 pub(crate) mod index;
 pub(crate) mod inits;
+pub(crate) mod oom;
 
 use std::{collections::HashSet, os::fd::AsFd as _, path::PathBuf, sync::Arc, time::Duration};
 
@@ -36,7 +37,7 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
 };
 use nix::errno::Errno;
-use plegd_common::{KernelEvent, KernelEventKind, LOST_INIT_SLOTS, LOST_RING_FULL};
+use plegd_common::{KernelEvent, KernelEventKind, LOST_INIT_SLOTS, LOST_RING_FULL, OomEvent};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     task::JoinSet,
@@ -46,10 +47,13 @@ use tracing::{debug, info, warn};
 
 use crate::{
     base::metrics::Metrics,
-    pleg::{Trigger, TriggerSender, TriggerSource},
+    pleg::{
+        ContainerId, ObservationKind, PodCache, PodUid, Scope, Trigger, TriggerSender,
+        TriggerSource,
+    },
     sources::{
         ebpf::{
-            decode::{Decoder, proc_cgroup2_path, wall_time_of},
+            decode::{Decoder, VictimProc, wall_time_of},
             features::{Attach, KernelFeatures, Probe, ProgramSpec},
             index::{CgroupIndex, CgroupMode},
         },
@@ -256,13 +260,15 @@ fn chain(error: aya::programs::ProgramError) -> String {
 }
 
 /// Runs the source until `shutdown`: reads kernel events, keeps the init map and the index
-/// current, and hands triggers to the generator.
+/// current, and hands triggers to the generator. `cache` names the pod of an OOM kill's
+/// container, for its count.
 pub async fn run(
     mut probes: Probes,
     namespaces: Vec<String>,
     triggers: TriggerSender,
     registry: SourceRegistry,
     metrics: Metrics,
+    cache: Arc<PodCache>,
     shutdown: CancellationToken,
 ) -> Result<(), LoadError> {
     let map_err = |name| move |source| LoadError::Map { name, source };
@@ -286,16 +292,28 @@ pub async fn run(
         triggers,
         registry,
         metrics,
+        cache,
         refresh: INDEX_REFRESH,
     };
     source.drive(kernel, host, programs, shutdown).await
+}
+
+/// One record of the ring buffer (an OOM kill's is twice the size of the others, and rare).
+#[derive(Clone, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the common record inline: boxing it would allocate once per kernel event"
+)]
+enum Record {
+    Event(KernelEvent),
+    Oom(Box<OomEvent>),
 }
 
 /// The kernel side of a running source: the ring buffer and the maps.
 trait Kernel {
     /// Waits for records in the ring buffer and appends them to `events`. Cancel safe: it
     /// takes records only once they are ready, without waiting in between.
-    async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError>;
+    async fn read(&mut self, events: &mut Vec<Record>) -> Result<(), LoadError>;
     /// A read of the cgroup ids the init map tracks, to run on the blocking pool (the map
     /// holds up to [`plegd_common::INIT_CGROUPS`] entries, one syscall each).
     fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send>;
@@ -313,8 +331,8 @@ trait Kernel {
 trait Host: Send + Sync + 'static {
     /// Indexes the container cgroups and finds the inits of those not in `tracked`.
     fn scan(&self, tracked: &HashSet<u64>) -> Scan;
-    /// An OOM victim's cgroup2 path, while the process is still there to ask.
-    fn victim_cgroup(&self, pid: u32) -> Option<String>;
+    /// What /proc says of an OOM victim, while the process is still there to ask.
+    fn victim(&self, pid: u32) -> VictimProc;
 }
 
 /// What a [`Host::scan`] found.
@@ -342,8 +360,8 @@ impl Host for ProcHost {
         Scan { index, inits }
     }
 
-    fn victim_cgroup(&self, pid: u32) -> Option<String> {
-        proc_cgroup2_path(pid)
+    fn victim(&self, pid: u32) -> VictimProc {
+        VictimProc::read(pid)
     }
 }
 
@@ -355,10 +373,10 @@ struct Maps {
 }
 
 impl Kernel for Maps {
-    async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError> {
+    async fn read(&mut self, events: &mut Vec<Record>) -> Result<(), LoadError> {
         let mut guard = self.ring.readable_mut().await.map_err(LoadError::Poll)?;
         while let Some(item) = guard.get_inner_mut().next() {
-            events.extend(read_event(&item));
+            events.extend(read_record(&item));
         }
         guard.clear_ready();
         Ok(())
@@ -426,6 +444,8 @@ struct Source {
     triggers: TriggerSender,
     registry: SourceRegistry,
     metrics: Metrics,
+    /// The pods as last read: whose container an OOM kill was in, for its count.
+    cache: Arc<PodCache>,
     /// How often the index is rebuilt ([`INDEX_REFRESH`]).
     refresh: Duration,
 }
@@ -458,25 +478,46 @@ impl Source {
         let mut scans: JoinSet<Scan> = JoinSet::new();
         // Events were lost while a scan ran: it may have walked past the cgroups they made.
         let mut rescan = false;
-        let mut victims: JoinSet<(KernelEvent, Option<String>)> = JoinSet::new();
+        let mut victims: JoinSet<(Box<OomEvent>, VictimProc)> = JoinSet::new();
         let mut events = Vec::new();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 read = kernel.read(&mut events) => {
                     read?;
-                    for event in events.drain(..) {
-                        if KernelEventKind::from_raw(event.kind) == Some(KernelEventKind::Oom) {
-                            let host = host.clone();
-                            victims.spawn_blocking(move || (event, host.victim_cgroup(event.pid)));
-                            continue;
+                    for record in events.drain(..) {
+                        match record {
+                            // Known without /proc: decoded now, in the ring's order, so
+                            // the kill rides with the death that follows it.
+                            Record::Oom(event) if decoder.knows_victim(&event) => {
+                                let at = wall_time_of(event.ktime_ns);
+                                let decoded = decoder.oom(&event, at, &VictimProc::default());
+                                for trigger in decoded.triggers {
+                                    self.count_oom(&trigger, decoded.pod.as_deref());
+                                    self.send(trigger);
+                                }
+                            }
+                            Record::Oom(event) => {
+                                let host = host.clone();
+                                victims.spawn_blocking(move || {
+                                    let victim = host.victim(event.pid);
+                                    (event, victim)
+                                });
+                            }
+                            Record::Event(event) => {
+                                self.decode(&mut decoder, &event, &mut kernel, &mut map_errors);
+                            }
                         }
-                        self.decode(&mut decoder, &event, None, &mut kernel, &mut map_errors);
                     }
                 }
                 Some(victim) = victims.join_next() => match victim {
-                    Ok((event, path)) => {
-                        self.decode(&mut decoder, &event, path, &mut kernel, &mut map_errors);
+                    Ok((event, victim)) => {
+                        let at = wall_time_of(event.ktime_ns);
+                        let decoded = decoder.oom(&event, at, &victim);
+                        for trigger in decoded.triggers {
+                            self.count_oom(&trigger, decoded.pod.as_deref());
+                            self.send(trigger);
+                        }
                     }
                     Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
                 },
@@ -563,22 +604,50 @@ impl Source {
         ring_full
     }
 
-    /// Decodes one event and acts on it; `victim` is an OOM victim's cgroup2 path, read before.
+    /// Decodes one event and acts on it.
     fn decode(
         &self,
         decoder: &mut Decoder,
         event: &KernelEvent,
-        victim: Option<String>,
         kernel: &mut impl Kernel,
         map_errors: &mut MapErrors,
     ) {
-        let decoded = decoder.decode(event, wall_time_of(event.ktime_ns), |_| victim);
+        let decoded = decoder.decode(event, wall_time_of(event.ktime_ns));
         if let Some(id) = decoded.untrack {
             let result = kernel.untrack(id);
             map_errors.untrack(result, id, &self.metrics);
         }
         for trigger in decoded.triggers {
             self.send(trigger);
+        }
+    }
+
+    /// Counts the OOM kill `trigger` tells of, by scope: on the node, and in its pod (`pod`,
+    /// from its cgroup path, else the one the cache holds the container in) when the cache
+    /// knows the pod's name.
+    fn count_oom(&self, trigger: &Trigger, pod: Option<&str>) {
+        let Scope::Container(container) = &trigger.scope else {
+            return;
+        };
+        for observation in &trigger.observations {
+            let ObservationKind::OomKill(kill) = &observation.kind else {
+                continue;
+            };
+            let scope = kill.scope.name();
+            self.metrics.oom_kill(scope);
+            match pod_named(&self.cache, pod, container) {
+                Some((namespace, pod)) => self.metrics.pod_oom_kill(&namespace, &pod, scope),
+                None => debug!(%container, scope, "an OOM kill in a container no relist has read"),
+            }
+            info!(
+                %container,
+                scope,
+                cgroup = kill.cgroup.as_deref().unwrap_or("-"),
+                victim = kill.victim_pid,
+                comm = %kill.victim_comm,
+                init = kill.victim_init,
+                "OOM kill"
+            );
         }
     }
 
@@ -687,22 +756,50 @@ fn start_scan(
     scans.spawn_blocking(move || host.scan(&tracked()));
 }
 
-/// Ring buffer records, back to back, through [`read_event`] and one [`decode::Decoder`]
-/// (an OOM victim's cgroup read as its event's path, instead of from /proc): the fuzz
-/// target's entry point, not an API. Returns the triggers made.
+/// The namespace and name of pod `uid` (its sandbox is read before its containers start),
+/// else of the pod holding `container`, as the cache last read them.
+fn pod_named(
+    cache: &PodCache,
+    uid: Option<&str>,
+    container: &ContainerId,
+) -> Option<(String, String)> {
+    if let Some(pod) = uid.and_then(|uid| cache.get(&PodUid(uid.to_owned())).record) {
+        return Some((pod.namespace.clone(), pod.name.clone()));
+    }
+    cache.pods().into_iter().find_map(|(_, cached)| {
+        let pod = cached.record?;
+        pod.containers
+            .contains_key(container)
+            .then(|| (pod.namespace.clone(), pod.name.clone()))
+    })
+}
+
+/// Ring buffer records, back to back, through [`read_record`] and one [`decode::Decoder`]
+/// (an OOM victim's /proc read from the bytes after its record, instead of from /proc): the
+/// fuzz target's entry point, not an API. Returns the triggers made.
 #[doc(hidden)]
 pub fn fuzz_decode(records: &[u8], namespaces: &[String]) -> Vec<crate::pleg::Trigger> {
     let mut decoder = decode::Decoder::new(index::CgroupIndex::default(), namespaces.to_vec());
-    records
-        .chunks(std::mem::size_of::<KernelEvent>())
-        .filter_map(read_event)
-        .flat_map(|event| {
-            let path = decode::text(&event.path);
-            decoder
-                .decode(&event, std::time::SystemTime::UNIX_EPOCH, |_| Some(path))
-                .triggers
-        })
-        .collect()
+    let mut triggers = Vec::new();
+    let mut rest = records;
+    while let Some(record) = read_record(rest) {
+        let at = std::time::SystemTime::UNIX_EPOCH;
+        let (decoded, size) = match record {
+            Record::Event(event) => (
+                decoder.decode(&event, at),
+                std::mem::size_of::<KernelEvent>(),
+            ),
+            Record::Oom(event) => {
+                let size = std::mem::size_of::<OomEvent>();
+                let proc = String::from_utf8_lossy(&rest[size..rest.len().min(size + 512)]);
+                let victim = VictimProc::parse(Some(&proc), Some("fuzz"));
+                (decoder.oom(&event, at, &victim), size)
+            }
+        };
+        triggers.extend(decoded.triggers);
+        rest = &rest[size..];
+    }
+    triggers
 }
 
 /// [`cgroup_path::parse`] for the fuzz target, not an API.
@@ -711,14 +808,28 @@ pub fn fuzz_cgroup_path(path: &str, namespaces: &[String]) -> Option<cgroup_path
     cgroup_path::parse(path, namespaces)
 }
 
-/// Reads one ring buffer record; a record of another size (a mismatched object) is skipped.
-fn read_event(bytes: &[u8]) -> Option<KernelEvent> {
+/// Reads one ring buffer record, by its kind; one too short for it (a mismatched object) is
+/// skipped.
+fn read_record(bytes: &[u8]) -> Option<Record> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind == KernelEventKind::Oom as u32 {
+        if bytes.len() < std::mem::size_of::<OomEvent>() {
+            return None;
+        }
+        // SAFETY: OomEvent is plain old data, the buffer is long enough, and read_unaligned
+        // tolerates any alignment.
+        return Some(Record::Oom(Box::new(unsafe {
+            std::ptr::read_unaligned(bytes.as_ptr().cast::<OomEvent>())
+        })));
+    }
     if bytes.len() < std::mem::size_of::<KernelEvent>() {
         return None;
     }
     // SAFETY: KernelEvent is plain old data, the buffer is long enough, and read_unaligned
     // tolerates any alignment.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<KernelEvent>()) })
+    Some(Record::Event(unsafe {
+        std::ptr::read_unaligned(bytes.as_ptr().cast::<KernelEvent>())
+    }))
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK. Newer ones account to the memory
@@ -749,13 +860,13 @@ mod tests {
     /// Kernel events from a channel; seeded inits recorded; events lost to a full ring as the
     /// test sets them.
     struct FakeKernel {
-        events: mpsc::UnboundedReceiver<KernelEvent>,
+        events: mpsc::UnboundedReceiver<Record>,
         seeds: Arc<Mutex<Vec<(u64, u32)>>>,
         ring_full: Arc<AtomicU64>,
     }
 
     impl Kernel for FakeKernel {
-        async fn read(&mut self, events: &mut Vec<KernelEvent>) -> Result<(), LoadError> {
+        async fn read(&mut self, events: &mut Vec<Record>) -> Result<(), LoadError> {
             match self.events.recv().await {
                 Some(event) => events.push(event),
                 None => std::future::pending().await,
@@ -804,8 +915,8 @@ mod tests {
             self.results.lock().unwrap().recv().unwrap_or_default()
         }
 
-        fn victim_cgroup(&self, _pid: u32) -> Option<String> {
-            None
+        fn victim(&self, _pid: u32) -> VictimProc {
+            VictimProc::default()
         }
     }
 
@@ -822,7 +933,7 @@ mod tests {
 
     /// A source's loop on a [`FakeKernel`] and a [`GatedHost`], and the test's ends of them.
     struct Rig {
-        events: mpsc::UnboundedSender<KernelEvent>,
+        events: mpsc::UnboundedSender<Record>,
         /// Each scan after the first says here that it started...
         started: mpsc::UnboundedReceiver<()>,
         /// ...and waits for its result from here.
@@ -857,6 +968,7 @@ mod tests {
                 triggers: triggers_tx,
                 registry: SourceRegistry::new(),
                 metrics: Metrics::new(),
+                cache: Arc::new(PodCache::new()),
                 refresh,
             };
             let shutdown = CancellationToken::new();
@@ -897,7 +1009,11 @@ mod tests {
         // The scan is blocked: a cgroup made now is still decoded.
         let new = format!("{NAMESPACE}/new");
         rig.events
-            .send(test_event(KernelEventKind::CgroupMkdir, 2, &new))
+            .send(Record::Event(test_event(
+                KernelEventKind::CgroupMkdir,
+                2,
+                &new,
+            )))
             .unwrap();
         assert_eq!(next_container(&mut rig.triggers).await, "new");
 
@@ -920,7 +1036,11 @@ mod tests {
         .expect("the scan's inits are seeded");
         for cgroup in [3, 2] {
             rig.events
-                .send(test_event(KernelEventKind::Exec, cgroup, "/bin/sh"))
+                .send(Record::Event(test_event(
+                    KernelEventKind::Exec,
+                    cgroup,
+                    "/bin/sh",
+                )))
                 .unwrap();
         }
         assert_eq!(next_container(&mut rig.triggers).await, "old");
@@ -937,16 +1057,20 @@ mod tests {
         let mut rig = Rig::start(Duration::from_secs(3600));
         // The loop runs (it read the loss counts before it).
         rig.events
-            .send(test_event(
+            .send(Record::Event(test_event(
                 KernelEventKind::CgroupMkdir,
                 2,
                 &format!("{NAMESPACE}/known"),
-            ))
+            )))
             .unwrap();
         assert_eq!(next_container(&mut rig.triggers).await, "known");
         // The init of a cgroup whose creation the ring lost execs; then the loss is counted.
         rig.events
-            .send(test_event(KernelEventKind::Exec, 5, "/bin/sh"))
+            .send(Record::Event(test_event(
+                KernelEventKind::Exec,
+                5,
+                "/bin/sh",
+            )))
             .unwrap();
         rig.ring_full.store(3, Ordering::Relaxed);
         rig.scan_started("the loss check scans").await;

@@ -14,6 +14,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -34,7 +35,7 @@ use crate::pleg::{
             ContainerId, ContainerRecord, ContainerState, HostIdentity, OomWitness, PodRecord,
             PodUid, Store, TaskRecord, TaskRecords, side_by_side,
         },
-        trigger::{Observation, ObservationKind, Says, Scope, TriggerSource},
+        trigger::{Observation, ObservationKind, OomKill, Says, Scope, TriggerSource},
     },
 };
 
@@ -470,6 +471,7 @@ impl Decide<'_> {
                 reason: String::new(),
                 confirmed_by: Store::Task,
                 oom_killed_by: BTreeSet::new(),
+                oom_kill: None,
                 host: None,
             };
             let told = |task: Option<TaskRecord>| {
@@ -590,6 +592,7 @@ struct Records<'a> {
 #[derive(Debug, Default)]
 struct Learned {
     oom_killed_by: BTreeSet<TriggerSource>,
+    oom_kill: Option<Arc<OomKill>>,
     host: Option<HostIdentity>,
     /// The pod its cgroup's path names: who it is when no reading ever showed it.
     pod: Option<PodUid>,
@@ -601,6 +604,10 @@ impl Learned {
         let host = match &observation.kind {
             ObservationKind::OomKilled => {
                 self.oom_killed_by.insert(observation.source);
+                return;
+            }
+            ObservationKind::OomKill(kill) => {
+                self.oom_kill = Some(Arc::clone(kill));
                 return;
             }
             ObservationKind::Identity(identity) => {
@@ -649,6 +656,7 @@ impl<'a> Records<'a> {
             if matches!(
                 observation.kind,
                 ObservationKind::OomKilled
+                    | ObservationKind::OomKill(_)
                     | ObservationKind::Identity(_)
                     | ObservationKind::TaskStarted { .. }
             ) {
@@ -710,6 +718,7 @@ impl<'a> Records<'a> {
             learn(
                 record,
                 &learned.oom_killed_by,
+                learned.oom_kill.as_ref(),
                 learned.host.as_ref(),
                 self.witness,
             );

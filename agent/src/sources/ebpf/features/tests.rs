@@ -28,14 +28,28 @@ fn formats_6_1() -> HashMap<&'static str, &'static str> {
 struct FakeTypes {
     members: HashMap<(&'static str, &'static str), u32>,
     prototypes: HashMap<&'static str, Vec<Arg>>,
+    enums: HashMap<(&'static str, &'static str), u32>,
 }
 
 impl Types for FakeTypes {
-    fn member_offset(&self, name: &'static str, member: &'static str) -> Result<u32, BtfError> {
+    /// Arrays here hold 8-byte elements (pointers, `atomic_long_t`).
+    fn path_offset(
+        &self,
+        name: &'static str,
+        member: &'static str,
+        index: Option<u32>,
+    ) -> Result<u32, BtfError> {
         self.members
             .get(&(name, member))
-            .copied()
+            .map(|offset| offset + index.unwrap_or(0) * 8)
             .ok_or(BtfError::MissingMember { name, member })
+    }
+
+    fn enum_value(&self, name: &'static str, value: &'static str) -> Result<u32, BtfError> {
+        self.enums
+            .get(&(name, value))
+            .copied()
+            .ok_or(BtfError::MissingEnumValue { name, value })
     }
 
     fn tracepoint_args(&self, tracepoint: &'static str) -> Result<Vec<Arg>, BtfError> {
@@ -68,7 +82,32 @@ fn types_6_1() -> FakeTypes {
             ("sched_process_exit", vec![Pointer]),
             ("mark_victim", vec![Integer]),
         ]),
+        enums: HashMap::new(),
     }
+}
+
+/// [`types_6_1`] with the memory cgroup members and enums the OOM probe reads (this
+/// machine's 6.18 offsets).
+fn types_with_memcg() -> FakeTypes {
+    let mut types = types_6_1();
+    types.members.extend([
+        (("task_struct", "tgid"), 1268),
+        (("task_struct", "comm"), 1832),
+        (("task_struct", "cgroups"), 2360),
+        (("css_set", "dfl_cgrp"), 160),
+        (("css_set", "subsys"), 0),
+        (("cgroup_subsys_state", "parent"), 208),
+        (("cgroup_subsys_state", "cgroup"), 0),
+        (("mem_cgroup", "css"), 0),
+        (("mem_cgroup", "memory.usage"), 256),
+        (("mem_cgroup", "memory.max"), 344),
+        (("mem_cgroup", "memory_events_local"), 888),
+    ]);
+    types.enums.extend([
+        (("cgroup_subsys_id", "memory_cgrp_id"), 4),
+        (("memcg_memory_event", "MEMCG_OOM"), 3),
+    ]);
+    types
 }
 
 fn features(
@@ -155,6 +194,51 @@ fn newer_prototypes_pick_their_programs() {
             .any(|(s, ok, d)| s == "exit group_dead" && *ok && d.contains("argument")),
         "{lines:?}"
     );
+}
+
+#[test]
+fn the_oom_probe_reads_memory_cgroups_where_btf_has_them_and_attaches_without() {
+    let mut types = types_with_memcg();
+    types
+        .prototypes
+        .insert("mark_victim", vec![Arg::Pointer, Arg::Integer]);
+    let with = features(&formats_6_1(), Ok(&types));
+    let config = with.probe_config();
+    assert_eq!(
+        config.flags & (PROBE_OOM_TASK | PROBE_OOM_MEMCG),
+        PROBE_OOM_TASK | PROBE_OOM_MEMCG
+    );
+    assert_eq!(
+        (
+            config.task_tgid,
+            config.task_cgroups,
+            config.css_set_memcg,
+            config.memcg_usage,
+            config.memcg_max,
+            config.memcg_oom_events,
+        ),
+        // subsys[4] and memory_events_local[3], 8-byte elements.
+        (1268, 2360, 32, 256, 344, 888 + 24)
+    );
+    let scope = |features: &KernelFeatures| {
+        features
+            .describe()
+            .into_iter()
+            .find(|(s, ..)| s == "oom scope")
+            .unwrap()
+    };
+    assert!(scope(&with).1);
+
+    // A kernel whose mem_cgroup lacks one member: the probe attaches, kills carry no scope,
+    // and none of the memory cgroup offsets is half set.
+    types.members.remove(&("mem_cgroup", "memory_events_local"));
+    let without = features(&formats_6_1(), Ok(&types));
+    assert_eq!(chosen(&without)[4], Some(Attach::Raw("mark_victim_raw")));
+    let config = without.probe_config();
+    assert_eq!(config.flags & PROBE_OOM_MEMCG, 0);
+    assert_eq!((config.task_cgroups, config.memcg_usage), (0, 0));
+    let (_, ok, detail) = scope(&without);
+    assert!(!ok && detail.contains("no scope"), "{detail}");
 }
 
 #[test]
