@@ -161,11 +161,13 @@ impl<R: Runtime> Generator<R> {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return false,
-            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
+            // A read done before a trigger: each turn drains the triggers anyway, and a steady
+            // stream of them must not keep what was read from being told.
             Some((id, batch, done)) = in_flight.reads.next(), if !in_flight.reads.is_empty() => {
                 in_flight.hints.remove(&id);
                 self.finish(batch, done, in_flight);
             }
+            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
             () = self.triggers.full_relist.notified() => {
                 self.scheduler.request_full_relist(Instant::now());
             }
