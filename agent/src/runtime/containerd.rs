@@ -456,17 +456,17 @@ impl Runtime for ContainerdRuntime {
         &self,
         container: &ContainerId,
     ) -> Result<Option<TaskRecord>, RuntimeError> {
-        match self.reads_cri() {
-            true => self.cri.task_record(container).await,
-            false => Ok(None),
+        if !self.reads_cri() {
+            return Ok(None);
         }
+        self.cri.task_record(container).await
     }
 
     async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
-        match self.reads_cri() {
-            true => self.cri.task_exit(container).await,
-            false => Ok(None),
+        if !self.reads_cri() {
+            return Ok(None);
         }
+        self.cri.task_exit(container).await
     }
 
     /// `known` is not needed: containers and tasks come in two calls for the whole pod, and
