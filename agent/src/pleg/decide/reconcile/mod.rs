@@ -406,11 +406,11 @@ impl Decide<'_> {
 }
 
 impl Decide<'_> {
-    /// The containers no reading ever showed whose life the runtime's own records tell: one
-    /// started (or exited) and deleted (containerd's `/tasks/start`, `/tasks/exit`,
-    /// `/containers/delete`) before any read of it could run. The runtime no longer has it, and
-    /// by its own word. A container created and deleted without a start has no event, as for
-    /// kubelet: it is none of these.
+    /// The containers no reading ever showed that the runtime deleted (`/containers/delete`)
+    /// before any read of it could run: the runtime no longer has it, and by its own word. Its
+    /// life is what the runtime's own records tell (`/tasks/start`, `/tasks/exit`): the hints
+    /// of a read of it in flight may hold them, so a try of the records alone leaves it to
+    /// that read.
     fn unread_lives<'c>(
         &'c self,
         before: &Before<'_>,
@@ -429,7 +429,6 @@ impl Decide<'_> {
             .iter()
             .copied()
             .filter(|id| unread(id))
-            .filter(|id| self.records.started.contains_key(*id) || self.exit(id).is_some())
             .collect();
         lives.sort();
         lives
@@ -457,6 +456,10 @@ impl Decide<'_> {
         for &id in lives {
             let started = self.records.started.get(id).copied();
             let exited = self.exit(id);
+            // Created and deleted without a start: no event, as for kubelet.
+            if started.is_none() && exited.is_none() {
+                continue;
+            }
             let unread = ContainerRecord {
                 id: id.clone(),
                 name: String::new(),
