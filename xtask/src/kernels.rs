@@ -20,10 +20,12 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{quote, render},
     setup::{self, Kernel, KernelSeries, VmTools},
-    vm,
-    workspace::{self, format_duration},
+    tools::{
+        cmd::{quote, render},
+        vm,
+        workspace::{self, format_duration},
+    },
 };
 
 /// The eBPF end-to-end test binaries of the tests crate.

@@ -32,12 +32,14 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, render},
     fresh,
     kernels::{self, Choice},
     setup::{self, Kernel, VmTools},
-    vm,
-    workspace::{self, format_duration},
+    tools::{
+        cmd::{capture, render},
+        vm,
+        workspace::{self, format_duration},
+    },
 };
 
 /// Where the root's and the kernels' modules' disk images are kept: outside the workspace, as

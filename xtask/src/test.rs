@@ -16,11 +16,14 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 use crate::{
-    audit, buf,
-    cmd::{render, stream},
-    harness, kernels, node,
+    audit, kernels, node,
     setup::{self, KernelSeries},
-    steps::Steps,
+    tools::{
+        buf,
+        cmd::{render, stream},
+        harness,
+        steps::Steps,
+    },
 };
 
 #[derive(Debug, Clone, Args)]

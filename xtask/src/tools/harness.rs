@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::cmd::stream;
+use super::cmd::stream;
 
 /// The environment variable the harness reads to choose its containerd.
 pub const RELEASE_ENV: &str = "PLEGD_TEST_CONTAINERD";

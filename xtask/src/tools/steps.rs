@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::workspace::format_duration;
+use super::workspace::format_duration;
 
 #[derive(Debug)]
 pub struct Steps {
