@@ -15,6 +15,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Extras, Options,
+    apt_lock::{INSTALL_LOCKS, UPDATE_LOCKS, with_locks},
     programs::{SYSTEM_DIRS, find_program, is_executable, program_version},
     summary::{State, Summary, say},
 };
@@ -257,31 +258,29 @@ pub(crate) fn install_packages(packages: &[&str]) -> Result<()> {
         None
     };
     apt_update().with_context(|| format!("installing apt packages {names}"))?;
-    // Wait for a dpkg or apt that holds the dpkg lock (unattended-upgrades on a freshly booted
-    // machine, another install) instead of failing at once.
-    const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=600";
-    stream(
-        Command::new("apt-get")
-            .args([
-                "-q",
-                "-o",
-                LOCK_TIMEOUT,
-                "install",
-                "-y",
-                "--no-install-recommends",
-            ])
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    with_locks("apt-get install", INSTALL_LOCKS, |left| {
+        stream(
+            Command::new("apt-get")
+                .arg("-q")
+                // dpkg's own wait, should another apt take its lock after ours looked.
+                .arg("-o")
+                .arg(format!("DPkg::Lock::Timeout={}", left.as_secs()))
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(packages)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    })
     .with_context(|| format!("installing apt packages {names} failed"))
 }
 
 pub(super) fn apt_update() -> Result<()> {
-    stream(
-        Command::new("apt-get")
-            .args(["-q", "update"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    with_locks("apt-get update", UPDATE_LOCKS, |_| {
+        stream(
+            Command::new("apt-get")
+                .args(["-q", "update"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    })
     .context("apt-get update failed")
 }
 
@@ -356,8 +355,14 @@ impl PrivateApt {
                 "APT::Sandbox::User=root".into(),
             ],
         };
-        stream(apt.command("apt-get").args(["-q", "update"]))
-            .context("apt-get update with the private sources failed")?;
+        let lock = lists.join("lock");
+        let lock = lock
+            .to_str()
+            .context("the private lists' path is not UTF-8")?;
+        with_locks("apt-get update (private)", &[lock], |_| {
+            stream(apt.command("apt-get").args(["-q", "update"]))
+        })
+        .context("apt-get update with the private sources failed")?;
         Ok(apt)
     }
 

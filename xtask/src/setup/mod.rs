@@ -42,13 +42,17 @@
 //! call [`install`] first with the extras they use; `kernels` calls [`install_for_kernels`]
 //! with the kernels it boots. `--check` only reports what is missing.
 //!
+//! apt waits for another apt or dpkg that holds its locks (unattended-upgrades on a freshly
+//! booted machine) for up to [`apt_lock::LOCK_WAIT`], saying which process it waits for.
+//!
 //! The command and its order are here; each concern is a module of its own: [`apt`] (the
-//! system's packages and a private apt), [`cargo_tools`] (rustup and `cargo install`),
-//! [`containerd`] (the other releases), [`kernels`] (the VM's kernels and tools), [`pip`] and
-//! [`npm`] (tools from those registries, under `.xtask/`), [`tracefs`]; [`programs`] finds
-//! what they installed and [`summary`] reports it.
+//! system's packages and a private apt; [`apt_lock`], its wait), [`cargo_tools`] (rustup and
+//! `cargo install`), [`containerd`] (the other releases), [`kernels`] (the VM's kernels and
+//! tools), [`pip`] and [`npm`] (tools from those registries, under `.xtask/`), [`tracefs`];
+//! [`programs`] finds what they installed and [`summary`] reports it.
 
 mod apt;
+mod apt_lock;
 mod cargo_tools;
 mod containerd;
 mod kernels;
