@@ -1,5 +1,5 @@
 //! The Rust side: the nightly toolchain with `rust-src` (rustup), and the programs `cargo
-//! install` builds (bpf-linker against the system's LLVM, cargo-deny, cargo-fuzz).
+//! install` builds (bpf-linker against the system's LLVM, cargo-fuzz).
 
 use std::{
     env,
@@ -19,9 +19,6 @@ use super::{
     summary::{State, Summary, say},
 };
 use crate::tools::cmd::{capture, stream};
-
-/// The cargo-deny release `cargo xtask setup` installs (0.20 needs Rust 1.88).
-pub const CARGO_DENY_VERSION: &str = "0.20.2";
 
 pub(super) fn rust_src(opts: &Options, summary: &mut Summary) -> Result<()> {
     const TOOLCHAIN: &str = "nightly toolchain";
@@ -104,20 +101,6 @@ pub(super) fn bpf_linker(opts: &Options, summary: &mut Summary) -> Result<()> {
             ],
             path_prefix: Some(LLVM_PREFIX),
             note: "installing with cargo install against LLVM 22 (takes a few minutes)",
-        },
-    )
-}
-
-pub(super) fn cargo_deny(opts: &Options, summary: &mut Summary) -> Result<()> {
-    cargo_tool(
-        opts,
-        summary,
-        &CargoTool {
-            program: "cargo-deny",
-            install: &["cargo-deny", "--version", CARGO_DENY_VERSION],
-            env: &[],
-            path_prefix: None,
-            note: "installing with cargo install (takes a few minutes)",
         },
     )
 }

