@@ -33,9 +33,10 @@ use clap::Args;
 
 use crate::{
     fresh,
-    kernels::{self, Choice},
+    kernels::Choice,
     setup::{self, Kernel, VmTools},
     tools::{
+        cargo::TestBuild,
         cmd::{capture, render},
         vm,
         workspace::{self, format_duration},
@@ -203,12 +204,13 @@ pub fn run(opts: &Options) -> Result<()> {
         },
         kernel.series(),
     )?;
-    run_with(opts, &tools)
+    eprintln!("node: building plegd and plegd-harness (`cargo test --workspace --no-run`)");
+    run_with(opts, &tools, &TestBuild::build()?)
 }
 
 /// The node check on each kernel of `tools` (setup installed them, and the containerd
-/// releases).
-pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
+/// releases), with the binaries of the workspace's test `build`.
+pub fn run_with(opts: &Options, tools: &VmTools, build: &TestBuild) -> Result<()> {
     let runtimes = if opts.all {
         vec![Containerd::V1_7, Containerd::V2_1]
     } else {
@@ -217,7 +219,7 @@ pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
     let start = Instant::now();
     let dir = Path::new(IMAGES);
     let root = root_image(dir)?;
-    let built = build()?;
+    let built = built(build)?;
     let timeout = if opts.quick {
         QUICK_TIMEOUT
     } else {
@@ -492,35 +494,11 @@ struct Built {
     harness: PathBuf,
 }
 
-/// Builds plegd and plegd-harness (debug, as the tests run them).
-fn build() -> Result<Built> {
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "--package",
-        "plegd",
-        "--bin",
-        "plegd",
-        "--package",
-        "plegd-tests",
-        "--bin",
-        "plegd-harness",
-    ]);
-    eprintln!(
-        "node: building plegd and plegd-harness (`{}`)",
-        render(&cmd)
-    );
-    let artifacts = kernels::cargo_artifacts(&mut cmd)?;
-    let find = |name: &str| {
-        artifacts
-            .iter()
-            .find(|a| a.name == name && a.kind == "bin" && !a.harness)
-            .map(|a| a.executable.clone())
-            .with_context(|| format!("`{}` printed no executable {name}", render(&cmd)))
-    };
+/// plegd and plegd-harness from the workspace's test build (debug, as the tests run them).
+fn built(build: &TestBuild) -> Result<Built> {
     Ok(Built {
-        plegd: find("plegd")?,
-        harness: find("plegd-harness")?,
+        plegd: build.bin("plegd")?.to_owned(),
+        harness: build.bin("plegd-harness")?.to_owned(),
     })
 }
 

@@ -42,7 +42,8 @@
 //! `cargo xtask setup` installs all of it but the VM's (`--vm` adds those). The other commands
 //! call [`install`] first with the extras they use; `kernels` calls [`install_for_kernels`]
 //! with the kernels it boots. `--check` only reports what is missing. The build needs only
-//! steps 1-5; the apt packages of steps 6 and 10 come in one apt run.
+//! steps 1-5: `cargo xtask test` runs those ([`install_build_tools`]), then steps 6-12
+//! ([`install_extras`], mostly downloads) beside its build.
 //!
 //! apt waits for another apt or dpkg that holds its locks (unattended-upgrades on a freshly
 //! booted machine) for up to [`apt_lock::LOCK_WAIT`], saying which process it waits for.
@@ -175,6 +176,25 @@ fn install_for(extras: Extras, series: &[KernelSeries]) -> Result<Option<VmTools
     let opts = Options::default();
     phase("setup", &opts, |summary| {
         all_tools(&opts, extras, series, summary)
+    })
+}
+
+/// Only what a cargo build of the workspace needs (steps 1-5): a command that builds installs
+/// the rest with [`install_extras`] beside its build.
+pub fn install_build_tools() -> Result<()> {
+    let opts = Options::default();
+    phase("setup: the build's tools", &opts, |summary| {
+        build_tools(&opts, summary)
+    })
+}
+
+/// `extras` and the VM tools of `series` (steps 6-12), none of which the build needs: mostly
+/// downloads, which can run while the build keeps the CPU busy. Only after
+/// [`install_build_tools`]: the apt runs here must not meet its apt run.
+pub fn install_extras(extras: Extras, series: &[KernelSeries]) -> Result<Option<VmTools>> {
+    let opts = Options::default();
+    phase("setup: the tests' tools", &opts, |summary| {
+        extra_tools(&opts, extras, series, summary)
     })
 }
 

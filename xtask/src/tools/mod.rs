@@ -4,6 +4,7 @@
 //! child process ([`vm`]).
 
 pub mod buf;
+pub mod cargo;
 pub mod cmd;
 pub mod harness;
 pub mod steps;
