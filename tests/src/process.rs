@@ -262,10 +262,18 @@ fn unescape_mount_path(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The debug plegd binary beside the running test, built now if needed (`cargo test` built the
-/// test in that target dir, not necessarily the binary).
+/// The environment variable naming a plegd binary built already: `cargo xtask test` passes the
+/// one its `cargo test --workspace --no-run` made (the workspace's features: `testing` adds
+/// only the fake runtime, which the binary never uses), so no test builds plegd again.
+pub const BINARY_ENV: &str = "PLEGD_TEST_BINARY";
+
+/// The plegd binary [`BINARY_ENV`] names, else the debug one beside the running test, built now
+/// if needed (`cargo test` built the test in that target dir, not necessarily the binary).
 pub fn plegd_binary() -> anyhow::Result<PathBuf> {
     use anyhow::Context as _;
+    if let Some(binary) = std::env::var_os(BINARY_ENV) {
+        return Ok(binary.into());
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .args(["build", "--quiet", "--package", "plegd", "--bin", "plegd"])

@@ -19,6 +19,10 @@ const SHORT: usize = 60;
 /// lifecycles (issue 52).
 const BUSY: usize = 16;
 
+/// The least the hostile soak lasts: past plegd's deadlines on a connection that never
+/// finishes its TLS handshake (5 s) or never makes its first call (10 s).
+const HOSTILE: Duration = Duration::from_secs(15);
+
 /// One soak at a time: two at once on a small node measure the node's overload.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -163,14 +167,16 @@ async fn soak_through_a_silent_event_stream() {
 /// Hostile and careless clients on the API all through a churn, containerd restarted in the
 /// middle, plegd with a unit's 1,024 descriptors: the watcher misses nothing, plegd reaches
 /// containerd again, a new watcher gets in, health holds, RSS stays under the unit's
-/// MemoryMax, and the descriptors come back (plegd_tests::abuse).
+/// MemoryMax, and the descriptors come back (plegd_tests::abuse). The short form: long enough
+/// for plegd's handshake (5 s) and first-call (10 s) deadlines to close the flooders'
+/// connections once; `cargo xtask soak --abuse` is the long one.
 #[tokio::test(flavor = "multi_thread")]
 async fn soak_under_hostile_clients() {
     soak_plan(Plan {
         mode: Mode::Default,
         fault: Some(Fault::ContainerdRestart),
         lifecycles: SHORT,
-        duration: Duration::from_secs(40),
+        duration: HOSTILE,
         seed: soak::seed_from_env().unwrap(),
         abuse: true,
         in_flight: None,

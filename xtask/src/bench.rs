@@ -21,9 +21,11 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, stream},
     setup,
-    workspace::{self, target_dir},
+    tools::{
+        cmd::{capture, stream},
+        workspace::{self, target_dir},
+    },
 };
 
 #[derive(Debug, Clone, Args)]

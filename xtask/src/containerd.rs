@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
-use crate::{harness, setup};
+use crate::{setup, tools::harness};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Action {

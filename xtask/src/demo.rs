@@ -6,7 +6,10 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cmd::stream, harness, setup, workspace::target_dir};
+use crate::{
+    setup,
+    tools::{cmd::stream, harness, workspace::target_dir},
+};
 
 #[derive(Debug, Clone, Args)]
 pub struct Options {

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::cmd::stream;
+use crate::tools::cmd::stream;
 
 /// Set, the `docs` test writes docs/ instead of comparing it (tests/tests/docs/main.rs).
 pub const WRITE_ENV: &str = "PLEGD_WRITE_DOCS";

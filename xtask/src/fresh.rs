@@ -39,10 +39,12 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, render, stream},
     setup,
-    steps::Steps,
-    workspace,
+    tools::{
+        cmd::{capture, render, stream},
+        steps::Steps,
+        workspace,
+    },
 };
 
 /// The Debian release of the fresh root: the one README promises.

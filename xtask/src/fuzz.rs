@@ -8,7 +8,10 @@ use std::process::Command;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::{cmd::stream, setup, workspace};
+use crate::{
+    setup,
+    tools::{cmd::stream, workspace},
+};
 
 /// The targets under agent/fuzz/fuzz_targets.
 const TARGETS: &[&str] = &[

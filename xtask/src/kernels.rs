@@ -12,7 +12,7 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -20,10 +20,13 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{quote, render},
     setup::{self, Kernel, KernelSeries, VmTools},
-    vm,
-    workspace::{self, format_duration},
+    tools::{
+        cargo::TestBuild,
+        cmd::{quote, render},
+        vm,
+        workspace::{self, format_duration},
+    },
 };
 
 /// The eBPF end-to-end test binaries of the tests crate.
@@ -88,18 +91,19 @@ impl Choice {
 /// Sets up (installing the kernels asked for), builds, and boots each kernel.
 pub fn run(opts: &Options) -> Result<()> {
     let tools = setup::install_for_kernels(setup::Extras::NONE, opts.kernel.series())?;
-    run_with(opts, &tools)
+    eprintln!("kernels: building plegd and the tests (`cargo test --workspace --no-run`)");
+    run_with(opts, &tools, &TestBuild::build()?)
 }
 
-/// [`run`] once setup is done: `tools` holds the kernels to boot.
-pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
+/// [`run`] once setup is done and the tests are built: `tools` holds the kernels to boot.
+pub fn run_with(opts: &Options, tools: &VmTools, build: &TestBuild) -> Result<()> {
     let start = Instant::now();
     let binaries: Vec<&str> = if opts.quick {
         vec![QUICK_TEST]
     } else {
         TEST_BINARIES.to_vec()
     };
-    let built = build(&binaries)?;
+    let built = built(build, &binaries)?;
     let script = write_guest_script(&built, opts)?;
     let timeout = if opts.quick {
         QUICK_TIMEOUT
@@ -148,90 +152,21 @@ struct Built {
     target_dir: PathBuf,
 }
 
-/// Builds what `cargo xtask test` builds (`cargo test --workspace`: the same features, so after
-/// it nothing is rebuilt) and picks plegd and `test_binaries` from it.
-fn build(test_binaries: &[&str]) -> Result<Built> {
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["test", "--workspace", "--no-run"]);
-    eprintln!(
-        "kernels: building plegd and the tests {} (`{}`)",
-        test_binaries.join(" "),
-        render(&cmd)
-    );
-    let artifacts = cargo_artifacts(&mut cmd)?;
-    let find = |name: &str, kind: &str| {
-        artifacts
-            .iter()
-            .find(|a| a.name == name && a.kind == kind && a.harness == (kind == "test"))
-            .map(|artifact| artifact.executable.clone())
-            .with_context(|| format!("`{}` printed no {kind} executable {name}", render(&cmd)))
-    };
-    let plegd = find("plegd", "bin")?;
+/// Picks plegd and `test_binaries` from the workspace's test build.
+fn built(build: &TestBuild, test_binaries: &[&str]) -> Result<Built> {
     let tests = test_binaries
         .iter()
-        .map(|name| Ok(((*name).to_owned(), find(name, "test")?)))
+        .map(|name| Ok(((*name).to_owned(), build.test(name)?.to_owned())))
         .collect::<Result<_>>()?;
-    // <target>/<profile>/plegd
-    let target_dir = plegd
-        .parent()
-        .and_then(Path::parent)
-        .context("plegd's path has no target directory")?
-        .to_owned();
     Ok(Built {
-        plegd,
+        plegd: build.bin("plegd")?.to_owned(),
         tests,
-        target_dir,
+        target_dir: build
+            .profile_dir()?
+            .parent()
+            .context("the profile directory has no parent")?
+            .to_owned(),
     })
-}
-
-/// An executable cargo built.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Artifact {
-    /// The target's name (`plegd`, `ebpf_events`).
-    pub(crate) name: String,
-    /// Its first kind: `bin`, `test`, `lib` (the unit tests of a library)...
-    pub(crate) kind: String,
-    /// Built with the test harness (`cargo test` builds a bin twice: itself, for integration
-    /// tests, and its unit tests).
-    pub(crate) harness: bool,
-    pub(crate) executable: PathBuf,
-}
-
-/// Runs a cargo build with `--message-format json` (diagnostics shown as usual on stderr) and
-/// returns the executables it produced.
-pub(crate) fn cargo_artifacts(cmd: &mut Command) -> Result<Vec<Artifact>> {
-    cmd.arg("--message-format=json-render-diagnostics")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not run `{}`", render(cmd)))?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed ({}); its output is above",
-            render(cmd),
-            out.status
-        );
-    }
-    Ok(executables(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// The `compiler-artifact` messages that have an executable.
-fn executables(messages: &str) -> Vec<Artifact> {
-    messages
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| message["reason"] == "compiler-artifact")
-        .filter_map(|message| {
-            Some(Artifact {
-                name: message["target"]["name"].as_str()?.to_owned(),
-                kind: message["target"]["kind"][0].as_str()?.to_owned(),
-                harness: message["profile"]["test"] == true,
-                executable: PathBuf::from(message["executable"].as_str()?),
-            })
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,32 +586,6 @@ ok  --mode auto              ebpf
             [
                 "vng exited with exit status: 1",
                 "the guest never ran the script"
-            ]
-        );
-    }
-
-    #[test]
-    fn executables_come_from_compiler_artifacts() {
-        let messages = r#"{"reason":"compiler-artifact","target":{"name":"plegd","kind":["bin"]},"profile":{"test":false},"executable":"/t/debug/plegd"}
-{"reason":"compiler-artifact","target":{"name":"plegd","kind":["lib"]},"profile":{"test":false},"executable":null}
-{"reason":"build-finished","success":true}
-not json
-{"reason":"compiler-artifact","target":{"name":"ebpf_events","kind":["test"]},"profile":{"test":true},"executable":"/t/debug/deps/ebpf_events-0123"}"#;
-        assert_eq!(
-            executables(messages),
-            [
-                Artifact {
-                    name: "plegd".into(),
-                    kind: "bin".into(),
-                    harness: false,
-                    executable: PathBuf::from("/t/debug/plegd")
-                },
-                Artifact {
-                    name: "ebpf_events".into(),
-                    kind: "test".into(),
-                    harness: true,
-                    executable: PathBuf::from("/t/debug/deps/ebpf_events-0123")
-                },
             ]
         );
     }

@@ -2,27 +2,24 @@
 //!
 //! One module per subcommand; each exposes an `Options` struct (its clap arguments) and
 //! `run(&Options) -> anyhow::Result<()>`, so one task can call another (for example `test` and
-//! `demo` start with `setup::install`, naming the tools they use).
+//! `demo` start with `setup::install`, naming the tools they use). What the commands share and
+//! is no command itself (running programs, timing steps, the workspace's paths, the harness
+//! binary, buf, a VM as a child process) lives under [`tools`].
 
 mod audit;
 mod bench;
-mod buf;
-mod cmd;
 mod containerd;
 mod demo;
 mod docs;
 mod fresh;
 mod fuzz;
-mod harness;
 mod image;
 mod kernels;
 mod node;
 mod setup;
 mod soak;
-mod steps;
 mod test;
-mod vm;
-mod workspace;
+mod tools;
 
 use std::process::ExitCode;
 
@@ -116,6 +113,7 @@ mod tests {
     use clap::CommandFactory as _;
 
     use super::*;
+    use crate::tools::harness;
 
     #[test]
     fn cli_is_well_formed() {

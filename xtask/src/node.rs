@@ -32,12 +32,15 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, render},
     fresh,
-    kernels::{self, Choice},
+    kernels::Choice,
     setup::{self, Kernel, VmTools},
-    vm,
-    workspace::{self, format_duration},
+    tools::{
+        cargo::TestBuild,
+        cmd::{capture, render},
+        vm,
+        workspace::{self, format_duration},
+    },
 };
 
 /// Where the root's and the kernels' modules' disk images are kept: outside the workspace, as
@@ -228,12 +231,13 @@ pub fn run(opts: &Options) -> Result<()> {
         },
         kernel.series(),
     )?;
-    run_with(opts, &tools)
+    eprintln!("node: building plegd and plegd-harness (`cargo test --workspace --no-run`)");
+    run_with(opts, &tools, &TestBuild::build()?)
 }
 
 /// The node check on each kernel of `tools` (setup installed them, and the containerd
-/// releases).
-pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
+/// releases), with the binaries of the workspace's test `build`.
+pub fn run_with(opts: &Options, tools: &VmTools, build: &TestBuild) -> Result<()> {
     let runtimes = if opts.all {
         vec![Containerd::V1_7, Containerd::V2_1]
     } else {
@@ -242,7 +246,7 @@ pub fn run_with(opts: &Options, tools: &VmTools) -> Result<()> {
     let start = Instant::now();
     let dir = Path::new(IMAGES);
     let root = root_image(dir)?;
-    let built = build()?;
+    let built = built(build)?;
     let timeout = if opts.quick {
         QUICK_TIMEOUT
     } else {
@@ -520,35 +524,11 @@ struct Built {
     harness: PathBuf,
 }
 
-/// Builds plegd and plegd-harness (debug, as the tests run them).
-fn build() -> Result<Built> {
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "--package",
-        "plegd",
-        "--bin",
-        "plegd",
-        "--package",
-        "plegd-tests",
-        "--bin",
-        "plegd-harness",
-    ]);
-    eprintln!(
-        "node: building plegd and plegd-harness (`{}`)",
-        render(&cmd)
-    );
-    let artifacts = kernels::cargo_artifacts(&mut cmd)?;
-    let find = |name: &str| {
-        artifacts
-            .iter()
-            .find(|a| a.name == name && a.kind == "bin" && !a.harness)
-            .map(|a| a.executable.clone())
-            .with_context(|| format!("`{}` printed no executable {name}", render(&cmd)))
-    };
+/// plegd and plegd-harness from the workspace's test build (debug, as the tests run them).
+fn built(build: &TestBuild) -> Result<Built> {
     Ok(Built {
-        plegd: find("plegd")?,
-        harness: find("plegd-harness")?,
+        plegd: build.bin("plegd")?.to_owned(),
+        harness: build.bin("plegd-harness")?.to_owned(),
     })
 }
 

@@ -9,7 +9,10 @@ use std::process::Command;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
-use crate::{cmd::stream, harness, setup};
+use crate::{
+    setup,
+    tools::{cmd::stream, harness},
+};
 
 /// How plegd runs during a soak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -114,9 +114,12 @@ pub fn latency_cdf(measured: &Value, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Per mode, the CPU plegd adds to an idle node (its own + containerd's extra) by containers.
-pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
-    register_font();
+/// One line of the idle plot: its colour's index, its mode, its points (containers, % of a
+/// core) by containers.
+type IdleLine<'a> = (usize, &'a str, Vec<(f64, f64)>);
+
+/// The idle rows of each mode as a line, in the order the modes first appear.
+fn idle_lines(measured: &Value) -> Vec<IdleLine<'_>> {
     let rows: Vec<&Value> = measured["idle"]
         .as_array()
         .into_iter()
@@ -131,20 +134,30 @@ pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
             r["plegd_cpu"].as_f64()? + r["containerd_added_cpu"].as_f64()?,
         ))
     };
-    let x_hi = rows
-        .iter()
-        .filter_map(|r| point(r))
-        .fold(1.0f64, |a, p| a.max(p.0))
-        * 1.1;
-    let y_lo = rows
-        .iter()
-        .filter_map(|r| point(r))
-        .fold(0.0f64, |a, p| a.min(p.1));
-    let y_hi = rows
-        .iter()
-        .filter_map(|r| point(r))
-        .fold(0.1f64, |a, p| a.max(p.1))
-        * 1.2;
+    let mut lines: Vec<IdleLine<'_>> = Vec::new();
+    for (i, mode) in modes.into_iter().enumerate() {
+        if lines.iter().any(|(_, seen, _)| *seen == mode) {
+            continue;
+        }
+        let mut points: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r["mode"] == mode)
+            .filter_map(|r| point(r))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        lines.push((i, mode, points));
+    }
+    lines
+}
+
+/// Per mode, the CPU plegd adds to an idle node (its own + containerd's extra) by containers.
+pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
+    register_font();
+    let lines = idle_lines(measured);
+    let points = || lines.iter().flat_map(|(_, _, points)| points);
+    let x_hi = points().fold(1.0f64, |a, p| a.max(p.0)) * 1.1;
+    let y_lo = points().fold(0.0f64, |a, p| a.min(p.1));
+    let y_hi = points().fold(0.1f64, |a, p| a.max(p.1)) * 1.2;
 
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
@@ -164,32 +177,17 @@ pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
         .y_desc("% of one core")
         .draw()
         .map_err(plot_error)?;
-    let mut seen = Vec::new();
-    for (i, mode) in modes.into_iter().enumerate() {
-        if seen.contains(&mode) {
-            continue;
-        }
-        seen.push(mode);
+    for (i, mode, points) in &lines {
         let color = COLORS[i % COLORS.len()];
-        let mut points: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|r| r["mode"] == mode)
-            .filter_map(|r| point(r))
-            .collect();
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(plot_error)?
-            .label(mode)
+            .label(*mode)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
         chart
-            .draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 4, color.filled())),
-            )
+            .draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))
             .map_err(plot_error)?;
     }
     chart
@@ -202,4 +200,29 @@ pub fn idle_cpu(measured: &Value, path: &Path) -> Result<()> {
         .map_err(plot_error)?;
     root.present().map_err(plot_error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn each_idle_mode_is_one_line_sorted_by_containers_without_the_baseline() {
+        let measured = json!({"idle": [
+            {"mode": "none", "containers": 10, "plegd_cpu": 0.0, "containerd_added_cpu": 0.0},
+            {"mode": "default", "containers": 100, "plegd_cpu": 0.5, "containerd_added_cpu": 0.1},
+            {"mode": "polling-1s", "containers": 10, "plegd_cpu": 1.0, "containerd_added_cpu": 2.0},
+            {"mode": "default", "containers": 10, "plegd_cpu": 0.25, "containerd_added_cpu": 0.0},
+            {"mode": "polling-1s", "containers": 100, "plegd_cpu": 3.0},
+        ]});
+        assert_eq!(
+            idle_lines(&measured),
+            [
+                (0, "default", vec![(10.0, 0.25), (100.0, 0.6)]),
+                (1, "polling-1s", vec![(10.0, 3.0)]),
+            ]
+        );
+    }
 }

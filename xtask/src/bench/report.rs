@@ -140,8 +140,25 @@ struct Goal {
     met: Option<bool>,
 }
 
+/// Every goal, in the report's order: the relist's, then the busy node's.
 fn goals(run: &Run) -> Vec<Goal> {
     let m = run.measured;
+    let mut goals = exit_goals(m);
+    goals.extend([churn_goal(m), polling_goal(m), kernel_observation_goal(m)]);
+    goals.extend(idle_goals(m));
+    goals.extend([relist_scale_goal(run.criterion), in_kernel_goal(m)]);
+    goals.extend(busy::goals(m));
+    goals
+}
+
+/// Both met when both were measured.
+fn both(a: Option<bool>, b: Option<bool>) -> Option<bool> {
+    Some(a? && b?)
+}
+
+/// How long after containerd's own exit record (its `exited_at`) a death reaches the watcher,
+/// for kill -9s and OOM kills, and what plegd itself adds once that record reached it.
+fn exit_goals(m: &Value) -> Vec<Goal> {
     let default_kills = mode(m, "default").map(|d| &d["kills"]);
     let default_ooms = mode(m, "default").map(|d| &d["ooms"]);
     // Over containerd's own exit record (its `exited_at`), p50 and p99.
@@ -162,44 +179,7 @@ fn goals(run: &Run) -> Vec<Goal> {
         }
         percentile(&added, 50.0)
     };
-    let churn = default_churn(m);
-    let churn_cost = |field| churn.and_then(|row| row[field].as_f64());
-    let (churn_cpu, churn_relists) = (
-        churn_cost("cpu_ms_per_lifecycle"),
-        churn_cost("relists_per_lifecycle"),
-    );
-    let kernel50 = default_kills.and_then(|k| percentile(&numbers(k, "kernel_ms"), 50.0));
-    let default50 = p50_died(m, "default");
-    let ratio = |key| Some(p50_died(m, key)? / default50?);
-    let (r1, r100) = (ratio("polling-1s"), ratio("polling-100ms"));
-    let biggest = largest_idle(m);
-    let idle = |key| idle_row(m, key, biggest?).and_then(added_cpu);
-    let (idle_default, idle_polling) = (idle("default"), idle("polling-1s"));
-    let rss = biggest
-        .and_then(|n| idle_row(m, "default", n))
-        .and_then(|r| r["rss_bytes"].as_f64())
-        .map(|b| b / (1 << 20) as f64);
-    let flat = |kind| {
-        Some(
-            core_ns_per_pod(run.criterion, kind, 10_000)?
-                / core_ns_per_pod(run.criterion, kind, 100)?,
-        )
-    };
-    let (flat_steady, flat_changed) = (flat("steady"), flat("changed"));
-    let flat_dropped = flat("dropped");
-    let kernel: Vec<(String, f64)> = m["kernel"]["programs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| {
-            p["program"].as_str().is_some_and(|n| {
-                n.contains("sched_process_exec") || n.contains("sched_process_exit")
-            })
-        })
-        .filter_map(|p| Some((p["program"].as_str()?.to_owned(), p["ns_per_run"].as_f64()?)))
-        .collect();
-    let both = |a: Option<bool>, b: Option<bool>| Some(a? && b?);
-    let mut goals = vec![
+    vec![
         Goal {
             text: "default: kill -9 → ContainerDied p50 within 2 ms of containerd's /tasks/exit, p99 within 10 ms",
             measured: format!(
@@ -230,26 +210,62 @@ fn goals(run: &Run) -> Vec<Goal> {
             ),
             met: added50.map(|v| v <= 0.5),
         },
-        Goal {
-            text: "default under churn (its lowest rate): ≤ 2 ms of plegd CPU and ≤ 3 relists per lifecycle",
-            measured: format!(
-                "{} ms, {} relists per lifecycle at {}/s",
-                fixed(churn_cpu, 2),
-                fixed(churn_relists, 2),
-                churn.map_or("n/a".into(), |row| row["rate"].to_string()),
-            ),
-            met: both(churn_cpu.map(|v| v <= 2.0), churn_relists.map(|v| v <= 3.0)),
-        },
-        Goal {
-            text: "default p50 ≥ 50x faster than polling 1 s, ≥ 5x faster than polling 100 ms",
-            measured: format!("{}x, {}x", fixed(r1, 1), fixed(r100, 1)),
-            met: both(r1.map(|r| r >= 50.0), r100.map(|r| r >= 5.0)),
-        },
-        Goal {
-            text: "default: the kernel's observation of a death at a watcher p50 ≤ 0.5 ms",
-            measured: format!("p50 {} ms after the kill", fixed(kernel50, 2)),
-            met: kernel50.map(|v| v <= 0.5),
-        },
+    ]
+}
+
+/// plegd's CPU and relists per lifecycle under the default mode's slowest churn.
+fn churn_goal(m: &Value) -> Goal {
+    let churn = default_churn(m);
+    let churn_cost = |field| churn.and_then(|row| row[field].as_f64());
+    let (churn_cpu, churn_relists) = (
+        churn_cost("cpu_ms_per_lifecycle"),
+        churn_cost("relists_per_lifecycle"),
+    );
+    Goal {
+        text: "default under churn (its lowest rate): ≤ 2 ms of plegd CPU and ≤ 3 relists per lifecycle",
+        measured: format!(
+            "{} ms, {} relists per lifecycle at {}/s",
+            fixed(churn_cpu, 2),
+            fixed(churn_relists, 2),
+            churn.map_or("n/a".into(), |row| row["rate"].to_string()),
+        ),
+        met: both(churn_cpu.map(|v| v <= 2.0), churn_relists.map(|v| v <= 3.0)),
+    }
+}
+
+/// The default mode's p50 against both pollings'.
+fn polling_goal(m: &Value) -> Goal {
+    let default50 = p50_died(m, "default");
+    let ratio = |key| Some(p50_died(m, key)? / default50?);
+    let (r1, r100) = (ratio("polling-1s"), ratio("polling-100ms"));
+    Goal {
+        text: "default p50 ≥ 50x faster than polling 1 s, ≥ 5x faster than polling 100 ms",
+        measured: format!("{}x, {}x", fixed(r1, 1), fixed(r100, 1)),
+        met: both(r1.map(|r| r >= 50.0), r100.map(|r| r >= 5.0)),
+    }
+}
+
+/// The kernel's word of a death at the watcher, ahead of the runtime's.
+fn kernel_observation_goal(m: &Value) -> Goal {
+    let default_kills = mode(m, "default").map(|d| &d["kills"]);
+    let kernel50 = default_kills.and_then(|k| percentile(&numbers(k, "kernel_ms"), 50.0));
+    Goal {
+        text: "default: the kernel's observation of a death at a watcher p50 ≤ 0.5 ms",
+        measured: format!("p50 {} ms after the kill", fixed(kernel50, 2)),
+        met: kernel50.map(|v| v <= 0.5),
+    }
+}
+
+/// What an idle node pays at the largest idle size: CPU against polling 1 s's, and RSS.
+fn idle_goals(m: &Value) -> Vec<Goal> {
+    let biggest = largest_idle(m);
+    let idle = |key| idle_row(m, key, biggest?).and_then(added_cpu);
+    let (idle_default, idle_polling) = (idle("default"), idle("polling-1s"));
+    let rss = biggest
+        .and_then(|n| idle_row(m, "default", n))
+        .and_then(|r| r["rss_bytes"].as_f64())
+        .map(|b| b / (1 << 20) as f64);
+    vec![
         Goal {
             text: "idle CPU added (plegd + containerd's extra) ≤ 1/10 of polling 1 s's",
             measured: format!(
@@ -277,36 +293,58 @@ fn goals(run: &Run) -> Vec<Goal> {
                 None
             },
         },
-        Goal {
-            text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
-            measured: format!(
-                "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x (the \
-                 runtime's listing only dropped: {}x)",
-                fixed(flat_steady, 2),
-                fixed(flat_changed, 2),
-                fixed(flat_dropped, 2)
-            ),
-            met: both(
-                flat_steady.map(|v| v <= 1.5),
-                flat_changed.map(|v| v <= 1.5),
-            ),
+    ]
+}
+
+/// The pure core's per-pod relist time from 100 to 10,000 pods (criterion's estimates).
+fn relist_scale_goal(criterion: &Path) -> Goal {
+    let flat = |kind| {
+        Some(core_ns_per_pod(criterion, kind, 10_000)? / core_ns_per_pod(criterion, kind, 100)?)
+    };
+    let (flat_steady, flat_changed) = (flat("steady"), flat("changed"));
+    let flat_dropped = flat("dropped");
+    Goal {
+        text: "per-pod relist cost flat from 100 to 10,000 pods (within 1.5x)",
+        measured: format!(
+            "10,000 / 100 pods per-pod time: steady {}x, every pod changed {}x (the \
+             runtime's listing only dropped: {}x)",
+            fixed(flat_steady, 2),
+            fixed(flat_changed, 2),
+            fixed(flat_dropped, 2)
+        ),
+        met: both(
+            flat_steady.map(|v| v <= 1.5),
+            flat_changed.map(|v| v <= 1.5),
+        ),
+    }
+}
+
+/// The eBPF programs on the exec and exit tracepoints, time per run in the kernel.
+fn in_kernel_goal(m: &Value) -> Goal {
+    let kernel: Vec<(String, f64)> = m["kernel"]["programs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["program"].as_str().is_some_and(|n| {
+                n.contains("sched_process_exec") || n.contains("sched_process_exit")
+            })
+        })
+        .filter_map(|p| Some((p["program"].as_str()?.to_owned(), p["ns_per_run"].as_f64()?)))
+        .collect();
+    Goal {
+        text: "< 1 µs in-kernel per run on sched_process_exec/exit",
+        measured: if kernel.is_empty() {
+            "n/a".into()
+        } else {
+            kernel
+                .iter()
+                .map(|(n, ns)| format!("{n} {ns:.0} ns"))
+                .collect::<Vec<_>>()
+                .join(", ")
         },
-        Goal {
-            text: "< 1 µs in-kernel per run on sched_process_exec/exit",
-            measured: if kernel.is_empty() {
-                "n/a".into()
-            } else {
-                kernel
-                    .iter()
-                    .map(|(n, ns)| format!("{n} {ns:.0} ns"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-            met: (!kernel.is_empty()).then(|| kernel.iter().all(|(_, ns)| *ns < 1_000.0)),
-        },
-    ];
-    goals.extend(busy::goals(m));
-    goals
+        met: (!kernel.is_empty()).then(|| kernel.iter().all(|(_, ns)| *ns < 1_000.0)),
+    }
 }
 
 fn verdict(met: Option<bool>) -> &'static str {
@@ -605,7 +643,23 @@ pub fn write(run: &Run) -> Result<(String, String)> {
     } else {
         "full"
     };
-    let mut r = format!(
+    let mut r = header(run, kind);
+    r += &latency_section(m);
+    r += &idle_section(m);
+    r += &churn_section(m);
+    r += &scale_section(run.criterion);
+    r += &kernel_section(m);
+    let busy = busy::sections(m);
+    if !busy.is_empty() {
+        let _ = write!(r, "\n{busy}");
+    }
+    Ok((r, summary(run, kind)))
+}
+
+/// The title, what was run where, and the goals.
+fn header(run: &Run, kind: &str) -> String {
+    let m = run.measured;
+    format!(
         "# plegd benchmark report\n\n\
          - date: {}\n- command: `{}` ({kind})\n- git revision: {}\n- kernel: {}\n- cores: {}\n\
          - containerd: {}\n\n\
@@ -620,9 +674,12 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         m["cores"],
         m["containerd"].as_str().unwrap_or("?"),
         goals_table(run),
-    );
-    let _ = write!(
-        r,
+    )
+}
+
+/// 1. Latency per mode, where a death's time goes, OOM kills, kernel observations, starts.
+fn latency_section(m: &Value) -> String {
+    format!(
         "## 1. Latency per mode\n\n{} kill -9s per mode, a random 0-1 s delay before each (kills \
          land anywhere in both pollings' relist periods). ContainerDied latency in ms from the \
          kill; the − columns are ContainerDied minus the anchor measured for the same kill: \
@@ -647,17 +704,23 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         oom_table(m),
         kernel_observation_table(m),
         start_table(m),
-    );
-    let _ = write!(
-        r,
+    )
+}
+
+/// 2. Idle cost.
+fn idle_section(m: &Value) -> String {
+    format!(
         "## 2. Idle cost\n\nCPU over a {} s window (utime+stime from /proc/<pid>/stat, % of one \
          core) with idle sleepers (pods of up to 10); the baseline is containerd without plegd \
          over the same length of time.\n\n{}\n![Idle CPU](idle_cpu.png)\n\n",
         m["idle_window_s"],
         idle_table(m)
-    );
-    let _ = write!(
-        r,
+    )
+}
+
+/// 3. Churn cost.
+fn churn_section(m: &Value) -> String {
+    format!(
         "## 3. Churn cost\n\nFor {} s per run, containers are created and started at the asked \
          rate (one pod, every mode at one rate before the next rate), each killed with kill -9 a \
          second after its start and removed once plegd reported it dead; plegd's CPU over the \
@@ -668,26 +731,33 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         m["churn_s"],
         m["churn_starts_in_flight"],
         churn_table(m)
-    );
-    let _ = write!(
-        r,
+    )
+}
+
+/// 4. Scale of the pure core (criterion's estimates).
+fn scale_section(criterion: &Path) -> String {
+    format!(
         "## 4. Scale of the pure core\n\nA full relist (list, diff, cache) over the in-memory \
          fake runtime, each pod a sandbox and one container; criterion's median \
          (`tests/benches/relist.rs`, group `relist_core`). Beside it, the floor no relist \
          gets under: the listing the runtime handed over, only dropped (every relist drops \
          it); it grows per pod as the records outgrow the CPU's caches.\n\n{}\n",
-        core_table(run.criterion)
-    );
-    let _ = write!(
-        r,
+        core_table(criterion)
+    )
+}
+
+/// 5. In-kernel cost.
+fn kernel_section(m: &Value) -> String {
+    format!(
         "## 5. In-kernel cost\n\nRun time per run of each eBPF program of plegd in eBPF-only \
          mode (kernel bpf_stats enabled only during the storm; deltas over it).\n\n{}",
         kernel_table(m)
-    );
-    let busy = busy::sections(m);
-    if !busy.is_empty() {
-        let _ = write!(r, "\n{busy}");
-    }
+    )
+}
+
+/// What goes into docs/benchmarks.md between its markers.
+fn summary(run: &Run, kind: &str) -> String {
+    let m = run.measured;
     let busy_tables: String = [
         ("cost", busy::cost_table as fn(&Value) -> String),
         ("throughput", busy::throughput_table),
@@ -698,7 +768,7 @@ pub fn write(run: &Run) -> Result<(String, String)> {
     .filter(|(section, _)| m[*section].is_array())
     .map(|(_, table)| table(m) + "\n")
     .collect();
-    let summary = format!(
+    format!(
         "Last run: {} ({kind}), kernel {}, {} cores, containerd {}, revision {}. Written by \
          `cargo xtask bench`; do not edit by hand.\n\n{}\n{}\n{}\n{busy_tables}{}",
         run.date,
@@ -710,8 +780,7 @@ pub fn write(run: &Run) -> Result<(String, String)> {
         breakdown_table(m),
         churn_table(m),
         goals_table(run),
-    );
-    Ok((r, summary))
+    )
 }
 
 /// `page` with what lies between the summary markers replaced by `summary`.

@@ -85,8 +85,22 @@ fn event_mode(row: &Value) -> bool {
         .is_some_and(|m| !m.starts_with("polling"))
 }
 
+/// The busy node's goals: the cost runs', the throughput beside plegd, the overload share and
+/// the cold start at density.
 pub(super) fn goals(m: &Value) -> Vec<Goal> {
-    let mut goals = Vec::new();
+    let [calls, lost] = cost_goals(m);
+    vec![
+        calls,
+        lost,
+        throughput_goal(m),
+        overload_goal(m),
+        cold_start_goal(m),
+    ]
+}
+
+/// Runtime calls per lifecycle at each K and backend, and the lifecycles the watcher missed
+/// events of.
+fn cost_goals(m: &Value) -> [Goal; 2] {
     let cost: Vec<&Value> = rows(m, "cost").collect();
     let calls: Vec<String> = cost
         .iter()
@@ -99,7 +113,7 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
             )
         })
         .collect();
-    goals.push(Goal {
+    let calls_goal = Goal {
         text: "default: ≤ 3 runtime calls per lifecycle at K = 2, 16, 64, both backends",
         measured: if calls.is_empty() {
             "n/a".into()
@@ -113,7 +127,7 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
                     .is_some_and(|c| c <= CALLS_GOAL)
             })
         }),
-    });
+    };
     let lost: Vec<String> = cost
         .iter()
         .map(|r| {
@@ -125,7 +139,7 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
             )
         })
         .collect();
-    goals.push(Goal {
+    let lost_goal = Goal {
         text: "default: every lifecycle of the cost runs seen (no event at all / no Started / no Died / no Removed: 0)",
         measured: if lost.is_empty() {
             "n/a".into()
@@ -133,9 +147,14 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
             lost.join("; ")
         },
         met: (!cost.is_empty()).then(|| cost.iter().all(|r| missing(r) == [0; 4])),
-    });
+    };
+    [calls_goal, lost_goal]
+}
+
+/// containerd's churn throughput beside plegd against without it.
+fn throughput_goal(m: &Value) -> Goal {
     let ratios = throughput_ratios(m);
-    goals.push(Goal {
+    Goal {
         text: "containerd's churn throughput beside plegd (default) ≥ 0.95x of without, K = 16 and 64 (ratio of the medians)",
         measured: if ratios.is_empty() {
             "n/a".into()
@@ -147,7 +166,11 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
                 .join("; ")
         },
         met: (!ratios.is_empty()).then(|| ratios.values().all(|r| *r >= THROUGHPUT_GOAL)),
-    });
+    }
+}
+
+/// plegd's own share of a death's time when the node is overloaded, in every event mode.
+fn overload_goal(m: &Value) -> Goal {
     let shares: Vec<(String, Option<f64>, u64)> = rows(m, "overload")
         .filter(|r| event_mode(r))
         .map(|r| {
@@ -158,7 +181,7 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
             )
         })
         .collect();
-    goals.push(Goal {
+    Goal {
         text: "under overload (K = 16): plegd's own share of ContainerDied after containerd publishes /tasks/exit, p99 ≤ 10 ms in every event mode",
         measured: if shares.is_empty() {
             "n/a".into()
@@ -184,12 +207,16 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
                 .iter()
                 .all(|(_, p99, no_died)| *no_died == 0 && p99.is_some_and(|v| v <= SHARE_P99_GOAL))
         }),
-    });
+    }
+}
+
+/// /readyz, a complete listing and RSS at 1,000 pods.
+fn cold_start_goal(m: &Value) -> Goal {
     let dense = rows(m, "density").find(|r| r["pods"].as_u64() == Some(DENSITY_PODS));
     let largest = rows(m, "density").max_by_key(|r| r["pods"].as_u64().unwrap_or(0));
     let shown = dense.or(largest);
     let mib = |r: &Value| r["rss_bytes"].as_f64().map(|b| b / f64::from(1 << 20));
-    goals.push(Goal {
+    Goal {
         text: "cold start at 1,000 pods (2,000 containers): /readyz 200 and every container listed within 2 s of exec, RSS ≤ 32 MiB",
         measured: shown.map_or_else(
             || "n/a".into(),
@@ -205,10 +232,11 @@ pub(super) fn goals(m: &Value) -> Vec<Goal> {
         ),
         met: dense.map(|r| {
             let within = |f: &str| r[f].as_f64().is_some_and(|v| v <= COLD_START_GOAL);
-            within("ready_ms") && within("listed_ms") && mib(r).is_some_and(|v| v <= DENSITY_RSS_GOAL)
+            within("ready_ms")
+                && within("listed_ms")
+                && mib(r).is_some_and(|v| v <= DENSITY_RSS_GOAL)
         }),
-    });
-    goals
+    }
 }
 
 /// Per backend and K: runtime calls per lifecycle by method and in all, relists, CPU, and the

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{cmd::render, workspace::format_duration};
+use super::{cmd::render, workspace::format_duration};
 
 /// Say that the VM is still running after this long without output.
 const QUIET_NOTICE: Duration = Duration::from_secs(60);

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{
+use super::{
     cmd::{capture, output, render},
     workspace,
 };
@@ -77,7 +77,7 @@ pub fn check() -> Result<()> {
     breaking(&buf, &module, &against).with_context(|| {
         format!(
             "plegd.v1 is no longer compatible with the API at {} (the baseline in \
-             xtask/src/buf.rs): add new fields, messages and RPCs instead of changing or \
+             xtask/src/tools/buf.rs): add new fields, messages and RPCs instead of changing or \
              removing published ones",
             &BASELINE[..7]
         )

@@ -6,10 +6,16 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::cmd::stream;
+use super::cmd::stream;
 
 /// The environment variable the harness reads to choose its containerd.
 pub const RELEASE_ENV: &str = "PLEGD_TEST_CONTAINERD";
+
+/// The environment variable naming the plegd binary the tests run
+/// (`plegd_tests::process::plegd_binary`), when it is built already: they then build none
+/// (their own `cargo build -p plegd` would build plegd and its eBPF programs again, for
+/// plegd's features alone).
+pub const BINARY_ENV: &str = "PLEGD_TEST_BINARY";
 
 /// Which containerd the harness runs.
 #[derive(Debug, Clone, Default, Args)]
