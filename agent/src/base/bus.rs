@@ -460,6 +460,11 @@ impl<T: Sequenced> Follower<T> {
     pub fn next_sequence(&self) -> u64 {
         self.next
     }
+
+    /// The run whose events it reads ([`EventBus::run_id`]).
+    pub fn run_id(&self) -> u64 {
+        self.bus.run_id()
+    }
 }
 
 impl<T> std::fmt::Debug for Follower<T> {
