@@ -5,7 +5,9 @@
 //! points up.
 //!
 //! The same reading checks that the daemon runs no other program: no process is spawned by
-//! its code (tests excluded), so what it does is all in this crate.
+//! its code (tests excluded), so what it does is all in this crate; and that the wire's crates
+//! (protobuf messages, gRPC, HTTP/2) are named only at the edges, where a message is made or
+//! read, so everything between carries plegd's own types.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -374,4 +376,227 @@ fn process_spawning_is_recognised_outside_tests_only() {
     );
     let clean = "use std::process::ExitCode;\nfn f() { clap::Command::new(\"run\"); }\n// std::process::Command in a comment\n#[cfg(test)]\nmod tests { fn t() { std::process::Command::new(\"true\"); } }\n";
     assert!(spawns_processes(clean).is_empty());
+}
+
+/// The crates of the wire: protobuf messages (ours, CRI's, containerd's, OTLP's), gRPC and
+/// the HTTP/2 under it. Also every `tonic_*` crate (health, reflection, the codec).
+const WIRE_CRATES: &[&str] = &[
+    "plegd_proto",
+    "tonic",
+    "prost",
+    "prost_types",
+    "k8s_cri",
+    "containerd_client",
+    "opentelemetry_proto",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "http",
+    "http_body_util",
+    "tower",
+    "loona_hpack",
+];
+
+fn is_wire_crate(name: &str) -> bool {
+    WIRE_CRATES.contains(&name) || name.starts_with("tonic_")
+}
+
+/// Which wire crates an edge may name.
+enum Allowed {
+    Every,
+    Only(&'static [&'static str]),
+}
+
+/// The edges, by path under `src/` (a folder ends with `/`), with why each one is: the only
+/// places the wire's crates are named. A file elsewhere that names one fails
+/// `wire_types_only_at_the_edges`, and so does an edge that names none any more. The fuzz
+/// shims that decode wire bytes sit in the edge whose parser they drive
+/// (`sources/containerd_events.rs`, `api/authority.rs`); `fuzz.rs` itself names no wire crate.
+const EDGES: &[(&str, Allowed, &str)] = &[
+    (
+        "api/",
+        Allowed::Every,
+        "the plegd.v1 API: its service, listeners, conversion of plegd's types to messages and back, and the CLI's client",
+    ),
+    (
+        "export/",
+        Allowed::Every,
+        "the OTLP exporter: events as OpenTelemetry log records, sent over gRPC",
+    ),
+    (
+        "runtime/cri.rs",
+        Allowed::Every,
+        "the CRI backend of the Runtime port",
+    ),
+    (
+        "runtime/containerd.rs",
+        Allowed::Every,
+        "the containerd backend of the Runtime port",
+    ),
+    (
+        "runtime/tasks.rs",
+        Allowed::Every,
+        "containerd's task service, which both backends ask",
+    ),
+    (
+        "runtime/transport.rs",
+        Allowed::Every,
+        "the gRPC dialling and call deadline the backends share, and where a gRPC status becomes the port's CallCode",
+    ),
+    (
+        "sources/containerd_events.rs",
+        Allowed::Every,
+        "containerd's event stream (and the fuzz shim of its decoder)",
+    ),
+    (
+        "sources/cri_events.rs",
+        Allowed::Every,
+        "CRI's GetContainerEvents stream",
+    ),
+    (
+        "sources/reconnect.rs",
+        Allowed::Every,
+        "the streams' sessions: which gRPC statuses end a session for good",
+    ),
+    (
+        "daemon/state.rs",
+        Allowed::Every,
+        "the saved run's file format: the event history as length-delimited plegd.v1 events",
+    ),
+    (
+        "cli.rs",
+        Allowed::Every,
+        "the command line: `plegd watch --type` names plegd.v1's event types",
+    ),
+    (
+        "config/",
+        Allowed::Only(&["http"]),
+        "`--otlp-endpoint` is checked at start as the URI tonic will dial (http's URI parser: no message, no transport)",
+    ),
+];
+
+/// The edge `relative` (a path under `src/`) is in, if any.
+fn edge_of(relative: &str) -> Option<&'static (&'static str, Allowed, &'static str)> {
+    EDGES.iter().find(|(path, ..)| {
+        if path.ends_with('/') {
+            relative.starts_with(path)
+        } else {
+            relative == *path
+        }
+    })
+}
+
+/// The wire crates the code (not comments, not the test module) of `source` names: as the
+/// first segment of a path (`tonic::Status`, `use prost::Message`, `::prost::Message`,
+/// `#[derive(prost::Message)]`) or with `extern crate`.
+fn wire_crates_named(source: &str) -> BTreeSet<String> {
+    let code = code_of(source);
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut named = BTreeSet::new();
+    for (at, _) in code.match_indices("::") {
+        let before = &code[..at];
+        let start = before
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| is_ident(*c))
+            .last()
+            .map_or(at, |(i, _)| i);
+        let name = &before[start..];
+        // A path's first segment: not preceded by an identifier's `::` (`crate::http::x`).
+        let head = before[..start].trim_end();
+        let first = !head.ends_with("::")
+            || head[..head.len() - 2]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !is_ident(c));
+        if first && is_wire_crate(name) {
+            named.insert(name.to_owned());
+        }
+    }
+    for (at, _) in code.match_indices("extern crate ") {
+        let rest = &code[at + "extern crate ".len()..];
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if is_wire_crate(&name) {
+            named.insert(name);
+        }
+    }
+    named
+}
+
+#[test]
+fn wire_types_only_at_the_edges() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = files_under(&root);
+    let mut misplaced = Vec::new();
+    let mut edges_used = BTreeSet::new();
+    for (relative, source) in &files {
+        let is_test = relative
+            .iter()
+            .any(|part| part == "tests" || part == "tests.rs");
+        if is_test {
+            continue;
+        }
+        let relative = relative.to_string_lossy();
+        let named = wire_crates_named(source);
+        if named.is_empty() {
+            continue;
+        }
+        let edge = edge_of(&relative);
+        for name in &named {
+            match edge {
+                Some((path, Allowed::Every, _)) => {
+                    edges_used.insert(*path);
+                }
+                Some((path, Allowed::Only(crates), _)) if crates.contains(&name.as_str()) => {
+                    edges_used.insert(*path);
+                }
+                _ => misplaced.push(format!("{relative} names {name}")),
+            }
+        }
+    }
+    assert!(
+        misplaced.is_empty(),
+        "wire types below the edge (convert to plegd's own types at an edge, or name the \
+         place in EDGES with why):\n{}",
+        misplaced.join("\n")
+    );
+    let stale: Vec<&str> = EDGES
+        .iter()
+        .map(|(path, ..)| *path)
+        .filter(|path| !edges_used.contains(path))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "edges that name no wire crate any more (drop them from EDGES): {stale:?}"
+    );
+}
+
+#[test]
+fn wire_crates_are_recognised_in_code_only() {
+    let source = "use plegd_proto::v1 as pb;\nuse tonic::{Code, Status};\n#[derive(prost::Message)]\nstruct M;\nfn f() -> ::http::Uri { tonic_health::server::health_reporter(); todo!() }\nextern crate h2;\n";
+    let found: Vec<String> = wire_crates_named(source).into_iter().collect();
+    assert_eq!(
+        found,
+        [
+            "h2",
+            "http",
+            "plegd_proto",
+            "prost",
+            "tonic",
+            "tonic_health"
+        ]
+    );
+    let clean = "use crate::api::http::Listener;\nconst URL: &str = \"http://x\";\nfn f() { my_tonic::go(); self::prost::x(); }\n// tonic::Status in a comment\n#[cfg(test)]\nmod tests { use tonic::Status; }\n";
+    assert!(
+        wire_crates_named(clean).is_empty(),
+        "{:?}",
+        wire_crates_named(clean)
+    );
+    assert_eq!(edge_of("api/client.rs").map(|e| e.0), Some("api/"));
+    assert_eq!(
+        edge_of("runtime/cri.rs").map(|e| e.0),
+        Some("runtime/cri.rs")
+    );
+    assert!(edge_of("runtime/testing.rs").is_none());
+    assert!(edge_of("base/bus.rs").is_none());
 }

@@ -145,7 +145,7 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
     assert!(
         died["reason"] == "OOMKilled"
             || died["reason"] == "Error"
-            || (died["reason"].is_null() && died["confirmed_by"] == "task"),
+            || (died["reason"] == "" && died["confirmed_by"] == "task"),
         "{mode:?}: {died}"
     );
 }

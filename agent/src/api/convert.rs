@@ -109,10 +109,6 @@ pub fn event_from_pb(message: &pb::Event) -> Result<PodLifecycleEvent, NotAnEven
 
 /// A kernel notice as served: an event of its own type, never numbered.
 pub fn notice(notice: &Notice, run_id: u64) -> pb::Event {
-    let kind = match notice.kind {
-        NoticeKind::Ahead => pb::EventType::KernelObservation,
-        NoticeKind::Unconfirmed => pb::EventType::ObservationUnconfirmed,
-    };
     pb::Event {
         sequence: 0,
         pod_uid: notice.pod.0.clone(),
@@ -120,13 +116,59 @@ pub fn notice(notice: &Notice, run_id: u64) -> pb::Event {
         pod_name: notice.pod_name.clone(),
         container_id: notice.container_id.0.clone(),
         container_name: notice.container_name.clone(),
-        r#type: kind as i32,
+        r#type: notice_kind(notice.kind) as i32,
         observed_at: Some(timestamp(notice.observed_at)),
         emitted_at: Some(timestamp(notice.emitted_at)),
-        sources: vec![source(TriggerSource::Ebpf) as i32],
+        sources: vec![source(Notice::SOURCE) as i32],
         observations: notice.observations.iter().filter_map(observation).collect(),
         run_id,
         ..pb::Event::default()
+    }
+}
+
+/// A kernel notice as served, back in plegd's terms; `None` for a message of another type.
+pub fn notice_from_pb(message: &pb::Event) -> Option<Notice> {
+    let kind = [NoticeKind::Ahead, NoticeKind::Unconfirmed]
+        .into_iter()
+        .find(|kind| notice_kind(*kind) == message.r#type())?;
+    let time = |t: &Option<Timestamp>| from_timestamp(t.as_ref()).unwrap_or(SystemTime::UNIX_EPOCH);
+    Some(Notice {
+        kind,
+        pod: PodUid(message.pod_uid.clone()),
+        pod_namespace: message.pod_namespace.clone(),
+        pod_name: message.pod_name.clone(),
+        container_id: ContainerId(message.container_id.clone()),
+        container_name: message.container_name.clone(),
+        observations: message
+            .observations
+            .iter()
+            .filter_map(observation_from_pb)
+            .collect(),
+        observed_at: time(&message.observed_at),
+        emitted_at: time(&message.emitted_at),
+    })
+}
+
+/// What a Watch stream sends, back in plegd's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Watched {
+    Event(PodLifecycleEvent),
+    Notice(Notice),
+}
+
+/// A message of a Watch stream back in plegd's terms: an event or a kernel notice;
+/// [`NotAnEvent`] for a type this plegd does not know (a newer daemon's).
+pub fn watched_from_pb(message: &pb::Event) -> Result<Watched, NotAnEvent> {
+    match notice_from_pb(message) {
+        Some(notice) => Ok(Watched::Notice(notice)),
+        None => event_from_pb(message).map(Watched::Event),
+    }
+}
+
+fn notice_kind(kind: NoticeKind) -> pb::EventType {
+    match kind {
+        NoticeKind::Ahead => pb::EventType::KernelObservation,
+        NoticeKind::Unconfirmed => pb::EventType::ObservationUnconfirmed,
     }
 }
 
@@ -150,17 +192,6 @@ pub fn event_type_from_pb(t: pb::EventType) -> Option<PodLifecycleEventType> {
     ]
     .into_iter()
     .find(|domain| event_type(*domain) == t)
-}
-
-/// The name of a message's type, as printed: the PLEG's own, or the API's for its notices.
-pub fn event_type_name(t: pb::EventType) -> &'static str {
-    match (event_type_from_pb(t), t) {
-        (Some(domain), _) => domain.name(),
-        (None, pb::EventType::KernelObservation) => "KernelObservation",
-        (None, pb::EventType::ObservationUnconfirmed) => "ObservationUnconfirmed",
-        (None, pb::EventType::PodSync) => "PodSync",
-        (None, _) => "Unspecified",
-    }
 }
 
 pub fn source(s: TriggerSource) -> pb::TriggerSource {
@@ -283,14 +314,6 @@ const OOM_SCOPES: [OomScope; 5] = [
     OomScope::Node,
     OomScope::Unknown,
 ];
-
-/// An observation as served, as printed: `source:fact`.
-pub fn observation_text(o: &pb::Observation) -> String {
-    match observation_from_pb(o) {
-        Some(observation) => observation.to_string(),
-        None => format!("{}:?", source_name(o.source())),
-    }
-}
 
 /// A pod sync as served.
 pub fn pod_sync(sync: &PodSync, run_id: u64) -> pb::PodSync {
@@ -531,7 +554,7 @@ mod tests {
         assert_eq!(pb_kill.scope(), pb::OomScope::Ancestor);
         assert_eq!(observation_from_pb(&served), Some(observed));
         assert_eq!(
-            observation_text(&served),
+            observation_from_pb(&served).unwrap().to_string(),
             "ebpf:oom_scope=ancestor(/kubepods/besteffort,limit=67108864,victim=77/hog)"
         );
         // A node OOM: no cgroup, no limit; an unset scope reads as unknown.
@@ -544,6 +567,42 @@ mod tests {
         assert_eq!(oom_kill_from_pb(&oom_kill(&node)), node);
         let unset = pb::OomKill::default();
         assert_eq!(oom_kill_from_pb(&unset).scope, OomScope::Unknown);
+    }
+
+    /// What `plegd watch` reads back of a Watch stream: events and notices whole, a type it
+    /// does not know named.
+    #[test]
+    fn a_watch_streams_messages_read_back_as_events_and_notices() {
+        let event = crate::runtime::testing::event(3, "p");
+        assert_eq!(
+            watched_from_pb(&self::event(&event, 9)),
+            Ok(Watched::Event(event.clone()))
+        );
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        for kind in [NoticeKind::Ahead, NoticeKind::Unconfirmed] {
+            let told = Notice {
+                kind,
+                pod: event.pod.clone(),
+                pod_namespace: "ns".into(),
+                pod_name: "p".into(),
+                container_id: event.container_id.clone(),
+                container_name: "app".into(),
+                observations: vec![Observation {
+                    source: TriggerSource::Ebpf,
+                    kind: ObservationKind::Signal(9),
+                }],
+                observed_at: at,
+                emitted_at: at + Duration::from_millis(1),
+            };
+            let served = notice(&told, 9);
+            assert_eq!(served.sequence, 0);
+            assert_eq!(watched_from_pb(&served), Ok(Watched::Notice(told)));
+        }
+        let newer = pb::Event {
+            r#type: 99,
+            ..self::event(&event, 9)
+        };
+        assert_eq!(watched_from_pb(&newer), Err(NotAnEvent(99)));
     }
 
     #[test]

@@ -38,19 +38,6 @@ use tokio::sync::{
 };
 use tracing::warn;
 
-/// The bus of plegd's events, as served (`plegd.v1.Event`).
-pub type ApiBus = EventBus<plegd_proto::v1::Event>;
-
-impl Sequenced for plegd_proto::v1::Event {
-    fn sequence(&self) -> u64 {
-        self.sequence
-    }
-
-    fn size(&self) -> usize {
-        std::mem::size_of::<Self>() + prost::Message::encoded_len(self)
-    }
-}
-
 /// Default number of events kept for resuming watchers.
 pub const DEFAULT_EVENT_HISTORY: usize = 10_000;
 /// Default bytes the kept events hold at most ([`Sequenced::size`]): 10,000 events of a
@@ -472,6 +459,11 @@ impl<T: Sequenced> Follower<T> {
     /// The sequence of the next event it reads.
     pub fn next_sequence(&self) -> u64 {
         self.next
+    }
+
+    /// The run whose events it reads ([`EventBus::run_id`]).
+    pub fn run_id(&self) -> u64 {
+        self.bus.run_id()
     }
 }
 

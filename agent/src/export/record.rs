@@ -79,7 +79,7 @@ impl Origin {
 /// `event`, of run `run_id`, as a log record: timed when the change was first seen, observed
 /// when plegd emitted it; its body the line `plegd run` prints for it.
 pub fn record(event: &PodLifecycleEvent, run_id: u64) -> LogRecord {
-    let line = EventLine::new(event);
+    let line = EventLine::new(event, run_id);
     let failed = event.event_type == PodLifecycleEventType::ContainerDied
         && event.exit_code.is_some_and(|code| code != 0);
     let (severity, severity_text) = if failed {

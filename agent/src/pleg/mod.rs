@@ -94,7 +94,7 @@ pub use self::{
             ContainerId, ContainerRecord, ContainerState, Containers, HostIdentity, OomWitness,
             PodRecord, PodRecords, PodUid, Store, TaskRecord, UnknownStore, exit_reason,
         },
-        runtime::{ContainerRead, Runtime, RuntimeError},
+        runtime::{CallCode, ContainerRead, Runtime, RuntimeError},
         trigger::{
             Identity, Observation, ObservationKind, OomKill, OomScope, Scope, Trigger,
             TriggerSource,

@@ -21,7 +21,7 @@ use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::info;
 
 use crate::{
-    pleg::{ContainerId, RuntimeError, TaskRecord},
+    pleg::{CallCode, ContainerId, RuntimeError, TaskRecord},
     runtime::transport::{Caller, found},
 };
 
@@ -119,9 +119,10 @@ impl TaskService {
         let process = get_process(&self.caller, &self.channel, &self.namespace, &container.0);
         match process.await {
             Ok(process) => Ok(process.as_ref().and_then(task_record)),
-            Err(RuntimeError::Call { status, .. })
-                if status.code() == tonic::Code::Unimplemented =>
-            {
+            Err(RuntimeError::Call {
+                code: CallCode::Unsupported,
+                ..
+            }) => {
                 info!(
                     endpoint = %self.caller.endpoint,
                     "the runtime has no task service: starts and exits are confirmed by CRI"

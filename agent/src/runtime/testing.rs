@@ -8,9 +8,9 @@ use std::{
 };
 
 use crate::pleg::{
-    ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, HostIdentity,
-    Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType, PodRecord, PodUid,
-    Runtime, RuntimeError, Scope, Store, TaskRecord, TriggerSource,
+    CallCode, ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers,
+    HostIdentity, Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
+    PodRecord, PodUid, Runtime, RuntimeError, Scope, Store, TaskRecord, TriggerSource,
 };
 
 const ENDPOINT: &str = "fake";
@@ -275,7 +275,8 @@ fn injected(call: &'static str) -> RuntimeError {
     RuntimeError::Call {
         endpoint: ENDPOINT.to_owned(),
         call,
-        status: tonic::Status::unavailable("injected failure"),
+        code: CallCode::Other,
+        source: "injected failure".into(),
     }
 }
 

@@ -7,7 +7,10 @@ use std::{
 
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{base::metrics::RuntimeCalls, pleg::RuntimeError};
+use crate::{
+    base::metrics::RuntimeCalls,
+    pleg::{CallCode, RuntimeError},
+};
 
 /// Largest response accepted, as kubelet's CRI client (tonic's default of 4 MiB is too small
 /// for a full list on a busy node).
@@ -61,7 +64,10 @@ pub(crate) async fn connect_unix(
             .and_then(|m| not_a_socket(m.file_type()))
         {
             Some(what) => Err(RuntimeError::NotASocket { endpoint, what }),
-            None => Err(RuntimeError::Connect { endpoint, source }),
+            None => Err(RuntimeError::Connect {
+                endpoint,
+                source: source.into(),
+            }),
         },
         Err(_) => Err(RuntimeError::Timeout {
             endpoint,
@@ -103,11 +109,7 @@ impl Caller {
         self.calls.count(call);
         match tokio::time::timeout(self.timeout, request).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(RuntimeError::Call {
-                endpoint: self.endpoint.clone(),
-                call,
-                status,
-            }),
+            Ok(Err(status)) => Err(call_error(self.endpoint.clone(), call, status)),
             Err(_) => Err(RuntimeError::Timeout {
                 endpoint: self.endpoint.clone(),
                 call,
@@ -117,14 +119,35 @@ impl Caller {
     }
 }
 
+/// A gRPC status a runtime answered `call` with, in the PLEG's terms: the codes its callers act
+/// on by name, the status kept as the cause.
+pub(crate) fn call_error(
+    endpoint: String,
+    call: &'static str,
+    status: tonic::Status,
+) -> RuntimeError {
+    let code = match status.code() {
+        tonic::Code::NotFound => CallCode::NotFound,
+        tonic::Code::Unimplemented => CallCode::Unsupported,
+        _ => CallCode::Other,
+    };
+    RuntimeError::Call {
+        endpoint,
+        call,
+        code,
+        source: status.into(),
+    }
+}
+
 /// A call's result with NotFound as `None`: the object vanished between a list and a status
 /// call, which is no error.
 pub(crate) fn found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, RuntimeError> {
     match result {
         Ok(value) => Ok(Some(value)),
-        Err(RuntimeError::Call { status, .. }) if status.code() == tonic::Code::NotFound => {
-            Ok(None)
-        }
+        Err(RuntimeError::Call {
+            code: CallCode::NotFound,
+            ..
+        }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -149,18 +172,41 @@ mod tests {
 
     #[test]
     fn not_found_is_recognised_only_for_call_errors() {
-        let gone = RuntimeError::Call {
-            endpoint: "e".into(),
-            call: "ContainerStatus",
-            status: tonic::Status::not_found("gone"),
-        };
-        let failed = RuntimeError::Call {
-            endpoint: "e".into(),
-            call: "ContainerStatus",
-            status: tonic::Status::unavailable("down"),
-        };
+        let answered = |status| call_error("e".into(), "ContainerStatus", status);
+        let gone = answered(tonic::Status::not_found("gone"));
+        let failed = answered(tonic::Status::unavailable("down"));
         assert!(matches!(found::<()>(Err(gone)), Ok(None)));
         assert!(found::<()>(Err(failed)).is_err());
         assert!(matches!(found(Ok(1)), Ok(Some(1))));
+    }
+
+    /// The codes callers act on are named; the status stays the cause, its text in the error's.
+    #[test]
+    fn a_status_maps_to_the_code_callers_act_on_and_stays_the_cause() {
+        let cases = [
+            (tonic::Status::not_found("gone"), CallCode::NotFound),
+            (
+                tonic::Status::unimplemented("no tasks"),
+                CallCode::Unsupported,
+            ),
+            (tonic::Status::unavailable("down"), CallCode::Other),
+            (tonic::Status::deadline_exceeded("late"), CallCode::Other),
+        ];
+        for (status, want) in cases {
+            let message = status.message().to_owned();
+            let error = call_error("unix:///run/c.sock".into(), "Tasks.Get", status);
+            let RuntimeError::Call { code, .. } = &error else {
+                panic!("{error:?}");
+            };
+            assert_eq!(*code, want, "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("unix:///run/c.sock: Tasks.Get: ")
+            );
+            assert!(error.to_string().contains(&message), "{error}");
+            let cause = std::error::Error::source(&error).expect("a cause");
+            assert!(cause.downcast_ref::<tonic::Status>().is_some(), "{cause:?}");
+        }
     }
 }

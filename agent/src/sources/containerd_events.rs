@@ -424,6 +424,26 @@ fn container_event(
     Ok(Said::at(container, kind, published))
 }
 
+/// One containerd event through the decoder of its stream: the fuzz target's entry point, not
+/// an API. The first byte picks a topic (or, past the topics, decodes the rest as a whole
+/// envelope); the rest is the event's payload.
+#[doc(hidden)]
+pub fn fuzz_containerd_event(data: &[u8]) -> Option<Trigger> {
+    let (&pick, rest) = data.split_first()?;
+    let envelope = match TOPICS.get(usize::from(pick)) {
+        Some(topic) => Envelope {
+            topic: (*topic).to_owned(),
+            event: Some(prost_types::Any {
+                type_url: String::new(),
+                value: rest.to_vec(),
+            }),
+            ..Envelope::default()
+        },
+        None => Envelope::decode(rest).ok()?,
+    };
+    trigger_of(&envelope, SystemTime::UNIX_EPOCH).ok().flatten()
+}
+
 /// Whether a task event is about an exec process rather than the container's init process
 /// (whose process id is the container id).
 fn is_exec(process_id: &str, container_id: &str) -> bool {

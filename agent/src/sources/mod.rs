@@ -10,27 +10,5 @@ pub mod ebpf;
 pub(crate) mod reconnect;
 pub mod status;
 
-/// One containerd event through the decoder of its stream: the fuzz target's entry point, not
-/// an API. The first byte picks a topic (or, past the topics, decodes the rest as a whole
-/// envelope); the rest is the event's payload.
 #[doc(hidden)]
-pub fn fuzz_containerd_event(data: &[u8]) -> Option<crate::pleg::Trigger> {
-    use containerd_client::types::Envelope;
-    use prost::Message as _;
-
-    let (&pick, rest) = data.split_first()?;
-    let envelope = match containerd_events::TOPICS.get(usize::from(pick)) {
-        Some(topic) => Envelope {
-            topic: (*topic).to_owned(),
-            event: Some(prost_types::Any {
-                type_url: String::new(),
-                value: rest.to_vec(),
-            }),
-            ..Envelope::default()
-        },
-        None => Envelope::decode(rest).ok()?,
-    };
-    containerd_events::trigger_of(&envelope, std::time::SystemTime::UNIX_EPOCH)
-        .ok()
-        .flatten()
-}
+pub use containerd_events::fuzz_containerd_event;

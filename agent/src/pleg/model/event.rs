@@ -135,6 +135,16 @@ pub enum NoticeKind {
     Unconfirmed,
 }
 
+impl NoticeKind {
+    /// The name, as in the API's documentation and the output (beside the events' types).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ahead => "KernelObservation",
+            Self::Unconfirmed => "ObservationUnconfirmed",
+        }
+    }
+}
+
 /// Kernel observations about one container, for the consumers that asked to see them before
 /// (or without) the runtime's confirmation; best effort.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,6 +160,11 @@ pub struct Notice {
     pub observations: Vec<Observation>,
     pub observed_at: SystemTime,
     pub emitted_at: SystemTime,
+}
+
+impl Notice {
+    /// Where every notice comes from: the kernel's probes.
+    pub const SOURCE: TriggerSource = TriggerSource::Ebpf;
 }
 
 #[cfg(test)]

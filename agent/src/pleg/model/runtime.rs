@@ -11,14 +11,16 @@ use crate::{
     },
 };
 
-/// A runtime call that failed.
+/// A runtime call that failed. The cause is kept whole for its text and its own causes (a
+/// transport's or a gRPC status's error, which only the adapter that made the call knows the
+/// type of); what callers act on is said in plegd's terms ([`CallCode`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("{endpoint}: connecting: {source}")]
     Connect {
         endpoint: String,
         #[source]
-        source: tonic::transport::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The endpoint's path exists but no runtime can listen on it.
     #[error("{endpoint} is {what}, not a unix socket")]
@@ -32,13 +34,26 @@ pub enum RuntimeError {
         call: &'static str,
         timeout: Duration,
     },
-    #[error("{endpoint}: {call}: {status}")]
+    /// The runtime answered the call with an error.
+    #[error("{endpoint}: {call}: {source}")]
     Call {
         endpoint: String,
         call: &'static str,
+        code: CallCode,
         #[source]
-        status: tonic::Status,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// What a runtime's error answer means to its callers: the cases they act on, and the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallCode {
+    /// What the call named does not exist (it went between a listing and a status call).
+    NotFound,
+    /// The runtime does not offer the call (a socket without containerd's task service).
+    Unsupported,
+    /// Any other error: the call may succeed later.
+    Other,
 }
 
 /// Reads pod and container state from a container runtime.
