@@ -109,20 +109,17 @@ impl Daemon {
         let receiver = config.otlp.as_ref().map(Receiver::new).transpose()?;
         let metrics = Metrics::counting(runtime.calls());
         let runtime_id = state::runtime_identity(config, push.runtime_socket.as_deref());
-        let (resume, exported) = match state::restore(config, &runtime_id) {
-            Some(continued) => (Some(continued.resume), continued.exported),
-            None => (None, None),
-        };
+        let (saved, exported) = state::restore(config, &runtime_id).unzip();
         let (pleg, running) = Pleg::start(
             runtime,
             handler,
             options(config, &push),
-            resume,
+            saved,
             new_run_id(),
             &metrics,
         );
-        let exporter =
-            receiver.map(|receiver| start_export(receiver, &pleg, exported, config, &metrics));
+        let exporter = receiver
+            .map(|receiver| start_export(receiver, &pleg, exported.flatten(), config, &metrics));
         // From the start's first event: stdout misses none, however late it subscribes.
         let events = pleg
             .events()
@@ -224,7 +221,7 @@ impl Daemon {
         // Every event is in the bus's history, which is saved with the reading: the next start
         // continues the run whatever stdout and the OTLP receiver managed to take.
         if let Some(saved) = saved {
-            state::keep(&self.config, self.runtime_id, saved, exported);
+            state::keep(&self.config, &self.runtime_id, &saved, exported);
         }
         drop(self.pleg);
         info!("plegd stopped");
@@ -491,7 +488,7 @@ mod tests {
         shutdown.cancel();
         daemon.await.unwrap().unwrap();
 
-        let saved = state::take(state.path(), &state::runtime_identity(&config, None))
+        let (saved, _) = state::take(state.path(), &state::runtime_identity(&config, None))
             .unwrap()
             .expect("a saved run");
         let died = saved.history.last().expect("the death in the history");
@@ -507,7 +504,7 @@ mod tests {
                 Some(3)
             )
         );
-        let pod = &saved.run.records[&crate::pleg::PodUid("p".to_owned())];
+        let pod = &saved.records[&crate::pleg::PodUid("p".to_owned())];
         assert_eq!(
             pod.containers[&crate::pleg::ContainerId("c".to_owned())].state,
             ContainerState::Exited
