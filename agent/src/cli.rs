@@ -4,14 +4,10 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 use crate::{
     api::{self, client::WatchOptions},
-    base::capabilities,
     config::{Config, LogFormat, OutputFormat, RunArgs},
-    daemon::Daemon,
 };
 
 /// plegd: pod lifecycle events for a Linux node, with kubelet's PLEG semantics.
@@ -246,106 +242,12 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `plegd run`: the settings loaded and logging set up, then the daemon booted
+/// ([`crate::daemon::boot`]).
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     let config = Config::load(args)?;
     init_logging(config.log_format);
-    // The privileged start runs on this thread alone, before the async runtime starts its
-    // threads: capabilities belong to each thread, and those threads must begin with what is
-    // left. Bound first: a socket in use or a bad certificate stops plegd before anything else.
-    let listeners = api::Listeners::bind(&config).context("starting the API")?;
-    // `--mode ebpf` fails here, before waiting for the runtime.
-    let ebpf =
-        crate::daemon::load_ebpf(&config).context("loading the eBPF probes (--mode ebpf)")?;
-    let loaded = matches!(ebpf, crate::daemon::EbpfStart::Loaded(_));
-    let dropped = capabilities::drop_all_but(&capabilities::needed(loaded))
-        .context("dropping capabilities")?;
-    info!(kept = ?dropped.kept, "capabilities dropped");
-    if !dropped.bounding_left.is_empty() {
-        info!(
-            bounding = ?dropped.bounding_left,
-            "bounding set kept as given (no CAP_SETPCAP to shrink it); unused, plegd executes \
-             nothing"
-        );
-    }
-    // One thread: plegd's work comes in short bursts (an event, a read, a publish), and
-    // handing each between worker threads cost more than the work (churn bench: 2.1-2.4 ms of
-    // CPU per container lifecycle on one thread, 2.65-2.7 on two); a node daemon also takes
-    // one core at most, whatever the node's size.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let run = runtime.block_on(run_daemon(config, listeners, ebpf));
-    // Not waited for: a write to a stdout nobody reads blocks its thread for good.
-    runtime.shutdown_background();
-    run
-}
-
-async fn run_daemon(
-    config: Config,
-    listeners: api::Listeners,
-    ebpf: crate::daemon::EbpfStart,
-) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let Some(connected) = crate::daemon::connect(&config, &shutdown).await? else {
-        return Ok(());
-    };
-    // Refused here, before any subscription: a source that would take events from other agents.
-    let (config, plan) = connected.fit_sources(&config)?;
-    let push = crate::daemon::PushSources {
-        runtime_socket: Some(connected.socket),
-        ebpf,
-        plan: Some(plan),
-    };
-    let daemon = Daemon::start(connected.runtime, push, &config, tokio::io::stdout(), ())?;
-    let api = tokio::spawn(serve_api(listeners, daemon.shared(), shutdown.clone()));
-    let stop = async {
-        let served = daemon.run(shutdown.clone()).await;
-        shutdown.cancel();
-        let _ = api.await;
-        served
-    };
-    // Whatever a consumer does (a stdout nobody reads, a watcher that stopped reading, an
-    // OTLP receiver gone), plegd exits this long after it was asked to stop.
-    let deadline = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(crate::daemon::STOP_DEADLINE).await;
-    };
-    tokio::select! {
-        served = stop => served.context("plegd stopped"),
-        () = deadline => {
-            tracing::warn!(
-                deadline = ?crate::daemon::STOP_DEADLINE,
-                "stopping took too long; exiting without waiting for the rest"
-            );
-            Ok(())
-        }
-    }
-}
-
-/// Serves the API; an API that fails stops the daemon.
-async fn serve_api(listeners: api::Listeners, shared: api::Shared, shutdown: CancellationToken) {
-    if let Err(e) = listeners.serve(shared, shutdown.clone()).await {
-        tracing::error!("the API failed: {e}; shutting down");
-        shutdown.cancel();
-    }
-}
-
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        warn!("cannot install signal handlers; stop plegd with SIGKILL");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: shutting down"),
-        _ = int.recv() => info!("SIGINT: shutting down"),
-    }
-    shutdown.cancel();
+    Ok(crate::daemon::boot::run(&config)?)
 }
 
 /// The completion script of `plegd` for `shell`.

@@ -33,7 +33,8 @@
 //!    plegd's types and the API's messages, and the CLI's client side; `export`: the events
 //!    as OpenTelemetry log records, sent to an OTLP receiver; `fuzz`: the fuzz targets'
 //!    properties (over the parsers of `config` and `sources`).
-//! 6. `daemon`: `plegd run` (everything wired, owned by one `Daemon`) and `plegd check`.
+//! 6. `daemon`: `plegd run` (booted in one place; everything, the API's servers included,
+//!    started, owned and stopped by one `Daemon`) and `plegd check`.
 //! 7. `cli`: the `plegd` command line.
 //!
 //! Modules are public only where the binary, the end-to-end tests, the benchmarks or a

@@ -25,9 +25,9 @@ use std::{
 use criterion::{BenchmarkId, Criterion, Throughput};
 use plegd::{
     pleg::{
-        ContainerId, ContainerRead, ContainerState, EventSink, Health, Hints, PodCache,
-        PodLifecycleEvent, PodRecord, PodUid, RelistConfig, Relister, Runtime, RuntimeError, Scope,
-        TaskRecord,
+        ContainerId, ContainerRead, ContainerState, Health, PodCache, PodLifecycleEvent, PodRecord,
+        PodUid, RelistConfig, Runtime, RuntimeError, Scope, TaskRecord,
+        testing::{EventSink, Hints, Relister},
     },
     runtime::{
         AnyRuntime, RuntimeKind, RuntimeOptions,

@@ -15,7 +15,7 @@ use std::{
 use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
-    daemon::{self, PushSources},
+    daemon::{Daemon, PushSources},
     pleg::ContainerState,
     runtime::testing::{FakeRuntime, container},
 };
@@ -87,25 +87,17 @@ async fn scenario(stalled: usize) -> Report {
     }
     let listeners = Listeners::bind(&config).expect("API bound");
     let shutdown = CancellationToken::new();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let daemon = tokio::spawn({
-        let (runtime, config, shutdown) = (runtime.clone(), config.clone(), shutdown.clone());
-        async move {
-            let push = PushSources::none();
-            daemon::serve(
-                runtime,
-                push,
-                &config,
-                tokio::io::sink(),
-                (),
-                shutdown,
-                Some(started_tx),
-            )
-            .await
-        }
-    });
-    let shared = started_rx.await.expect("daemon started");
-    let api = tokio::spawn(listeners.serve(shared.clone(), shutdown.clone()));
+    let daemon = Daemon::start(
+        runtime.clone(),
+        PushSources::none(),
+        Some(listeners),
+        &config,
+        tokio::io::sink(),
+        (),
+    )
+    .expect("daemon started");
+    let shared = daemon.shared();
+    let daemon = tokio::spawn(daemon.run(shutdown.clone()));
 
     let mut held = Vec::new();
     for _ in 0..stalled {
@@ -167,7 +159,6 @@ async fn scenario(stalled: usize) -> Report {
     shutdown.cancel();
     drop(held);
     daemon.await.expect("daemon task").expect("daemon");
-    api.await.expect("API task").expect("API");
     delays.sort();
     Report {
         delays,

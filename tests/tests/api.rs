@@ -197,7 +197,7 @@ async fn watch_streams_the_events_of_real_containers() {
         "{end:?}"
     );
     let socket = api.socket.clone();
-    api.stopped().await;
+    api.stopped();
     assert!(!socket.exists(), "socket removed on shutdown");
 }
 
@@ -263,7 +263,7 @@ async fn resume_after_a_disconnect_gets_exactly_the_missed_events() {
     .await;
     assert_eq!(live[0].sequence, missed.last().unwrap().0 + 1);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +329,7 @@ async fn resume_from_too_old_a_sequence_or_another_run_is_out_of_range() {
     .await;
     assert_eq!(removed[0].sequence, listing.sequence + 1);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// A client whose HTTP/2 stream window is 256 bytes: once it stops reading, the server can
@@ -448,7 +448,7 @@ async fn a_subscriber_that_stops_reading_is_ended_as_lagged_while_another_keeps_
     // The deaf one's final status sits behind events it never reads: shutdown must not wait
     // for it forever, but cut its connection after the grace period.
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
     let (_, cut) = drain(&mut deaf).await;
     assert_ne!(
         cut.code(),
@@ -598,7 +598,7 @@ async fn a_runtime_that_hangs_mid_churn_turns_health_off_then_recovers_losing_no
     }
     cri.remove_pod(&pod).await.unwrap();
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 async fn scrape(api: &ServedApi) -> BTreeMap<String, f64> {
@@ -665,7 +665,7 @@ async fn metrics_are_scraped_and_move() {
         404
     );
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,7 +686,7 @@ async fn the_socket_is_0600_in_a_0700_directory_and_single_use() {
     let err = plegd::api::Listeners::bind(&second).unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// Whether `client`'s ListPods is served (for [`plegd_tests::wait::until`]).
@@ -756,7 +756,7 @@ async fn a_peer_on_the_socket_holds_its_share_of_connections_and_streams_and_no_
     .unwrap();
     drop(first);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// ListPods over TLS to `address`, trusting `ca`, presenting `identity`; any failure (dial,
@@ -851,7 +851,7 @@ async fn tcp_is_served_over_tls_to_clients_with_a_certificate_from_the_client_ca
         assert!(client.list_pods(request).await.is_err());
     }
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// A pipe whose reading end is kept and never read, holding one page: a process writing into

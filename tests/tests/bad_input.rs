@@ -585,5 +585,5 @@ async fn absurd_watch_requests_get_a_status_and_the_server_keeps_serving() {
     .expect("the sensible watcher still gets events");
     assert_eq!(died.pod_uid, "uid-1");
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }

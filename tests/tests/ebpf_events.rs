@@ -405,5 +405,5 @@ async fn kernel_observations_reach_a_watcher_ahead_of_the_event_that_confirms_th
     assert!(died.sequence > 0);
     kill.await.unwrap().unwrap();
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }

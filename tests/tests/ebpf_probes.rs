@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use plegd::{
     pleg::{
-        ContainerId, ObservationKind, Scope, Trigger, TriggerReceiver, TriggerSource,
-        trigger_channel,
+        ContainerId, ObservationKind, Scope, Trigger, TriggerSource,
+        testing::{TriggerReceiver, trigger_channel},
     },
     sources::{
         ebpf::{self, Probes},

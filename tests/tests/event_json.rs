@@ -135,7 +135,7 @@ async fn each_event_type_has_the_fields_consuming_md_shows() {
     assert_eq!(shown, made, "an example of each type, none of another");
     drop(watch);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// A pod with labels and an annotation; its container app started, a second one created and

@@ -19,7 +19,8 @@ use k8s_cri::v1::{
 use plegd::{
     config::SourceName,
     pleg::{
-        ContainerId, PodUid, Scope, Store, Trigger, TriggerReceiver, TriggerSource, trigger_channel,
+        ContainerId, PodUid, Scope, Store, Trigger, TriggerSource,
+        testing::{TriggerReceiver, trigger_channel},
     },
     sources::{
         containerd_events::{self, ContainerdEventsConfig},

@@ -172,7 +172,7 @@ async fn the_default_sources_fit_containerd_and_get_health_says_why() {
     assert!(stream.chosen.starts_with("on by default"), "{stream:?}");
     eprintln!("containerd {version}: cri-events {:?}", cri_events.chosen);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// Runs `plegd run` against `containerd` with `args` until it exits or logs `wanted` (then

@@ -214,5 +214,5 @@ async fn grpcurl_explores_and_calls_plegd_by_reflection_on_the_socket_and_over_t
         );
     }
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }

@@ -126,5 +126,5 @@ async fn metrics_are_served_as_openmetrics_or_classic_text_as_the_scraper_asks()
         ),
     }
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }

@@ -183,5 +183,5 @@ async fn each_oom_kill_says_which_limit_it_came_from() {
     )
     .await;
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use plegd::{
     api::Listeners,
     config::{Config, RunArgs, SourceName},
-    daemon::{self, PushSources},
+    daemon::{Daemon, PushSources},
     pleg::ContainerState,
     runtime::{
         RuntimeKind,
@@ -184,7 +184,7 @@ async fn a_real_pods_syncs_carry_its_status_then_one_removed_sync() {
     assert!(metrics["plegd_pod_syncs_total{reason=\"removed\"}"] >= 1.0);
     assert!(metrics["plegd_event_to_sync_seconds_count"] >= 1.0);
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// `plegd watch --pod-syncs --initial --output json` prints one line per sync, the first the
@@ -219,7 +219,7 @@ async fn plegd_watch_pod_syncs_prints_json_lines() {
     assert!(removed["status"].is_null(), "{removed}");
     assert!(removed["sequence"].as_u64() > Some(0), "{removed}");
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// A burst of `PODS * ROUNDS` events (every pod's container flips between running and exited,
@@ -253,25 +253,16 @@ async fn a_sync_watcher_that_stops_reading_gets_fewer_newer_syncs() {
     }
     let listeners = Listeners::bind(&config).unwrap();
     let shutdown = CancellationToken::new();
-    let (started, shared) = tokio::sync::oneshot::channel();
-    let daemon = tokio::spawn({
-        let (runtime, config, shutdown) = (runtime.clone(), config.clone(), shutdown.clone());
-        async move {
-            let push = PushSources::none();
-            daemon::serve(
-                runtime,
-                push,
-                &config,
-                tokio::io::sink(),
-                (),
-                shutdown,
-                Some(started),
-            )
-            .await
-        }
-    });
-    let shared = shared.await.unwrap();
-    let api = tokio::spawn(listeners.serve(shared.clone(), shutdown.clone()));
+    let daemon = Daemon::start(
+        runtime.clone(),
+        PushSources::none(),
+        Some(listeners),
+        &config,
+        tokio::io::sink(),
+        (),
+    )
+    .unwrap();
+    let daemon = tokio::spawn(daemon.run(shutdown.clone()));
     let client = async |window: Option<u32>| {
         let endpoint =
             Endpoint::from_static("http://plegd.local").initial_stream_window_size(window);
@@ -349,7 +340,6 @@ async fn a_sync_watcher_that_stops_reading_gets_fewer_newer_syncs() {
     }
     shutdown.cancel();
     daemon.await.unwrap().unwrap();
-    api.await.unwrap().unwrap();
     let fast: usize = reading.await.unwrap().values().sum();
     eprintln!(
         "burst of {burst} events on {PODS} pods: the stalled watcher read {read} syncs, the \

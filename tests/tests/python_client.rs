@@ -164,7 +164,7 @@ async fn a_python_grpcio_client_lists_watches_a_kill_syncs_and_checks_health() {
     );
     assert_eq!(health.as_deref(), Some("health SERVING"));
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 /// The venv's Python with PyPI's current grpcio and grpcio-tools: made, and pip-installed,
@@ -335,7 +335,7 @@ async fn readme_snippet_prints_events(python: &Path, stubs: &Path) {
     assert!(event.contains("type: CONTAINER_STARTED"), "{event}");
     client.kill().await.unwrap();
     plegd.stop().await;
-    api.stopped().await;
+    api.stopped();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

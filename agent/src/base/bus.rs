@@ -166,14 +166,20 @@ impl<T: Sequenced> EventBus<T> {
 
     /// [`EventBus::new`] continuing a run saved at a clean shutdown: `kept` (in order) are
     /// resumable, and the next event published is `last` + 1.
-    pub fn resumed(run_id: u64, history: usize, queue: usize, last: u64, kept: Vec<T>) -> Self {
+    pub fn resumed(
+        run_id: u64,
+        history: usize,
+        queue: usize,
+        last: u64,
+        kept: Vec<Arc<T>>,
+    ) -> Self {
         let bus = Self::new(run_id, history, queue);
         {
             let mut inner = bus.lock();
             inner.last = last;
             let skip = kept.len().saturating_sub(inner.capacity);
             for event in kept.into_iter().skip(skip) {
-                inner.keep(Arc::new(event));
+                inner.keep(event);
             }
         }
         bus
@@ -697,7 +703,7 @@ mod tests {
         assert_eq!(tiny.history()[0].0, 3);
 
         // A resumed history is held to the budget given after.
-        let saved = (1..=20).map(E).collect();
+        let saved = (1..=20).map(|e| Arc::new(E(e))).collect();
         let resumed =
             EventBus::resumed(1, 50, 8, 20, saved).with_history_bytes(500, Counter::default());
         assert_eq!(resumed.history().first().map(|e| e.0), Some(16));
@@ -723,15 +729,14 @@ mod tests {
     async fn a_resumed_bus_serves_the_saved_history_and_continues_its_sequence() {
         let bus = EventBus::new(9, 3, 8);
         publish(&bus, 1..=5);
-        let saved: Vec<E> = bus.history().iter().map(|e| E(e.0)).collect();
-        let resumed = EventBus::resumed(bus.run_id(), 3, 8, bus.last_sequence(), saved);
+        let resumed = EventBus::resumed(bus.run_id(), 3, 8, bus.last_sequence(), bus.history());
         assert_eq!((resumed.run_id(), resumed.last_sequence()), (9, 5));
         let mut sub = resumed.subscribe(3).unwrap();
         publish(&resumed, 6..=6);
         assert_eq!(take(&mut sub, 4).await, [3, 4, 5, 6]);
         assert!(resumed.subscribe(2).is_err());
         // A smaller history keeps the newest.
-        let small = EventBus::resumed(9, 1, 8, 5, vec![E(4), E(5)]);
+        let small = EventBus::resumed(9, 1, 8, 5, vec![Arc::new(E(4)), Arc::new(E(5))]);
         assert_eq!(small.history().len(), 1);
         assert_eq!(small.history()[0].0, 5);
     }

@@ -1,12 +1,15 @@
 //! `plegd run` and `plegd check`: the PLEG wired to a runtime, its push sources, the event
-//! output and the API's view, until shutdown.
+//! output and the API, owned by one [`Daemon`] until shutdown.
 //!
+//! - `boot`: `plegd run` from start to exit: the privileged start, the async runtime, the
+//!   runtime reached, the [`Daemon`] run until a signal.
 //! - `connect`: reaching the runtime at start, with backoff.
 //! - `push`: the push sources (the kernel probes, the runtime's event streams).
 //! - `state`: the run saved at a clean shutdown and continued at the next start.
 //! - `notify`: systemd's readiness protocol.
 //! - `check`: `plegd check`, what the node offers.
 
+pub mod boot;
 pub mod check;
 mod connect;
 mod notify;
@@ -24,7 +27,7 @@ pub use self::{
     push::{EbpfStart, PushSources, load_ebpf},
 };
 use crate::{
-    api::Shared,
+    api::{Listeners, Shared, listen::ServeError},
     base::metrics::Metrics,
     config::Config,
     export::{ExportError, Exporter, Origin, Receiver},
@@ -49,8 +52,9 @@ const STDOUT_DRAIN_GRACE: Duration = Duration::from_secs(2);
 const OTLP_DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// The longest a stop may take from SIGTERM (or a fault) to the exit: the PLEG's last relist
-/// (2 s at most), the consumers' graces (together) and saving the run fit in it; `plegd run`
-/// exits when it has passed, whatever is left.
+/// (2 s at most), the consumers' graces (together) and saving the run fit in it, and the API's
+/// drain grace, which runs from the same start; `plegd run` exits when it has passed, whatever
+/// is left.
 pub const STOP_DEADLINE: Duration = Duration::from_millis(4500);
 
 /// A fault inside plegd: it stops, with this error, rather than run on without the part that
@@ -63,10 +67,16 @@ pub enum Fault {
     GeneratorEnded,
     #[error("the OTLP exporter ended while plegd ran (it panicked)")]
     ExporterEnded,
+    #[error("the API failed: {0}")]
+    ApiFailed(#[source] ServeError),
+    #[error("the API's task panicked: {message}")]
+    ApiPanicked { message: String },
+    #[error("the API stopped serving while plegd ran")]
+    ApiEnded,
 }
 
-/// A running daemon: it owns everything it started. [`Daemon::run`] ends it in order;
-/// dropping it aborts what is left.
+/// A running daemon: it owns everything it started, the API's servers included.
+/// [`Daemon::run`] ends it in order ([`Daemon::stop`]); dropping it aborts what is left.
 pub struct Daemon {
     pleg: Pleg,
     running: Running,
@@ -84,18 +94,25 @@ pub struct Daemon {
     series: AbortOnDropHandle<()>,
     /// Sends the events to an OTLP receiver, if one is configured.
     exporter: Option<Exporter>,
+    /// The API's servers, when it was given listeners; taken once they end.
+    api: Option<AbortOnDropHandle<Result<(), ServeError>>>,
+    /// Cancelled as the stop begins: the API's servers then cut the connections of watchers
+    /// that stopped reading after their grace.
+    stopping: CancellationToken,
     config: Config,
     /// What the saved records are read from.
     runtime_id: String,
 }
 
 impl Daemon {
-    /// Starts the daemon on `runtime`, writing one line per event to `out`; continues the run
+    /// Starts the daemon on `runtime`, writing one line per event to `out`, and serving its
+    /// API on `listeners` if given (tests and benchmarks may go without); continues the run
     /// saved in `config.state_dir` if there is one for this runtime. The sync loop hands each
     /// pod sync to the API's sync watchers and then to `handler` (`()`: none of one's own).
     pub fn start<R, W, H>(
         runtime: R,
         push: PushSources,
+        listeners: Option<Listeners>,
         config: &Config,
         out: W,
         handler: H,
@@ -109,38 +126,24 @@ impl Daemon {
         let receiver = config.otlp.as_ref().map(Receiver::new).transpose()?;
         let metrics = Metrics::counting(runtime.calls());
         let runtime_id = state::runtime_identity(config, push.runtime_socket.as_deref());
-        let (resume, exported) = match state::restore(config, &runtime_id) {
-            Some(continued) => (Some(continued.resume), continued.exported),
-            None => (None, None),
-        };
+        let (saved, exported) = state::restore(config, &runtime_id).unzip();
         let (pleg, running) = Pleg::start(
             runtime,
             handler,
             options(config, &push),
-            resume,
+            saved,
             new_run_id(),
             &metrics,
         );
-        let exporter =
-            receiver.map(|receiver| start_export(receiver, &pleg, exported, config, &metrics));
+        let exporter = receiver
+            .map(|receiver| start_export(receiver, &pleg, exported.flatten(), config, &metrics));
         // From the start's first event: stdout misses none, however late it subscribes.
         let events = pleg
             .events()
             .follow(pleg.first_sequence(), config.event_channel_capacity);
         let stdout = tokio::spawn(output::write_events(events, out, config.output));
         let registry = SourceRegistry::with_metrics(metrics.clone());
-        let stop_sources = CancellationToken::new();
-        let mut sources = JoinSet::new();
-        tune(&pleg, &registry, config, &mut sources);
-        push::Starter {
-            config,
-            triggers: pleg.triggers(),
-            registry: &registry,
-            metrics: &metrics,
-            cache: pleg.cache(),
-            shutdown: &stop_sources,
-        }
-        .start(push, &mut sources);
+        let (sources, stop_sources) = start_sources(&pleg, push, &registry, config, &metrics);
         info!(
             period = ?config.relist_period,
             slow_period = ?config.slow_relist_period,
@@ -158,6 +161,12 @@ impl Daemon {
             metrics,
         };
         let series = tokio::spawn(forget_gone_pods(shared.clone()));
+        let stopping = CancellationToken::new();
+        let api = listeners.map(|listeners| {
+            AbortOnDropHandle::new(tokio::spawn(
+                listeners.serve(shared.clone(), stopping.clone()),
+            ))
+        });
         Ok(Self {
             shared,
             pleg,
@@ -169,6 +178,8 @@ impl Daemon {
             watchdog: AbortOnDropHandle::new(watchdog),
             series: AbortOnDropHandle::new(series),
             exporter,
+            api,
+            stopping,
             config: config.clone(),
             runtime_id,
         })
@@ -180,20 +191,44 @@ impl Daemon {
     }
 
     /// Runs until `shutdown`, until stdout cannot be written, or until a fault (a task that
-    /// panicked: [`Fault`]), then stops in order: the PLEG (its last relist, then its events:
-    /// each consumer ends after what it has queued), stdout and the OTLP export (each given a
-    /// grace to take what is left), the push sources; then the run is saved for the next
-    /// start. Returns stdout's error, if it failed, or the fault.
+    /// panicked, the API failing: [`Fault`]); cancels `shutdown` then, and stops in order
+    /// ([`Daemon::stop`]), within [`STOP_DEADLINE`]: past it, it returns without waiting for
+    /// the rest (a stdout nobody reads, a watcher that stopped reading, an OTLP receiver gone
+    /// cannot hold plegd). Returns stdout's error, if it failed, or the fault.
     pub async fn run(mut self, shutdown: CancellationToken) -> std::io::Result<()> {
         let ending = tokio::select! {
             () = shutdown.cancelled() => Ending::Asked,
             written = &mut self.stdout => Ending::Stdout(written),
-            fault = fault(&mut self.sources, self.pleg.turns(), self.exporter.as_ref()) => {
+            fault = fault(
+                &mut self.sources,
+                self.pleg.turns(),
+                self.exporter.as_ref(),
+                &mut self.api,
+            ) => {
                 error!("{fault}; stopping plegd");
                 Ending::Fault(fault)
             }
         };
         shutdown.cancel();
+        if let Ok(stopped) = tokio::time::timeout(STOP_DEADLINE, self.stop(ending)).await {
+            return stopped;
+        }
+        warn!(
+            deadline = ?STOP_DEADLINE,
+            "stopping took too long; exiting without waiting for the rest"
+        );
+        Ok(())
+    }
+
+    /// Stops everything, in this order: the PLEG (its last relist, then its events: each
+    /// consumer ends after what it has queued, the API's watch streams too), stdout and the
+    /// OTLP export (each given a grace to take what is left), the push sources; then the run
+    /// is saved for the next start, and the API's servers are waited for (they cut the
+    /// connections of watchers that stopped reading
+    /// [`DRAIN_GRACE`](crate::api::listen::DRAIN_GRACE) after the stop began, and remove the
+    /// socket).
+    async fn stop(mut self, ending: Ending) -> std::io::Result<()> {
+        self.stopping.cancel();
         self.ready.abort();
         self.watchdog.abort();
         self.series.abort();
@@ -224,12 +259,21 @@ impl Daemon {
         // Every event is in the bus's history, which is saved with the reading: the next start
         // continues the run whatever stdout and the OTLP receiver managed to take.
         if let Some(saved) = saved {
-            state::keep(&self.config, self.runtime_id, saved, exported);
+            state::keep(&self.config, &self.runtime_id, &saved, exported);
         }
+        let served = match self.api {
+            Some(api) => api.await,
+            None => Ok(Ok(())),
+        };
         drop(self.pleg);
         info!("plegd stopped");
         if let Some(fault) = fault {
             return Err(std::io::Error::other(fault));
+        }
+        match served {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(std::io::Error::other(Fault::ApiFailed(e))),
+            Err(e) => return Err(std::io::Error::other(e)),
         }
         match written {
             Ok(Ok(())) => Ok(()),
@@ -255,12 +299,14 @@ enum Ending {
 }
 
 /// Resolves at the first fault: a push source's task (or a tuning task) that panics, the
-/// generator loop that ends (its pulse, `turns`, stops), the exporter that ends. Tasks of
-/// `sources` that end without a panic are reaped (a source that gave up says so in health).
+/// generator loop that ends (its pulse, `turns`, stops), the exporter that ends, the API's
+/// servers failing (their task is then taken out of `api`). Tasks of `sources` that end
+/// without a panic are reaped (a source that gave up says so in health).
 async fn fault(
     sources: &mut JoinSet<()>,
     mut turns: tokio::sync::watch::Receiver<tokio::time::Instant>,
     exporter: Option<&Exporter>,
+    api: &mut Option<AbortOnDropHandle<Result<(), ServeError>>>,
 ) -> Fault {
     let source = async {
         loop {
@@ -286,10 +332,26 @@ async fn fault(
         }
         Fault::ExporterEnded
     };
+    let api = async {
+        let Some(serving) = api.as_mut() else {
+            return std::future::pending().await;
+        };
+        let served = serving.await;
+        *api = None;
+        match served {
+            Ok(Err(error)) => Fault::ApiFailed(error),
+            Err(error) if error.is_panic() => Fault::ApiPanicked {
+                message: panic_message(error.into_panic()),
+            },
+            // The servers end cleanly only once the events close, at the stop.
+            Ok(Ok(())) | Err(_) => Fault::ApiEnded,
+        }
+    };
     tokio::select! {
         fault = source => fault,
         fault = generator => fault,
         fault = exporter => fault,
+        fault = api => fault,
     }
 }
 
@@ -372,6 +434,30 @@ fn options(config: &Config, push: &PushSources) -> Options {
     }
 }
 
+/// Starts the push sources and the tasks that tune the PLEG from their states; returns them
+/// with what cancels the push sources.
+fn start_sources(
+    pleg: &Pleg,
+    push: PushSources,
+    registry: &SourceRegistry,
+    config: &Config,
+    metrics: &Metrics,
+) -> (JoinSet<()>, CancellationToken) {
+    let stop_sources = CancellationToken::new();
+    let mut sources = JoinSet::new();
+    tune(pleg, registry, config, &mut sources);
+    push::Starter {
+        config,
+        triggers: pleg.triggers(),
+        registry,
+        metrics,
+        cache: pleg.cache(),
+        shutdown: &stop_sources,
+    }
+    .start(push, &mut sources);
+    (sources, stop_sources)
+}
+
 /// Tunes the PLEG from the push sources' states: the full relist period (slow while one is
 /// connected), and, where containerd's task events confirm, the kernel triggers' grace.
 fn tune(pleg: &Pleg, registry: &SourceRegistry, config: &Config, tasks: &mut JoinSet<()>) {
@@ -388,31 +474,6 @@ fn tune(pleg: &Pleg, registry: &SourceRegistry, config: &Config, tasks: &mut Joi
             DEFAULT_KERNEL_GRACE,
         ));
     }
-}
-
-/// Runs the daemon on `runtime` until `shutdown` ([`Daemon::start`], then [`Daemon::run`]);
-/// `started` receives what the API serves once everything is wired.
-pub async fn serve<R, W, H>(
-    runtime: R,
-    push: PushSources,
-    config: &Config,
-    out: W,
-    handler: H,
-    shutdown: CancellationToken,
-    started: Option<tokio::sync::oneshot::Sender<Shared>>,
-) -> std::io::Result<()>
-where
-    R: Runtime,
-    W: AsyncWrite + Unpin + Send + 'static,
-    H: SyncHandler,
-{
-    let daemon =
-        Daemon::start(runtime, push, config, out, handler).map_err(std::io::Error::other)?;
-    if let Some(started) = started {
-        // The receiver may have stopped caring; the daemon runs regardless.
-        let _ = started.send(daemon.shared());
-    }
-    daemon.run(shutdown).await
 }
 
 /// A new run id: random, so a client can tell a restarted daemon (whose sequences start
@@ -462,24 +523,17 @@ mod tests {
         runtime.add_pod("p", "ns", "p");
         runtime.set_container("p", container("c", "app", ContainerState::Running));
         let shutdown = CancellationToken::new();
-        let (started, shared) = tokio::sync::oneshot::channel();
-        let daemon = tokio::spawn({
-            let (runtime, shutdown, config) = (runtime.clone(), shutdown.clone(), config.clone());
-            async move {
-                let push = PushSources::none();
-                serve(
-                    runtime,
-                    push,
-                    &config,
-                    tokio::io::sink(),
-                    (),
-                    shutdown,
-                    Some(started),
-                )
-                .await
-            }
-        });
-        let shared = shared.await.unwrap();
+        let daemon = Daemon::start(
+            runtime.clone(),
+            PushSources::none(),
+            None,
+            &config,
+            tokio::io::sink(),
+            (),
+        )
+        .unwrap();
+        let shared = daemon.shared();
+        let daemon = tokio::spawn(daemon.run(shutdown.clone()));
         let mut watcher = shared.pleg.events().consume(1, 16).unwrap();
         let first = tokio::time::timeout(Duration::from_secs(20), watcher.next())
             .await
@@ -491,7 +545,7 @@ mod tests {
         shutdown.cancel();
         daemon.await.unwrap().unwrap();
 
-        let saved = state::take(state.path(), &state::runtime_identity(&config, None))
+        let (saved, _) = state::take(state.path(), &state::runtime_identity(&config, None))
             .unwrap()
             .expect("a saved run");
         let died = saved.history.last().expect("the death in the history");
@@ -507,7 +561,7 @@ mod tests {
                 Some(3)
             )
         );
-        let pod = &saved.run.records[&crate::pleg::PodUid("p".to_owned())];
+        let pod = &saved.records[&crate::pleg::PodUid("p".to_owned())];
         assert_eq!(
             pod.containers[&crate::pleg::ContainerId("c".to_owned())].state,
             ContainerState::Exited
@@ -525,8 +579,15 @@ mod tests {
         })
         .unwrap();
         let runtime = FakeRuntime::new();
-        let mut daemon =
-            Daemon::start(runtime, PushSources::none(), &config, tokio::io::sink(), ()).unwrap();
+        let mut daemon = Daemon::start(
+            runtime,
+            PushSources::none(),
+            None,
+            &config,
+            tokio::io::sink(),
+            (),
+        )
+        .unwrap();
         let (go, went) = tokio::sync::oneshot::channel::<()>();
         daemon.sources.spawn(async move {
             let _ = went.await;
@@ -545,6 +606,76 @@ mod tests {
             "a push source's task panicked: the probe's ring buffer is gone"
         );
         assert!(shutdown.is_cancelled(), "the rest of plegd is told to stop");
+    }
+
+    /// The API is served on the listeners the daemon is given and stopped with it, in order:
+    /// a watcher gets the events, then the end of its stream, and the socket is gone once
+    /// `run` returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_daemon_serves_its_api_and_stops_it_in_order() {
+        use plegd_proto::v1 as pb;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("plegd.sock");
+        let config = Config::load(&RunArgs {
+            sources: Some(vec![SourceName::Relist]),
+            state_dir: Some("none".into()),
+            socket: Some(socket.clone()),
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let runtime = FakeRuntime::new();
+        runtime.add_pod("p", "ns", "p");
+        runtime.set_container("p", container("c", "app", ContainerState::Running));
+        let listeners = Listeners::bind(&config).unwrap();
+        let daemon = Daemon::start(
+            runtime,
+            PushSources::none(),
+            Some(listeners),
+            &config,
+            tokio::io::sink(),
+            (),
+        )
+        .unwrap();
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(daemon.run(shutdown.clone()));
+        let mut client = crate::api::client::connect(&socket).await.unwrap();
+        let request = pb::WatchRequest {
+            from_sequence: 1,
+            ..pb::WatchRequest::default()
+        };
+        let mut stream = client.watch(request).await.unwrap().into_inner();
+        let deadline = Duration::from_secs(20);
+        let first = tokio::time::timeout(deadline, stream.message())
+            .await
+            .expect("the first relist's event")
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.container_id, "c");
+
+        shutdown.cancel();
+        tokio::time::timeout(STOP_DEADLINE + Duration::from_secs(1), running)
+            .await
+            .expect("stopped within its deadline")
+            .unwrap()
+            .unwrap();
+        let end = loop {
+            match tokio::time::timeout(deadline, stream.message())
+                .await
+                .unwrap()
+            {
+                Ok(Some(_)) => {}
+                end => break end,
+            }
+        };
+        assert!(
+            matches!(&end, Err(s) if s.code() == tonic::Code::Unavailable)
+                || matches!(end, Ok(None)),
+            "{end:?}"
+        );
+        assert!(
+            !socket.exists(),
+            "the socket is removed as the daemon stops"
+        );
     }
 
     #[test]
@@ -572,15 +703,17 @@ mod tests {
         // Holds a few lines: the writer blocks for good after them.
         let (stdout, _never_read) = tokio::io::duplex(1024);
         let shutdown = CancellationToken::new();
-        let (started, shared) = tokio::sync::oneshot::channel();
-        let daemon = tokio::spawn({
-            let (runtime, shutdown) = (runtime.clone(), shutdown.clone());
-            async move {
-                let push = PushSources::none();
-                serve(runtime, push, &config, stdout, (), shutdown, Some(started)).await
-            }
-        });
-        let shared = shared.await.unwrap();
+        let daemon = Daemon::start(
+            runtime.clone(),
+            PushSources::none(),
+            None,
+            &config,
+            stdout,
+            (),
+        )
+        .unwrap();
+        let shared = daemon.shared();
+        let daemon = tokio::spawn(daemon.run(shutdown.clone()));
         let mut watcher = shared.pleg.events().consume(0, 10 * PODS).unwrap();
 
         for i in 0..PODS {

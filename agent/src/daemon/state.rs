@@ -30,7 +30,7 @@ use tracing::{info, warn};
 use crate::{
     api::convert,
     config::Config,
-    pleg::{PodLifecycleEvent, PodRecords, Resume, Saved},
+    pleg::{PodLifecycleEvent, PodRecords, SavedRun},
     runtime::{RuntimeKind, transport::endpoint_name},
 };
 
@@ -38,33 +38,21 @@ const STATE_FILE: &str = "state.json";
 const HISTORY_FILE: &str = "history.pb";
 const FORMAT_VERSION: u32 = 1;
 
-/// A run's state at a clean shutdown.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SavedRun {
+/// `state.json`: the PLEG's [`SavedRun`] without its history (which is `history.pb`), the
+/// runtime it was read from, and where the OTLP export was in it.
+#[derive(Serialize, Deserialize)]
+struct StateFile<Records> {
+    version: u32,
     /// Which runtime the records were read from (kind, endpoint, namespaces).
-    pub runtime: String,
-    pub run_id: u64,
+    runtime: String,
+    run_id: u64,
     /// Sequence of the last published event.
-    pub sequence: u64,
-    pub records: PodRecords,
+    sequence: u64,
+    records: Records,
     /// Sequence of the last event the OTLP receiver acknowledged, when events were exported:
     /// where the export resumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exported: Option<u64>,
-}
-
-/// A saved run and its event history, oldest first.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Restored {
-    pub run: SavedRun,
-    pub history: Vec<PodLifecycleEvent>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StateFile {
-    version: u32,
-    #[serde(flatten)]
-    run: SavedRun,
+    exported: Option<u64>,
 }
 
 /// The state directory cannot be used.
@@ -116,11 +104,13 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
     }
 }
 
-/// Saves `run` and `history` in `dir` (created 0700).
+/// Saves `run` in `dir` (created 0700), read from `runtime`, with the OTLP export's place in it
+/// (`exported`).
 pub fn save(
     dir: &Path,
+    runtime: &str,
     run: &SavedRun,
-    history: &[Arc<PodLifecycleEvent>],
+    exported: Option<u64>,
 ) -> Result<(), StateError> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -128,14 +118,18 @@ pub fn save(
         .create(dir)
         .map_err(io_error(dir))?;
     let mut events = Vec::new();
-    for event in history {
+    for event in &run.history {
         // Writing into a Vec cannot fail.
         let _ = convert::event(event, run.run_id).encode_length_delimited(&mut events);
     }
     write_atomically(&dir.join(HISTORY_FILE), &events)?;
     let state = serde_json::to_vec(&StateFile {
         version: FORMAT_VERSION,
-        run: run.clone(),
+        runtime: runtime.to_owned(),
+        run_id: run.run_id,
+        sequence: run.sequence,
+        records: &run.records,
+        exported,
     })
     .map_err(|source| StateError::Json {
         path: dir.join(STATE_FILE),
@@ -144,9 +138,9 @@ pub fn save(
     write_atomically(&dir.join(STATE_FILE), &state)
 }
 
-/// Takes the run saved in `dir` for `runtime`: `None` when there is none, or it was saved for
-/// another runtime. The files are removed either way.
-pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
+/// Takes the run saved in `dir` for `runtime`, with the OTLP export's place in it: `None` when
+/// there is none, or it was saved for another runtime. The files are removed either way.
+pub fn take(dir: &Path, runtime: &str) -> Result<Option<(SavedRun, Option<u64>)>, StateError> {
     let state_path = dir.join(STATE_FILE);
     let history_path = dir.join(HISTORY_FILE);
     let state = match fs::read(&state_path) {
@@ -168,39 +162,46 @@ pub fn take(dir: &Path, runtime: &str) -> Result<Option<Restored>, StateError> {
             Err(e) => return Err(io_error(path)(e)),
         }
     }
-    let state: StateFile = serde_json::from_slice(&state).map_err(|source| StateError::Json {
-        path: state_path.clone(),
-        source,
-    })?;
+    let state: StateFile<PodRecords> =
+        serde_json::from_slice(&state).map_err(|source| StateError::Json {
+            path: state_path.clone(),
+            source,
+        })?;
     if state.version != FORMAT_VERSION {
         return Err(StateError::Version {
             path: state_path,
             version: state.version,
         });
     }
-    if state.run.runtime != runtime {
+    if state.runtime != runtime {
         return Ok(None);
     }
-    let history = decode_history(history.as_deref().unwrap_or_default(), state.run.sequence)
-        .map_err(|source| StateError::History {
+    let history = decode_history(history.as_deref().unwrap_or_default(), state.sequence).map_err(
+        |source| StateError::History {
             path: history_path,
             source,
-        })?;
-    Ok(Some(Restored {
-        run: state.run,
+        },
+    )?;
+    let run = SavedRun {
+        run_id: state.run_id,
+        sequence: state.sequence,
+        records: state.records,
         history,
-    }))
+    };
+    Ok(Some((run, state.exported)))
 }
 
 /// The events of a history file, checked to be in order and to end at `last`.
-fn decode_history(bytes: &[u8], last: u64) -> Result<Vec<PodLifecycleEvent>, HistoryError> {
+fn decode_history(bytes: &[u8], last: u64) -> Result<Vec<Arc<PodLifecycleEvent>>, HistoryError> {
     decode_messages(bytes, last)?
         .iter()
         .map(|event| {
-            convert::event_from_pb(event).map_err(|source| HistoryError::Event {
-                sequence: event.sequence,
-                source,
-            })
+            convert::event_from_pb(event)
+                .map(Arc::new)
+                .map_err(|source| HistoryError::Event {
+                    sequence: event.sequence,
+                    source,
+                })
         })
         .collect()
 }
@@ -261,34 +262,20 @@ pub fn runtime_identity(config: &Config, socket: Option<&Path>) -> String {
     }
 }
 
-/// What a start continues: the PLEG's run, and where the OTLP export was in it.
-pub struct Continued {
-    pub resume: Resume,
-    pub exported: Option<u64>,
-}
-
-/// The run a clean shutdown saved for `runtime`, if any, to continue: a damaged state is
-/// reported and started over.
-pub fn restore(config: &Config, runtime: &str) -> Option<Continued> {
+/// The run a clean shutdown saved for `runtime`, if any, to continue, with the OTLP export's
+/// place in it: a damaged state is reported and started over.
+pub fn restore(config: &Config, runtime: &str) -> Option<(SavedRun, Option<u64>)> {
     let dir = config.state_dir.as_deref()?;
     match take(dir, runtime) {
-        Ok(Some(Restored { run, history })) => {
+        Ok(Some((run, exported))) => {
             info!(
                 run_id = format!("{:x}", run.run_id),
                 sequence = run.sequence,
                 pods = run.records.len(),
-                history = history.len(),
+                history = run.history.len(),
                 "continuing the run saved at the last shutdown"
             );
-            Some(Continued {
-                resume: Resume {
-                    run_id: run.run_id,
-                    sequence: run.sequence,
-                    records: run.records,
-                    history,
-                },
-                exported: run.exported,
-            })
+            Some((run, exported))
         }
         Ok(None) => None,
         Err(e) => {
@@ -300,18 +287,11 @@ pub fn restore(config: &Config, runtime: &str) -> Option<Continued> {
 
 /// Saves the run for the next start, with the OTLP export's place in it (`exported`); a
 /// failure only costs that start its continuity.
-pub fn keep(config: &Config, runtime: String, saved: Saved, exported: Option<u64>) {
+pub fn keep(config: &Config, runtime: &str, run: &SavedRun, exported: Option<u64>) {
     let Some(dir) = config.state_dir.as_deref() else {
         return;
     };
-    let run = SavedRun {
-        runtime,
-        run_id: saved.run_id,
-        sequence: saved.sequence,
-        records: saved.records,
-        exported,
-    };
-    match save(dir, &run, &saved.history) {
+    match save(dir, runtime, run, exported) {
         Ok(()) => info!(
             dir = %dir.display(),
             sequence = run.sequence,
@@ -328,7 +308,10 @@ mod tests {
     use super::*;
     use crate::pleg::{ContainerRecord, Containers, PodRecord, PodUid};
 
-    fn run(sequence: u64) -> SavedRun {
+    const RUNTIME: &str = "Cri unix:///run/containerd/containerd.sock";
+
+    /// A run at `sequence` whose history holds the events `kept`.
+    fn run(sequence: u64, kept: impl IntoIterator<Item = u64>) -> SavedRun {
         let container = ContainerRecord {
             attempt: 2,
             created_at: Some(std::time::UNIX_EPOCH),
@@ -344,26 +327,22 @@ mod tests {
             annotations: Default::default(),
         };
         SavedRun {
-            runtime: "Cri unix:///run/containerd/containerd.sock".into(),
             run_id: 42,
             sequence,
             records: BTreeMap::from([(pod.uid.clone(), pod)]),
-            exported: Some(sequence.saturating_sub(2)),
+            history: kept
+                .into_iter()
+                .map(|sequence| Arc::new(crate::runtime::testing::event(sequence, "web")))
+                .collect(),
         }
-    }
-
-    fn history(range: std::ops::RangeInclusive<u64>) -> Vec<Arc<PodLifecycleEvent>> {
-        range
-            .map(|sequence| Arc::new(crate::runtime::testing::event(sequence, "web")))
-            .collect()
     }
 
     #[test]
     fn a_saved_run_is_taken_back_once() {
         let dir = tempfile::tempdir().unwrap();
         let state_dir = dir.path().join("state");
-        let saved = run(7);
-        save(&state_dir, &saved, &history(3..=7)).unwrap();
+        let saved = run(7, 3..=7);
+        save(&state_dir, RUNTIME, &saved, Some(5)).unwrap();
         let mode = |p: &Path| {
             use std::os::unix::fs::PermissionsExt as _;
             fs::metadata(p).unwrap().permissions().mode() & 0o777
@@ -371,8 +350,9 @@ mod tests {
         assert_eq!(mode(&state_dir), 0o700);
         assert_eq!(mode(&state_dir.join(STATE_FILE)), 0o600);
 
-        let restored = take(&state_dir, &saved.runtime).unwrap().unwrap();
-        assert_eq!(restored.run, saved);
+        let (restored, exported) = take(&state_dir, RUNTIME).unwrap().unwrap();
+        assert_eq!(restored, saved, "every field comes back");
+        assert_eq!(exported, Some(5));
         assert_eq!(
             restored
                 .history
@@ -381,34 +361,49 @@ mod tests {
                 .collect::<Vec<_>>(),
             [3, 4, 5, 6, 7]
         );
-        let saved_history: Vec<PodLifecycleEvent> = history(3..=7)
-            .into_iter()
-            .map(Arc::unwrap_or_clone)
-            .collect();
-        assert_eq!(restored.history, saved_history, "every field comes back");
         // Taken: a second start (as after a crash) is a new run.
-        assert_eq!(take(&state_dir, &saved.runtime).unwrap(), None);
+        assert_eq!(take(&state_dir, RUNTIME).unwrap(), None);
         assert_eq!(fs::read_dir(&state_dir).unwrap().count(), 0);
+    }
+
+    /// `state.json` as earlier releases wrote it is read back: the format is the file's, not
+    /// the PLEG's type.
+    #[test]
+    fn a_state_file_of_the_same_format_version_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join(STATE_FILE),
+            r#"{"version":1,"runtime":"R","run_id":42,"sequence":0,"records":{},"exported":0}"#,
+        )
+        .unwrap();
+        let (run, exported) = take(dir.path(), "R").unwrap().unwrap();
+        assert_eq!(
+            run,
+            SavedRun {
+                run_id: 42,
+                ..SavedRun::default()
+            }
+        );
+        assert_eq!(exported, Some(0));
     }
 
     #[test]
     fn another_runtimes_state_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), &run(0), &[]).unwrap();
+        save(dir.path(), RUNTIME, &run(0, []), None).unwrap();
         assert_eq!(
             take(dir.path(), "Containerd unix:///elsewhere").unwrap(),
             None
         );
-        assert_eq!(take(dir.path(), &run(0).runtime).unwrap(), None);
+        assert_eq!(take(dir.path(), RUNTIME).unwrap(), None);
     }
 
     #[test]
     fn damaged_files_are_errors_and_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let saved = run(7);
         // A history that does not end where the state does.
-        save(dir.path(), &saved, &history(3..=6)).unwrap();
-        let error = take(dir.path(), &saved.runtime).unwrap_err();
+        save(dir.path(), RUNTIME, &run(7, 3..=6), None).unwrap();
+        let error = take(dir.path(), RUNTIME).unwrap_err();
         assert!(
             error
                 .to_string()
@@ -428,20 +423,19 @@ mod tests {
         // Not JSON.
         fs::write(dir.path().join(STATE_FILE), "{").unwrap();
         assert!(matches!(
-            take(dir.path(), &saved.runtime),
+            take(dir.path(), RUNTIME),
             Err(StateError::Json { .. })
         ));
-        assert_eq!(take(dir.path(), &saved.runtime).unwrap(), None);
+        assert_eq!(take(dir.path(), RUNTIME).unwrap(), None);
     }
 
     #[test]
     fn an_undecodable_history_keeps_protobufs_error() {
         let dir = tempfile::tempdir().unwrap();
-        let saved = run(7);
-        save(dir.path(), &saved, &history(3..=7)).unwrap();
+        save(dir.path(), RUNTIME, &run(7, 3..=7), None).unwrap();
         // A length prefix promising more bytes than follow.
         fs::write(dir.path().join(HISTORY_FILE), [0x10, 0x08]).unwrap();
-        let error = take(dir.path(), &saved.runtime).unwrap_err();
+        let error = take(dir.path(), RUNTIME).unwrap_err();
         assert!(
             matches!(
                 &error,
@@ -459,7 +453,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         fs::write(&file, "").unwrap();
-        let error = save(&file.join("state"), &run(0), &[]).unwrap_err();
+        let error = save(&file.join("state"), RUNTIME, &run(0, []), None).unwrap_err();
         assert!(
             error.to_string().starts_with(&file.display().to_string()),
             "{error}"

@@ -5,18 +5,24 @@
 //!
 //! # The contract
 //!
-//! [`Pleg::start`] starts it on a [`Runtime`], with a [`SyncHandler`] of one's own (`()`:
-//! none). What it returns is all a caller uses:
+//! [`Pleg::start`] starts it on a [`Runtime`] with [`Options`], a [`SyncHandler`] of one's own
+//! (`()`: none), and the [`SavedRun`] to continue, if any. What it returns is all a caller
+//! uses:
 //!
-//! - [`Pleg`], cheap to clone: [`triggers`](Pleg::triggers) (where sources hand their
-//!   [`Trigger`]s), [`events`](Pleg::events) (every [`PodLifecycleEvent`], numbered and
-//!   resumable), [`syncs`](Pleg::syncs) (each pod's whole status whenever it changes),
-//!   [`notices`](Pleg::notices) (kernel observations ahead of the runtime's word),
-//!   [`cache`](Pleg::cache) (the pod status cache), [`healthy`](Pleg::healthy) (kubelet's
-//!   health check), [`relist`](Pleg::relist) (a full relist now) and
-//!   [`tuning`](Pleg::tuning) (the relist period and kernel grace, changed while it runs).
+//! - [`Pleg`], cheap to clone; its accessors:
+//!   - [`triggers`](Pleg::triggers): where sources hand their [`Trigger`]s;
+//!   - [`relist`](Pleg::relist): a full relist now;
+//!   - [`events`](Pleg::events): every [`PodLifecycleEvent`], numbered and resumable, and
+//!     [`first_sequence`](Pleg::first_sequence), the first of this start;
+//!   - [`syncs`](Pleg::syncs): each pod's whole status whenever it changes;
+//!   - [`notices`](Pleg::notices): kernel observations ahead of the runtime's word;
+//!   - [`cache`](Pleg::cache): the pod status cache;
+//!   - [`healthy`](Pleg::healthy): kubelet's health check, and [`health`](Pleg::health), to
+//!     wait on its changes;
+//!   - [`tuning`](Pleg::tuning): the relist period and kernel grace, changed while it runs;
+//!   - [`turns`](Pleg::turns): the generator loop's pulse, for a watchdog.
 //! - [`Running`], which owns its tasks: [`Running::stop`] ends them in order and hands back
-//!   what to save for the next start; dropping it aborts them.
+//!   the [`SavedRun`] for the next start; dropping it aborts them.
 //!
 //! # Design assumptions
 //!
@@ -50,8 +56,12 @@
 //! - `decide`: the pure core: diff, merge, committed records, hints, reconcile, provenance,
 //!   the scheduler.
 //! - `shared`: what consumers read: the pod cache and health.
-//! - `driver`: the I/O: the relist, the generator loop, the trigger channel, the sinks.
+//! - `driver`: the I/O: the relist, the generator loop, the trigger channel, the sinks, and
+//!   `run`, which wires them at [`Pleg::start`].
 //! - `sync_loop`: kubelet's sync loop, level-triggered, over the events and the cache.
+//!
+//! Tests and benchmarks that drive one relist or the trigger channel alone reach them through
+//! `testing` (with the crate's `testing` feature).
 
 mod decide;
 mod driver;
@@ -59,34 +69,14 @@ mod model;
 mod shared;
 mod sync_loop;
 
-use std::{future::Future, sync::Arc, time::Duration};
-
-use tokio::{
-    sync::{broadcast, watch},
-    time::Instant,
-};
-use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
-use tracing::warn;
-
-use self::{
-    decide::scheduler::{RelistScheduler, SchedulerConfig},
-    driver::{
-        generator::{Generator, Stopped, tuning},
-        relist::STOP_CONFIRM,
-        sink::{BusSink, Notices},
-        triggers::observed_trigger_channel,
-    },
-};
 pub use self::{
-    decide::{
-        hints::Hints,
-        scheduler::{DEFAULT_KERNEL_GRACE, DEFAULT_RELIST_PERIOD},
-    },
+    decide::scheduler::{DEFAULT_KERNEL_GRACE, DEFAULT_RELIST_PERIOD},
     driver::{
         generator::{LONGEST_WAIT, Tuning},
-        relist::{DEFAULT_INSPECT_CONCURRENCY, RelistConfig, Relister},
-        sink::{EventSink, NOTICE_QUEUE},
-        triggers::{TriggerReceiver, TriggerSender, trigger_channel},
+        relist::{DEFAULT_INSPECT_CONCURRENCY, RelistConfig},
+        run::{Options, Pleg, Running, SavedRun},
+        sink::NOTICE_QUEUE,
+        triggers::TriggerSender,
     },
     model::{
         event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
@@ -109,306 +99,16 @@ pub use self::{
         SyncFilter, SyncHandler, SyncReason, SyncSubscription,
     },
 };
-use crate::base::{
-    bus::{DEFAULT_EVENT_HISTORY, DEFAULT_EVENT_HISTORY_BYTES, DEFAULT_WATCH_QUEUE, EventBus},
-    metrics::Metrics,
-};
 
-/// How the PLEG runs.
-#[derive(Clone, Debug)]
-pub struct Options {
-    pub relist: RelistConfig,
-    pub relist_period: Duration,
-    pub relist_threshold: Duration,
-    /// Events kept for watchers that resume, the bytes they may hold, and the queue of each
-    /// watcher.
-    pub event_history: usize,
-    pub event_history_bytes: usize,
-    pub watch_queue: usize,
-    /// The sync loop's queue of events.
-    pub event_channel_capacity: usize,
-    pub sync: SyncConfig,
-    /// Relist once more at [`Running::stop`], for the run saved then.
-    pub last_relist: bool,
-}
-
-/// kubelet's settings, and the bus's default sizes.
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            relist: RelistConfig::default(),
-            relist_period: DEFAULT_RELIST_PERIOD,
-            relist_threshold: DEFAULT_RELIST_THRESHOLD,
-            event_history: DEFAULT_EVENT_HISTORY,
-            event_history_bytes: DEFAULT_EVENT_HISTORY_BYTES,
-            watch_queue: DEFAULT_WATCH_QUEUE,
-            event_channel_capacity: DEFAULT_EVENT_CHANNEL_CAPACITY,
-            sync: SyncConfig::default(),
-            last_relist: false,
-        }
-    }
-}
-
-/// A run saved at a clean stop ([`Saved`]), to continue: its events keep their numbers, and
-/// only what changed since is an event.
-#[derive(Clone, Debug, Default)]
-pub struct Resume {
-    pub run_id: u64,
-    pub sequence: u64,
-    pub records: PodRecords,
-    pub history: Vec<PodLifecycleEvent>,
-}
-
-/// What a stopped PLEG leaves for the next start.
-#[derive(Debug)]
-pub struct Saved {
-    pub run_id: u64,
-    /// The last event's sequence.
-    pub sequence: u64,
-    pub records: PodRecords,
-    /// The events kept for resuming, oldest first.
-    pub history: Vec<Arc<PodLifecycleEvent>>,
-}
-
-/// A running PLEG, as its callers see it; cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Pleg {
-    events: EventBus<PodLifecycleEvent>,
-    cache: Arc<PodCache>,
-    health: Arc<Health>,
-    syncs: SyncFeed,
-    notices: Notices,
-    triggers: TriggerSender,
-    tuning: Tuning,
-    /// When the generator loop last turned.
-    turns: watch::Receiver<Instant>,
-    /// The first sequence of this start.
-    first: u64,
-}
-
-/// The PLEG's tasks: the generator loop and the sync loop.
-#[derive(Debug)]
-pub struct Running {
-    pleg: Pleg,
-    generator: AbortOnDropHandle<(PodRecords, u64)>,
-    sync_loop: AbortOnDropHandle<()>,
-    stop: CancellationToken,
-    /// However the PLEG ends, its events do: watchers and the API's graceful shutdown wait
-    /// for that.
-    _close: CloseOnDrop,
-}
-
-/// Closes the events when dropped.
-#[derive(Debug)]
-struct CloseOnDrop(EventBus<PodLifecycleEvent>);
-
-impl Drop for CloseOnDrop {
-    fn drop(&mut self) {
-        self.0.close();
-    }
-}
-
-impl Pleg {
-    /// Starts the PLEG on `runtime`, continuing `resume` (or a new run `run_id`): the first
-    /// full relist runs at once; `handler` gets every pod sync after the API's watchers.
-    pub fn start<R: Runtime, H: SyncHandler>(
-        runtime: R,
-        handler: H,
-        options: Options,
-        resume: Option<Resume>,
-        run_id: u64,
-        metrics: &Metrics,
-    ) -> (Self, Running) {
-        let cache = Arc::new(PodCache::new());
-        let health = Arc::new(Health::new(options.relist_threshold));
-        let (history, queue) = (options.event_history, options.watch_queue);
-        let events = match &resume {
-            Some(r) => EventBus::resumed(r.run_id, history, queue, r.sequence, r.history.clone()),
-            None => EventBus::new(run_id, history, queue),
-        }
-        .with_history_bytes(options.event_history_bytes, metrics.history_evictions())
-        .counting_lagged(metrics.lagged_subscribers());
-        let notices = Notices::new(Arc::clone(&cache));
-        let (triggers, receiver) =
-            observed_trigger_channel(Some(notices.clone()), options.relist.emit_changed);
-        let (tuning, tuned) = tuning(options.relist_period);
-        let (turned, turns) = watch::channel(Instant::now());
-        let pleg = Self {
-            turns,
-            first: events.last_sequence() + 1,
-            events,
-            cache,
-            health,
-            syncs: SyncFeed::new(),
-            notices,
-            triggers,
-            tuning,
-        };
-        let stop = CancellationToken::new();
-        let sync_loop = pleg.sync_loop(handler, &options, metrics, &stop);
-        let mut relister = Relister::new(
-            runtime,
-            Arc::clone(&pleg.cache),
-            Arc::clone(&pleg.health),
-            Arc::new(BusSink {
-                bus: pleg.events.clone(),
-                metrics: metrics.clone(),
-            }),
-            options.relist.clone(),
-        );
-        if let Some(resume) = resume {
-            relister.restore(resume.records, resume.sequence);
-        }
-        let scheduler = RelistScheduler::new(
-            SchedulerConfig {
-                full_relist_period: options.relist_period,
-                ..SchedulerConfig::default()
-            },
-            tokio::time::Instant::now(),
-        );
-        let generator = Generator {
-            relister,
-            scheduler,
-            triggers: receiver,
-            tuned,
-            metrics: metrics.clone(),
-            turns: turned,
-        };
-        let generating = generate(generator, options.last_relist, stop.clone());
-        let running = Running {
-            _close: CloseOnDrop(pleg.events.clone()),
-            pleg: pleg.clone(),
-            sync_loop: AbortOnDropHandle::new(tokio::spawn(sync_loop)),
-            generator: AbortOnDropHandle::new(tokio::spawn(generating)),
-            stop,
-        };
-        (pleg, running)
-    }
-
-    /// The sync loop, its handler after the API's feed; subscribed now, before the first
-    /// relist, so it sees every event of the start.
-    fn sync_loop<H: SyncHandler>(
-        &self,
-        handler: H,
-        options: &Options,
-        metrics: &Metrics,
-        stop: &CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let inputs = sync_loop::Inputs {
-            bus: self.events.clone(),
-            events: self
-                .events
-                .consume(0, options.event_channel_capacity)
-                .expect("a live-only subscription always starts"),
-            cache: Arc::clone(&self.cache),
-            health: Arc::clone(&self.health),
-            handler: Arc::new((self.syncs.clone(), handler)),
-            metrics: metrics.clone(),
-            config: options.sync.clone(),
-        };
-        sync_loop::run(inputs, stop.clone())
-    }
-
-    /// Where sources hand their triggers.
-    pub fn triggers(&self) -> &TriggerSender {
-        &self.triggers
-    }
-
-    /// Every event of the run, numbered: subscribe from a sequence to resume.
-    pub fn events(&self) -> &EventBus<PodLifecycleEvent> {
-        &self.events
-    }
-
-    /// The first sequence of this start: a consumer subscribed from it sees every event the
-    /// start publishes, however late it subscribes (within the history).
-    pub fn first_sequence(&self) -> u64 {
-        self.first
-    }
-
-    /// Each pod's whole status whenever it changes (level-triggered).
-    pub fn syncs(&self) -> &SyncFeed {
-        &self.syncs
-    }
-
-    /// Kernel observations, ahead of the runtime's word and when it never comes.
-    pub fn notices(&self) -> broadcast::Receiver<Arc<Notice>> {
-        self.notices.subscribe()
-    }
-
-    /// The pod status cache.
-    pub fn cache(&self) -> &Arc<PodCache> {
-        &self.cache
-    }
-
-    /// kubelet's health check: the age of the last successful full relist.
-    pub fn healthy(&self) -> Result<(), HealthError> {
-        self.health.check()
-    }
-
-    /// The health check itself, for who waits on its changes.
-    pub fn health(&self) -> &Arc<Health> {
-        &self.health
-    }
-
-    /// Asks for a full relist now.
-    pub fn relist(&self) {
-        self.triggers.request_full_relist();
-    }
-
-    /// The settings changed while it runs.
-    pub fn tuning(&self) -> &Tuning {
-        &self.tuning
-    }
-
-    /// When the generator loop last turned: it turns at least every [`LONGEST_WAIT`] whatever
-    /// the runtime answers (a relist that fails is a turn too), so a loop stuck (or gone: the
-    /// watch then ends) is told from an idle one. The watchdog's pulse.
-    pub fn turns(&self) -> watch::Receiver<Instant> {
-        self.turns.clone()
-    }
-}
-
-impl Running {
-    /// Stops the PLEG: the generator (after its last relist, if asked for at start), then the
-    /// events (each consumer ends after what it has queued) and the sync loop. `None` when the
-    /// generator ended abnormally: nothing is fit to save.
-    pub async fn stop(self) -> Option<Saved> {
-        self.stop.cancel();
-        let generated = self.generator.await;
-        let events = &self.pleg.events;
-        events.close();
-        if let Err(error) = self.sync_loop.await {
-            warn!(%error, "the sync loop ended abnormally");
-        }
-        self.pleg.syncs.close();
-        match generated {
-            Ok((records, sequence)) => Some(Saved {
-                run_id: events.run_id(),
-                sequence,
-                records,
-                history: events.history(),
-            }),
-            Err(error) => {
-                warn!(%error, "the generator ended abnormally");
-                None
-            }
-        }
-    }
-}
-
-/// Runs the generator until `stop`, then relists once more if `last_relist`; hands back the
-/// committed records and the last sequence.
-async fn generate<R: Runtime>(
-    generator: Generator<R>,
-    last_relist: bool,
-    stop: CancellationToken,
-) -> (PodRecords, u64) {
-    let Stopped {
-        mut relister,
-        pending,
-    } = generator.run(stop).await;
-    if last_relist {
-        driver::relist::last_relist(&mut relister, &pending, STOP_CONFIRM).await;
-    }
-    relister.into_saved()
+/// The relist and the trigger channel on their own, without the generator loop.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    pub use super::{
+        decide::hints::Hints,
+        driver::{
+            relist::Relister,
+            sink::EventSink,
+            triggers::{TriggerReceiver, trigger_channel},
+        },
+    };
 }

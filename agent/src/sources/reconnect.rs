@@ -286,7 +286,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::pleg::{TriggerReceiver, trigger_channel};
+    use crate::pleg::testing::{TriggerReceiver, trigger_channel};
 
     // The schedule and the jitter are tested with `Backoff`; here, what reconnecting adds.
     #[test]

@@ -14,7 +14,7 @@ use std::{
 use plegd::{
     api::Shared,
     config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs, SourceName},
-    daemon::{self, Connected},
+    daemon::{self, Connected, Daemon},
     pleg::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceState, SourceStatus},
@@ -219,12 +219,20 @@ impl RunningPlegd {
     /// [`RunningPlegd::start`] with room for only `bytes` of unread output: a test that does
     /// not read stalls plegd's output (its event consumer) once they are written.
     pub async fn start_with_output_buffer(config: Config, bytes: usize) -> Self {
+        Self::connect_and_start(config, None, bytes).await
+    }
+
+    async fn connect_and_start(
+        config: Config,
+        listeners: Option<plegd::api::Listeners>,
+        output_buffer: usize,
+    ) -> Self {
         let shutdown = CancellationToken::new();
         let connected = daemon::connect(&config, &shutdown)
             .await
             .expect("runtime reachable")
             .expect("not shut down");
-        Self::start_connected(connected, config, shutdown, bytes).await
+        Self::start_connected(connected, config, shutdown, listeners, output_buffer)
     }
 
     pub async fn start_with(
@@ -232,13 +240,16 @@ impl RunningPlegd {
         config: Config,
         shutdown: CancellationToken,
     ) -> Self {
-        Self::start_connected(connected, config, shutdown, OUTPUT_BUFFER).await
+        Self::start_connected(connected, config, shutdown, None, OUTPUT_BUFFER)
     }
 
-    async fn start_connected(
+    /// As `plegd run` does once the runtime is reached (the API served on `listeners`, if
+    /// given), with stdout a pipe of `output_buffer` bytes.
+    fn start_connected(
         connected: Connected,
         config: Config,
         shutdown: CancellationToken,
+        listeners: Option<plegd::api::Listeners>,
         output_buffer: usize,
     ) -> Self {
         Self::log_to_test_output();
@@ -256,23 +267,10 @@ impl RunningPlegd {
             plan: Some(plan),
         };
         let (writer, reader) = tokio::io::duplex(output_buffer);
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move {
-                daemon::serve(
-                    runtime,
-                    push,
-                    &config,
-                    writer,
-                    (),
-                    shutdown,
-                    Some(started_tx),
-                )
-                .await
-            }
-        });
-        let shared = started_rx.await.expect("daemon started");
+        let daemon =
+            Daemon::start(runtime, push, listeners, &config, writer, ()).expect("daemon started");
+        let shared = daemon.shared();
+        let task = tokio::spawn(daemon.run(shutdown.clone()));
         Self {
             lines: BufReader::new(reader).lines(),
             shared,
@@ -431,7 +429,6 @@ pub struct ServedApi {
     pub metrics: std::net::SocketAddr,
     /// The TLS listener's address, when the config asked for one.
     pub tcp: Option<std::net::SocketAddr>,
-    task: tokio::task::JoinHandle<Result<(), plegd::api::listen::ServeError>>,
     _dir: tempfile::TempDir,
 }
 
@@ -445,20 +442,21 @@ impl ServedApi {
             .expect("API socket answers")
     }
 
-    /// Waits for the servers to stop (after the daemon's shutdown).
-    pub async fn stopped(self) {
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("API stops on shutdown")
-            .expect("API task")
-            .expect("API served cleanly");
+    /// Checks that the servers stopped with the daemon ([`RunningPlegd::stop`], which fails
+    /// if they did not stop cleanly): the socket is gone.
+    pub fn stopped(self) {
+        assert!(
+            !self.socket.exists(),
+            "{}: the API's socket is removed when the daemon stops",
+            self.socket.display()
+        );
     }
 }
 
 impl RunningPlegd {
-    /// Starts a daemon as [`RunningPlegd::start`] does and serves its API as `plegd run`
-    /// does: on a socket in a fresh temp dir (`run/plegd.sock`, so the directory is created)
-    /// and metrics on a free port of 127.0.0.1.
+    /// Starts a daemon as [`RunningPlegd::start`] does, serving its API as `plegd run` does:
+    /// on a socket in a fresh temp dir (`run/plegd.sock`, so the directory is created) and
+    /// metrics on a free port of 127.0.0.1.
     pub async fn start_serving_api(mut config: Config) -> (Self, ServedApi) {
         let dir = tempfile::tempdir().expect("temp dir");
         config.socket = dir.path().join("run/plegd.sock");
@@ -467,13 +465,11 @@ impl RunningPlegd {
         let metrics = listeners.metrics_address().expect("metrics bound");
         let tcp = listeners.tcp_address();
         let socket = config.socket.clone();
-        let plegd = Self::start(config).await;
-        let task = tokio::spawn(listeners.serve(plegd.shared.clone(), plegd.shutdown.clone()));
+        let plegd = Self::connect_and_start(config, Some(listeners), OUTPUT_BUFFER).await;
         let api = ServedApi {
             socket,
             metrics,
             tcp,
-            task,
             _dir: dir,
         };
         (plegd, api)

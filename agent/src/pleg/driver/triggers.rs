@@ -94,12 +94,14 @@ pub struct TriggerReceiver {
 
 impl TriggerReceiver {
     /// The next trigger, for driving a source without a generator (tests, tools).
+    #[cfg(any(test, feature = "testing"))]
     pub async fn recv(&mut self) -> Option<Trigger> {
         self.triggers.recv().await
     }
 
     /// Waits until a full relist is requested (at once if one is pending), for driving a
     /// source without a generator.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn full_relist_requested(&self) {
         self.full_relist.notified().await;
     }
@@ -111,14 +113,17 @@ impl TriggerReceiver {
     }
 }
 
-/// A trigger channel for the sources and the generator, passing every trigger.
+/// A trigger channel for a source driven without a generator (tests, tools), passing every
+/// trigger.
+#[cfg(any(test, feature = "testing"))]
 pub fn trigger_channel() -> (TriggerSender, TriggerReceiver) {
     observed_trigger_channel(None, true)
 }
 
-/// [`trigger_channel`] whose kernel observations are also told as `notices`, ahead of their
-/// relist (the generator tells those the runtime never confirms); `presence`: whether
-/// triggers saying only that containers exist pass (see [`TriggerSender::send`]).
+/// The trigger channel of the sources and the generator, whose kernel observations are also
+/// told as `notices`, ahead of their relist (the generator tells those the runtime never
+/// confirms); `presence`: whether triggers saying only that containers exist pass (see
+/// [`TriggerSender::send`]).
 pub fn observed_trigger_channel(
     notices: Option<Notices>,
     presence: bool,

@@ -852,7 +852,10 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::{decode::test_event, *};
-    use crate::pleg::{ContainerId, Scope, Trigger, TriggerReceiver, trigger_channel};
+    use crate::pleg::{
+        ContainerId, Scope, Trigger,
+        testing::{TriggerReceiver, trigger_channel},
+    };
 
     const NAMESPACE: &str = "plegd-native";
     const WAIT: Duration = Duration::from_secs(10);

@@ -267,6 +267,7 @@ impl<R: Runtime> Relister<R> {
     }
 
     /// The pod holding `container`, as last committed.
+    #[cfg(test)]
     pub fn pod_of(&self, container: &ContainerId) -> Option<PodUid> {
         self.committed.pod_of(container).cloned()
     }
