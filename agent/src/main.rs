@@ -2,9 +2,8 @@ use std::process::ExitCode;
 
 /// mimalloc rather than glibc's malloc: every relist frees the listing the runtime handed
 /// over, thousands of small records, and glibc's free reads the chunks around each one, which
-/// at 10,000 pods are no longer in the CPU's caches. With mimalloc the pure core's full relist
-/// took 316 ns per pod at 10,000 pods instead of 810, and freeing the listing grew 1.6x per pod
-/// from 100 to 10,000 pods instead of 4.6x (`cargo xtask bench`, relist_core).
+/// at 10,000 pods are no longer in the CPU's caches (measured: docs/benchmarks.md, "Why some
+/// constants are what they are").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

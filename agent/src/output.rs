@@ -290,9 +290,8 @@ pub async fn write_events<W: AsyncWrite + Unpin>(
                 line.push('\n');
                 // Not flushed here: tokio's stdout hands each write to a blocking thread at once
                 // and std's stdout writes a whole line through, so a consumer piping stdout
-                // sees each event as it happens; waiting for that thread to finish woke the
-                // runtime once more per event (churn bench: a tenth of plegd's CPU went to
-                // stdout). The next write, or the end, waits for it.
+                // sees each event as it happens; waiting for that thread to finish would wake
+                // the runtime once more per event. The next write, or the end, waits for it.
                 out.write_all(line.as_bytes()).await?;
             }
             Followed::Skipped(skipped) => warn!(

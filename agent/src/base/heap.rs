@@ -17,8 +17,7 @@ pub fn keep_huge_pages_out() {
 
 /// Hands the heap freed by the probes' load back to the kernel. Parsing the kernel's BTF
 /// (aya's loader and ours) allocates some 50 MiB that is freed once the programs are loaded,
-/// and neither allocator returns it at once: measured with glibc 68 MiB resident after the
-/// load, 14 MiB after this.
+/// and neither allocator returns it at once.
 pub(crate) fn release_freed() {
     // SAFETY: mi_collect has no preconditions; it frees mimalloc's unused pages.
     unsafe {

@@ -43,8 +43,7 @@ pub enum BootError {
 pub fn run(config: &Config) -> Result<(), BootError> {
     let privileged = Privileged::start(config)?;
     // One thread: plegd's work comes in short bursts (an event, a read, a publish), and
-    // handing each between worker threads cost more than the work (churn bench: 2.1-2.4 ms of
-    // CPU per container lifecycle on one thread, 2.65-2.7 on two); a node daemon also takes
+    // handing each between worker threads costs more than the work; a node daemon also takes
     // one core at most, whatever the node's size.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

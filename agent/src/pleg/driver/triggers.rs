@@ -40,8 +40,8 @@ impl TriggerSender {
     /// Hands a trigger to the generator; a kernel trigger's observations are told as a
     /// notice first, ahead of any relist. A trigger that says only that containers
     /// exist is dropped unless presence is news: no event can come of it, and under churn
-    /// such triggers were a third of all (a cgroup made, containerd's `/containers/create`
-    /// and `/tasks/create` for every container).
+    /// such triggers are many (a cgroup made, containerd's `/containers/create` and
+    /// `/tasks/create` for every container).
     pub fn send(&self, trigger: Trigger) {
         if !self.presence && trigger.only_presence() {
             return;

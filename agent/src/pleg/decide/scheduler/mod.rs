@@ -91,8 +91,7 @@ pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(300), Duration::
 
 /// How soon a settling read comes once the runtime deleted the container's task
 /// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) right after, a few
-/// milliseconds on a calm node, tens under churn (50 ms was too soon for one in three at 16
-/// lifecycles in flight).
+/// milliseconds on a calm node, tens under churn.
 pub const SETTLE_AFTER_DELETE: Duration = Duration::from_millis(100);
 
 /// A bounded backoff of rereads.

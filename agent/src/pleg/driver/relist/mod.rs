@@ -58,16 +58,13 @@ pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(3);
 
 /// The same wait while no runtime event stream is connected (eBPF-only mode, or the stream
 /// down): no `/tasks/exit` will come, and a status missed is a death the CRI store confirms
-/// some 50 to 110 ms after the exit. The shim's cleanup takes 10-20 ms here: eBPF-only mode,
-/// 60 kill -9s per run, had 20 to 25 deaths confirmed by the CRI store with 3 ms (p90 67-75
-/// ms), 0 or 1 with this (p90 18-20 ms).
+/// some 50 to 110 ms after the exit. The shim's cleanup takes 10-20 ms; this outlasts it.
 pub const TASK_STATUS_DEADLINE_ALONE: Duration = Duration::from_millis(25);
 
 /// How long a container whose task status missed its deadline is not asked again.
-/// Under churn the kernel hint's retries and every relist carrying it asked again and again: in
-/// a 10/s churn bench 48 containers' task statuses timed out 971 times in 25 s, one of them 128
-/// times in 13 s, each call more work for a shim already busy. The CRI store, or the runtime's
-/// own event, tells meanwhile.
+/// Under churn the kernel hint's retries and every relist carrying it would ask again and
+/// again, each call more work for a shim already busy. The CRI store, or the runtime's own
+/// event, tells meanwhile.
 pub const TASK_BUSY_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How long the relist before a stop reads again what it did not reflect: the CRI store shows
