@@ -1,6 +1,8 @@
-//! The event bus: the single fan-out of lifecycle events. The relist publishes each event
-//! once; every consumer (API watchers, the sync loop, stdout) is a subscriber with its own
-//! bounded queue and its own lag policy, so none of them can delay the relist or each other.
+//! The event bus: the fan-out of lifecycle events. The relist publishes each event once;
+//! every consumer (API watchers, the sync loop, stdout, the OTLP export) is a subscriber with
+//! its own bounded queue and its own lag policy, so none of them can delay the relist or each
+//! other. Kernel notices and pod syncs, which are never resumed, have fan-outs of their own
+//! (a broadcast channel, `pleg::sync_loop`'s feed) under the same rule: nobody waits.
 //!
 //! - **Sequences come from the relister**: [`EventBus::publish`] assigns nothing; events are
 //!   published in sequence order, gapless within a daemon run (an event out of order is

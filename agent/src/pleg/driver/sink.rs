@@ -1,10 +1,10 @@
 //! Where the PLEG's output goes: the relist hands each event to an [`EventSink`], one call per
-//! event, in sequence order; the generator tells kernel observations on their own as
-//! [`Notice`]s.
+//! event, in sequence order; the trigger sender (`driver::triggers`) tells a kernel trigger's
+//! observations on their own as [`Notice`]s, as the trigger is sent.
 //!
-//! The PLEG's own sink publishes on its event bus, the single fan-out whose subscribers (API
-//! watchers, the sync loop, stdout) each have their own bounded queue: publishing never waits
-//! on a consumer, so no consumer can stall the relist or make it discard.
+//! The PLEG's own sink publishes on its event bus, whose subscribers (API watchers, the sync
+//! loop, stdout) each have their own bounded queue: publishing never waits on a consumer, so
+//! no consumer can stall the relist or make it discard.
 
 use std::{sync::Arc, time::SystemTime};
 
