@@ -47,7 +47,7 @@ pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
         run_id,
         exit_code: event.exit_code,
         reason: event.reason.clone(),
-        confirmed_by: event.confirmed_by.map_or(pb::Layer::Unspecified, layer) as i32,
+        confirmed_by: event.confirmed_by.map_or(pb::Layer::Unspecified, store_to_pb) as i32,
         signal: event.signal.unwrap_or(0),
         image: event.image.clone(),
         attempt: event.attempt,
@@ -374,24 +374,26 @@ fn container(c: &ContainerRecord) -> pb::ContainerStatus {
         reason: c.reason.clone(),
         sandbox: c.sandbox,
         has_exit_code: c.exit_code.is_some(),
-        confirmed_by: layer(c.confirmed_by) as i32,
+        confirmed_by: store_to_pb(c.confirmed_by) as i32,
         host: c.host.as_deref().map(host),
         oom_killed: c.oom_killed(),
     }
 }
 
-pub fn layer(l: Store) -> pb::Layer {
-    match l {
+/// A store as the API names it: `Layer`, the name its first version gave the enum, kept for
+/// the clients generated from it (the wire carries only the numbers).
+pub fn store_to_pb(store: Store) -> pb::Layer {
+    match store {
         Store::Cri => pb::Layer::Cri,
         Store::Task => pb::Layer::Task,
     }
 }
 
-/// The store a message's layer names; `None` for none.
-pub fn store_from_pb(l: pb::Layer) -> Option<Store> {
+/// The store a message names; `None` for none.
+pub fn store_from_pb(named: pb::Layer) -> Option<Store> {
     [Store::Cri, Store::Task]
         .into_iter()
-        .find(|store| layer(*store) == l)
+        .find(|store| store_to_pb(*store) == named)
 }
 
 pub fn container_state(s: ContainerState) -> pb::ContainerState {

@@ -9,7 +9,7 @@
 //! 30 ms before the CRI store, which is updated only after the runtime's cleanup; so a record
 //! further on wins, and of two as far on the CRI store's wins, for it carries the runtime's
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
-//! layer that moved it on says so (a task restarted in place, on the containerd backend).
+//! store that moved it on says so (a task restarted in place, on the containerd backend).
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -22,7 +22,7 @@ use crate::pleg::model::{
 
 /// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
 /// runtime showed now, a complete record with its status; `None`: not read) and `task` (the
-/// task service's record, when confirming at the task layer). `None` when neither record
+/// task service's record, when confirming by the task store). `None` when neither record
 /// exists: a container never read cannot be built from a task record alone. `witness`: whose
 /// word on an OOM kill decides the reason of an exit only the task service confirmed.
 pub fn merge(
@@ -118,7 +118,7 @@ pub fn moves_on(committed: &ContainerRecord, shown: &ContainerRecord) -> bool {
 }
 
 /// Whether `shown` is behind `committed` in the container's life and comes from another of the
-/// runtime's layers: the CRI store that has not caught up with what the task service
+/// runtime's stores: the CRI store that has not caught up with what the task service
 /// confirmed. Unknown states are in no order, but an exit is final: a CRI store that lost
 /// track of a container (containerd restarted after its task service recorded the exit and
 /// before its CRI store did) does not undo the exit, which would be told again when the

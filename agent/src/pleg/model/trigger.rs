@@ -200,7 +200,7 @@ impl ObservationKind {
     }
 
     /// Whether it is the runtime's own record of a change (not a kernel hint): as good as a
-    /// reading of the runtime, when confirming at the task layer.
+    /// reading of the runtime, when confirming by the task store.
     pub fn is_runtime_record(&self) -> bool {
         matches!(
             self,

@@ -293,7 +293,7 @@ fn the_runtimes_own_records_answer_unread() {
             settles: false,
         },
         Case {
-            name: "confirming at the CRI layer takes no task record",
+            name: "confirming by the CRI store takes no task record",
             committed: Some(Running),
             reading: nothing(),
             hints: hints(false, Containerd, &[exit(137)]),
@@ -609,7 +609,7 @@ fn a_targeted_relist_reads_the_containers_its_hints_name() {
             ToRead::Whole,
         ),
         (
-            "no hint: what only the task layer confirmed",
+            "no hint: what only the task store confirmed",
             Hints::default(),
             ToRead::Containers(vec![id("c")]),
         ),

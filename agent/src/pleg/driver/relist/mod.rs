@@ -553,7 +553,7 @@ impl<R: Runtime> Relister<R> {
     }
 
     /// The containers whose task status is to be read, leaving out those whose status missed
-    /// its deadline lately. None when confirming at the CRI layer.
+    /// its deadline lately. None when confirming by the CRI store.
     fn tasks_to_read(
         &self,
         hints: &Hints,

@@ -174,7 +174,7 @@ fn a_pod_listed_as_last_time_is_compared_again_only_when_either_side_changed() {
     let died = with(Exited, Store::Cri);
     assert_eq!(walk(&mut committed, &died), (1, 0), "the listing moved on");
     // The task service confirmed the start: the CRI store's listing, as it was, is now
-    // worth an inspection (it confirms the start at its layer).
+    // worth an inspection (it confirms the start by its store).
     committed.commit(&uid("p"), Some(Arc::new(with(Running, Store::Task))), false);
     assert_eq!(walk(&mut committed, &listed), (1, 0), "the record changed");
 }
@@ -577,7 +577,7 @@ async fn a_task_record_beside_an_unspecific_hint_still_reads() {
 
 /// A container that started and exited before its relist read it: the runtime's
 /// `/tasks/start` makes its `ContainerStarted` go out before its death. Without that
-/// record, or confirming at the CRI layer, it folds into the death as in kubelet's PLEG.
+/// record, or confirming by the CRI store, it folds into the death as in kubelet's PLEG.
 #[tokio::test]
 async fn a_start_the_task_service_recorded_is_published_though_the_reading_shows_the_exit() {
     let started = ObservationKind::TaskStarted {
@@ -811,10 +811,10 @@ async fn a_starts_status_is_waited_for_longer_when_no_runtime_event_will_come() 
     }
 }
 
-/// Confirming at the CRI layer, neither the runtime's records nor the task status make an
+/// Confirming by the CRI store, neither the runtime's records nor the task status make an
 /// event before CRI shows the change.
 #[tokio::test]
-async fn confirming_at_the_cri_layer_waits_for_the_cri_store() {
+async fn confirming_by_the_cri_store_waits_for_it() {
     let mut h = harness(RelistConfig {
         confirm: Store::Cri,
         ..RelistConfig::default()
