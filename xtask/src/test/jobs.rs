@@ -37,6 +37,21 @@ const LONGEST_FIRST: &[&str] = &[
     "otlp_export",
 ];
 
+/// The binaries that run with no other test binary beside them, one after the other, before
+/// the rest: the eBPF probes of a plegd see every container on the machine, so another
+/// binary's churn is hints to it and calls on its runtime. `exit_reasons` counts the runtime
+/// calls a kill costs; the soak holds every lifecycle to windows of half a second, which three
+/// binaries' churn on two cores made it miss (lifecycles lost in eBPF-only mode, a
+/// containerd-restart soak's lives before the outage).
+const ALONE: &[&str] = &["soak", "exit_reasons"];
+
+/// The suite's jobs in two runs: those that run [`ALONE`], then the others.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Runs {
+    pub alone: Vec<Job>,
+    pub beside: Vec<Job>,
+}
+
 /// What to run.
 #[derive(Debug, Clone, Copy)]
 pub struct Selection<'a> {
@@ -50,11 +65,11 @@ pub struct Selection<'a> {
 
 /// The jobs of `selection` from `build`, each running `plegd` (from the same build) where the
 /// tests start a plegd process.
-pub fn jobs(build: &TestBuild, selection: Selection<'_>, plegd: &Path) -> Vec<Job> {
+pub fn jobs(build: &TestBuild, selection: Selection<'_>, plegd: &Path) -> Runs {
     let common: Vec<(&'static str, String)> =
         vec![(harness::BINARY_ENV, plegd.display().to_string())];
     let args: Vec<String> = selection.filter.iter().map(|f| (*f).to_owned()).collect();
-    let mut jobs: Vec<(usize, Job)> = Vec::new();
+    let mut jobs: Vec<(usize, bool, Job)> = Vec::new();
     for artifact in build.harnesses() {
         let name = match artifact.kind.as_str() {
             "test" => artifact.name.clone(),
@@ -72,7 +87,8 @@ pub fn jobs(build: &TestBuild, selection: Selection<'_>, plegd: &Path) -> Vec<Jo
             env,
             dir: artifact.package_dir.clone(),
         };
-        jobs.push((rank(&artifact.name, &artifact.kind), job));
+        let alone = artifact.kind == "test" && ALONE.contains(&artifact.name.as_str());
+        jobs.push((rank(&artifact.name, &artifact.kind), alone, job));
         if !selection.matrix
             || artifact.kind != "test"
             || !MATRIX_SUITES.contains(&artifact.name.as_str())
@@ -89,12 +105,20 @@ pub fn jobs(build: &TestBuild, selection: Selection<'_>, plegd: &Path) -> Vec<Jo
                 env,
                 dir: artifact.package_dir.clone(),
             };
-            jobs.push((rank(&artifact.name, &artifact.kind), job));
+            jobs.push((rank(&artifact.name, &artifact.kind), alone, job));
         }
     }
     // Stable: the others stay in cargo's order, each matrix run after its host run.
-    jobs.sort_by_key(|(rank, _)| *rank);
-    jobs.into_iter().map(|(_, job)| job).collect()
+    jobs.sort_by_key(|(rank, ..)| *rank);
+    let mut runs = Runs::default();
+    for (_, alone, job) in jobs {
+        if alone {
+            runs.alone.push(job);
+        } else {
+            runs.beside.push(job);
+        }
+    }
+    runs
 }
 
 /// Where an integration test binary stands in [`LONGEST_FIRST`]; after them for the others.
@@ -131,6 +155,7 @@ mod tests {
                 artifact("api", "test", true),
                 artifact("event_sources", "test", true),
                 artifact("soak", "test", true),
+                artifact("exit_reasons", "test", true),
             ],
         }
     }
@@ -146,11 +171,20 @@ mod tests {
             release: None,
             matrix: true,
         };
-        let jobs = jobs(&build(), selection, Path::new("/t/plegd"));
+        let Runs { alone, beside } = jobs(&build(), selection, Path::new("/t/plegd"));
+        assert_eq!(
+            names(&alone),
+            [
+                "soak",
+                "exit_reasons",
+                "exit_reasons on containerd 1.7",
+                "exit_reasons on containerd 2.1",
+            ]
+        );
+        let jobs = beside;
         assert_eq!(
             names(&jobs),
             [
-                "soak",
                 "api",
                 "event_sources",
                 "event_sources on containerd 1.7",
@@ -159,13 +193,13 @@ mod tests {
                 "xtask (bin unit)",
             ]
         );
-        let soak = &jobs[0];
+        let soak = &alone[0];
         assert_eq!(soak.program, Path::new("/t/soak-test"));
         assert_eq!(soak.dir, Path::new("/w/tests"));
         assert!(soak.args.is_empty());
         assert_eq!(soak.env, [(harness::BINARY_ENV, "/t/plegd".to_owned())]);
         assert_eq!(
-            jobs[4].env,
+            jobs[3].env,
             [
                 (harness::BINARY_ENV, "/t/plegd".to_owned()),
                 (harness::RELEASE_ENV, "2.1".to_owned())
@@ -180,18 +214,13 @@ mod tests {
             release: Some("1.7"),
             matrix: false,
         };
-        let jobs = jobs(&build(), selection, Path::new("/t/plegd"));
+        let Runs { alone, beside } = jobs(&build(), selection, Path::new("/t/plegd"));
+        assert_eq!(names(&alone), ["soak", "exit_reasons"]);
         assert_eq!(
-            names(&jobs),
-            [
-                "soak",
-                "api",
-                "event_sources",
-                "plegd (unit)",
-                "xtask (bin unit)"
-            ]
+            names(&beside),
+            ["api", "event_sources", "plegd (unit)", "xtask (bin unit)"]
         );
-        for job in &jobs {
+        for job in alone.iter().chain(&beside) {
             assert_eq!(job.args, ["cri"], "{job:?}");
             assert!(
                 job.env.contains(&(harness::RELEASE_ENV, "1.7".to_owned())),

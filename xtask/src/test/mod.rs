@@ -16,7 +16,9 @@
 //!   harness, so no step builds plegd again for a feature set of its own;
 //! - the test binaries run [`Options::jobs`] at a time ([`runner`]), the longest first: an
 //!   end-to-end binary mostly waits on containers and deadlines, which leaves CPU to the
-//!   others; the matrix's runs on 1.7 and 2.1 are more jobs of the same binaries;
+//!   others; the matrix's runs on 1.7 and 2.1 are more jobs of the same binaries. Those whose
+//!   tests count the runtime's calls or hold lifecycles to tight windows run first, one at a
+//!   time, with no other test binary beside them (`jobs::ALONE`);
 //! - clippy, then the doc tests, run beside them at a lower priority (nice 10): they have no
 //!   deadline to miss, and take the CPU the tests leave;
 //! - the VM steps (QEMU TCG, CPU-bound) run one after the other beside the test binaries.
@@ -214,10 +216,15 @@ fn test_steps(
         release: opts.containerd.containerd.as_deref(),
         matrix: plan.matrix,
     };
-    let jobs = jobs::jobs(build, selection, build.bin("plegd")?);
+    let runs = jobs::jobs(build, selection, build.bin("plegd")?);
     let name = format!(
-        "tests ({} runs of test binaries, {} at a time{})",
-        jobs.len(),
+        "tests ({} runs of test binaries: {} alone, then {} at a time{})",
+        runs.alone.len() + runs.beside.len(),
+        runs.alone
+            .iter()
+            .map(|job| job.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         opts.jobs,
         if plan.matrix {
             format!("; the matrix on containerd {}", MATRIX_RELEASES.join(", "))
@@ -225,7 +232,11 @@ fn test_steps(
             String::new()
         },
     );
-    steps.time(&name, || runner::run(jobs, opts.jobs, &logs()))
+    steps.time(&name, || {
+        let mut outcomes = runner::run(runs.alone, 1, &logs())?;
+        outcomes.extend(runner::run(runs.beside, opts.jobs, &logs())?);
+        Ok(outcomes)
+    })
 }
 
 /// Where each job's output is kept.
