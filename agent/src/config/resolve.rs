@@ -34,12 +34,12 @@ impl Config {
 
     fn resolve(args: &RunArgs, file: RunArgs) -> Result<Self, ConfigError> {
         let mut l = Layers {
-            given: args.clone(),
+            flags: args.clone(),
             file,
             defaults: RunArgs::defaults(),
         };
         let mode = l.first(|r| r.mode.take());
-        let sources_given = l.given.sources.is_some() || l.file.sources.is_some();
+        let sources_given = l.flags.sources.is_some() || l.file.sources.is_some();
         let config = Self {
             runtime: l.first(|r| r.runtime.take()),
             runtime_endpoint: l.given(|r| r.runtime_endpoint.take()),
@@ -130,7 +130,7 @@ impl Config {
 /// The layers of `plegd run`'s settings; each setting is taken out of them once.
 struct Layers {
     /// Flags and environment.
-    given: RunArgs,
+    flags: RunArgs,
     file: RunArgs,
     /// clap's defaults.
     defaults: RunArgs,
@@ -148,7 +148,7 @@ impl Layers {
 
     /// A setting without a default: from flags and environment, else the file.
     fn given<T>(&mut self, take: impl Fn(&mut RunArgs) -> Option<T>) -> Option<T> {
-        take(&mut self.given).or_else(|| take(&mut self.file))
+        take(&mut self.flags).or_else(|| take(&mut self.file))
     }
 
     fn pod_metadata(&mut self) -> PodMetadata {
