@@ -278,6 +278,33 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// Its line of [`KernelFeatures::describe`]: which program serves it, and its fallback.
+    fn describe(&self) -> (String, bool, String) {
+        let subject = format!("probe {}", self.spec.name);
+        let tracepoint = format!("{}/{}", self.spec.category, self.spec.tracepoint);
+        let classic = match &self.classic {
+            Support::Yes => format!("else tracepoint {tracepoint} (perf_event_open)"),
+            Support::No(why) => format!("no tracepoint fallback: {why}"),
+        };
+        match (&self.raw, self.unavailable(), self.spec.without) {
+            (Ok(program), _, _) => (
+                subject,
+                true,
+                format!("raw tracepoint ({program}, BTF); {classic}"),
+            ),
+            (Err(raw), None, _) => (
+                subject,
+                true,
+                format!(
+                    "tracepoint {tracepoint} through perf_event_open (needs CAP_SYS_ADMIN \
+                     where perf_event_paranoid is 3); no raw tracepoint: {raw}"
+                ),
+            ),
+            (_, Some(why), Some(loss)) => (subject, false, format!("{why}: {loss}")),
+            (_, Some(why), None) => (subject, false, format!("{why}: required, eBPF off")),
+        }
+    }
+
     /// The ways to attach it, in the order to try them.
     pub fn choices(&self) -> impl Iterator<Item = Attach> + '_ {
         let raw = self.raw.as_ref().ok().map(|&program| Attach::Raw(program));
@@ -399,41 +426,21 @@ impl KernelFeatures {
 
     /// One line per feature: (subject, available, detail), for `plegd check` and the logs.
     pub fn describe(&self) -> Vec<(String, bool, String)> {
-        let mut lines: Vec<(String, bool, String)> = self
-            .probes
-            .iter()
-            .map(|probe| {
-                let subject = format!("probe {}", probe.spec.name);
-                let tracepoint = format!("{}/{}", probe.spec.category, probe.spec.tracepoint);
-                let classic = match &probe.classic {
-                    Support::Yes => format!("else tracepoint {tracepoint} (perf_event_open)"),
-                    Support::No(why) => format!("no tracepoint fallback: {why}"),
-                };
-                match (&probe.raw, probe.unavailable(), probe.spec.without) {
-                    (Ok(program), _, _) => (
-                        subject,
-                        true,
-                        format!("raw tracepoint ({program}, BTF); {classic}"),
-                    ),
-                    (Err(raw), None, _) => (
-                        subject,
-                        true,
-                        format!(
-                            "tracepoint {tracepoint} through perf_event_open (needs CAP_SYS_ADMIN \
-                             where perf_event_paranoid is 3); no raw tracepoint: {raw}"
-                        ),
-                    ),
-                    (_, Some(why), Some(loss)) => (subject, false, format!("{why}: {loss}")),
-                    (_, Some(why), None) => (subject, false, format!("{why}: required, eBPF off")),
-                }
-            })
-            .collect();
+        let mut lines: Vec<(String, bool, String)> =
+            self.probes.iter().map(Probe::describe).collect();
+        lines.push(self.describe_group_dead());
+        lines.push(self.describe_oom_scope());
+        lines.push(self.describe_exit_status());
+        lines
+    }
+
+    fn describe_group_dead(&self) -> (String, bool, String) {
         let exit = self
             .probes
             .iter()
             .find(|p| p.spec.name == "sched_process_exit");
         let raw_group = exit.is_some_and(|p| p.raw == Ok("sched_process_exit_raw_group"));
-        lines.push(match self.group_dead {
+        match self.group_dead {
             _ if raw_group => (
                 "exit group_dead".into(),
                 true,
@@ -451,10 +458,13 @@ impl KernelFeatures {
                  thread exit stands for the process's"
                     .into(),
             ),
-        });
+        }
+    }
+
+    fn describe_oom_scope(&self) -> (String, bool, String) {
         let oom = self.probes.iter().find(|p| p.spec.name == "mark_victim");
         let oom_raw = oom.is_some_and(|p| p.raw.is_ok());
-        lines.push(match (oom_raw, self.raw_config.flags & PROBE_OOM_MEMCG != 0) {
+        match (oom_raw, self.raw_config.flags & PROBE_OOM_MEMCG != 0) {
             (true, true) => (
                 "oom scope".into(),
                 true,
@@ -472,8 +482,11 @@ impl KernelFeatures {
                 false,
                 "no raw mark_victim program: kills carry no scope".into(),
             ),
-        });
-        lines.push(match &self.exit_code {
+        }
+    }
+
+    fn describe_exit_status(&self) -> (String, bool, String) {
+        match &self.exit_code {
             Ok(offset) => (
                 "exit status".into(),
                 true,
@@ -484,8 +497,7 @@ impl KernelFeatures {
                 false,
                 format!("{e}: exits carry no status (the runtime's exit code still does)"),
             ),
-        });
-        lines
+        }
     }
 }
 

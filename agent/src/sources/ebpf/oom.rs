@@ -164,39 +164,11 @@ pub fn account(
         OOM_CHARGER_WHOLE,
     );
     let unlimited = (i64::MAX as u64) / page_size.max(1);
-    let rose = |level: &MemcgLevel| match counts.seen(level.id) {
-        Some(seen) => level.oom_events > seen,
-        None => level.oom_events > 0 && near_limit(level, unlimited),
+    // The chain the scope is told on: the victim's where read.
+    let Some(chain) = victim.as_ref().or(charger.as_ref()) else {
+        return kill;
     };
-    // The chain the scope is told on (the victim's where read), and its part common with the
-    // charger's.
-    let (chain, common): (&Chain, Vec<Level>) = match (&victim, &charger) {
-        (Some(v), Some(c)) => (
-            v,
-            v.levels
-                .iter()
-                .filter(|l| c.levels.iter().any(|m| m.memcg.id == l.memcg.id))
-                .copied()
-                .collect(),
-        ),
-        (Some(v), None) => (v, v.levels.clone()),
-        (None, Some(c)) => (c, c.levels.clone()),
-        (None, None) => return kill,
-    };
-    let risen: Vec<Level> = common.iter().filter(|l| rose(&l.memcg)).copied().collect();
-    let hit = risen
-        .iter()
-        .find(|l| at_limit(&l.memcg, unlimited))
-        .or_else(|| risen.first())
-        .copied()
-        .or_else(|| {
-            let risen: Vec<&Level> = chain.levels.iter().filter(|l| rose(&l.memcg)).collect();
-            risen
-                .iter()
-                .find(|l| over_limit(&l.memcg, unlimited) || at_limit(&l.memcg, unlimited))
-                .or_else(|| risen.first())
-                .map(|l| **l)
-        });
+    let hit = limit_hit(chain, charger.as_ref(), counts, unlimited);
     for chain in [&victim, &charger].into_iter().flatten() {
         let levels: Vec<MemcgLevel> = chain.levels.iter().map(|l| l.memcg).collect();
         counts.remember(&levels);
@@ -209,20 +181,67 @@ pub fn account(
         return kill;
     };
     kill.limit_bytes = Some(hit.memcg.max.saturating_mul(page_size));
+    let victim_level = victim.is_some().then_some(event.victim_level);
+    locate(&mut kill, hit, victim_level, memory_paths, namespaces);
+    kill
+}
+
+/// The level whose limit was hit, if any: the lowest level of `chain` common with the
+/// charger's whose OOM count rose (one at its limit first), else one of `chain`'s that rose
+/// (over or at its limit first).
+fn limit_hit(
+    chain: &Chain,
+    charger: Option<&Chain>,
+    counts: &OomCounts,
+    unlimited: u64,
+) -> Option<Level> {
+    let rose = |level: &MemcgLevel| match counts.seen(level.id) {
+        Some(seen) => level.oom_events > seen,
+        None => level.oom_events > 0 && near_limit(level, unlimited),
+    };
+    let common = chain
+        .levels
+        .iter()
+        .filter(|l| charger.is_none_or(|c| c.levels.iter().any(|m| m.memcg.id == l.memcg.id)));
+    let risen: Vec<Level> = common.filter(|l| rose(&l.memcg)).copied().collect();
+    risen
+        .iter()
+        .find(|l| at_limit(&l.memcg, unlimited))
+        .or_else(|| risen.first())
+        .copied()
+        .or_else(|| {
+            let risen: Vec<&Level> = chain.levels.iter().filter(|l| rose(&l.memcg)).collect();
+            risen
+                .iter()
+                .find(|l| over_limit(&l.memcg, unlimited) || at_limit(&l.memcg, unlimited))
+                .or_else(|| risen.first())
+                .map(|l| **l)
+        })
+}
+
+/// `kill`'s cgroup and scope, from `hit` and the victim's memory cgroup path (among
+/// `memory_paths`). `victim_level`: the victim's level in the hierarchy, if its chain was read.
+fn locate(
+    kill: &mut OomKill,
+    hit: Level,
+    victim_level: Option<u32>,
+    memory_paths: &[&str],
+    namespaces: &[String],
+) {
     // The victim's memory cgroup path, if it is the one the chain starts at.
     let components: Option<Vec<&str>> = memory_paths
         .iter()
         .map(|path| path.split('/').filter(|c| !c.is_empty()).collect())
-        .find(|c: &Vec<&str>| {
-            victim.is_some() && c.len() == event.victim_level as usize
-                || victim.is_none() && c.len() >= hit.depth as usize && !c.is_empty()
+        .find(|c: &Vec<&str>| match victim_level {
+            Some(level) => c.len() == level as usize,
+            None => c.len() >= hit.depth as usize && !c.is_empty(),
         });
     let Some(components) = components else {
         // Without the path, only the victim's own cgroup is surely its container's.
-        if victim.is_some() && hit.depth == event.victim_level {
+        if victim_level == Some(hit.depth) {
             kill.scope = OomScope::Container;
         }
-        return kill;
+        return;
     };
     let depth = hit.depth as usize;
     kill.cgroup = Some(format!("/{}", components[..depth].join("/")).into());
@@ -237,7 +256,6 @@ pub fn account(
     } else {
         OomScope::Ancestor
     };
-    kill
 }
 
 #[cfg(test)]

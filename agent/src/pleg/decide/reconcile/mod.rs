@@ -852,12 +852,6 @@ fn pod_events<'a>(
     events: &mut Vec<PodLifecycleEvent>,
     corrected: &mut Vec<Correction>,
 ) {
-    let Decide {
-        records,
-        hints,
-        read_at,
-        settings,
-    } = decide;
     let Some(pod) = new.or(old) else {
         return;
     };
@@ -868,77 +862,121 @@ fn pod_events<'a>(
             (None, Some((id, after))) => (id, None, Some(after)),
             (None, None) => continue,
         };
-        // A death's reason told from the task service's record, which the CRI store shows
-        // otherwise: the consumer is told by a ContainerChanged carrying the store's reason
-        // (whatever `emit_changed` says: that governs news of created containers), so its
-        // pod is synced too.
-        if let Some((correction, shown)) = before
-            .zip(after)
-            .and_then(|(told, shown)| Correction::of(told, shown).map(|c| (c, shown)))
-        {
-            corrected.push(correction);
+        correct_reason(pod, before, after, decide, events, corrected);
+        container_events(pod, (id, before, after), decide, events);
+    }
+}
+
+/// A death's reason told from the task service's record, which the CRI store shows
+/// otherwise: the consumer is told by a ContainerChanged carrying the store's reason
+/// (whatever `emit_changed` says: that governs news of created containers), so its pod is
+/// synced too.
+fn correct_reason(
+    pod: &PodRecord,
+    before: Option<&ContainerRecord>,
+    after: Option<&ContainerRecord>,
+    decide: &Decide<'_>,
+    events: &mut Vec<PodLifecycleEvent>,
+    corrected: &mut Vec<Correction>,
+) {
+    let Some((correction, shown)) = before
+        .zip(after)
+        .and_then(|(told, shown)| Correction::of(told, shown).map(|c| (c, shown)))
+    else {
+        return;
+    };
+    corrected.push(correction);
+    events.push(event(
+        Change {
+            pod,
+            event_type: PodLifecycleEventType::ContainerChanged,
+            record: shown,
+        },
+        decide.hints,
+        decide.read_at,
+    ));
+}
+
+/// The lifecycle events of one container of `pod` that went from `before` to `after`, put in
+/// `events`, each step of the way it took.
+fn container_events(
+    pod: &PodRecord,
+    (id, before, after): (
+        &ContainerId,
+        Option<&ContainerRecord>,
+        Option<&ContainerRecord>,
+    ),
+    decide: &Decide<'_>,
+    events: &mut Vec<PodLifecycleEvent>,
+) {
+    let Decide {
+        records,
+        hints,
+        read_at,
+        settings,
+    } = decide;
+    // A container gone: its last record, with what the task service recorded of its end.
+    let gone = match after {
+        Some(_) => None,
+        None => merge(
+            before,
+            None,
+            records.tasks.get(id).copied(),
+            records.witness,
+        )
+        .map(|mut last| {
+            records.teach(id, &mut last);
+            last
+        }),
+    };
+    let Some(last) = after.or(gone.as_ref()) else {
+        return;
+    };
+    let ran = ran_meanwhile(id, before, last, records);
+    // Borrowed, not cloned: at every changed pod of a full relist the clones were a
+    // handful of allocations per container, unchanged ones included.
+    let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
+    way.push(before);
+    way.extend(ran.as_ref().map(Some));
+    way.push(Some(last));
+    if after.is_none() {
+        way.push(None);
+    }
+    for step in way.windows(2) {
+        let (from, to) = (step[0], step[1]);
+        for &event_type in transition(from.map(|c| c.state), to.map(|c| c.state)) {
+            if event_type == PodLifecycleEventType::ContainerChanged && !settings.emit_changed {
+                continue;
+            }
             events.push(event(
                 Change {
                     pod,
-                    event_type: PodLifecycleEventType::ContainerChanged,
-                    record: shown,
+                    event_type,
+                    record: to.unwrap_or(last),
                 },
                 hints,
                 *read_at,
             ));
         }
-        // A container gone: its last record, with what the task service recorded of its end.
-        let gone = match after {
-            Some(_) => None,
-            None => merge(
-                before,
-                None,
-                records.tasks.get(id).copied(),
-                records.witness,
-            )
-            .map(|mut last| {
-                records.teach(id, &mut last);
-                last
-            }),
-        };
-        let Some(last) = after.or(gone.as_ref()) else {
-            continue;
-        };
-        let short_of_running = before
-            .and_then(|c| c.state.progress())
-            .is_none_or(|p| p < 1);
-        let ran = match records.started.get(id) {
-            Some(&started) if short_of_running && last.state == ContainerState::Exited => {
-                Some(while_running(last, Some(started)))
-            }
-            _ => None,
-        };
-        // Borrowed, not cloned: at every changed pod of a full relist the clones were a
-        // handful of allocations per container, unchanged ones included.
-        let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
-        way.push(before);
-        way.extend(ran.as_ref().map(Some));
-        way.push(Some(last));
-        if after.is_none() {
-            way.push(None);
+    }
+}
+
+/// The running state a container that exited passed through unseen, when the task service
+/// recorded its start and the last record showed it short of running.
+fn ran_meanwhile(
+    id: &ContainerId,
+    before: Option<&ContainerRecord>,
+    last: &ContainerRecord,
+    records: &Records<'_>,
+) -> Option<ContainerRecord> {
+    let short_of_running = before
+        .and_then(|c| c.state.progress())
+        .is_none_or(|p| p < 1);
+    match records.started.get(id) {
+        Some(&started) if short_of_running && last.state == ContainerState::Exited => {
+            Some(while_running(last, Some(started)))
         }
-        for step in way.windows(2) {
-            let (from, to) = (step[0], step[1]);
-            for &event_type in transition(from.map(|c| c.state), to.map(|c| c.state)) {
-                if event_type == PodLifecycleEventType::ContainerChanged && !settings.emit_changed {
-                    continue;
-                }
-                events.push(event(
-                    Change {
-                        pod,
-                        event_type,
-                        record: to.unwrap_or(last),
-                    },
-                    hints,
-                    *read_at,
-                ));
-            }
-        }
+        _ => None,
     }
 }
 
