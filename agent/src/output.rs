@@ -474,7 +474,7 @@ mod tests {
             container_id: ContainerId("0123456789abcdef".into()),
             container_name: "app".into(),
             observations: vec![crate::pleg::Observation {
-                source: crate::pleg::TriggerSource::Ebpf,
+                source: crate::pleg::Source::Ebpf,
                 kind: crate::pleg::ObservationKind::OomKill(Arc::clone(&kill)),
             }],
             observed_at: at,

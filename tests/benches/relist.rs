@@ -102,7 +102,7 @@ impl Prepared {
     }
 
     async fn prepare(&self, inspections: bool) {
-        let listing = self.fake.list_pods(&Scope::All).await.expect("fake lists");
+        let listing = self.fake.list_pods(&Scope::Node).await.expect("fake lists");
         if inspections {
             let mut prepared = VecDeque::with_capacity(listing.len());
             for pod in &listing {
@@ -124,7 +124,7 @@ impl Runtime for Prepared {
 
     async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
         let prepared = match scope {
-            Scope::All => self.listing.lock().unwrap().take(),
+            Scope::Node => self.listing.lock().unwrap().take(),
             _ => None,
         };
         match prepared {
@@ -171,7 +171,7 @@ impl Runtime for Prepared {
 async fn time_relist<R: Runtime>(relister: &mut Relister<R>) -> Duration {
     let start = Instant::now();
     relister
-        .relist(&Scope::All, &Hints::default(), true)
+        .relist(&Scope::Node, &Hints::default(), true)
         .await
         .expect("relist succeeds");
     start.elapsed()

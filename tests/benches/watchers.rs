@@ -14,9 +14,9 @@ use std::{
 
 use plegd::{
     api::Listeners,
-    config::{Config, RunArgs, SourceName},
+    config::{Config, RunArgs},
     daemon::{Daemon, PushSources},
-    pleg::ContainerState,
+    pleg::{ContainerState, Source},
     runtime::testing::{FakeRuntime, container},
 };
 use plegd_proto::v1::{self as pb, pleg_client::PlegClient};
@@ -69,7 +69,7 @@ async fn scenario(stalled: usize) -> Report {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = Config::load(&RunArgs {
         runtime_endpoint: Some("unused".into()),
-        sources: Some(vec![SourceName::Relist]),
+        sources: Some(vec![Source::Relist]),
         relist_period: Some(PERIOD),
         state_dir: Some("none".into()),
         socket: Some(dir.path().join("plegd.sock")),

@@ -12,7 +12,7 @@ mod support;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_cri::v1::ContainerState;
-use plegd::{config::SourceName, pleg::TriggerSource, sources::status::SourceState};
+use plegd::{pleg::Source, sources::status::SourceState};
 use plegd_tests::{
     ContainerdOptions, Node, PrivateContainerd,
     containerd::CRI_NAMESPACE,
@@ -41,13 +41,13 @@ async fn start() -> PrivateContainerd {
 
 /// A daemon with only the CRI events source, once the source is connected.
 async fn cri_events_only(containerd: &PrivateContainerd) -> RunningPlegd {
-    let plegd = RunningPlegd::start(stream_only(&containerd.socket(), SourceName::CriEvents)).await;
+    let plegd = RunningPlegd::start(stream_only(&containerd.socket(), Source::CriEvents)).await;
     wait_connected(&plegd).await;
     plegd
 }
 
 async fn wait_connected(plegd: &RunningPlegd) {
-    wait_state(&plegd.shared.sources, TriggerSource::CriEvents, |s| {
+    wait_state(&plegd.shared.sources, Source::CriEvents, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -56,17 +56,17 @@ async fn wait_connected(plegd: &RunningPlegd) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_says_whether_the_runtime_streams_cri_events() {
     let containerd = start().await;
-    let plegd = RunningPlegd::start(stream_only(&containerd.socket(), SourceName::CriEvents)).await;
+    let plegd = RunningPlegd::start(stream_only(&containerd.socket(), Source::CriEvents)).await;
     let sources = &plegd.shared.sources;
     if containerd.version().has_cri_container_events() {
-        wait_state(sources, TriggerSource::CriEvents, |s| {
+        wait_state(sources, Source::CriEvents, |s| {
             s.state == SourceState::Connected
         })
         .await;
         assert!(sources.any_connected());
     } else {
         // containerd 1.6.
-        let status = wait_state(sources, TriggerSource::CriEvents, |s| {
+        let status = wait_state(sources, Source::CriEvents, |s| {
             s.state == SourceState::Unsupported
         })
         .await;
@@ -74,7 +74,7 @@ async fn health_says_whether_the_runtime_streams_cri_events() {
         assert!(!sources.any_connected());
     }
     assert_eq!(
-        status_of(sources, TriggerSource::Containerd).unwrap().state,
+        status_of(sources, Source::Containerd).unwrap().state,
         SourceState::Disabled
     );
     plegd.stop().await;
@@ -148,7 +148,7 @@ async fn start_kill_and_removal_are_triggered_by_cri_events_alone() {
         serde_json::json!(["cri-events"])
     );
     assert!(
-        status_of(&plegd.shared.sources, TriggerSource::CriEvents)
+        status_of(&plegd.shared.sources, Source::CriEvents)
             .unwrap()
             .last_delivered
             .is_some()
@@ -167,7 +167,7 @@ async fn a_stalled_event_consumer_does_not_stall_containerd() {
     }
     // Nobody reads this daemon's output: it blocks on its first event line, and the channels
     // behind it (a one-event capacity) fill at once.
-    let mut settings = stream_only(&containerd.socket(), SourceName::CriEvents);
+    let mut settings = stream_only(&containerd.socket(), Source::CriEvents);
     settings.event_channel_capacity = 1;
     let plegd = RunningPlegd::start_with_output_buffer(settings, STALLED_OUTPUT).await;
     wait_connected(&plegd).await;
@@ -175,7 +175,7 @@ async fn a_stalled_event_consumer_does_not_stall_containerd() {
     let killed_at = storm(&containerd)
         .await
         .unwrap_or_else(|e| panic!("containerd stalled: {e}"));
-    let status = status_of(&plegd.shared.sources, TriggerSource::CriEvents).unwrap();
+    let status = status_of(&plegd.shared.sources, Source::CriEvents).unwrap();
     assert_eq!(status.state, SourceState::Connected, "{status:?}");
     assert!(
         status.last_delivered.is_some_and(|at| at >= killed_at),

@@ -15,7 +15,10 @@ use k8s_openapi::api::{
     core::v1::{Namespace, Service, ServiceAccount},
     networking::v1::NetworkPolicy,
 };
-use plegd::config::{Config, DEFAULT_SOCKET, RunArgs, SourceName};
+use plegd::{
+    config::{Config, DEFAULT_SOCKET, RunArgs},
+    pleg::Source,
+};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 fn deploy(path: &str) -> PathBuf {
@@ -197,7 +200,7 @@ fn the_example_config_loads_and_shows_every_key_with_its_default() {
     // The sources shown are what the default comes to on containerd, asked for by name.
     assert_eq!(
         std::mem::replace(&mut loaded.sources, defaults.sources.clone()),
-        [SourceName::Ebpf, SourceName::Containerd].into()
+        [Source::Ebpf, Source::Containerd].into()
     );
     assert!(std::mem::take(&mut loaded.sources_given));
     for example in [
@@ -373,17 +376,13 @@ struct Rule {
 /// The series names plegd's `/metrics` can hold, from the `# TYPE` lines of its registry once
 /// every labelled family has a series (a family without one is not written at all).
 fn exported_series() -> BTreeSet<String> {
-    use plegd::pleg::TriggerSource;
+    use plegd::pleg::Source;
     let metrics = plegd::base::metrics::Metrics::new();
     let now = std::time::Instant::now();
     metrics.relisted(true, now, std::time::Duration::from_millis(1), true);
     metrics.relisted(false, now, std::time::Duration::from_millis(1), true);
     metrics.discarded_events(1);
-    for source in [
-        TriggerSource::Ebpf,
-        TriggerSource::Containerd,
-        TriggerSource::CriEvents,
-    ] {
+    for source in [Source::Ebpf, Source::Containerd, Source::CriEvents] {
         metrics.trigger(source.name());
         metrics.unconfirmed_hint(source.name());
         metrics.stream_reconnect(source.name());

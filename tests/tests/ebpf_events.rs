@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::ContainerState;
 use plegd::{
-    config::{Config, Mode, RunArgs, SourceName},
+    config::{Config, Mode, RunArgs},
     daemon::{self, EbpfStart},
-    pleg::{Store, TriggerSource},
+    pleg::{Source, Store},
     sources::status::SourceState,
 };
 use plegd_proto::v1 as pb;
@@ -29,7 +29,7 @@ const SLOW: Duration = Duration::from_secs(300);
 
 /// eBPF as the only push source, relists every `period`, in `mode`.
 fn ebpf_config(containerd: &PrivateContainerd, mode: Mode, period: Duration) -> Config {
-    push_config(containerd, &[SourceName::Ebpf], mode, period)
+    push_config(containerd, &[Source::Ebpf], mode, period)
 }
 
 /// In every pid namespace mode (each container its own, the pod's, the host's), starts and
@@ -172,7 +172,7 @@ async fn polling_mode_yields_the_same_events_through_the_relist() {
         .sources
         .snapshot()
         .into_iter()
-        .find(|(s, _)| *s == TriggerSource::Ebpf)
+        .find(|(s, _)| *s == Source::Ebpf)
         .unwrap();
     assert_eq!(ebpf.1.state, SourceState::Disabled);
     plegd.stop().await;
@@ -281,7 +281,7 @@ async fn a_death_seen_by_ebpf_and_containerd_is_one_event() {
     for confirm in [Store::Cri, Store::Task] {
         let mut config = push_config(
             &containerd,
-            &[SourceName::Ebpf, SourceName::Containerd],
+            &[Source::Ebpf, Source::Containerd],
             Mode::Ebpf,
             SLOW,
         );

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use plegd::{
     pleg::{
-        ContainerId, ObservationKind, Scope, Trigger, TriggerSource,
+        ContainerId, ObservationKind, Scope, Source, Trigger,
         testing::{TriggerReceiver, trigger_channel},
     },
     sources::{
@@ -136,7 +136,7 @@ async fn lifecycle_in(cri: &Cri, tasks: &Native, pod: &Pod, triggers: &mut Trigg
             .any(|o| matches!(&o.kind, ObservationKind::Exec(path) if path == "/bin/sh"))
     })
     .await;
-    assert_eq!(exec.source, TriggerSource::Ebpf);
+    assert_eq!(exec.source, Source::Ebpf);
 
     // kill -9: the init's exit with signal 9.
     tasks.kill_init(&sleeper).await.unwrap();

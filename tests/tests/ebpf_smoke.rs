@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use plegd::config::{Mode, SourceName};
+use plegd::{config::Mode, pleg::Source};
 use plegd_tests::Node;
 use support::{RunningPlegd, observations, push_config, start_then_kill};
 
@@ -23,7 +23,7 @@ async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
         cri,
         tasks,
     } = Node::start().await.unwrap();
-    let config = push_config(&containerd, &[SourceName::Ebpf], Mode::Ebpf, SLOW);
+    let config = push_config(&containerd, &[Source::Ebpf], Mode::Ebpf, SLOW);
     // --mode ebpf fails here if the probes do not load and attach.
     let mut plegd = RunningPlegd::start(config).await;
     plegd.wait_sources_connected(1, DEADLINE).await;

@@ -10,7 +10,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use k8s_cri::v1::ContainerState;
 use plegd::{
-    config::{Mode, SourceName},
+    config::Mode,
+    pleg::Source,
     runtime::{Keys, PodMetadata},
 };
 use plegd_tests::{
@@ -50,7 +51,7 @@ async fn each_event_type_has_the_fields_consuming_md_shows() {
     } = Node::start().await.unwrap();
     let mut config = push_config(
         &containerd,
-        &[SourceName::Ebpf, SourceName::Containerd],
+        &[Source::Ebpf, Source::Containerd],
         Mode::Auto,
         SLOW,
     );

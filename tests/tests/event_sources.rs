@@ -17,9 +17,8 @@ use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient,
 };
 use plegd::{
-    config::SourceName,
     pleg::{
-        ContainerId, PodUid, Scope, Store, Trigger, TriggerSource,
+        ContainerId, PodUid, Scope, Source, Store, Trigger,
         testing::{TriggerReceiver, trigger_channel},
     },
     sources::{
@@ -48,9 +47,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// A daemon with only containerd's event stream, whose full relists are a minute apart either
 /// way.
 async fn events_only(containerd: &PrivateContainerd) -> RunningPlegd {
-    let plegd =
-        RunningPlegd::start(stream_only(&containerd.socket(), SourceName::Containerd)).await;
-    wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
+    let plegd = RunningPlegd::start(stream_only(&containerd.socket(), Source::Containerd)).await;
+    wait_state(&plegd.shared.sources, Source::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -68,21 +66,21 @@ async fn the_event_stream_is_back_within_a_relist_of_containerd_answering_again(
     let containerd = PrivateContainerd::start(&plegd_tests::ContainerdOptions::unique())
         .await
         .unwrap();
-    let mut settings = stream_only(&containerd.socket(), SourceName::Containerd);
+    let mut settings = stream_only(&containerd.socket(), Source::Containerd);
     // plegd's default: relists every second while no push source is connected.
     settings.relist_period = FAST;
     let plegd = RunningPlegd::start(settings).await;
     let registry = &plegd.shared.sources;
-    let up = wait_state(registry, TriggerSource::Containerd, |s| {
+    let up = wait_state(registry, Source::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
 
     containerd.crash_for(OUTAGE).await.unwrap();
     let answering = Instant::now();
-    let lost = status_of(registry, TriggerSource::Containerd).unwrap();
+    let lost = status_of(registry, Source::Containerd).unwrap();
     assert_eq!(lost.state, SourceState::Reconnecting, "{lost:?}");
-    let back = wait_state(registry, TriggerSource::Containerd, |s| {
+    let back = wait_state(registry, Source::Containerd, |s| {
         s.state == SourceState::Connected && s.reconnects > up.reconnects
     })
     .await;
@@ -150,7 +148,7 @@ async fn kill_9_is_seen_through_containerd_events_long_before_a_relist() {
         died["latency_ms"]
     );
     assert!(
-        status_of(&plegd.shared.sources, TriggerSource::Containerd)
+        status_of(&plegd.shared.sources, Source::Containerd)
             .unwrap()
             .last_delivered
             .is_some()
@@ -234,7 +232,7 @@ async fn deaths_are_confirmed_at_the_task_record_or_at_cri_as_configured() {
     }
     plegd.stop().await;
 
-    let mut config = stream_only(&containerd.socket(), SourceName::Containerd);
+    let mut config = stream_only(&containerd.socket(), Source::Containerd);
     config.confirm = Store::Cri;
     let mut plegd = RunningPlegd::start(config).await;
     plegd.wait_sources_connected(1, DEADLINE).await;
@@ -262,7 +260,7 @@ async fn an_exec_exit_is_not_the_containers_death() {
         .await;
 
     let mut runtime = RuntimeServiceClient::new(unix_channel(&containerd.socket()).await.unwrap());
-    let delivered_before = status_of(&plegd.shared.sources, TriggerSource::Containerd)
+    let delivered_before = status_of(&plegd.shared.sources, Source::Containerd)
         .unwrap()
         .last_delivered;
     let exec = runtime
@@ -284,7 +282,7 @@ async fn an_exec_exit_is_not_the_containers_death() {
         ContainerState::ContainerRunning as i32
     );
     // Not even a trigger came of the exec's exit.
-    let delivered_after = status_of(&plegd.shared.sources, TriggerSource::Containerd)
+    let delivered_after = status_of(&plegd.shared.sources, Source::Containerd)
         .unwrap()
         .last_delivered;
     assert_eq!(
@@ -365,9 +363,9 @@ async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
     for id in ["c1", "c2"] {
         let trigger = next_trigger(&mut triggers).await;
         assert_eq!(container(&trigger), id);
-        assert_eq!(trigger.source, TriggerSource::CriEvents);
+        assert_eq!(trigger.source, Source::CriEvents);
     }
-    let down = wait_state(&registry, TriggerSource::CriEvents, |s| {
+    let down = wait_state(&registry, Source::CriEvents, |s| {
         s.state == SourceState::Reconnecting
     })
     .await;
@@ -377,7 +375,7 @@ async fn cri_events_reconnect_after_a_broken_stream_and_relist_everything() {
 
     // Second connection (held until now): another full relist, then the new stream's events.
     gate.add_permits(2);
-    wait_state(&registry, TriggerSource::CriEvents, |s| {
+    wait_state(&registry, Source::CriEvents, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -416,7 +414,7 @@ async fn cri_events_refused_for_now_are_retried_not_turned_off() {
         registry.clone(),
         shutdown.clone(),
     ));
-    let status = wait_state(&registry, TriggerSource::CriEvents, |s| {
+    let status = wait_state(&registry, Source::CriEvents, |s| {
         s.state == SourceState::Reconnecting
     })
     .await;
@@ -478,7 +476,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
         registry.clone(),
         shutdown.clone(),
     ));
-    wait_state(&registry, TriggerSource::Containerd, |s| {
+    wait_state(&registry, Source::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -487,7 +485,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
     // An idle stream whose heartbeats come back is not declared silent: absence over a few
     // heartbeat periods.
     tokio::time::sleep(HEARTBEAT * 4).await;
-    let idle = status_of(&registry, TriggerSource::Containerd).unwrap();
+    let idle = status_of(&registry, Source::Containerd).unwrap();
     assert_eq!(
         (idle.state, idle.reconnects),
         (SourceState::Connected, 0),
@@ -496,7 +494,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
 
     proxy.mute(true);
     let muted_at = Instant::now();
-    let silent = wait_state(&registry, TriggerSource::Containerd, |s| {
+    let silent = wait_state(&registry, Source::Containerd, |s| {
         s.state == SourceState::Reconnecting
     })
     .await;
@@ -513,7 +511,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
     // Still muted: the next attempt fails too. Either its probe gets no answer, or (when the
     // probe's answer got through before the subscribe's body marked the connection for the
     // proxy) it connects and is found silent again. Both end reconnecting, relisting fast.
-    let still = wait_state(&registry, TriggerSource::Containerd, |s| {
+    let still = wait_state(&registry, Source::Containerd, |s| {
         s.state == SourceState::Reconnecting
             && (!s.detail.contains("declared silent") || s.reconnects >= 2)
     })
@@ -522,7 +520,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
     period_becomes(&mut period, FAST).await;
 
     proxy.mute(false);
-    wait_state(&registry, TriggerSource::Containerd, |s| {
+    wait_state(&registry, Source::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -539,7 +537,7 @@ async fn a_silent_containerd_stream_is_found_by_its_heartbeat_and_relists_go_fas
     })
     .await
     .expect("the reconnected stream delivers the new pod's events");
-    assert_eq!(delivered.source, TriggerSource::Containerd);
+    assert_eq!(delivered.source, Source::Containerd);
     period_becomes(&mut period, support::SLOW).await;
 
     shutdown.cancel();

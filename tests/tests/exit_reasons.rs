@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use k8s_cri::v1::ContainerState;
 use plegd::{
-    config::{Mode, SourceName},
-    pleg::{ContainerId, PodUid},
+    config::Mode,
+    pleg::{ContainerId, PodUid, Source},
 };
 use plegd_tests::{
     Node, PrivateContainerd,
@@ -47,7 +47,7 @@ fn oom_child(name: &str) -> ContainerSpec {
 async fn start(containerd: &PrivateContainerd) -> RunningPlegd {
     let config = push_config(
         containerd,
-        &[SourceName::Ebpf, SourceName::Containerd],
+        &[Source::Ebpf, Source::Containerd],
         Mode::Auto,
         SLOW,
     );

@@ -24,8 +24,8 @@ use std::{
 
 use k8s_cri::v1::ContainerState;
 use plegd::{
-    config::{Config, OutputFormat, RunArgs, SourceName},
-    pleg::TriggerSource,
+    config::{Config, OutputFormat, RunArgs},
+    pleg::Source,
     runtime::RuntimeKind,
     sources::{containerd_events::HEARTBEAT_TOPIC, status::SourceState},
 };
@@ -59,7 +59,7 @@ fn default_settings(containerd: &PrivateContainerd) -> Config {
 }
 
 /// [`default_settings`] with `--sources` (and `--allow-shared-cri-events` if `allow`).
-fn settings_with(containerd: &PrivateContainerd, sources: &[SourceName], allow: bool) -> Config {
+fn settings_with(containerd: &PrivateContainerd, sources: &[Source], allow: bool) -> Config {
     Config::load(&RunArgs {
         runtime: Some(RuntimeKind::Cri),
         runtime_endpoint: Some(containerd.socket().display().to_string()),
@@ -75,7 +75,7 @@ fn settings_with(containerd: &PrivateContainerd, sources: &[SourceName], allow: 
 /// Starts plegd and waits until every stream source it runs is connected.
 async fn start_plegd(settings: Config) -> RunningPlegd {
     let plegd = RunningPlegd::start(settings).await;
-    for source in [TriggerSource::Containerd, TriggerSource::CriEvents] {
+    for source in [Source::Containerd, Source::CriEvents] {
         let status = status_of(&plegd.shared.sources, source);
         if status.is_some_and(|s| s.state != SourceState::Disabled) {
             wait_state(&plegd.shared.sources, source, |s| {
@@ -131,7 +131,7 @@ async fn the_default_sources_fit_containerd_and_get_health_says_why() {
         .unwrap();
     let version = containerd.version();
     let (plegd, api) = RunningPlegd::start_serving_api(default_settings(&containerd)).await;
-    wait_state(&plegd.shared.sources, TriggerSource::Containerd, |s| {
+    wait_state(&plegd.shared.sources, Source::Containerd, |s| {
         s.state == SourceState::Connected
     })
     .await;
@@ -376,11 +376,7 @@ async fn another_cri_events_subscriber_gets_every_event_beside_plegd() {
                 "cri",
                 Some(settings_with(
                     &node.containerd,
-                    &[
-                        SourceName::Ebpf,
-                        SourceName::Containerd,
-                        SourceName::CriEvents,
-                    ],
+                    &[Source::Ebpf, Source::Containerd, Source::CriEvents],
                     false,
                 )),
             )
@@ -432,7 +428,7 @@ async fn control_plegd_on_cri_events_takes_events_from_another_subscriber_on_con
         "shared",
         Some(settings_with(
             &node.containerd,
-            &[SourceName::Containerd, SourceName::CriEvents],
+            &[Source::Containerd, Source::CriEvents],
             true,
         )),
     )
@@ -543,7 +539,7 @@ async fn event_heartbeat_0_publishes_nothing_into_containerd() {
             .count()
     };
     let with_heartbeat = |period: Duration| {
-        let mut settings = settings_with(&containerd, &[SourceName::Containerd], false);
+        let mut settings = settings_with(&containerd, &[Source::Containerd], false);
         settings.event_heartbeat = period;
         settings
     };
@@ -554,7 +550,7 @@ async fn event_heartbeat_0_publishes_nothing_into_containerd() {
     tokio::time::sleep(CONTROL_HEARTBEAT * 10).await;
     subscriber.barrier("heartbeat-off", DEADLINE).await.unwrap();
     assert_eq!(
-        status_of(&off.shared.sources, TriggerSource::Containerd)
+        status_of(&off.shared.sources, Source::Containerd)
             .unwrap()
             .state,
         SourceState::Connected,

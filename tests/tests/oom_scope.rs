@@ -11,7 +11,7 @@ mod support;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use plegd::config::{Mode, SourceName};
+use plegd::{config::Mode, pleg::Source};
 use plegd_tests::{
     Node,
     cri::{ContainerSpec, Cri, Pod},
@@ -149,7 +149,7 @@ async fn each_oom_kill_says_which_limit_it_came_from() {
     } = Node::start().await.unwrap();
     let config = push_config(
         &containerd,
-        &[SourceName::Ebpf, SourceName::Containerd],
+        &[Source::Ebpf, Source::Containerd],
         Mode::Auto,
         support::SLOW,
     );

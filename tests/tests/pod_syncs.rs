@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use plegd::{
     api::Listeners,
-    config::{Config, RunArgs, SourceName},
+    config::{Config, RunArgs},
     daemon::{Daemon, PushSources},
-    pleg::ContainerState,
+    pleg::{ContainerState, Source},
     runtime::{
         RuntimeKind,
         testing::{FakeRuntime, container as fake_container},
@@ -235,7 +235,7 @@ async fn a_sync_watcher_that_stops_reading_gets_fewer_newer_syncs() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config::load(&RunArgs {
         runtime_endpoint: Some("unused".into()),
-        sources: Some(vec![SourceName::Relist]),
+        sources: Some(vec![Source::Relist]),
         relist_period: Some(Duration::from_millis(10)),
         state_dir: Some("none".into()),
         socket: Some(dir.path().join("plegd.sock")),

@@ -98,7 +98,7 @@ async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
         let runtime = connect(kind, &containerd.socket(), &[CRI_NAMESPACE]).await;
         assert!(!runtime.version().await.unwrap().version.is_empty());
 
-        let all = runtime.list_pods(&Scope::All).await.unwrap();
+        let all = runtime.list_pods(&Scope::Node).await.unwrap();
         assert_eq!(all.len(), 2, "{kind}: {all:#?}");
         let listed = all.iter().find(|p| p.uid.0 == pod.uid).unwrap();
         assert_eq!(
@@ -248,7 +248,7 @@ async fn kills_exit_codes_and_removals_are_reported_by_both_backends() {
 
     cri.remove_pod(&pod).await.unwrap();
     for runtime in runtimes {
-        assert!(runtime.list_pods(&Scope::All).await.unwrap().is_empty());
+        assert!(runtime.list_pods(&Scope::Node).await.unwrap().is_empty());
         assert!(runtime.inspect_pod(&pod_uid, None).await.unwrap().is_none());
     }
 }
@@ -282,7 +282,7 @@ async fn native_containers_are_their_own_pods_in_the_containerd_backend() {
         .unwrap();
     assert_eq!(native.wait("three").await.unwrap(), 3);
 
-    let pods = runtime.list_pods(&Scope::All).await.unwrap();
+    let pods = runtime.list_pods(&Scope::Node).await.unwrap();
     assert_eq!(pods.len(), 2, "{pods:#?}");
     let sleeper_uid = uid(&format!("{NATIVE_NAMESPACE}/sleeper"));
     let sleeper = pods.iter().find(|p| p.uid == sleeper_uid).unwrap();
@@ -335,12 +335,12 @@ async fn native_containers_are_their_own_pods_in_the_containerd_backend() {
             .unwrap()
             .is_none()
     );
-    let pods = runtime.list_pods(&Scope::All).await.unwrap();
+    let pods = runtime.list_pods(&Scope::Node).await.unwrap();
     assert!(pods.iter().all(|p| p.uid != three_uid), "{pods:#?}");
 
     // The CRI backend sees only CRI's containers.
     let cri = connect(RuntimeKind::Cri, &containerd.socket(), &[]).await;
-    assert!(cri.list_pods(&Scope::All).await.unwrap().is_empty());
+    assert!(cri.list_pods(&Scope::Node).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,7 +402,7 @@ async fn a_socket_that_never_answers_times_out_within_the_call_timeout() {
         let started = Instant::now();
         let result = async {
             let runtime = AnyRuntime::connect(kind, &socket, options).await?;
-            runtime.list_pods(&Scope::All).await?;
+            runtime.list_pods(&Scope::Node).await?;
             Ok::<_, ConnectError>(())
         }
         .await;

@@ -590,7 +590,7 @@ impl HealthReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pleg::{ContainerId, PodLifecycleEvent, PodLifecycleEventType, TriggerSource};
+    use crate::pleg::{ContainerId, PodLifecycleEvent, PodLifecycleEventType, Source};
 
     /// A message of the stream prints through the one line type, read back into plegd's
     /// types: the row `plegd watch` shows, and the JSON `plegd run --output json` would print
@@ -607,7 +607,7 @@ mod tests {
             event_type: PodLifecycleEventType::ContainerDied,
             observed_at: at,
             emitted_at: at + Duration::from_millis(4),
-            sources: vec![TriggerSource::Containerd],
+            sources: vec![Source::Containerd],
             observations: Vec::new(),
             exit_code: Some(137),
             reason: "Error".into(),

@@ -10,7 +10,7 @@ use crate::{
     pleg::{
         CachedPod, ContainerId, ContainerRecord, ContainerState, HealthError, HostIdentity, Notice,
         NoticeKind, Observation, ObservationKind, OomKill, OomScope, PodCache, PodLifecycleEvent,
-        PodLifecycleEventType, PodRecord, PodSync, PodUid, Store, SyncReason, TriggerSource,
+        PodLifecycleEventType, PodRecord, PodSync, PodUid, Source, Store, SyncReason,
     },
     sources::status::{SourceState, SourceStatus},
 };
@@ -47,7 +47,9 @@ pub fn event(event: &PodLifecycleEvent, run_id: u64) -> pb::Event {
         run_id,
         exit_code: event.exit_code,
         reason: event.reason.clone(),
-        confirmed_by: event.confirmed_by.map_or(pb::Layer::Unspecified, store_to_pb) as i32,
+        confirmed_by: event
+            .confirmed_by
+            .map_or(pb::Layer::Unspecified, store_to_pb) as i32,
         signal: event.signal.unwrap_or(0),
         image: event.image.clone(),
         attempt: event.attempt,
@@ -194,29 +196,29 @@ pub fn event_type_from_pb(t: pb::EventType) -> Option<PodLifecycleEventType> {
     .find(|domain| event_type(*domain) == t)
 }
 
-pub fn source(s: TriggerSource) -> pb::TriggerSource {
+pub fn source(s: Source) -> pb::TriggerSource {
     match s {
-        TriggerSource::Ebpf => pb::TriggerSource::Ebpf,
-        TriggerSource::Containerd => pb::TriggerSource::Containerd,
-        TriggerSource::CriEvents => pb::TriggerSource::CriEvents,
-        TriggerSource::Relist => pb::TriggerSource::Relist,
+        Source::Ebpf => pb::TriggerSource::Ebpf,
+        Source::Containerd => pb::TriggerSource::Containerd,
+        Source::CriEvents => pb::TriggerSource::CriEvents,
+        Source::Relist => pb::TriggerSource::Relist,
     }
 }
 
-const SOURCES: [TriggerSource; 4] = [
-    TriggerSource::Ebpf,
-    TriggerSource::Containerd,
-    TriggerSource::CriEvents,
-    TriggerSource::Relist,
+const SOURCES: [Source; 4] = [
+    Source::Ebpf,
+    Source::Containerd,
+    Source::CriEvents,
+    Source::Relist,
 ];
 
-pub fn source_from_pb(s: pb::TriggerSource) -> Option<TriggerSource> {
+pub fn source_from_pb(s: pb::TriggerSource) -> Option<Source> {
     SOURCES.into_iter().find(|domain| source(*domain) == s)
 }
 
 /// A source's name as printed; `unspecified` for none.
 pub fn source_name(s: pb::TriggerSource) -> &'static str {
-    source_from_pb(s).map_or("unspecified", TriggerSource::name)
+    source_from_pb(s).map_or("unspecified", Source::name)
 }
 
 /// An observation as consumers see it; `None` for those that only tell plegd where to look
@@ -419,7 +421,7 @@ pub fn pods(cache: &PodCache) -> Vec<pb::PodStatus> {
 /// Overall health and source states.
 pub fn health(
     check: Result<(), HealthError>,
-    sources: &[(TriggerSource, SourceStatus)],
+    sources: &[(Source, SourceStatus)],
     run_id: u64,
     last_sequence: u64,
 ) -> pb::Health {
@@ -479,15 +481,15 @@ mod tests {
             event_type: PodLifecycleEventType::ContainerDied,
             observed_at: at,
             emitted_at: at + Duration::from_millis(5),
-            sources: vec![TriggerSource::Containerd],
+            sources: vec![Source::Containerd],
             observations: vec![
                 Observation {
-                    source: TriggerSource::Ebpf,
+                    source: Source::Ebpf,
                     kind: ObservationKind::OomKilled,
                 },
                 // Only where to look: not served.
                 Observation {
-                    source: TriggerSource::Containerd,
+                    source: Source::Containerd,
                     kind: ObservationKind::TaskDeleted,
                 },
             ],
@@ -546,7 +548,7 @@ mod tests {
             victim_init: false,
         };
         let observed = Observation {
-            source: TriggerSource::Ebpf,
+            source: Source::Ebpf,
             kind: ObservationKind::OomKill(Arc::new(kill.clone())),
         };
         let served = observation(&observed).unwrap();
@@ -590,7 +592,7 @@ mod tests {
                 container_id: event.container_id.clone(),
                 container_name: "app".into(),
                 observations: vec![Observation {
-                    source: TriggerSource::Ebpf,
+                    source: Source::Ebpf,
                     kind: ObservationKind::Signal(9),
                 }],
                 observed_at: at,

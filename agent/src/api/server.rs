@@ -442,7 +442,7 @@ mod tests {
         base::bus::EventBus,
         pleg::{
             ContainerId, NoticeKind, Observation, ObservationKind, PodLifecycleEventType, PodUid,
-            TriggerSource,
+            Source,
         },
     };
 
@@ -463,7 +463,7 @@ mod tests {
             container_id: ContainerId("c".into()),
             container_name: "app".into(),
             observations: vec![Observation {
-                source: TriggerSource::Ebpf,
+                source: Source::Ebpf,
                 kind: ObservationKind::OomKilled,
             }],
             observed_at: std::time::SystemTime::UNIX_EPOCH,

@@ -11,7 +11,7 @@ use clap::{
 use serde::Deserialize;
 
 use super::{
-    Mode, OutputFormat, SourceName,
+    Mode, OutputFormat,
     api::{
         DEFAULT_API_MAX_CONNECTIONS, DEFAULT_API_MAX_CONNECTIONS_PER_PEER,
         DEFAULT_API_MAX_STREAMS_PER_PEER, DEFAULT_SOCKET,
@@ -22,7 +22,7 @@ use super::{
 use crate::{
     pleg::{
         DEFAULT_EVENT_CHANNEL_CAPACITY, DEFAULT_INSPECT_CONCURRENCY, DEFAULT_RELIST_PERIOD,
-        DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Store,
+        DEFAULT_RELIST_THRESHOLD, DEFAULT_RESYNC_INTERVAL, Source, Store,
     },
     runtime::{DEFAULT_CALL_TIMEOUT, DEFAULT_POD_METADATA_MAX_BYTES, RuntimeKind},
 };
@@ -53,8 +53,8 @@ pub enum LogFormat {
 }
 
 /// Settings of `plegd run`: each is a flag, a `PLEGD_*` variable and a key of the file. `None`:
-/// not given at this layer (flags and environment, or the file); clap's defaults are the last
-/// layer, see [`Config::load`](super::Config::load).
+/// not given at this origin (flags and environment, or the file); clap's defaults are the last
+/// origin, see [`Config::load`](super::Config::load).
 #[derive(Clone, Debug, Default, Args, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RunArgs {
@@ -163,7 +163,7 @@ pub struct RunArgs {
         default_value = "ebpf,containerd,cri-events",
         hide_default_value = true
     )]
-    pub sources: Option<Vec<SourceName>>,
+    pub sources: Option<Vec<Source>>,
 
     /// Subscribe to CRI GetContainerEvents (`--sources ...,cri-events`) even on containerd
     /// before 2.0, which serves it from one channel shared by every subscriber: plegd then

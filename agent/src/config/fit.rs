@@ -18,7 +18,7 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use super::SourceName;
+use crate::pleg::Source;
 
 /// The runtime, as far as the choice of sources goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,9 +71,9 @@ pub fn major_minor(version: &str) -> Option<(u32, u32)> {
 /// What was asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// The push sources `--sources` named (never [`SourceName::Relist`]); empty in polling
+    /// The push sources `--sources` named (never [`Source::Relist`]); empty in polling
     /// mode.
-    pub sources: Vec<SourceName>,
+    pub sources: Vec<Source>,
     /// Whether `--sources` (flag, variable or file) gave them, rather than the default.
     pub given: bool,
     /// `--allow-shared-cri-events`.
@@ -83,14 +83,14 @@ pub struct Request {
 /// The push sources that run, and for each push source why it runs or not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
-    pub on: Vec<SourceName>,
-    /// One line per push source ([`SourceName::PUSH`]), on or off.
-    pub why: BTreeMap<SourceName, String>,
+    pub on: Vec<Source>,
+    /// One line per push source ([`Source::PUSH`]), on or off.
+    pub why: BTreeMap<Source, String>,
 }
 
 impl Plan {
     /// Whether `source` runs.
-    pub fn runs(&self, source: SourceName) -> bool {
+    pub fn runs(&self, source: Source) -> bool {
         self.on.contains(&source)
     }
 }
@@ -135,9 +135,9 @@ pub fn choose(runtime: &RuntimeInfo, request: &Request) -> Result<Plan, Refused>
         why: BTreeMap::new(),
     };
     for (source, (on, why)) in [
-        (SourceName::Ebpf, choosing.ebpf()),
-        (SourceName::Containerd, choosing.containerd()),
-        (SourceName::CriEvents, choosing.cri_events()?),
+        (Source::Ebpf, choosing.ebpf()),
+        (Source::Containerd, choosing.containerd()),
+        (Source::CriEvents, choosing.cri_events()?),
     ] {
         if on {
             plan.on.push(source);
@@ -195,12 +195,12 @@ impl<'a> Choosing<'a> {
         }
     }
 
-    fn asked(&self, source: SourceName) -> bool {
+    fn asked(&self, source: Source) -> bool {
         self.request.sources.contains(&source)
     }
 
     fn ebpf(&self) -> Choice {
-        let on = self.asked(SourceName::Ebpf);
+        let on = self.asked(Source::Ebpf);
         (on, if on { self.by } else { self.not_asked }.to_owned())
     }
 
@@ -208,14 +208,14 @@ impl<'a> Choosing<'a> {
     /// (and reports unsupported where there is none).
     fn containerd(&self) -> Choice {
         let (by, runtime) = (self.by, self.runtime);
-        let on = self.asked(SourceName::Containerd) && (self.request.given || self.containerd_like);
+        let on = self.asked(Source::Containerd) && (self.request.given || self.containerd_like);
         let why = match (on, runtime) {
             (true, RuntimeInfo::Containerd { .. }) => format!(
                 "{by}: containerd's event stream, broadcast to every subscriber, confirms \
                  starts and exits with their status"
             ),
             (true, _) => by.to_owned(),
-            (false, RuntimeInfo::Other { .. }) if self.asked(SourceName::Containerd) => {
+            (false, RuntimeInfo::Other { .. }) if self.asked(Source::Containerd) => {
                 format!("off by default: {runtime} has no containerd event stream")
             }
             (false, _) => self.not_asked.to_owned(),
@@ -227,7 +227,7 @@ impl<'a> Choosing<'a> {
     fn cri_events(&self) -> Result<Choice, Refused> {
         let (by, runtime) = (self.by, self.runtime);
         let given = self.request.given;
-        Ok(match (self.asked(SourceName::CriEvents), given, self.fit) {
+        Ok(match (self.asked(Source::CriEvents), given, self.fit) {
             (false, _, _) => (false, self.not_asked.to_owned()),
             // The default on containerd: its own stream serves.
             (true, false, _) if self.containerd_like => (
@@ -314,7 +314,7 @@ fn unknown_why(runtime: &RuntimeInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SourceName::{Containerd as C, CriEvents as E, Ebpf as B};
+    use crate::pleg::Source::{Containerd as C, CriEvents as E, Ebpf as B};
 
     fn containerd(version: &str) -> RuntimeInfo {
         RuntimeInfo::Containerd {
@@ -333,12 +333,12 @@ mod tests {
     }
 
     /// The default `--sources`, and an explicit one.
-    const DEFAULT: Option<&[SourceName]> = None;
+    const DEFAULT: Option<&[Source]> = None;
 
     /// What was chosen: the sources on, or which refusal.
     #[derive(Debug, PartialEq, Eq)]
     enum Outcome {
-        On(&'static [SourceName]),
+        On(&'static [Source]),
         Shared,
         Unknown,
     }
@@ -346,9 +346,9 @@ mod tests {
     #[test]
     fn the_sources_fit_the_runtime() {
         use Outcome::{On, Shared, Unknown};
-        let all: &[SourceName] = &[B, C, E];
+        let all: &[Source] = &[B, C, E];
         // (runtime, --sources (None: default), --allow-shared-cri-events, outcome)
-        let table: &[(RuntimeInfo, Option<&[SourceName]>, bool, Outcome)] = &[
+        let table: &[(RuntimeInfo, Option<&[Source]>, bool, Outcome)] = &[
             // containerd, every version: cri-events off by default, its own stream serves.
             (containerd("1.6.20~ds1"), DEFAULT, false, On(&[B, C])),
             (containerd("v1.7.24"), DEFAULT, false, On(&[B, C])),
@@ -395,7 +395,7 @@ mod tests {
                     // Every push source is said, on or off.
                     assert_eq!(
                         plan.why.keys().copied().collect::<Vec<_>>(),
-                        SourceName::PUSH,
+                        Source::PUSH,
                         "{runtime:?} {request:?}"
                     );
                     continue;

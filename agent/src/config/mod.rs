@@ -4,13 +4,13 @@
 //! A setting's flag, environment variable, file key (serde, the flag's name), default (clap's
 //! `default_value`, which `plegd run --help` shows) and help are written once, as a field of
 //! [`RunArgs`]; `cargo xtask docs` makes docs/configuration.md from them. Its resolved value is
-//! a field of [`Config`], taken from the layers by one line of `resolve.rs`, and checked beside
-//! its group. The layers are merged without a config crate: clap already does flag over
+//! a field of [`Config`], taken from its origins by one line of `resolve.rs`, and checked beside
+//! its group. The origins are merged without a config crate: clap already does flag over
 //! environment over default and reports where each value came from
 //! ([`ArgMatches::value_source`](clap::ArgMatches::value_source)), so [`RunArgs::given`] keeps
 //! only what a flag or variable gave, the file deserializes into the same struct (toml reports
-//! line and column), and [`Config::load`] takes each setting from the first layer that has it.
-//! A layered config crate (figment) would add a dependency and a second toml version, and would
+//! line and column), and [`Config::load`] takes each setting from the first origin that has it.
+//! A config crate that merges them (figment) would add a dependency and a second toml version, and would
 //! report a file's type errors without their line and column.
 //!
 //! # Layout
@@ -21,6 +21,8 @@
 //! - [`fit`]: which push sources run on the runtime plegd connected to.
 
 use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::pleg::Source;
 
 mod api;
 mod args;
@@ -38,7 +40,7 @@ pub use self::{
     },
     args::{DEFAULT_STATE_DIR, InvalidDuration, LogFormat, RunArgs, parse_duration},
     otlp::OtlpConfig,
-    sources::{DEFAULT_SLOW_RELIST_PERIOD, Mode, SourceName},
+    sources::{DEFAULT_SLOW_RELIST_PERIOD, Mode},
 };
 pub use crate::output::OutputFormat;
 use crate::{
@@ -57,9 +59,9 @@ pub struct Config {
     pub pod_metadata: PodMetadata,
     pub relist_period: Duration,
     pub slow_relist_period: Duration,
-    /// Enabled push sources (never [`SourceName::Relist`], which always runs): what was asked
+    /// Enabled push sources (never [`Source::Relist`], which always runs): what was asked
     /// for until [`Config::with_plan`] fits them to the runtime.
-    pub sources: BTreeSet<SourceName>,
+    pub sources: BTreeSet<Source>,
     /// Whether `--sources` was given (flag, variable or file) rather than defaulted.
     pub sources_given: bool,
     /// `--allow-shared-cri-events`.

@@ -1,15 +1,18 @@
-//! Precedence: each setting from the first layer that has it (flags and environment, the
+//! Precedence: each setting from the first origin that has it (flags and environment, the
 //! file, clap's defaults), then the checks that span settings.
 
 use std::path::Path;
 
 use super::{
-    ApiLimits, Config, ConfigError, Mode, OtlpConfig, RunArgs, SourceName,
+    ApiLimits, Config, ConfigError, Mode, OtlpConfig, RunArgs,
     args::human,
     file::{parse_file, read_file},
     limits::{check_ring_size, page_size},
 };
-use crate::runtime::{Keys, PodMetadata};
+use crate::{
+    pleg::Source,
+    runtime::{Keys, PodMetadata},
+};
 
 impl Config {
     /// Resolves `args` (flags and environment, already merged by clap, or set by a test) over
@@ -33,7 +36,7 @@ impl Config {
     }
 
     fn resolve(args: &RunArgs, file: RunArgs) -> Result<Self, ConfigError> {
-        let mut l = Layers {
+        let mut l = Origins {
             flags: args.clone(),
             file,
             defaults: RunArgs::defaults(),
@@ -50,7 +53,7 @@ impl Config {
             sources: l
                 .first(|r| r.sources.take())
                 .into_iter()
-                .filter(|s| *s != SourceName::Relist && mode != Mode::Polling)
+                .filter(|s| *s != Source::Relist && mode != Mode::Polling)
                 .collect(),
             sources_given,
             allow_shared_cri_events: l.first(|r| r.allow_shared_cri_events.take()),
@@ -90,7 +93,7 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         check_ring_size(self.ebpf_ring_bytes, page_size())?;
-        if self.mode == Mode::Ebpf && !self.source_enabled(SourceName::Ebpf) {
+        if self.mode == Mode::Ebpf && !self.source_enabled(Source::Ebpf) {
             return Err(ConfigError::EbpfModeWithoutEbpf);
         }
         self.validate_api()?;
@@ -127,8 +130,8 @@ impl Config {
     }
 }
 
-/// The layers of `plegd run`'s settings; each setting is taken out of them once.
-struct Layers {
+/// The origins of `plegd run`'s settings; each setting is taken out of them once.
+struct Origins {
     /// Flags and environment.
     flags: RunArgs,
     file: RunArgs,
@@ -136,8 +139,8 @@ struct Layers {
     defaults: RunArgs,
 }
 
-impl Layers {
-    /// A setting from the first layer that has it: flags and environment, the file, the
+impl Origins {
+    /// A setting from the first origin that has it: flags and environment, the file, the
     /// defaults.
     fn first<T>(&mut self, take: impl Fn(&mut RunArgs) -> Option<T>) -> T {
         // Every setting that reaches here has a clap default (checked by the defaults test).
@@ -322,7 +325,7 @@ mod tests {
 
     const PRECEDENCE_CHILD: &str = "PLEGD_TEST_PRECEDENCE_CHILD";
 
-    /// The environment layer is the process's: the table runs in a child process (this test
+    /// The environment origin is the process's: the table runs in a child process (this test
     /// binary again) with the variables set, so no test here changes its own environment.
     #[test]
     fn flags_beat_the_environment_which_beats_the_file_which_beats_defaults() {

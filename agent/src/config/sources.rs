@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use clap::ValueEnum;
+use clap::{ValueEnum, builder::PossibleValue};
 use serde::Deserialize;
 
 use super::{Config, fit};
+use crate::pleg::Source;
 
 /// Full relist period while a push source is connected.
 pub const DEFAULT_SLOW_RELIST_PERIOD: Duration = Duration::from_secs(30);
@@ -25,30 +26,29 @@ pub enum Mode {
     Polling,
 }
 
-/// A trigger source, as `--sources` names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SourceName {
-    /// Kernel tracepoints.
-    Ebpf,
-    /// containerd's event stream (Events.Subscribe).
-    Containerd,
-    /// CRI GetContainerEvents.
-    CriEvents,
-    /// The periodic full relist: always on, accepted so `--sources relist` says "polling only".
-    Relist,
-}
+/// `--sources` takes the PLEG's own [`Source`] names.
+impl ValueEnum for Source {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Self::Ebpf, Self::Containerd, Self::CriEvents, Self::Relist]
+    }
 
-impl SourceName {
-    /// The sources that can be turned off. Which run by default depends on the runtime
-    /// ([`fit::choose`]): on containerd, not `cri-events`.
-    pub const PUSH: [Self; 3] = [Self::Ebpf, Self::Containerd, Self::CriEvents];
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            Self::Ebpf => "Kernel tracepoints",
+            Self::Containerd => "containerd's event stream (Events.Subscribe)",
+            Self::CriEvents => "CRI GetContainerEvents",
+            Self::Relist => {
+                "The periodic full relist: always on, accepted so `--sources relist` says \"polling only\""
+            }
+        };
+        Some(PossibleValue::new(self.name()).help(help))
+    }
 }
 
 impl Config {
     /// Whether `source` is enabled (the relist always is).
-    pub fn source_enabled(&self, source: SourceName) -> bool {
-        source == SourceName::Relist || self.sources.contains(&source)
+    pub fn source_enabled(&self, source: Source) -> bool {
+        source == Source::Relist || self.sources.contains(&source)
     }
 
     /// What `--sources` and `--allow-shared-cri-events` ask for, for [`fit::choose`].
@@ -78,15 +78,15 @@ mod tests {
     #[test]
     fn sources_default_to_every_push_source_and_relist_alone_means_polling() {
         let all = Config::load(&RunArgs::default()).unwrap();
-        assert_eq!(all.sources, SourceName::PUSH.into_iter().collect());
+        assert_eq!(all.sources, Source::PUSH.into_iter().collect());
         let polling = Config::load(&RunArgs {
-            sources: Some(vec![SourceName::Relist]),
+            sources: Some(vec![Source::Relist]),
             ..RunArgs::default()
         })
         .unwrap();
         assert!(polling.sources.is_empty());
-        assert!(polling.source_enabled(SourceName::Relist));
-        assert!(!polling.source_enabled(SourceName::Containerd));
+        assert!(polling.source_enabled(Source::Relist));
+        assert!(!polling.source_enabled(Source::Containerd));
 
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "sources = [\"containerd\", \"cri-events\"]").unwrap();
@@ -97,12 +97,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             from_file.sources,
-            [SourceName::Containerd, SourceName::CriEvents].into()
+            [Source::Containerd, Source::CriEvents].into()
         );
-        assert_eq!(
-            SourceName::from_str("cri-events", false),
-            Ok(SourceName::CriEvents)
-        );
+        assert_eq!(Source::from_str("cri-events", false), Ok(Source::CriEvents));
     }
 
     #[test]
@@ -115,7 +112,7 @@ mod tests {
         assert!(polling.sources.is_empty());
         let ebpf_without_ebpf = RunArgs {
             mode: Some(Mode::Ebpf),
-            sources: Some(vec![SourceName::Containerd]),
+            sources: Some(vec![Source::Containerd]),
             ..RunArgs::default()
         };
         assert!(matches!(

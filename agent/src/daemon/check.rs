@@ -5,9 +5,10 @@ use std::{fmt::Write as _, path::Path, time::Duration};
 
 use crate::{
     config::{
-        Config, SourceName,
+        Config,
         fit::{self, RuntimeInfo},
     },
+    pleg::Source,
     runtime::{
         AnyRuntime, RuntimeOptions,
         choice::{WELL_KNOWN_SOCKETS, detect, parse_endpoint},
@@ -161,13 +162,13 @@ fn runtime_lines(settings: &Config, socket: &Path) -> Vec<Line> {
 /// One line per push source, or the refusal `plegd run` would stop with.
 fn source_lines(plan: &Result<fit::Plan, fit::Refused>) -> Vec<Line> {
     match plan {
-        Ok(plan) => SourceName::PUSH
+        Ok(plan) => Source::PUSH
             .iter()
             .map(|source| {
                 let on = if plan.runs(*source) { "on" } else { "off" };
                 let why = plan.why.get(source).map_or("", String::as_str);
                 Line::new(
-                    format!("source {}", source_label(*source)),
+                    format!("source {}", source.name()),
                     true,
                     format!("{on} ({why})"),
                 )
@@ -178,15 +179,6 @@ fn source_lines(plan: &Result<fit::Plan, fit::Refused>) -> Vec<Line> {
             false,
             format!("plegd run would stop: {refused}"),
         )],
-    }
-}
-
-fn source_label(source: SourceName) -> &'static str {
-    match source {
-        SourceName::Ebpf => "ebpf",
-        SourceName::Containerd => "containerd",
-        SourceName::CriEvents => "cri-events",
-        SourceName::Relist => "relist",
     }
 }
 

@@ -33,8 +33,8 @@ use crate::{
     export::{ExportError, Exporter, Origin, Receiver},
     output,
     pleg::{
-        DEFAULT_KERNEL_GRACE, Options, Pleg, RelistConfig, Running, Runtime, Store, SyncConfig,
-        SyncHandler, TriggerSource,
+        DEFAULT_KERNEL_GRACE, Options, Pleg, RelistConfig, Running, Runtime, Source, Store,
+        SyncConfig, SyncHandler,
     },
     sources::status::SourceRegistry,
 };
@@ -470,7 +470,7 @@ fn tune(pleg: &Pleg, registry: &SourceRegistry, config: &Config, tasks: &mut Joi
     if config.confirm == Store::Task {
         tasks.spawn(registry.clone().drive_kernel_grace(
             tuning.kernel_grace.clone(),
-            TriggerSource::Containerd,
+            Source::Containerd,
             DEFAULT_KERNEL_GRACE,
         ));
     }
@@ -498,7 +498,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::{OutputFormat, RunArgs, SourceName},
+        config::{OutputFormat, RunArgs},
         pleg::ContainerState,
         runtime::testing::{FakeRuntime, container},
     };
@@ -510,7 +510,7 @@ mod tests {
     async fn a_clean_stop_relists_before_saving() {
         let state = tempfile::tempdir().unwrap();
         let config = Config::load(&RunArgs {
-            sources: Some(vec![SourceName::Relist]),
+            sources: Some(vec![Source::Relist]),
             // No periodic relist while the test runs: only the first one and the last.
             relist_period: Some(Duration::from_secs(600)),
             slow_relist_period: Some(Duration::from_secs(600)),
@@ -573,7 +573,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_task_that_panics_stops_the_daemon_with_the_panic() {
         let config = Config::load(&RunArgs {
-            sources: Some(vec![SourceName::Relist]),
+            sources: Some(vec![Source::Relist]),
             state_dir: Some("none".into()),
             ..RunArgs::default()
         })
@@ -617,7 +617,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("plegd.sock");
         let config = Config::load(&RunArgs {
-            sources: Some(vec![SourceName::Relist]),
+            sources: Some(vec![Source::Relist]),
             state_dir: Some("none".into()),
             socket: Some(socket.clone()),
             ..RunArgs::default()
@@ -692,7 +692,7 @@ mod tests {
         const PODS: usize = 300;
         let period = Duration::from_millis(10);
         let config = Config::load(&RunArgs {
-            sources: Some(vec![SourceName::Relist]),
+            sources: Some(vec![Source::Relist]),
             relist_period: Some(period),
             output: Some(OutputFormat::Json),
             state_dir: Some("none".into()),

@@ -9,8 +9,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     base::metrics::Metrics,
-    config::{Config, Mode, SourceName, fit},
-    pleg::{OomWitness, PodCache, TriggerSender, TriggerSource},
+    config::{Config, Mode, fit},
+    pleg::{OomWitness, PodCache, Source, TriggerSender},
     runtime::{CRI_NAMESPACE, RuntimeKind},
     sources::{
         containerd_events::{self, ContainerdEventsConfig},
@@ -33,7 +33,7 @@ impl PushSources {
     /// Whose word on an OOM kill decides a death's reason: containerd's, where its event
     /// stream (`/tasks/oom`) will reach plegd, as its CRI store takes no other.
     pub fn oom_witness(&self, config: &Config) -> OomWitness {
-        if self.runtime_socket.is_some() && config.source_enabled(SourceName::Containerd) {
+        if self.runtime_socket.is_some() && config.source_enabled(Source::Containerd) {
             OomWitness::Runtime
         } else {
             OomWitness::Any
@@ -63,7 +63,7 @@ pub enum EbpfStart {
 /// Loads the kernel probes as `config` asks: an error only in `--mode ebpf`; in auto mode a
 /// failure is logged once and the daemon runs without them.
 pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
-    if !config.source_enabled(SourceName::Ebpf) {
+    if !config.source_enabled(Source::Ebpf) {
         return Ok(EbpfStart::Off);
     }
     match Probes::load(config.ebpf_ring_bytes) {
@@ -90,16 +90,6 @@ pub fn load_ebpf(config: &Config) -> Result<EbpfStart, ebpf::LoadError> {
     }
 }
 
-/// The trigger source a `--sources` name stands for (`None`: the relist).
-fn trigger_source(name: SourceName) -> Option<TriggerSource> {
-    match name {
-        SourceName::Ebpf => Some(TriggerSource::Ebpf),
-        SourceName::Containerd => Some(TriggerSource::Containerd),
-        SourceName::CriEvents => Some(TriggerSource::CriEvents),
-        SourceName::Relist => None,
-    }
-}
-
 /// Where the push sources start, and what they report to.
 pub struct Starter<'a> {
     pub config: &'a Config,
@@ -118,21 +108,20 @@ impl Starter<'_> {
     pub fn start(&self, push: PushSources, tasks: &mut JoinSet<()>) {
         let plan = push.plan;
         if let Some(plan) = &plan {
-            for (name, why) in &plan.why {
-                if let Some(source) = trigger_source(*name) {
-                    self.registry.chose(source, why.clone());
-                }
+            // The relist always runs: health does not list it.
+            for (&source, why) in plan.why.iter().filter(|(s, _)| **s != Source::Relist) {
+                self.registry.chose(source, why.clone());
             }
         }
-        let why_off = |name: SourceName, otherwise: &str| {
+        let why_off = |name: Source, otherwise: &str| {
             plan.as_ref()
                 .and_then(|plan| plan.why.get(&name))
                 .cloned()
                 .unwrap_or_else(|| otherwise.to_owned())
         };
-        let off = why_off(SourceName::Ebpf, "turned off by --mode or --sources");
+        let off = why_off(Source::Ebpf, "turned off by --mode or --sources");
         self.start_ebpf(push.ebpf, off, tasks);
-        for name in [SourceName::Containerd, SourceName::CriEvents] {
+        for name in [Source::Containerd, Source::CriEvents] {
             let enabled = self.config.source_enabled(name);
             match push.runtime_socket.clone().filter(|_| enabled) {
                 Some(socket) => self.start_stream(name, socket, tasks),
@@ -142,9 +131,7 @@ impl Starter<'_> {
                     } else {
                         why_off(name, "turned off by --sources")
                     };
-                    if let Some(source) = trigger_source(name) {
-                        self.registry.set(source, SourceState::Disabled, why);
-                    }
+                    self.registry.set(name, SourceState::Disabled, why);
                 }
             }
         }
@@ -155,21 +142,16 @@ impl Starter<'_> {
         let probes = match probes {
             EbpfStart::Loaded(probes) => probes,
             EbpfStart::Unavailable(reason) => {
-                self.registry.set(
-                    TriggerSource::Ebpf,
-                    SourceState::Unsupported,
-                    reason.to_string(),
-                );
+                self.registry
+                    .set(Source::Ebpf, SourceState::Unsupported, reason.to_string());
                 return;
             }
             EbpfStart::Off => {
-                self.registry
-                    .set(TriggerSource::Ebpf, SourceState::Disabled, off);
+                self.registry.set(Source::Ebpf, SourceState::Disabled, off);
                 return;
             }
         };
-        self.registry
-            .set(TriggerSource::Ebpf, SourceState::Connecting, "");
+        self.registry.set(Source::Ebpf, SourceState::Connecting, "");
         let run = ebpf::run(
             probes,
             self.config.namespaces.clone(),
@@ -184,20 +166,16 @@ impl Starter<'_> {
             if let Err(error) = run.await {
                 // The relist's fast period comes back with the state change.
                 error!("the eBPF source stopped: {error}");
-                registry.set(
-                    TriggerSource::Ebpf,
-                    SourceState::Unsupported,
-                    error.to_string(),
-                );
+                registry.set(Source::Ebpf, SourceState::Unsupported, error.to_string());
             }
         });
     }
 
     /// One of the runtime's event streams, on `socket`.
-    fn start_stream(&self, name: SourceName, socket: PathBuf, tasks: &mut JoinSet<()>) {
+    fn start_stream(&self, name: Source, socket: PathBuf, tasks: &mut JoinSet<()>) {
         let (triggers, registry) = (self.triggers.clone(), self.registry.clone());
         let shutdown = self.shutdown.clone();
-        if name == SourceName::Containerd {
+        if name == Source::Containerd {
             let config = containerd_events_config(self.config, socket);
             tasks.spawn(containerd_events::run(config, triggers, registry, shutdown));
         } else {

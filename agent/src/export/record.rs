@@ -226,7 +226,7 @@ mod tests {
     use std::{collections::BTreeMap, time::Duration};
 
     use super::*;
-    use crate::pleg::{ContainerId, PodUid, Store, TriggerSource};
+    use crate::pleg::{ContainerId, PodUid, Source, Store};
 
     fn died() -> PodLifecycleEvent {
         let observed_at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
@@ -240,7 +240,7 @@ mod tests {
             event_type: PodLifecycleEventType::ContainerDied,
             observed_at,
             emitted_at: observed_at + Duration::from_millis(3),
-            sources: vec![TriggerSource::Ebpf, TriggerSource::Containerd],
+            sources: vec![Source::Ebpf, Source::Containerd],
             observations: Vec::new(),
             exit_code: Some(137),
             reason: "OOMKilled".into(),
@@ -331,7 +331,7 @@ mod tests {
         };
         let event = PodLifecycleEvent {
             observations: vec![Observation {
-                source: TriggerSource::Ebpf,
+                source: Source::Ebpf,
                 kind: ObservationKind::OomKill(std::sync::Arc::new(kill)),
             }],
             ..died()
@@ -374,7 +374,7 @@ mod tests {
             confirmed_by: Some(Store::Cri),
             signal: None,
             image: String::new(),
-            sources: vec![TriggerSource::Relist],
+            sources: vec![Source::Relist],
             pod_labels: BTreeMap::new(),
             ..died()
         };

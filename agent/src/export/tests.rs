@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::{
     base::bus::EventBus,
-    pleg::{ContainerId, PodLifecycleEventType, PodUid, TriggerSource},
+    pleg::{ContainerId, PodLifecycleEventType, PodUid, Source},
 };
 
 fn event(sequence: u64) -> Arc<PodLifecycleEvent> {
@@ -17,7 +17,7 @@ fn event(sequence: u64) -> Arc<PodLifecycleEvent> {
         event_type: PodLifecycleEventType::ContainerStarted,
         observed_at: std::time::SystemTime::UNIX_EPOCH,
         emitted_at: std::time::SystemTime::UNIX_EPOCH,
-        sources: vec![TriggerSource::Relist],
+        sources: vec![Source::Relist],
         observations: Vec::new(),
         exit_code: None,
         reason: String::new(),

@@ -80,15 +80,14 @@ pub use self::{
     },
     model::{
         event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
+        oom::{OomKill, OomScope},
         record::{
             ContainerId, ContainerRecord, ContainerState, Containers, HostIdentity, OomWitness,
             PodRecord, PodRecords, PodUid, Store, TaskRecord, UnknownStore, exit_reason,
         },
         runtime::{CallCode, ContainerRead, Runtime, RuntimeError},
-        trigger::{
-            Identity, Observation, ObservationKind, OomKill, OomScope, Scope, Trigger,
-            TriggerSource,
-        },
+        source::Source,
+        trigger::{Identity, Observation, ObservationKind, Scope, Trigger},
     },
     shared::{
         cache::{CachedPod, PodCache},

@@ -420,7 +420,7 @@ impl Runtime for ContainerdRuntime {
 
     async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
         let entries = match scope {
-            Scope::All => {
+            Scope::Node => {
                 let per_namespace =
                     try_join_all(self.namespaces.iter().map(|n| self.read_namespace(n))).await?;
                 per_namespace.into_iter().flatten().collect()
@@ -428,8 +428,8 @@ impl Runtime for ContainerdRuntime {
             Scope::Pod(uid) => self.read_pod(uid).await?,
             Scope::Container(id) => self.read_container_pod(id).await?,
         };
-        let mut entries = self.ask_cri(entries, *scope == Scope::All).await?;
-        self.ran.apply(&mut entries, *scope == Scope::All);
+        let mut entries = self.ask_cri(entries, *scope == Scope::Node).await?;
+        self.ran.apply(&mut entries, *scope == Scope::Node);
         let mut pods = assemble(entries);
         // A list carries states, not exit details, whichever backend (the CRI list has none):
         // exit codes come from inspect_pod.

@@ -305,7 +305,7 @@ impl Runtime for CriRuntime {
 
     async fn list_pods(&self, scope: &Scope) -> Result<Vec<PodRecord>, RuntimeError> {
         match scope {
-            Scope::All => {
+            Scope::Node => {
                 let (sandboxes, containers) =
                     try_join(self.sandboxes(None), self.containers(None)).await?;
                 Ok(assemble(sandboxes, containers, &self.pod_metadata))

@@ -10,7 +10,7 @@ use std::{
 use crate::pleg::{
     CallCode, ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers,
     HostIdentity, Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
-    PodRecord, PodUid, Runtime, RuntimeError, Scope, Store, TaskRecord, TriggerSource,
+    PodRecord, PodUid, Runtime, RuntimeError, Scope, Source, Store, TaskRecord,
 };
 
 const ENDPOINT: &str = "fake";
@@ -106,9 +106,9 @@ pub fn event(sequence: u64, pod: &str) -> PodLifecycleEvent {
         event_type: PodLifecycleEventType::ContainerDied,
         observed_at: at,
         emitted_at: at,
-        sources: vec![TriggerSource::Ebpf, TriggerSource::Containerd],
+        sources: vec![Source::Ebpf, Source::Containerd],
         observations: vec![Observation {
-            source: TriggerSource::Ebpf,
+            source: Source::Ebpf,
             kind: ObservationKind::Signal(9),
         }],
         exit_code: Some(137),
@@ -306,7 +306,7 @@ impl Runtime for FakeRuntime {
         }
         let pods = state.pods.values();
         Ok(match scope {
-            Scope::All => pods.map(listed).collect(),
+            Scope::Node => pods.map(listed).collect(),
             Scope::Pod(uid) => pods.filter(|p| &p.uid == uid).map(listed).collect(),
             Scope::Container(id) => pods
                 .filter(|p| p.containers.contains_key(id))

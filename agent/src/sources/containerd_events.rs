@@ -42,9 +42,7 @@ use tonic::{Code, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::{debug, info};
 
 use crate::{
-    pleg::{
-        ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSender, TriggerSource,
-    },
+    pleg::{ContainerId, Observation, ObservationKind, Scope, Source, Trigger, TriggerSender},
     sources::{
         reconnect::{Link, SessionEnd, SessionError, dial, run_forever, stream_session},
         status::SourceRegistry,
@@ -132,7 +130,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let link = Link {
-        source: TriggerSource::Containerd,
+        source: Source::Containerd,
         registry,
         triggers,
         timeout: config.timeout,
@@ -314,10 +312,10 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
     };
     Ok(Some(Trigger {
         scope: Scope::Container(ContainerId(container)),
-        source: TriggerSource::Containerd,
+        source: Source::Containerd,
         observed_at: at,
         observations: vec![Observation {
-            source: TriggerSource::Containerd,
+            source: Source::Containerd,
             kind,
         }],
     }))
@@ -496,12 +494,12 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(trigger.scope, Scope::Container(ContainerId("c1".into())));
-        assert_eq!(trigger.source, TriggerSource::Containerd);
+        assert_eq!(trigger.source, Source::Containerd);
         assert_eq!(trigger.observed_at, at(999));
         assert_eq!(
             trigger.observations,
             [Observation {
-                source: TriggerSource::Containerd,
+                source: Source::Containerd,
                 kind: ObservationKind::TaskExited {
                     code: 137,
                     at: at(999)
@@ -526,7 +524,7 @@ mod tests {
         assert_eq!(
             trigger.observations,
             [Observation {
-                source: TriggerSource::Containerd,
+                source: Source::Containerd,
                 kind: ObservationKind::TaskStarted { at: at(5), pid: 42 }
             }]
         );
@@ -627,7 +625,7 @@ mod tests {
             assert_eq!(
                 trigger.observations,
                 [Observation {
-                    source: TriggerSource::Containerd,
+                    source: Source::Containerd,
                     kind: said
                 }],
                 "{topic}"
@@ -645,7 +643,7 @@ mod tests {
         assert_eq!(
             trigger.observations,
             [Observation {
-                source: TriggerSource::Containerd,
+                source: Source::Containerd,
                 kind: ObservationKind::Deleted
             }]
         );

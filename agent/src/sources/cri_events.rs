@@ -17,9 +17,7 @@ use k8s_cri::v1::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    pleg::{
-        ContainerId, Observation, ObservationKind, Scope, Trigger, TriggerSender, TriggerSource,
-    },
+    pleg::{ContainerId, Observation, ObservationKind, Scope, Source, Trigger, TriggerSender},
     sources::{
         reconnect::{Link, SessionEnd, dial, run_forever, stream_session},
         status::SourceRegistry,
@@ -44,7 +42,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let link = Link {
-        source: TriggerSource::CriEvents,
+        source: Source::CriEvents,
         registry,
         triggers,
         timeout: config.timeout,
@@ -99,17 +97,17 @@ pub fn trigger_of(event: &ContainerEventResponse, now: SystemTime) -> Option<Tri
                 && status.state == ContainerState::ContainerExited as i32
         })
         .map(|status| Observation {
-            source: TriggerSource::CriEvents,
+            source: Source::CriEvents,
             kind: ObservationKind::ExitCode(status.exit_code),
         })
         .take(1);
     let deletion = deleted.then_some(Observation {
-        source: TriggerSource::CriEvents,
+        source: Source::CriEvents,
         kind: ObservationKind::Deleted,
     });
     Some(Trigger {
         scope: Scope::Container(ContainerId(event.container_id.clone())),
-        source: TriggerSource::CriEvents,
+        source: Source::CriEvents,
         observed_at,
         observations: exit.chain(deletion).collect(),
     })
@@ -138,7 +136,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(trigger.scope, Scope::Container(ContainerId("c".into())));
-        assert_eq!(trigger.source, TriggerSource::CriEvents);
+        assert_eq!(trigger.source, Source::CriEvents);
         assert_eq!(
             trigger.observed_at,
             SystemTime::UNIX_EPOCH + Duration::from_millis(1_500)
@@ -167,7 +165,7 @@ mod tests {
         assert_eq!(
             trigger.observations,
             [Observation {
-                source: TriggerSource::CriEvents,
+                source: Source::CriEvents,
                 kind: ObservationKind::ExitCode(137)
             }]
         );
@@ -183,7 +181,7 @@ mod tests {
         assert_eq!(
             trigger.observations,
             [Observation {
-                source: TriggerSource::CriEvents,
+                source: Source::CriEvents,
                 kind: ObservationKind::Deleted
             }]
         );

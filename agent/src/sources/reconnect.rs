@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     base::backoff::{Backoff, Exponential, time_seed},
-    pleg::{RuntimeError, Trigger, TriggerSender, TriggerSource},
+    pleg::{RuntimeError, Source, Trigger, TriggerSender},
     runtime::transport::{connect_unix, with_causes},
     sources::status::{SourceRegistry, SourceState},
 };
@@ -89,7 +89,7 @@ pub(crate) enum SessionError {
 /// What a session reports through: the source's registry entry and the trigger channel.
 #[derive(Clone, Debug)]
 pub(crate) struct Link {
-    pub source: TriggerSource,
+    pub source: Source,
     pub registry: SourceRegistry,
     pub triggers: TriggerSender,
     /// Deadline of connecting and of the probe call.
@@ -319,7 +319,7 @@ mod tests {
     ) {
         let (triggers, receiver) = trigger_channel();
         let link = Link {
-            source: TriggerSource::Containerd,
+            source: Source::Containerd,
             registry: SourceRegistry::new(),
             triggers,
             timeout: Duration::from_secs(1),

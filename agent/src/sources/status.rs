@@ -10,7 +10,7 @@ use std::{
 
 use tokio::{sync::watch, time::Instant};
 
-use crate::{base::metrics::Metrics, pleg::TriggerSource};
+use crate::{base::metrics::Metrics, pleg::Source};
 
 /// Fast periods that full relists stay fast after a push source (re)connects. A change in
 /// flight at that moment (published before the subscription, or a process exit before the
@@ -51,7 +51,7 @@ pub struct SourceStatus {
 /// Shared registry of source states; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SourceRegistry {
-    sources: Arc<Mutex<BTreeMap<TriggerSource, SourceStatus>>>,
+    sources: Arc<Mutex<BTreeMap<Source, SourceStatus>>>,
     /// Bumped on every state change (not on deliveries), for the adaptive period.
     changed: Arc<watch::Sender<u64>>,
     /// Counts reconnects: every move into Reconnecting, whichever source.
@@ -82,7 +82,7 @@ impl SourceRegistry {
     }
 
     /// Records a source's new state.
-    pub fn set(&self, source: TriggerSource, state: SourceState, detail: impl Into<String>) {
+    pub fn set(&self, source: Source, state: SourceState, detail: impl Into<String>) {
         let detail = detail.into();
         let changed = {
             let mut sources = self.lock();
@@ -115,7 +115,7 @@ impl SourceRegistry {
 
     /// Records why `source` runs or not (registering it as connecting if it is not there
     /// yet).
-    pub fn chose(&self, source: TriggerSource, why: impl Into<String>) {
+    pub fn chose(&self, source: Source, why: impl Into<String>) {
         let why = why.into();
         self.lock()
             .entry(source)
@@ -132,14 +132,14 @@ impl SourceRegistry {
 
     /// Counts that `source`'s stream was declared silent while connected (the state change
     /// that follows is reported with [`Self::set`]).
-    pub fn silent(&self, source: TriggerSource) {
+    pub fn silent(&self, source: Source) {
         if let Some(metrics) = &self.metrics {
             metrics.silent_stream(source.name());
         }
     }
 
     /// Records that a source delivered a trigger at `at`.
-    pub fn delivered(&self, source: TriggerSource, at: SystemTime) {
+    pub fn delivered(&self, source: Source, at: SystemTime) {
         if let Some(status) = self.lock().get_mut(&source) {
             status.last_delivered = Some(at);
         }
@@ -152,7 +152,7 @@ impl SourceRegistry {
     }
 
     /// Every registered source and its status.
-    pub fn snapshot(&self) -> Vec<(TriggerSource, SourceStatus)> {
+    pub fn snapshot(&self) -> Vec<(Source, SourceStatus)> {
         self.lock().iter().map(|(s, st)| (*s, st.clone())).collect()
     }
 
@@ -205,7 +205,7 @@ impl SourceRegistry {
     pub async fn drive_kernel_grace(
         self,
         grace: watch::Sender<Duration>,
-        source: TriggerSource,
+        source: Source,
         connected_grace: Duration,
     ) {
         let mut changes = self.changes();
@@ -223,7 +223,7 @@ impl SourceRegistry {
         }
     }
 
-    fn connected(&self) -> BTreeSet<TriggerSource> {
+    fn connected(&self) -> BTreeSet<Source> {
         self.lock()
             .iter()
             .filter(|(_, s)| s.state == SourceState::Connected)
@@ -231,7 +231,7 @@ impl SourceRegistry {
             .collect()
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<TriggerSource, SourceStatus>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Source, SourceStatus>> {
         // Plain map updates: a poisoned lock still holds consistent data.
         self.sources.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -248,26 +248,26 @@ mod tests {
         let registry = SourceRegistry::new();
         let (period_tx, mut period) = watch::channel(FAST);
         let driver = tokio::spawn(registry.clone().drive_relist_period(period_tx, FAST, SLOW));
-        registry.set(TriggerSource::Containerd, SourceState::Connecting, "");
+        registry.set(Source::Containerd, SourceState::Connecting, "");
         let connected_at = Instant::now();
-        registry.set(TriggerSource::Containerd, SourceState::Connected, "");
+        registry.set(Source::Containerd, SourceState::Connected, "");
         period.wait_for(|p| *p == SLOW).await.unwrap();
         assert_eq!(connected_at.elapsed(), FAST * SETTLE_PERIODS);
 
         // Another source connecting is another chance of missed changes: fast again, a while.
         let connected_at = Instant::now();
-        registry.set(TriggerSource::Ebpf, SourceState::Connected, "");
+        registry.set(Source::Ebpf, SourceState::Connected, "");
         period.wait_for(|p| *p == FAST).await.unwrap();
         period.wait_for(|p| *p == SLOW).await.unwrap();
         assert_eq!(connected_at.elapsed(), FAST * SETTLE_PERIODS);
 
         // Losing one while the other delivers changes nothing; losing both, fast at once.
-        registry.set(TriggerSource::Ebpf, SourceState::Reconnecting, "");
+        registry.set(Source::Ebpf, SourceState::Reconnecting, "");
         tokio::time::sleep(FAST * 10).await;
         assert_eq!(*period.borrow(), SLOW);
         let lost_at = Instant::now();
         registry.set(
-            TriggerSource::Containerd,
+            Source::Containerd,
             SourceState::Reconnecting,
             "stream broke",
         );
@@ -280,10 +280,10 @@ mod tests {
     #[test]
     fn deliveries_are_recorded_for_registered_sources_only() {
         let registry = SourceRegistry::new();
-        registry.delivered(TriggerSource::Ebpf, SystemTime::UNIX_EPOCH);
+        registry.delivered(Source::Ebpf, SystemTime::UNIX_EPOCH);
         assert!(registry.snapshot().is_empty());
-        registry.set(TriggerSource::Ebpf, SourceState::Connected, "");
-        registry.delivered(TriggerSource::Ebpf, SystemTime::UNIX_EPOCH);
+        registry.set(Source::Ebpf, SourceState::Connected, "");
+        registry.delivered(Source::Ebpf, SystemTime::UNIX_EPOCH);
         assert_eq!(
             registry.snapshot()[0].1.last_delivered,
             Some(SystemTime::UNIX_EPOCH)
@@ -304,7 +304,7 @@ mod tests {
             (SourceState::Reconnecting, "stream broke"),
         ];
         for (state, detail) in steps {
-            registry.set(TriggerSource::Containerd, state, detail);
+            registry.set(Source::Containerd, state, detail);
         }
         assert!(changes.has_changed().unwrap());
         let status = &registry.snapshot()[0].1;

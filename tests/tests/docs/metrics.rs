@@ -8,7 +8,7 @@ use std::{
 
 use plegd::{
     base::metrics::{Format, Metrics},
-    pleg::TriggerSource,
+    pleg::Source,
 };
 
 /// One metric family as an exposition text declares it.
@@ -54,14 +54,14 @@ fn families(text: &str) -> Vec<Family> {
 /// family that has none yet.
 fn every_family() -> Metrics {
     let metrics = Metrics::new();
-    metrics.trigger(TriggerSource::Ebpf.name());
+    metrics.trigger(Source::Ebpf.name());
     metrics.relisted(false, Instant::now(), Duration::ZERO, true);
     metrics.answered_by_records();
     metrics.runtime_calls().count("ListContainers");
     metrics.init_map_errors("seed", 1);
-    metrics.stream_reconnect(TriggerSource::Containerd.name());
-    metrics.silent_stream(TriggerSource::Containerd.name());
-    metrics.unconfirmed_hint(TriggerSource::Ebpf.name());
+    metrics.stream_reconnect(Source::Containerd.name());
+    metrics.silent_stream(Source::Containerd.name());
+    metrics.unconfirmed_hint(Source::Ebpf.name());
     metrics.pod_synced("event", None);
     metrics.set_snapshot(0, 0, &BTreeMap::new());
     metrics.container_started("default", "web", "app");

@@ -13,9 +13,9 @@ use std::{
 
 use plegd::{
     api::Shared,
-    config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs, SourceName},
+    config::{Config, DEFAULT_SLOW_RELIST_PERIOD, Mode, OutputFormat, RunArgs},
     daemon::{self, Connected, Daemon},
-    pleg::{DEFAULT_RELIST_THRESHOLD, TriggerSource},
+    pleg::{DEFAULT_RELIST_THRESHOLD, Source},
     runtime::{RuntimeKind, RuntimeOptions},
     sources::status::{SourceRegistry, SourceState, SourceStatus},
 };
@@ -50,22 +50,22 @@ pub const SLOW: Duration = Duration::from_secs(60);
 /// Settings for a test daemon: fast relists, JSON output, polling only (no push sources, so
 /// every event is the relist's own).
 pub fn config(kind: RuntimeKind, socket: &Path, relist_period: Duration) -> Config {
-    config_with_sources(kind, socket, relist_period, &[SourceName::Relist])
+    config_with_sources(kind, socket, relist_period, &[Source::Relist])
 }
 
 /// A CRI daemon whose only trigger source is the runtime event stream `source`, with full
 /// relists [`SLOW`] apart whether the stream is healthy or not.
-pub fn stream_only(socket: &Path, source: SourceName) -> Config {
+pub fn stream_only(socket: &Path, source: Source) -> Config {
     let mut settings = config_with_sources(RuntimeKind::Cri, socket, SLOW, &[source]);
     settings.slow_relist_period = SLOW;
     // The harness's private containerd has no other CRI events subscriber to take from: on
     // 1.6 and 1.7 the cri-events tests subscribe anyway.
-    settings.allow_shared_cri_events = source == SourceName::CriEvents;
+    settings.allow_shared_cri_events = source == Source::CriEvents;
     settings
 }
 
 /// The state of `source` in `registry` (plegd's health), if it is there.
-pub fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<SourceStatus> {
+pub fn status_of(registry: &SourceRegistry, source: Source) -> Option<SourceStatus> {
     registry
         .snapshot()
         .into_iter()
@@ -77,7 +77,7 @@ pub fn status_of(registry: &SourceRegistry, source: TriggerSource) -> Option<Sou
 /// returns it.
 pub async fn wait_state(
     registry: &SourceRegistry,
-    source: TriggerSource,
+    source: Source,
     want: impl Fn(&SourceStatus) -> bool,
 ) -> SourceStatus {
     let mut changes = registry.changes();
@@ -108,7 +108,7 @@ pub fn config_with_sources(
     kind: RuntimeKind,
     socket: &Path,
     relist_period: Duration,
-    sources: &[SourceName],
+    sources: &[Source],
 ) -> Config {
     Config::load(&RunArgs {
         runtime: Some(kind),
@@ -130,7 +130,7 @@ pub fn config_with_sources(
 /// `period` (also while a push source is connected), JSON output, no saved state.
 pub fn push_config(
     containerd: &PrivateContainerd,
-    sources: &[SourceName],
+    sources: &[Source],
     mode: Mode,
     period: Duration,
 ) -> Config {

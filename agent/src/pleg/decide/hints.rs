@@ -10,14 +10,15 @@ use std::{
 
 use crate::pleg::model::{
     record::{ContainerId, PodUid, TaskRecord, TaskRecords},
-    trigger::{Observation, Scope, TriggerSource},
+    source::Source,
+    trigger::{Observation, Scope},
 };
 
 /// What the triggers coalesced into one target said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hint {
     /// Distinct sources, sorted.
-    pub sources: BTreeSet<TriggerSource>,
+    pub sources: BTreeSet<Source>,
     /// The earliest trigger's time.
     pub observed_at: SystemTime,
     /// Observations with the container each is about, in arrival order.
@@ -31,7 +32,7 @@ impl Hint {
     /// What one trigger of `source` saw: `observations`, each with its container (none: it
     /// said only that something changed).
     pub(crate) fn seen(
-        source: TriggerSource,
+        source: Source,
         observed_at: SystemTime,
         observations: Vec<(ContainerId, Observation)>,
     ) -> Self {
@@ -85,7 +86,7 @@ impl Hints {
     }
 
     /// Every source that contributed a hint.
-    pub fn sources(&self) -> BTreeSet<TriggerSource> {
+    pub fn sources(&self) -> BTreeSet<Source> {
         self.0
             .values()
             .flat_map(|h| h.sources.iter().copied())
@@ -160,11 +161,7 @@ impl IntoIterator for Hints {
 #[cfg(test)]
 pub(crate) fn pod_hints(
     pod: &str,
-    observations: &[(
-        &str,
-        TriggerSource,
-        crate::pleg::model::trigger::ObservationKind,
-    )],
+    observations: &[(&str, Source, crate::pleg::model::trigger::ObservationKind)],
 ) -> Hints {
     let mut hints = Hints::default();
     hints.insert(
@@ -208,12 +205,12 @@ mod tests {
         let hints = pod_hints(
             "p",
             &[
-                ("a", TriggerSource::Containerd, start.clone()),
-                ("a", TriggerSource::Containerd, exit.clone()),
-                ("b", TriggerSource::Containerd, exit.clone()),
-                ("b", TriggerSource::Containerd, start.clone()),
-                ("s", TriggerSource::Containerd, start),
-                ("k", TriggerSource::Ebpf, Signal(9)),
+                ("a", Source::Containerd, start.clone()),
+                ("a", Source::Containerd, exit.clone()),
+                ("b", Source::Containerd, exit.clone()),
+                ("b", Source::Containerd, start.clone()),
+                ("s", Source::Containerd, start),
+                ("k", Source::Ebpf, Signal(9)),
             ],
         );
         let exited = exit.task_record().expect("a record");
@@ -237,14 +234,14 @@ mod tests {
         let mut hints = pod_hints(
             "p",
             &[
-                ("a", TriggerSource::Ebpf, Signal(9)),
-                ("b", TriggerSource::Ebpf, Signal(15)),
+                ("a", Source::Ebpf, Signal(9)),
+                ("b", Source::Ebpf, Signal(15)),
             ],
         );
         hints.insert(
             Scope::Container(ContainerId("a".into())),
             Hint {
-                sources: BTreeSet::from([TriggerSource::Containerd]),
+                sources: BTreeSet::from([Source::Containerd]),
                 observed_at: SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1),
                 observations: Vec::new(),
                 unspecific: true,
@@ -255,7 +252,7 @@ mod tests {
             .expect("a hint");
         assert_eq!(
             hint.sources,
-            BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+            BTreeSet::from([Source::Ebpf, Source::Containerd])
         );
         assert_eq!(hint.observations.len(), 1);
         assert!(hint.unspecific);

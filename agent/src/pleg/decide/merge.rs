@@ -14,10 +14,11 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use crate::pleg::model::{
+    oom::OomKill,
     record::{
         ContainerRecord, ContainerState, HostIdentity, OomWitness, Store, TaskRecord, exit_reason,
     },
-    trigger::{OomKill, TriggerSource},
+    source::Source,
 };
 
 /// The record of a container after a relist: `committed` (what plegd had), `shown` (what the
@@ -74,7 +75,7 @@ pub fn merge(
 /// its record, which keeps them.
 pub fn learn(
     record: &mut ContainerRecord,
-    oom_killed_by: &BTreeSet<TriggerSource>,
+    oom_killed_by: &BTreeSet<Source>,
     oom_kill: Option<&Arc<OomKill>>,
     host: Option<&HostIdentity>,
     witness: OomWitness,
@@ -234,7 +235,7 @@ mod tests {
         // An OOM kill recorded while it ran is the reason, whatever the code (a child was the
         // victim, the init exited 0 after it).
         let killed = ContainerRecord {
-            oom_killed_by: BTreeSet::from([TriggerSource::Containerd]),
+            oom_killed_by: BTreeSet::from([Source::Containerd]),
             ..record(Running, Cri)
         };
         let merged = merge(Some(&killed), None, clean, ANY).expect("a record");
@@ -246,7 +247,7 @@ mod tests {
         let mut exited = merge(Some(&record(Running, Cri)), None, Some(EXIT), ANY).unwrap();
         learn(
             &mut exited,
-            &BTreeSet::from([TriggerSource::Ebpf]),
+            &BTreeSet::from([Source::Ebpf]),
             None,
             None,
             ANY,
@@ -255,13 +256,7 @@ mod tests {
         let mut shown = exited.clone();
         shown.confirmed_by = Cri;
         shown.reason = "Error".into();
-        learn(
-            &mut shown,
-            &BTreeSet::from([TriggerSource::Ebpf]),
-            None,
-            None,
-            ANY,
-        );
+        learn(&mut shown, &BTreeSet::from([Source::Ebpf]), None, None, ANY);
         assert_eq!(shown.reason, "Error", "the CRI store's reason stands");
         let started = merge(
             Some(&record(Created, Cri)),
@@ -277,7 +272,7 @@ mod tests {
     /// record through the readings that follow (none carries it), for the death's event.
     #[test]
     fn the_kernels_account_of_an_oom_kill_stays_through_readings() {
-        use crate::pleg::model::trigger::{OomKill, OomScope};
+        use crate::pleg::model::oom::{OomKill, OomScope};
         let kill = Arc::new(OomKill {
             scope: OomScope::Pod,
             cgroup: Some("/kubepods/besteffort/pod1".into()),
@@ -289,7 +284,7 @@ mod tests {
         let mut running = record(Running, Cri);
         learn(
             &mut running,
-            &BTreeSet::from([TriggerSource::Ebpf]),
+            &BTreeSet::from([Source::Ebpf]),
             Some(&kill),
             None,
             ANY,
@@ -310,7 +305,7 @@ mod tests {
             merge(Some(&record(Running, Cri)), None, Some(EXIT), runtime).expect("a record");
         learn(
             &mut told_by_kernel,
-            &BTreeSet::from([TriggerSource::Ebpf]),
+            &BTreeSet::from([Source::Ebpf]),
             None,
             None,
             runtime,
@@ -322,7 +317,7 @@ mod tests {
         );
         learn(
             &mut told_by_kernel,
-            &BTreeSet::from([TriggerSource::Containerd]),
+            &BTreeSet::from([Source::Containerd]),
             None,
             None,
             runtime,

@@ -9,7 +9,8 @@ use crate::pleg::{
     model::{
         event::{PodLifecycleEvent, PodLifecycleEventType},
         record::{ContainerRecord, PodRecord},
-        trigger::{Observation, ObservationKind, Says, TriggerSource},
+        source::Source,
+        trigger::{Observation, ObservationKind, Says},
     },
 };
 
@@ -46,7 +47,7 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
         observed_at: hint.as_ref().map_or(read_at, |h| h.observed_at),
         emitted_at: read_at,
         sources: hint.as_ref().map_or_else(
-            || vec![TriggerSource::Relist],
+            || vec![Source::Relist],
             |h| h.sources.iter().copied().collect(),
         ),
         // Those that speak of what the event announces: a batch may hold an exec that came
@@ -90,7 +91,7 @@ pub fn event(change: Change<'_>, hints: &Hints, read_at: SystemTime) -> PodLifec
                 .any(|o| matches!(o.kind, ObservationKind::OomKill(_)))
         {
             event.observations.push(Observation {
-                source: TriggerSource::Ebpf,
+                source: Source::Ebpf,
                 kind: ObservationKind::OomKill(std::sync::Arc::clone(kill)),
             });
         }
@@ -133,7 +134,7 @@ fn announces(event_type: PodLifecycleEventType, says: Says) -> bool {
 /// the event announces: its sources, its time, and those of its observations that say so (a
 /// queued start's exec does not ride on a death; an OOM kill does).
 pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
-    if queued.is_empty() || event.sources != [TriggerSource::Relist] {
+    if queued.is_empty() || event.sources != [Source::Relist] {
         return;
     }
     let Some(hint) = queued.for_container(&event.pod, &event.container_id) else {
@@ -148,7 +149,7 @@ pub fn credit(event: &mut PodLifecycleEvent, queued: &Hints) {
     if saw.is_empty() {
         return;
     }
-    let sources: BTreeSet<TriggerSource> = saw.iter().map(|o| o.source).collect();
+    let sources: BTreeSet<Source> = saw.iter().map(|o| o.source).collect();
     event.sources = sources.into_iter().collect();
     event.observed_at = event.observed_at.min(hint.observed_at);
     event.observations = saw.into_iter().filter(|o| o.kind.is_shown()).collect();
@@ -160,7 +161,7 @@ mod tests {
     use std::{collections::BTreeSet, time::Duration};
 
     use PodLifecycleEventType::ContainerDied;
-    use TriggerSource::{Containerd, Ebpf, Relist};
+    use Source::{Containerd, Ebpf, Relist};
 
     use super::*;
     use crate::{
@@ -178,19 +179,11 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
     }
 
-    fn observation(
-        id: &str,
-        source: TriggerSource,
-        kind: ObservationKind,
-    ) -> (ContainerId, Observation) {
+    fn observation(id: &str, source: Source, kind: ObservationKind) -> (ContainerId, Observation) {
         (ContainerId(id.into()), Observation { source, kind })
     }
 
-    fn hint(
-        sources: &[TriggerSource],
-        at_ms: u64,
-        observations: Vec<(ContainerId, Observation)>,
-    ) -> Hint {
+    fn hint(sources: &[Source], at_ms: u64, observations: Vec<(ContainerId, Observation)>) -> Hint {
         Hint {
             sources: sources.iter().copied().collect::<BTreeSet<_>>(),
             observed_at: at(at_ms),
@@ -200,7 +193,7 @@ mod tests {
     }
 
     /// (sources, observed_at ms, observation count) of an event.
-    type Row = (Vec<TriggerSource>, u64, usize);
+    type Row = (Vec<Source>, u64, usize);
 
     /// (name, the hints by scope, the event's row).
     type Case = (&'static str, Vec<(Scope, Hint)>, Row);

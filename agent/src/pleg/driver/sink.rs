@@ -18,7 +18,8 @@ use crate::{
         model::{
             event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
             record::{ContainerId, PodUid},
-            trigger::{Observation, TriggerSource},
+            source::Source,
+            trigger::Observation,
         },
         shared::cache::PodCache,
     },
@@ -55,7 +56,7 @@ pub struct BusSink {
 
 impl EventSink for BusSink {
     fn publish(&self, event: PodLifecycleEvent) {
-        if event.sources.iter().any(|s| *s != TriggerSource::Relist) {
+        if event.sources.iter().any(|s| *s != Source::Relist) {
             self.metrics.trigger_to_event(
                 event
                     .emitted_at

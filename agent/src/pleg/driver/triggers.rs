@@ -13,7 +13,8 @@ use crate::pleg::{
     driver::sink::Notices,
     model::{
         event::NoticeKind,
-        trigger::{Scope, Trigger, TriggerSource},
+        source::Source,
+        trigger::{Scope, Trigger},
     },
 };
 
@@ -47,7 +48,7 @@ impl TriggerSender {
             return;
         }
         if let Some(notices) = &self.notices
-            && trigger.source == TriggerSource::Ebpf
+            && trigger.source == Source::Ebpf
             && let Scope::Container(container) = &trigger.scope
         {
             notices.tell(

@@ -6,7 +6,8 @@ use crate::{
     base::bus::Sequenced,
     pleg::model::{
         record::{ContainerId, HostIdentity, PodUid, Store},
-        trigger::{Observation, ObservationKind, TriggerSource},
+        source::Source,
+        trigger::{Observation, ObservationKind},
     },
 };
 
@@ -54,7 +55,7 @@ pub struct PodLifecycleEvent {
     pub observed_at: SystemTime,
     pub emitted_at: SystemTime,
     /// Sources of the triggers that led to the event; `[Relist]` when none did.
-    pub sources: Vec<TriggerSource>,
+    pub sources: Vec<Source>,
     /// What the triggers saw about this container.
     pub observations: Vec<Observation>,
     /// The runtime's exit code of the container, once exited (as of the record announced; for
@@ -117,7 +118,7 @@ impl Sequenced for PodLifecycleEvent {
         });
         size_of::<Self>()
             + texts.iter().map(|text| text.len()).sum::<usize>()
-            + self.sources.len() * size_of::<TriggerSource>()
+            + self.sources.len() * size_of::<Source>()
             + observations
             + host
             + map(&self.pod_labels)
@@ -164,7 +165,7 @@ pub struct Notice {
 
 impl Notice {
     /// Where every notice comes from: the kernel's probes.
-    pub const SOURCE: TriggerSource = TriggerSource::Ebpf;
+    pub const SOURCE: Source = Source::Ebpf;
 }
 
 #[cfg(test)]
@@ -182,7 +183,7 @@ mod tests {
             event_type: PodLifecycleEventType::ContainerDied,
             observed_at: SystemTime::UNIX_EPOCH,
             emitted_at: SystemTime::UNIX_EPOCH,
-            sources: vec![TriggerSource::Relist],
+            sources: vec![Source::Relist],
             observations: Vec::new(),
             exit_code: Some(137),
             reason: "Error".into(),

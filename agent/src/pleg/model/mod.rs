@@ -6,6 +6,8 @@
 //! have nothing cheaper.
 
 pub mod event;
+pub mod oom;
 pub mod record;
 pub mod runtime;
+pub mod source;
 pub mod trigger;

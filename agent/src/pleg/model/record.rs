@@ -13,7 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::pleg::model::trigger::{OomKill, TriggerSource};
+use crate::pleg::model::{oom::OomKill, source::Source};
 
 /// A pod's uid (`io.kubernetes.pod.uid`), or the container id for a container that has no pod.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -141,7 +141,7 @@ pub struct ContainerRecord {
     /// (containerd recorded it, or the kernel said so): the reason of the exit that follows,
     /// whichever process it was.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub oom_killed_by: BTreeSet<TriggerSource>,
+    pub oom_killed_by: BTreeSet<Source>,
     /// The kernel's account of the last OOM kill in it while it ran (which limit, whom).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kill: Option<Arc<OomKill>>,
@@ -161,7 +161,7 @@ impl ContainerRecord {
     pub fn oom_killed_for(&self, witness: OomWitness) -> bool {
         match witness {
             OomWitness::Any => self.oom_killed(),
-            OomWitness::Runtime => self.oom_killed_by.contains(&TriggerSource::Containerd),
+            OomWitness::Runtime => self.oom_killed_by.contains(&Source::Containerd),
         }
     }
 }

@@ -88,7 +88,7 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<PodRecord>, RuntimeError>> + Send;
 
     /// [`Runtime::inspect_pod`] of a pod as a listing of the node just showed it
-    /// (`list_pods(&Scope::All)`), which need not be listed again: a full relist inspects
+    /// (`list_pods(&Scope::Node)`), which need not be listed again: a full relist inspects
     /// every pod at a start, and listing each one again (three filtered list calls on CRI,
     /// each a scan of every container of the node) would make a dense node slow to be ready.
     /// The default lists it again.

@@ -2,43 +2,19 @@
 
 use std::{sync::Arc, time::SystemTime};
 
-use crate::pleg::model::record::{ContainerId, PodUid, TaskRecord};
-
-/// Where a trigger (and so an event) came from.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum TriggerSource {
-    /// A kernel tracepoint seen by the eBPF programs.
-    Ebpf,
-    /// containerd's native event stream.
-    Containerd,
-    /// CRI `GetContainerEvents`.
-    CriEvents,
-    /// A relist that nothing specific asked for (the periodic safety net).
-    Relist,
-}
-
-impl TriggerSource {
-    /// The lowercase name, as in the API, metrics and output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ebpf => "ebpf",
-            Self::Containerd => "containerd",
-            Self::CriEvents => "cri-events",
-            Self::Relist => "relist",
-        }
-    }
-}
+use crate::pleg::model::{
+    oom::OomKill,
+    record::{ContainerId, PodUid, TaskRecord},
+    source::Source,
+};
 
 /// What a trigger or a hint is about, and what a relist reads: the node, one pod, or one
 /// container (its pod, once a relist has tied it to one). A targeted relist reads a pod or a
 /// container; a full relist, the node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scope {
-    /// Every pod.
-    All,
+    /// The whole node: every pod.
+    Node,
     /// One pod.
     Pod(PodUid),
     /// One container (or sandbox) by its id: the pod holding it, or the container alone while
@@ -49,7 +25,7 @@ pub enum Scope {
 /// A fact a source saw that runtime records may not carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
-    pub source: TriggerSource,
+    pub source: Source,
     pub kind: ObservationKind,
 }
 
@@ -93,71 +69,6 @@ pub enum ObservationKind {
     /// on the kernel's other observations; not shown to consumers as an observation (events
     /// and statuses carry it as the container's identity).
     Identity(Identity),
-}
-
-/// Which limit an OOM kill came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OomScope {
-    /// The container's own limit.
-    Container,
-    /// The pod's cgroup's limit (a pod-level limit, KEP-2837, shared by its containers).
-    Pod,
-    /// A limit above the pod: its QoS class's cgroup, `kubepods`, a slice above them.
-    Ancestor,
-    /// No memory cgroup limit: the node ran out of memory and the kernel's global OOM killer
-    /// chose this process.
-    Node,
-    /// The kernel's account was not enough to tell (a chain deeper than the probe reads, a
-    /// victim gone before its cgroup could be named).
-    Unknown,
-}
-
-impl OomScope {
-    /// The lowercase name, as in the output, the metrics and the OTLP records.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Container => "container",
-            Self::Pod => "pod",
-            Self::Ancestor => "ancestor",
-            Self::Node => "node",
-            Self::Unknown => "unknown",
-        }
-    }
-}
-
-/// One OOM kill in a container, as the kernel's probe saw it at the kill.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct OomKill {
-    pub scope: OomScope,
-    /// The cgroup whose limit was hit, as a path in the memory controller's hierarchy
-    /// (cgroup2's, or cgroup v1's memory hierarchy); `None` for a node OOM or when unknown.
-    pub cgroup: Option<Arc<str>>,
-    /// That cgroup's limit, in bytes.
-    pub limit_bytes: Option<u64>,
-    /// The victim's host pid (its thread-group id) and its `comm`.
-    pub victim_pid: u32,
-    pub victim_comm: String,
-    /// Whether the victim was the container's init (its death is the container's).
-    pub victim_init: bool,
-}
-
-/// `scope(cgroup,limit=...,victim=pid/comm,init)`, as an observation prints it.
-impl std::fmt::Display for OomKill {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}(", self.scope.name())?;
-        if let Some(cgroup) = &self.cgroup {
-            write!(f, "{cgroup},")?;
-        }
-        if let Some(limit) = self.limit_bytes {
-            write!(f, "limit={limit},")?;
-        }
-        write!(f, "victim={}/{}", self.victim_pid, self.victim_comm)?;
-        if self.victim_init {
-            f.write_str(",init")?;
-        }
-        f.write_str(")")
-    }
 }
 
 /// A container's identity on the host, as the kernel's probes know it.
@@ -235,7 +146,7 @@ impl ObservationKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trigger {
     pub scope: Scope,
-    pub source: TriggerSource,
+    pub source: Source,
     /// When the source saw the change (wall clock, so it can be shown to users).
     pub observed_at: SystemTime,
     /// Facts about the container of a [`Scope::Container`] trigger. Observations of pod or

@@ -14,9 +14,7 @@ use plegd_common::{
 use tracing::debug;
 
 use crate::{
-    pleg::{
-        ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Trigger, TriggerSource,
-    },
+    pleg::{ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Source, Trigger},
     sources::ebpf::{
         cgroup_path,
         index::CgroupIndex,
@@ -153,12 +151,12 @@ fn identity(cgroup_id: u64, path: Arc<str>, init: Option<u32>) -> ObservationKin
 fn trigger(id: &str, observed_at: SystemTime, observations: Vec<ObservationKind>) -> Trigger {
     Trigger {
         scope: Scope::Container(ContainerId(id.to_owned())),
-        source: TriggerSource::Ebpf,
+        source: Source::Ebpf,
         observed_at,
         observations: observations
             .into_iter()
             .map(|kind| Observation {
-                source: TriggerSource::Ebpf,
+                source: Source::Ebpf,
                 kind,
             })
             .collect(),
@@ -503,7 +501,7 @@ mod tests {
         assert_eq!(decoded.untrack, None);
         let trigger = decoded.only();
         assert_eq!(trigger.scope, Scope::Container(ContainerId(ID.into())));
-        assert_eq!(trigger.source, TriggerSource::Ebpf);
+        assert_eq!(trigger.source, Source::Ebpf);
 
         // A non-container cgroup: no trigger, and the probes stop tracking it.
         let other = d.decode(

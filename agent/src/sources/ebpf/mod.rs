@@ -47,10 +47,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     base::metrics::Metrics,
-    pleg::{
-        ContainerId, ObservationKind, PodCache, PodUid, Scope, Trigger, TriggerSender,
-        TriggerSource,
-    },
+    pleg::{ContainerId, ObservationKind, PodCache, PodUid, Scope, Source, Trigger, TriggerSender},
     sources::{
         ebpf::{
             decode::{Decoder, VictimProc, wall_time_of},
@@ -287,7 +284,7 @@ pub async fn run(
         namespaces: namespaces.clone(),
     };
     let programs = probes.program_names();
-    let source = Source {
+    let source = EbpfSource {
         namespaces,
         triggers,
         registry,
@@ -439,7 +436,7 @@ impl Kernel for Maps {
 }
 
 /// Where the source's triggers and reports go.
-struct Source {
+struct EbpfSource {
     namespaces: Vec<String>,
     triggers: TriggerSender,
     registry: SourceRegistry,
@@ -450,7 +447,7 @@ struct Source {
     refresh: Duration,
 }
 
-impl Source {
+impl EbpfSource {
     /// The source's loop. Blocking reads of the host run on the blocking pool while the ring
     /// keeps being read: the periodic scan (its result applied when it completes, with the
     /// changes events made meanwhile replayed on it) and each OOM victim's /proc read.
@@ -547,7 +544,7 @@ impl Source {
     /// Says the probes are attached, to health and in the log.
     fn attached(&self, programs: &[String], cgroups: usize) {
         self.registry.set(
-            TriggerSource::Ebpf,
+            Source::Ebpf,
             SourceState::Connected,
             format!(
                 "{} programs attached ({}), {cgroups} container cgroups",
@@ -652,8 +649,7 @@ impl Source {
     }
 
     fn send(&self, trigger: Trigger) {
-        self.registry
-            .delivered(TriggerSource::Ebpf, trigger.observed_at);
+        self.registry.delivered(Source::Ebpf, trigger.observed_at);
         self.triggers.send(trigger);
     }
 
@@ -966,7 +962,7 @@ mod tests {
                 results: Mutex::new(results),
             };
             let (triggers_tx, triggers) = trigger_channel();
-            let source = Source {
+            let source = EbpfSource {
                 namespaces: vec![NAMESPACE.to_owned()],
                 triggers: triggers_tx,
                 registry: SourceRegistry::new(),

@@ -31,11 +31,13 @@ use crate::pleg::{
     },
     model::{
         event::{PodLifecycleEvent, PodLifecycleEventType},
+        oom::OomKill,
         record::{
             ContainerId, ContainerRecord, ContainerState, HostIdentity, OomWitness, PodRecord,
             PodUid, Store, TaskRecord, TaskRecords, side_by_side,
         },
-        trigger::{Observation, ObservationKind, OomKill, Says, Scope, TriggerSource},
+        source::Source,
+        trigger::{Observation, ObservationKind, Says, Scope},
     },
 };
 
@@ -562,7 +564,7 @@ impl<'h> Before<'h> {
     fn of(committed: &Committed, hints: &'h Hints) -> Self {
         let targets = hints.iter().filter_map(|(target, _)| match target {
             Scope::Container(id) => Some(id),
-            Scope::Pod(_) | Scope::All => None,
+            Scope::Pod(_) | Scope::Node => None,
         });
         let named = targets.chain(hints.observations().map(|(id, _)| id));
         Self(
@@ -594,7 +596,7 @@ struct Records<'a> {
 /// What the hints taught of a container beyond its state ([`learn`]).
 #[derive(Debug, Default)]
 struct Learned {
-    oom_killed_by: BTreeSet<TriggerSource>,
+    oom_killed_by: BTreeSet<Source>,
     oom_kill: Option<Arc<OomKill>>,
     host: Option<HostIdentity>,
     /// The pod its cgroup's path names: who it is when no reading ever showed it.
@@ -774,7 +776,7 @@ fn new_pod(
     records: &Records<'_>,
 ) -> Option<Option<PodRecord>> {
     let (mut pod, shown) = match reading {
-        Some(PodReading::Inspected(pod)) => (pod, Shown::Whole),
+        Some(PodReading::Inspected(pod)) => (pod, Shown::Pod),
         Some(PodReading::Containers { pod, gone }) => (pod, Shown::Some { gone }),
         Some(PodReading::Gone) => return Some(None),
         None => {
@@ -826,8 +828,8 @@ fn new_pod(
 enum Shown {
     /// Nothing: the pod was not read.
     Nothing,
-    /// Every container: one it did not find is gone.
-    Whole,
+    /// The whole pod, every container: one it did not find is gone.
+    Pod,
     /// Some containers, each read by its id: `gone` those the runtime no longer has.
     Some { gone: Vec<ContainerId> },
 }
@@ -837,7 +839,7 @@ impl Shown {
     fn absent(&self, id: &ContainerId) -> bool {
         match self {
             Self::Nothing => false,
-            Self::Whole => true,
+            Self::Pod => true,
             Self::Some { gone } => gone.contains(id),
         }
     }
@@ -1039,7 +1041,7 @@ fn reread(
 fn containers_of<'h>(target: &'h Scope, hint: &'h Hint) -> impl Iterator<Item = &'h ContainerId> {
     let own = match target {
         Scope::Container(id) => Some(id),
-        Scope::Pod(_) | Scope::All => None,
+        Scope::Pod(_) | Scope::Node => None,
     };
     own.into_iter()
         .chain(hint.observations.iter().map(|(id, _)| id))
@@ -1076,7 +1078,7 @@ impl World<'_> {
         match target {
             Scope::Pod(uid) => Some(uid),
             Scope::Container(id) => self.find(id).map(|(uid, _)| uid),
-            Scope::All => None,
+            Scope::Node => None,
         }
     }
 
@@ -1097,7 +1099,7 @@ impl World<'_> {
             (_, Covers::Nothing) => false,
             (_, Covers::Node) => true,
             (Scope::Pod(uid), Covers::Pod(read)) => uid == read,
-            (Scope::Pod(_), Covers::Containers(_)) | (Scope::All, _) => false,
+            (Scope::Pod(_), Covers::Containers(_)) | (Scope::Node, _) => false,
             (Scope::Container(id), _) => self.covers(id),
         }
     }
@@ -1189,8 +1191,8 @@ impl World<'_> {
 /// What a targeted relist of a pod reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToRead {
-    /// The pod whole (a listing of it and the statuses of what moved on).
-    Whole,
+    /// The whole pod (a listing of it and the statuses of what moved on).
+    Pod,
     /// These containers, each by its id.
     Containers(Vec<ContainerId>),
 }
@@ -1210,7 +1212,7 @@ pub fn what_to_read(committed: Option<&PodRecord>, hints: &Hints) -> ToRead {
         return ToRead::Containers(unsettled.collect());
     }
     if hints.iter().any(|(_, hint)| hint.unspecific) {
-        return ToRead::Whole;
+        return ToRead::Pod;
     }
     let mut ids: Vec<ContainerId> = hints.observations().map(|(id, _)| id.clone()).collect();
     ids.sort();

@@ -7,12 +7,12 @@ use std::{
 use ContainerState::{Created, Exited, Running};
 use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
 use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
-use TriggerSource::{Containerd, Ebpf};
+use Source::{Containerd, Ebpf};
 use tokio::time::Instant;
 
 use super::*;
 use crate::{
-    pleg::model::trigger::{Observation, TriggerSource},
+    pleg::model::{source::Source, trigger::Observation},
     runtime::testing::{container, exited, pod},
 };
 
@@ -60,7 +60,7 @@ fn record(state: ContainerState) -> ContainerRecord {
 }
 
 /// A hint on pod "p" (or container "c" when `on_container`) carrying `kinds` about "c".
-fn hints(on_container: bool, source: TriggerSource, kinds: &[ObservationKind]) -> Hints {
+fn hints(on_container: bool, source: Source, kinds: &[ObservationKind]) -> Hints {
     let target = if on_container {
         Scope::Container(id("c"))
     } else {
@@ -606,7 +606,7 @@ fn a_targeted_relist_reads_the_containers_its_hints_name() {
         (
             "a hint naming none",
             hints(false, Containerd, &[]),
-            ToRead::Whole,
+            ToRead::Pod,
         ),
         (
             "no hint: what only the task store confirmed",

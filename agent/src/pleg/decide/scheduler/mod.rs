@@ -47,7 +47,8 @@ use crate::{
         decide::hints::{Hint, Hints},
         model::{
             record::ContainerId,
-            trigger::{ObservationKind, Scope, Trigger, TriggerSource},
+            source::Source,
+            trigger::{ObservationKind, Scope, Trigger},
         },
     },
 };
@@ -219,7 +220,7 @@ impl InFlight {
     /// most (the full relist is not one of them: it runs beside them).
     fn admits(&self, target: &Scope, limit: usize) -> bool {
         match target {
-            Scope::All => !self.full,
+            Scope::Node => !self.full,
             target => !self.targets.contains(target) && self.targets.len() < limit.max(1),
         }
     }
@@ -276,7 +277,7 @@ impl RelistScheduler {
             observations,
         } = trigger;
         let (target, container, observations) = match scope {
-            Scope::All => {
+            Scope::Node => {
                 debug!(?source, "node-wide trigger: full relist requested");
                 self.request_full_relist(now);
                 return;
@@ -294,7 +295,7 @@ impl RelistScheduler {
             }
         };
         let hint = Hint::seen(source, observed_at, observations);
-        if source != TriggerSource::Ebpf {
+        if source != Source::Ebpf {
             // The runtime's own event: the kernel's hints it answers ride along.
             if let Some(waited) = container.as_ref().and_then(|id| self.waiting.remove(id)) {
                 self.enqueue(target.clone(), waited.hint, now, 0);
@@ -389,7 +390,7 @@ impl RelistScheduler {
         let mut batch = self.next_batch(now)?;
         if batch.read {
             match &batch.scope {
-                Scope::All => self.in_flight.full = true,
+                Scope::Node => self.in_flight.full = true,
                 target => {
                     self.in_flight.targets.insert(target.clone());
                 }
@@ -402,7 +403,7 @@ impl RelistScheduler {
     /// The read of `scope` (a batch handed out to read) is done: its target can be read again.
     pub fn finished(&mut self, scope: &Scope) {
         match scope {
-            Scope::All => self.in_flight.full = false,
+            Scope::Node => self.in_flight.full = false,
             target => {
                 self.in_flight.targets.remove(target);
             }
@@ -411,7 +412,7 @@ impl RelistScheduler {
 
     /// The hints queued for targets `scope` covers, copied (see [`Batch::queued`]).
     pub fn queued(&self, scope: &Scope) -> Hints {
-        let covered = |target: &Scope| scope == &Scope::All || scope == target;
+        let covered = |target: &Scope| scope == &Scope::Node || scope == target;
         let queued = self
             .pending
             .iter()
@@ -431,7 +432,7 @@ impl RelistScheduler {
         if let Some(tried) = self.next_records_try(now) {
             return Some(tried);
         }
-        if self.full_relist_due(now) && self.in_flight.admits(&Scope::All, 0) {
+        if self.full_relist_due(now) && self.in_flight.admits(&Scope::Node, 0) {
             self.full_relisted(now);
             return Some(Self::full_batch());
         }
@@ -532,7 +533,7 @@ impl RelistScheduler {
     /// the node takes long on a busy one), and lends it only its credit ([`Batch::queued`]).
     fn full_batch() -> Batch {
         Batch {
-            scope: Scope::All,
+            scope: Scope::Node,
             hints: Hints::default(),
             required: true,
             read: true,
@@ -557,7 +558,7 @@ impl RelistScheduler {
     /// that read's end wakes the driver.
     pub fn next_deadline(&self) -> Option<Instant> {
         let limit = self.config.reads_in_flight;
-        let full_waits = !self.in_flight.admits(&Scope::All, 0);
+        let full_waits = !self.in_flight.admits(&Scope::Node, 0);
         let startable = |target: &Scope| self.in_flight.admits(target, limit);
         let pending = self.pending.iter().filter_map(|(target, p)| {
             let tried_now = !p.tried && self.in_flight.reads(target);

@@ -3,7 +3,8 @@ use std::{collections::BTreeSet, time::SystemTime};
 use super::*;
 use crate::pleg::model::{
     record::PodUid,
-    trigger::{Observation, ObservationKind, TriggerSource},
+    source::Source,
+    trigger::{Observation, ObservationKind},
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -25,7 +26,7 @@ fn of(id: &str) -> Scope {
     Scope::Container(cid(id))
 }
 
-fn trigger(scope: Scope, source: TriggerSource, at_secs: u64) -> Trigger {
+fn trigger(scope: Scope, source: Source, at_secs: u64) -> Trigger {
     Trigger {
         scope,
         source,
@@ -34,16 +35,16 @@ fn trigger(scope: Scope, source: TriggerSource, at_secs: u64) -> Trigger {
     }
 }
 
-fn observation(source: TriggerSource, kind: ObservationKind) -> Observation {
+fn observation(source: Source, kind: ObservationKind) -> Observation {
     Observation { source, kind }
 }
 
-fn exit_code(source: TriggerSource, code: i32) -> Observation {
+fn exit_code(source: Source, code: i32) -> Observation {
     observation(source, ObservationKind::ExitCode(code))
 }
 
 /// A trigger of `source` about container `id` saying it exited.
-fn exited(id: &str, source: TriggerSource) -> Trigger {
+fn exited(id: &str, source: Source) -> Trigger {
     let mut t = trigger(of(id), source, 1);
     t.observations = vec![exit_code(source, 137)];
     t
@@ -53,7 +54,7 @@ fn exited(id: &str, source: TriggerSource) -> Trigger {
 fn after_first_full(t0: Instant) -> RelistScheduler {
     let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
     let first = scheduler.next_due(t0).expect("first full relist");
-    assert_eq!((&first.scope, first.read), (&Scope::All, true));
+    assert_eq!((&first.scope, first.read), (&Scope::Node, true));
     scheduler.finished(&first.scope);
     scheduler.set_full_relist_period(Duration::from_secs(3600));
     scheduler
@@ -75,13 +76,13 @@ fn drain(scheduler: &mut RelistScheduler, now: Instant) -> Vec<Scope> {
 fn a_batch_lends_the_hints_queued_for_what_it_reads_and_leaves_them_queued() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(exited("c", TriggerSource::Containerd), t0);
+    scheduler.push(exited("c", Source::Containerd), t0);
     let first = scheduler.next_due(t0).expect("c's exit");
     scheduler.finished(&first.scope);
     assert!(scheduler.settle(&first, cid("c"), t0));
     let grace = SETTLE_DELAYS[0] * 2;
     scheduler.set_kernel_grace(grace);
-    scheduler.push(exited("c", TriggerSource::Ebpf), t0 + MS);
+    scheduler.push(exited("c", Source::Ebpf), t0 + MS);
     let settling = scheduler
         .next_due(t0 + SETTLE_DELAYS[0])
         .expect("the settling read");
@@ -97,7 +98,7 @@ fn a_batch_lends_the_hints_queued_for_what_it_reads_and_leaves_them_queued() {
         .expect("the hint, after its grace");
     assert_eq!(
         (&alone.scope, alone.hints.sources()),
-        (&of("c"), BTreeSet::from([TriggerSource::Ebpf]))
+        (&of("c"), BTreeSet::from([Source::Ebpf]))
     );
 }
 
@@ -113,13 +114,13 @@ fn full_relist_is_due_at_once_then_every_period() {
     let t1 = t0 + DEFAULT_RELIST_PERIOD;
     assert!(scheduler.full_relist_due(t1));
     let second = scheduler.next_due(t1).expect("the period's");
-    assert_eq!((second.scope, second.required), (Scope::All, true));
+    assert_eq!((second.scope, second.required), (Scope::Node, true));
     assert_eq!(
         scheduler.next_deadline(),
         None,
         "nothing starts before the full relist in flight is done"
     );
-    scheduler.finished(&Scope::All);
+    scheduler.finished(&Scope::Node);
     assert_eq!(scheduler.next_deadline(), Some(t1 + DEFAULT_RELIST_PERIOD));
 }
 
@@ -147,14 +148,14 @@ fn kernel_triggers_wait_the_grace_for_the_runtimes_event_about_their_container()
     let grace = 20 * MS;
     let mut scheduler = after_first_full(t0);
     scheduler.set_kernel_grace(grace);
-    scheduler.push(exited("c1", TriggerSource::Ebpf), t0);
+    scheduler.push(exited("c1", Source::Ebpf), t0);
     assert_eq!(scheduler.next_due(t0 + grace - MS), None);
 
-    scheduler.push(exited("c2", TriggerSource::Containerd), t0 + MS);
+    scheduler.push(exited("c2", Source::Containerd), t0 + MS);
     let other = scheduler.next_due(t0 + MS).expect("c2's event at once");
     assert_eq!(
         (&other.scope, other.hints.sources()),
-        (&of("c2"), BTreeSet::from([TriggerSource::Containerd])),
+        (&of("c2"), BTreeSet::from([Source::Containerd])),
         "without c1's kernel hint"
     );
     scheduler.finished(&other.scope);
@@ -164,17 +165,17 @@ fn kernel_triggers_wait_the_grace_for_the_runtimes_event_about_their_container()
         "c1 still waits"
     );
 
-    scheduler.push(exited("c1", TriggerSource::Containerd), t0 + 5 * MS);
+    scheduler.push(exited("c1", Source::Containerd), t0 + 5 * MS);
     let own = scheduler.next_due(t0 + 5 * MS).expect("c1's event at once");
     assert_eq!(
         own.hints.sources(),
-        BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd]),
+        BTreeSet::from([Source::Ebpf, Source::Containerd]),
         "with c1's kernel hint"
     );
     scheduler.finished(&own.scope);
     assert_eq!(scheduler.next_due(t0 + grace), None, "nothing left waiting");
 
-    scheduler.push(exited("c3", TriggerSource::Ebpf), t0);
+    scheduler.push(exited("c3", Source::Ebpf), t0);
     assert_eq!(scheduler.next_deadline(), Some(t0 + grace));
     let alone = scheduler
         .next_due(t0 + grace)
@@ -183,7 +184,7 @@ fn kernel_triggers_wait_the_grace_for_the_runtimes_event_about_their_container()
     scheduler.finished(&alone.scope);
 
     scheduler.set_kernel_grace(Duration::ZERO);
-    scheduler.push(exited("c4", TriggerSource::Ebpf), t0);
+    scheduler.push(exited("c4", Source::Ebpf), t0);
     assert!(scheduler.next_due(t0).is_some(), "no grace: at once");
 }
 
@@ -191,14 +192,11 @@ fn kernel_triggers_wait_the_grace_for_the_runtimes_event_about_their_container()
 fn triggers_coalesce_per_target() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(exited("c1", TriggerSource::Ebpf), t0);
-    let mut later = trigger(of("c1"), TriggerSource::Containerd, 0);
-    later.observations = vec![observation(
-        TriggerSource::Containerd,
-        ObservationKind::Deleted,
-    )];
+    scheduler.push(exited("c1", Source::Ebpf), t0);
+    let mut later = trigger(of("c1"), Source::Containerd, 0);
+    later.observations = vec![observation(Source::Containerd, ObservationKind::Deleted)];
     scheduler.push(later, t0);
-    scheduler.push(trigger(of("c2"), TriggerSource::Containerd, 4), t0);
+    scheduler.push(trigger(of("c2"), Source::Containerd, 4), t0);
 
     let batch = scheduler.next_due(t0).expect("c1's batch");
     assert_eq!((&batch.scope, attempt(&batch)), (&of("c1"), 0));
@@ -208,7 +206,7 @@ fn triggers_coalesce_per_target() {
         .expect("c1's hint");
     assert_eq!(
         hint.sources,
-        BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        BTreeSet::from([Source::Ebpf, Source::Containerd])
     );
     assert_eq!(hint.observed_at, SystemTime::UNIX_EPOCH);
     assert_eq!(hint.observations.len(), 2);
@@ -227,12 +225,12 @@ fn triggers_coalesce_per_target() {
 fn hints_that_come_while_their_target_is_read_join_the_next_read() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(trigger(of("c"), TriggerSource::Containerd, 1), t0);
+    scheduler.push(trigger(of("c"), Source::Containerd, 1), t0);
     let reading = scheduler.next_due(t0).expect("c's read");
     assert!(reading.read);
 
     for second in 2..5 {
-        scheduler.push(exited("c", TriggerSource::Containerd), t0 + second * MS);
+        scheduler.push(exited("c", Source::Containerd), t0 + second * MS);
         let tried = scheduler
             .next_due(t0 + second * MS)
             .expect("tried against the records at once");
@@ -270,7 +268,7 @@ fn reads_of_different_containers_run_side_by_side_up_to_the_limit() {
     scheduler.finished(&first.scope);
     scheduler.set_full_relist_period(Duration::from_secs(3600));
     for id in ["a", "b", "c"] {
-        scheduler.push(trigger(of(id), TriggerSource::Containerd, 1), t0);
+        scheduler.push(trigger(of(id), Source::Containerd, 1), t0);
     }
     let a = scheduler.next_due(t0).expect("a");
     let b = scheduler.next_due(t0).expect("b beside a");
@@ -290,15 +288,15 @@ fn reads_of_different_containers_run_side_by_side_up_to_the_limit() {
 fn the_full_relist_runs_beside_targeted_reads_and_lends_their_hints_its_credit() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(trigger(of("a"), TriggerSource::Containerd, 1), t0);
+    scheduler.push(trigger(of("a"), Source::Containerd, 1), t0);
     let a = scheduler.next_due(t0).expect("a");
-    scheduler.push(trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1), t0);
-    scheduler.push(trigger(Scope::All, TriggerSource::Containerd, 2), t0);
-    scheduler.push(trigger(of("b"), TriggerSource::CriEvents, 3), t0);
+    scheduler.push(trigger(Scope::Pod(uid("p")), Source::Ebpf, 1), t0);
+    scheduler.push(trigger(Scope::Node, Source::Containerd, 2), t0);
+    scheduler.push(trigger(of("b"), Source::CriEvents, 3), t0);
     let full = scheduler
         .next_due(t0)
         .expect("the full relist beside a's read");
-    assert_eq!((&full.scope, full.hints.is_empty()), (&Scope::All, true));
+    assert_eq!((&full.scope, full.hints.is_empty()), (&Scope::Node, true));
     let lent: Vec<&Scope> = full.queued.scopes().collect();
     assert_eq!(lent, [&Scope::Pod(uid("p")), &of("b")]);
     let mut beside = drain(&mut scheduler, t0);
@@ -312,15 +310,15 @@ fn the_full_relist_runs_beside_targeted_reads_and_lends_their_hints_its_credit()
     assert_eq!(scheduler.next_due(t0), None, "one full relist at a time");
     scheduler.finished(&full.scope);
     scheduler.finished(&a.scope);
-    assert_eq!(drain(&mut scheduler, t0), [Scope::All]);
+    assert_eq!(drain(&mut scheduler, t0), [Scope::Node]);
 }
 
 #[test]
 fn pod_wide_observations_are_dropped() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    let mut pod_trigger = trigger(Scope::Pod(uid("p")), TriggerSource::Ebpf, 1);
-    pod_trigger.observations = vec![exit_code(TriggerSource::Ebpf, 1)];
+    let mut pod_trigger = trigger(Scope::Pod(uid("p")), Source::Ebpf, 1);
+    pod_trigger.observations = vec![exit_code(Source::Ebpf, 1)];
     scheduler.push(pod_trigger, t0);
     let batch = scheduler.next_due(t0).expect("batch");
     assert_eq!(batch.hints.observations().count(), 0);
@@ -335,7 +333,7 @@ fn retries_back_off_by_whether_the_runtimes_events_answer_then_give_up() {
         let t0 = Instant::now();
         let mut scheduler = after_first_full(t0);
         scheduler.set_kernel_grace(grace);
-        scheduler.push(trigger(of("c"), TriggerSource::Containerd, 1), t0);
+        scheduler.push(trigger(of("c"), Source::Containerd, 1), t0);
         let mut now = t0;
         let mut batch = scheduler.next_due(now).expect("first run");
         let mut delays = Vec::new();
@@ -375,7 +373,7 @@ fn retries_back_off_by_whether_the_runtimes_events_answer_then_give_up() {
 fn a_new_trigger_during_backoff_runs_at_once_with_a_full_budget_and_the_retry_merged() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(trigger(of("c"), TriggerSource::Containerd, 1), t0);
+    scheduler.push(trigger(of("c"), Source::Containerd, 1), t0);
     let mut batch = scheduler.next_due(t0).expect("first run");
     let mut now = t0;
     for _ in 0..POLL_RETRY.max - 1 {
@@ -386,19 +384,19 @@ fn a_new_trigger_during_backoff_runs_at_once_with_a_full_budget_and_the_retry_me
     }
     scheduler.finished(&batch.scope);
     scheduler.retry(batch, now).expect("last retry allowed");
-    scheduler.push(trigger(of("c"), TriggerSource::Ebpf, 2), now);
+    scheduler.push(trigger(of("c"), Source::Ebpf, 2), now);
     let batch = scheduler.next_due(now).expect("the fresh trigger at once");
     assert_eq!(attempt(&batch), 0);
     assert_eq!(
         batch.hints.sources(),
-        BTreeSet::from([TriggerSource::Ebpf, TriggerSource::Containerd])
+        BTreeSet::from([Source::Ebpf, Source::Containerd])
     );
 }
 
 /// A scheduler whose container "lagging" was read at `t0` and is being retried.
 fn with_a_retry(t0: Instant) -> RelistScheduler {
     let mut scheduler = after_first_full(t0);
-    scheduler.push(trigger(of("lagging"), TriggerSource::Containerd, 1), t0);
+    scheduler.push(trigger(of("lagging"), Source::Containerd, 1), t0);
     let batch = scheduler.next_due(t0).expect("first run");
     scheduler.finished(&batch.scope);
     scheduler.retry(batch, t0).expect("retry allowed");
@@ -410,7 +408,7 @@ fn a_fresh_trigger_runs_before_retries_due_earlier() {
     let t0 = Instant::now();
     let mut scheduler = with_a_retry(t0);
     let later = t0 + 50 * MS;
-    scheduler.push(trigger(of("fresh"), TriggerSource::Containerd, 2), later);
+    scheduler.push(trigger(of("fresh"), Source::Containerd, 2), later);
     let first = scheduler.next_due(later).expect("both due");
     assert_eq!(first.scope, of("fresh"));
     let second = scheduler.next_due(later).expect("the retry next");
@@ -425,7 +423,7 @@ fn a_due_retry_is_passed_over_once_at_most() {
     let later = t0 + 50 * MS;
     let mut order = Vec::new();
     for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
-        scheduler.push(trigger(of(id), TriggerSource::Ebpf, 2 + i as u64), later);
+        scheduler.push(trigger(of(id), Source::Ebpf, 2 + i as u64), later);
         let batch = scheduler.next_due(later).expect("due");
         scheduler.finished(&batch.scope);
         order.push(batch.scope);
@@ -443,7 +441,7 @@ fn requested_full_relist_is_due_before_the_period() {
     scheduler.request_full_relist(t0 + 5 * MS);
     assert_eq!(scheduler.next_deadline(), Some(t0 + 5 * MS));
     let asked = scheduler.next_due(t0 + 5 * MS).expect("asked for");
-    assert_eq!(asked.scope, Scope::All);
+    assert_eq!(asked.scope, Scope::Node);
     scheduler.finished(&asked.scope);
     assert_eq!(
         scheduler.next_deadline(),
@@ -455,7 +453,7 @@ fn requested_full_relist_is_due_before_the_period() {
 fn a_container_awaiting_the_cri_store_is_read_twice_at_most_then_left_to_the_full_relist() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(exited("c", TriggerSource::Containerd), t0);
+    scheduler.push(exited("c", Source::Containerd), t0);
     let mut batch = scheduler.next_due(t0).expect("first run");
     scheduler.finished(&batch.scope);
     let mut now = t0;
@@ -487,12 +485,12 @@ fn a_container_awaiting_the_cri_store_is_read_twice_at_most_then_left_to_the_ful
 fn a_settling_read_stands_apart_comes_soon_after_the_task_is_deleted_and_drops_once_settled() {
     let t0 = Instant::now();
     let mut scheduler = after_first_full(t0);
-    scheduler.push(exited("c", TriggerSource::Containerd), t0);
+    scheduler.push(exited("c", Source::Containerd), t0);
     let batch = scheduler.next_due(t0).expect("first run");
     scheduler.finished(&batch.scope);
     assert!(scheduler.settle(&batch, cid("c"), t0));
     assert!(scheduler.settle(&batch, cid("c"), t0 + MS), "one stands");
-    scheduler.push(exited("c", TriggerSource::Containerd), t0 + MS);
+    scheduler.push(exited("c", Source::Containerd), t0 + MS);
     let fresh = scheduler.next_due(t0 + MS).expect("the trigger, at once");
     assert_eq!((fresh.settle, fresh.required), (None, false));
     assert!(
@@ -502,9 +500,9 @@ fn a_settling_read_stands_apart_comes_soon_after_the_task_is_deleted_and_drops_o
     scheduler.finished(&fresh.scope);
     assert_eq!(scheduler.next_deadline(), Some(t0 + SETTLE_DELAYS[0]));
 
-    let mut deleted = trigger(of("c"), TriggerSource::Containerd, 2);
+    let mut deleted = trigger(of("c"), Source::Containerd, 2);
     deleted.observations = vec![observation(
-        TriggerSource::Containerd,
+        Source::Containerd,
         ObservationKind::TaskDeleted,
     )];
     scheduler.push(deleted, t0 + 2 * MS);

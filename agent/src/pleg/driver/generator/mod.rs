@@ -27,7 +27,8 @@ use crate::{
         model::{
             event::NoticeKind,
             runtime::Runtime,
-            trigger::{Scope, Trigger, TriggerSource},
+            source::Source,
+            trigger::{Scope, Trigger},
         },
     },
 };
@@ -246,8 +247,8 @@ impl<R: Runtime> Generator<R> {
         started: Instant,
     ) -> bool {
         let full = match result {
-            Ok(outcome) => outcome.read == Read::Full,
-            Err(_) => batch.scope == Scope::All,
+            Ok(outcome) => outcome.read == Read::Node,
+            Err(_) => batch.scope == Scope::Node,
         };
         self.metrics
             .relisted(full, started.into_std(), started.elapsed(), result.is_ok());
@@ -312,7 +313,7 @@ impl<R: Runtime> Generator<R> {
         }
         if let Some(notices) = &self.triggers.notices {
             for (container, observation) in exhausted.hints.observations() {
-                if observation.source == TriggerSource::Ebpf {
+                if observation.source == Source::Ebpf {
                     notices.tell(
                         NoticeKind::Unconfirmed,
                         container,

@@ -14,7 +14,8 @@ use crate::{
         model::{
             event::{Notice, PodLifecycleEvent, PodLifecycleEventType},
             record::{ContainerId, ContainerState, PodUid},
-            trigger::{Observation, ObservationKind, TriggerSource},
+            source::Source,
+            trigger::{Observation, ObservationKind},
         },
         shared::{cache::PodCache, health::Health},
     },
@@ -108,7 +109,7 @@ fn add_running(runtime: &FakeRuntime, pod: &str, id: &str) {
 fn trigger(id: &str) -> Trigger {
     Trigger {
         scope: Scope::Container(ContainerId(id.into())),
-        source: TriggerSource::Containerd,
+        source: Source::Containerd,
         observed_at: SystemTime::now(),
         observations: Vec::new(),
     }
@@ -120,7 +121,7 @@ async fn triggers_saying_only_presence_pass_only_where_presence_is_news() {
         observations: kinds
             .iter()
             .map(|kind| Observation {
-                source: TriggerSource::Containerd,
+                source: Source::Containerd,
                 kind: kind.clone(),
             })
             .collect(),
@@ -174,7 +175,7 @@ async fn a_runtime_that_failed_is_read_whole_once_it_answers_again() {
         .expect("a full relist soon after the runtime answers, not at the next period")
         .unwrap();
     assert_eq!(event.container_id, ContainerId("c".into()));
-    assert_eq!(event.sources, vec![TriggerSource::Relist]);
+    assert_eq!(event.sources, vec![Source::Relist]);
     // Now they are.
     tokio::time::timeout(Duration::from_millis(1), answered)
         .await
@@ -196,17 +197,17 @@ async fn a_change_read_by_a_relist_is_credited_to_a_trigger_that_came_while_it_r
     h.runtime
         .set_state("p", "c", ContainerState::Exited, Some(137));
     let signal = Observation {
-        source: TriggerSource::Ebpf,
+        source: Source::Ebpf,
         kind: ObservationKind::Signal(9),
     };
     h.triggers.send(Trigger {
-        source: TriggerSource::Ebpf,
+        source: Source::Ebpf,
         observations: vec![signal.clone()],
         ..trigger("c")
     });
     let died = h.events.recv().await.unwrap();
     assert_eq!(died.event_type, PodLifecycleEventType::ContainerDied);
-    assert_eq!(died.sources, vec![TriggerSource::Ebpf]);
+    assert_eq!(died.sources, vec![Source::Ebpf]);
     assert_eq!(died.observations, vec![signal]);
     h.shutdown.cancel();
     h.task.await.unwrap();
@@ -218,7 +219,7 @@ async fn periodic_full_relist_finds_changes() {
     add_running(&h.runtime, "p", "c");
     let event = h.events.recv().await.unwrap();
     assert_eq!(event.event_type, PodLifecycleEventType::ContainerStarted);
-    assert_eq!(event.sources, vec![TriggerSource::Relist]);
+    assert_eq!(event.sources, vec![Source::Relist]);
     h.shutdown.cancel();
     // Stopped, it hands back the reading to save.
     let (records, sequence) = h.task.await.unwrap().relister.into_saved();
@@ -262,7 +263,7 @@ async fn a_trigger_relists_long_before_the_period() {
     h.triggers.send(trigger("c"));
     let event = h.events.recv().await.unwrap();
     assert_eq!(event.event_type, PodLifecycleEventType::ContainerDied);
-    assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+    assert_eq!(event.sources, vec![Source::Containerd]);
     assert!(tokio::time::Instant::now() - before < Duration::from_secs(1));
     h.shutdown.cancel();
     h.task.await.unwrap();
@@ -276,7 +277,7 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
     // The task service started it: the CRI store must come to show it.
     let mut started = trigger("late");
     started.observations = vec![Observation {
-        source: TriggerSource::Containerd,
+        source: Source::Containerd,
         kind: ObservationKind::TaskStarted {
             at: SystemTime::now(),
             pid: 0,
@@ -288,7 +289,7 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
     add_running(&h.runtime, "p", "late");
     let event = h.events.recv().await.unwrap();
     assert_eq!(event.container_id, ContainerId("late".into()));
-    assert_eq!(event.sources, vec![TriggerSource::Containerd]);
+    assert_eq!(event.sources, vec![Source::Containerd]);
     assert_eq!(event.pod, PodUid("p".into()));
     h.shutdown.cancel();
     h.task.await.unwrap();
@@ -305,7 +306,7 @@ async fn a_hint_the_runtime_never_confirms_is_retried_then_counted() {
     let reads_before = h.runtime.read_calls().len();
     h.triggers.send(Trigger {
         observations: vec![Observation {
-            source: TriggerSource::Containerd,
+            source: Source::Containerd,
             kind: ObservationKind::ExitCode(1),
         }],
         ..trigger("c")
@@ -342,9 +343,9 @@ async fn kernel_observations_are_told_ahead_then_unconfirmed() {
     // Not a kernel trigger: no notice.
     h.triggers.send(trigger("c"));
     h.triggers.send(Trigger {
-        source: TriggerSource::Ebpf,
+        source: Source::Ebpf,
         observations: vec![Observation {
-            source: TriggerSource::Ebpf,
+            source: Source::Ebpf,
             kind: ObservationKind::Signal(9),
         }],
         ..trigger("c")

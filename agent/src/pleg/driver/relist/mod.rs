@@ -124,8 +124,8 @@ pub enum Read {
     Nothing,
     /// One pod, or the pod of one container.
     Targeted,
-    /// The whole node.
-    Full,
+    /// The whole node (a full relist).
+    Node,
 }
 
 /// What a relist did, for the driver's next decisions and for metrics.
@@ -253,7 +253,7 @@ impl<R: Runtime> Relister<R> {
         let mut hints = pending.clone();
         loop {
             self.busy_tasks.clear();
-            let outcome = self.relist(&Scope::All, &hints, true).await?;
+            let outcome = self.relist(&Scope::Node, &hints, true).await?;
             hints = unanswered(&outcome.reread);
             // A read may wait for an exit as long as TASK_EXIT_WAIT: the next one must end in time.
             if hints.is_empty() || Instant::now() + STOP_RETRY + TASK_EXIT_WAIT > until {
@@ -346,9 +346,9 @@ impl<R: Runtime> Relister<R> {
         self.busy_tasks.retain(|_, until| *until > now);
         let resolved = self.resolve(scope);
         let step = match &resolved {
-            Scope::All => {
+            Scope::Node => {
                 self.health.relist_started(started);
-                outcome.read = Read::Full;
+                outcome.read = Read::Node;
                 Step::List
             }
             Scope::Pod(uid) => {
@@ -397,7 +397,7 @@ impl<R: Runtime> Relister<R> {
     /// while it read included: a change it found may be one of theirs).
     pub fn finish(&mut self, done: ReadDone, queued: &Hints) -> Finished {
         let ReadDone { mut job, found } = done;
-        let full = job.scope == Scope::All;
+        let full = job.scope == Scope::Node;
         let (reading, busy) = match found {
             Ok(Found::Listed(listed)) => return Finished::More(self.inspections(job, listed)),
             Ok(Found::Read { reading, busy }) => (reading, busy),

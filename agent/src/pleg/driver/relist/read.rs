@@ -113,7 +113,7 @@ impl ReadJob {
     async fn read<R: Runtime>(&mut self, runtime: &R, step: Step) -> Result<Found, RuntimeError> {
         let deadline = self.task_deadline;
         match step {
-            Step::List => Ok(Found::Listed(runtime.list_pods(&Scope::All).await?)),
+            Step::List => Ok(Found::Listed(runtime.list_pods(&Scope::Node).await?)),
             Step::Inspect {
                 mut pods,
                 to_inspect,
@@ -182,7 +182,7 @@ async fn read_pod<R: Runtime>(
     deadline: Duration,
 ) -> Found {
     let ((tasks, busy), covers, pods) = match what {
-        ToRead::Whole => {
+        ToRead::Pod => {
             let (tasks, read) = futures::join!(
                 read_tasks(runtime, tasks, deadline),
                 runtime.inspect_pod(&uid, committed)

@@ -14,7 +14,8 @@ use crate::{
         model::{
             event::{PodLifecycleEvent, PodLifecycleEventType},
             record::{ContainerRecord, TaskRecord},
-            trigger::{Observation, ObservationKind, Scope, TriggerSource},
+            source::Source,
+            trigger::{Observation, ObservationKind, Scope},
         },
         shared::health::HealthError,
     },
@@ -185,7 +186,7 @@ fn ev(pod: &str, id: &str, t: PodLifecycleEventType) -> (String, String, PodLife
 
 async fn relist_all(h: &mut Harness) -> RelistOutcome {
     h.relister
-        .relist(&Scope::All, &Hints::default(), true)
+        .relist(&Scope::Node, &Hints::default(), true)
         .await
         .expect("relist")
 }
@@ -281,7 +282,7 @@ async fn start_kill_remove() {
     let mut h = default_harness();
     add_running_pod(&h.runtime, "p", &["c"]);
     let outcome = relist_all(&mut h).await;
-    assert_eq!((outcome.events_sent, outcome.read), (2, Read::Full));
+    assert_eq!((outcome.events_sent, outcome.read), (2, Read::Node));
     let events = drain(&mut h.events);
     assert_eq!(
         summary(&events),
@@ -292,7 +293,7 @@ async fn start_kill_remove() {
     );
     assert_eq!(events[0].container_name, "c-name");
     assert_eq!(events[0].pod_name, "p-name");
-    assert_eq!(events[0].sources, [TriggerSource::Relist]);
+    assert_eq!(events[0].sources, [Source::Relist]);
     assert_eq!(events[0].confirmed_by, Some(Store::Cri));
     assert_eq!(h.relister.pod_of(&cid("c")), Some(uid("p")));
     assert_eq!(h.health.check(), Ok(()));
@@ -412,12 +413,12 @@ fn exec_hint(id: &str) -> Hints {
     hints.insert(
         Scope::Container(cid(id)),
         Hint {
-            sources: [TriggerSource::Ebpf].into(),
+            sources: [Source::Ebpf].into(),
             observed_at: SystemTime::UNIX_EPOCH,
             observations: vec![(
                 cid(id),
                 Observation {
-                    source: TriggerSource::Ebpf,
+                    source: Source::Ebpf,
                     kind: ObservationKind::Exec("/app".into()),
                 },
             )],
@@ -451,7 +452,7 @@ async fn a_new_container_is_read_again_until_the_runtime_holds_it() {
     assert_eq!(whys(&outcome), []);
     let events = drain(&mut h.events);
     assert_eq!(summary(&events), [ev("p", "new", ContainerStarted)]);
-    assert_eq!(events[0].sources, [TriggerSource::Ebpf]);
+    assert_eq!(events[0].sources, [Source::Ebpf]);
     assert_eq!(events[0].observations.len(), 1);
 }
 
@@ -487,7 +488,7 @@ async fn a_task_exit_confirms_a_death_with_no_runtime_call() {
     relist_all(&mut h).await;
     drain(&mut h.events);
 
-    let hints = pod_hints("p", &[("c", TriggerSource::Containerd, exit(137, 7))]);
+    let hints = pod_hints("p", &[("c", Source::Containerd, exit(137, 7))]);
     let scope = Scope::Pod(uid("p"));
     let before = calls(&h);
     let outcome = relist_on(&mut h, &scope, &hints).await;
@@ -562,7 +563,7 @@ async fn a_task_record_beside_an_unspecific_hint_still_reads() {
     relist_all(&mut h).await;
     drain(&mut h.events);
     h.runtime.set_container("p", container("d", "d", Running));
-    let mut hints = pod_hints("p", &[("c", TriggerSource::Containerd, exit(1, 0))]);
+    let mut hints = pod_hints("p", &[("c", Source::Containerd, exit(1, 0))]);
     for (target, hint) in pod_hints("p", &[]) {
         hints.insert(target, hint);
     }
@@ -587,7 +588,7 @@ async fn a_start_the_task_service_recorded_is_published_though_the_reading_shows
     let runtime_said = |observations: &[ObservationKind]| {
         let observations: Vec<_> = observations
             .iter()
-            .map(|o| ("d", TriggerSource::Containerd, o.clone()))
+            .map(|o| ("d", Source::Containerd, o.clone()))
             .collect();
         let mut hints = pod_hints("p", &observations);
         for (target, hint) in pod_hints("p", &[]) {
@@ -640,10 +641,7 @@ async fn kernel_death_of_running_container() -> (Harness, Scope, Hints) {
     add_running_pod(&h.runtime, "p", &["c"]);
     relist_all(&mut h).await;
     drain(&mut h.events);
-    let hints = pod_hints(
-        "p",
-        &[("c", TriggerSource::Ebpf, ObservationKind::Signal(9))],
-    );
+    let hints = pod_hints("p", &[("c", Source::Ebpf, ObservationKind::Signal(9))]);
     (h, Scope::Pod(uid("p")), hints)
 }
 
@@ -728,7 +726,7 @@ async fn a_kernel_death_is_confirmed_by_the_task_service_never_alone() {
     let events = drain(&mut h.events);
     assert_eq!(summary(&events), [ev("p", "c", ContainerDied)]);
     assert_eq!(events[0].confirmed_by, Some(Store::Task));
-    assert_eq!(events[0].sources, [TriggerSource::Ebpf]);
+    assert_eq!(events[0].sources, [Source::Ebpf]);
     assert_eq!(h.runtime.task_calls(), [cid("c")]);
 
     // The task still runs past the wait: not confirmed, and not asked again at once.
@@ -825,8 +823,8 @@ async fn confirming_by_the_cri_store_waits_for_it() {
     let hints = pod_hints(
         "p",
         &[
-            ("c", TriggerSource::Containerd, exit(137, 0)),
-            ("c", TriggerSource::Ebpf, ObservationKind::Signal(9)),
+            ("c", Source::Containerd, exit(137, 0)),
+            ("c", Source::Ebpf, ObservationKind::Signal(9)),
         ],
     );
     h.runtime.set_task(
@@ -857,10 +855,7 @@ async fn a_deleted_container_does_not_come_back_from_a_lagging_listing() {
     h.runtime.set_state("p", "c", Exited, Some(0));
     relist_all(&mut h).await;
     drain(&mut h.events);
-    let deleted = pod_hints(
-        "p",
-        &[("c", TriggerSource::Containerd, ObservationKind::Deleted)],
-    );
+    let deleted = pod_hints("p", &[("c", Source::Containerd, ObservationKind::Deleted)]);
     let outcome = relist_on(&mut h, &Scope::Pod(uid("p")), &deleted).await;
     assert_eq!(outcome.read, Read::Nothing);
     assert_eq!(
@@ -898,7 +893,7 @@ async fn a_failed_list_keeps_state_and_reports_the_error() {
     h.runtime.fail_lists(true);
     let result = h
         .relister
-        .relist(&Scope::All, &Hints::default(), true)
+        .relist(&Scope::Node, &Hints::default(), true)
         .await;
     assert!(matches!(result, Err(RelistError::List(_))));
     assert_eq!(h.health.check(), Err(HealthError::NeverSucceeded));
@@ -913,7 +908,7 @@ async fn a_hanging_relist_makes_health_fail() {
     h.runtime.set_hang(true);
     let stuck = h
         .relister
-        .relist(&Scope::All, &Hints::default(), true)
+        .relist(&Scope::Node, &Hints::default(), true)
         .now_or_never();
     assert!(stuck.is_none());
     tokio::time::advance(DEFAULT_RELIST_THRESHOLD + Duration::from_secs(1)).await;
