@@ -10,4 +10,5 @@ pub mod bus;
 pub(crate) mod capabilities;
 pub mod fds;
 pub mod heap;
+pub mod host;
 pub mod metrics;

@@ -103,15 +103,6 @@ pub(super) fn check_ring_size(bytes: u32, page: u64) -> Result<(), ConfigError> 
     }
 }
 
-/// This machine's page size; 4 KiB if it cannot be read (it always can on Linux).
-pub(super) fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|page| u64::try_from(page).ok())
-        .unwrap_or(4096)
-}
-
 /// The longest duration a setting takes: a year (humantime's, 365.25 days, so that the
 /// message says `1year`).
 const MAX_DURATION: Duration = Duration::from_secs(31_557_600);

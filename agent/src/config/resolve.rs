@@ -7,9 +7,10 @@ use super::{
     ApiLimits, Config, ConfigError, Mode, OtlpConfig, RunArgs,
     args::human,
     file::{parse_file, read_file},
-    limits::{check_ring_size, page_size},
+    limits::check_ring_size,
 };
 use crate::{
+    base::host::page_size,
     pleg::Source,
     runtime::{Keys, PodMetadata},
 };

@@ -16,7 +16,6 @@ use anyhow::{Context as _, Result, bail};
 use super::{
     Options,
     apt_lock::{INSTALL_LOCKS, UPDATE_LOCKS, with_locks},
-    kernels::VM_APT_PACKAGES,
     programs::{SYSTEM_DIRS, find_program, is_executable, program_version},
     summary::{State, Summary, say},
 };
@@ -61,6 +60,17 @@ pub const TEST_PACKAGES: &[&str] = &[
     "golang-google-protobuf-dev",
     "protoc-gen-go",
     "protoc-gen-go-grpc",
+];
+
+/// Debian packages `cargo xtask kernels` and `cargo xtask node` need: QEMU (the VM, TCG), venv
+/// (for virtme-ng); for `node`'s own Debian root: mmdebstrap, e2fsprogs (`mke2fs -d` makes its
+/// disk images without a loop device) and cpio (its initramfs).
+pub const VM_APT_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "python3-venv",
+    "mmdebstrap",
+    "e2fsprogs",
+    "cpio",
 ];
 
 /// Programs that must be runnable once [`BUILD_PACKAGES`] are in.

@@ -18,17 +18,6 @@ use super::{
 };
 use crate::tools::cmd::{capture, failure, output, stream};
 
-/// Debian packages `cargo xtask kernels` and `cargo xtask node` need: QEMU (the VM, TCG), venv
-/// (for virtme-ng); for `node`'s own Debian root: mmdebstrap, e2fsprogs (`mke2fs -d` makes its
-/// disk images without a loop device) and cpio (its initramfs).
-pub const VM_APT_PACKAGES: &[&str] = &[
-    "qemu-system-x86",
-    "python3-venv",
-    "mmdebstrap",
-    "e2fsprogs",
-    "cpio",
-];
-
 /// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
 pub const VIRTME_NG_VERSION: &str = "1.42";
 

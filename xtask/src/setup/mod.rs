@@ -30,7 +30,7 @@
 //!
 //! With `--vm`, also what `cargo xtask kernels` and `cargo xtask node` need to boot other
 //! kernels in a VM (its rows in the summary start with `kernels:`):
-//! 10. apt packages [`kernels::VM_APT_PACKAGES`] (QEMU, python3-venv, mmdebstrap, e2fsprogs,
+//! 10. apt packages [`apt::VM_APT_PACKAGES`] (QEMU, python3-venv, mmdebstrap, e2fsprogs,
 //!     cpio);
 //! 11. one Debian kernel package per [`KernelSeries`], the newest the archive offers unless one
 //!    of that series is installed already (5.10 from bullseye, through the private apt

@@ -14,11 +14,13 @@ use plegd_common::{
 use tracing::debug;
 
 use crate::{
+    base::host::page_size,
     pleg::{ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Source, Trigger},
     sources::ebpf::{
         cgroup_path,
         index::CgroupIndex,
         oom::{self, OomCounts},
+        text::text,
     },
 };
 
@@ -432,12 +434,6 @@ fn exit_observation(status: i32) -> ObservationKind {
     }
 }
 
-/// A NUL-terminated kernel string.
-pub(super) fn text(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// The wall-clock time of a `bpf_ktime_get_ns()` stamp.
 pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
     // CLOCK_MONOTONIC cannot fail on Linux; a zero "now" would only make the age zero.
@@ -446,13 +442,6 @@ pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
         .unwrap_or_default();
     let age = mono_now.saturating_sub(Duration::from_nanos(ktime_ns));
     SystemTime::now() - age
-}
-
-/// The kernel's page size in bytes (4 KiB where it cannot be read).
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 /// A kernel event as the probes write it, for tests: pid 42, no status.

@@ -28,6 +28,7 @@ pub mod features;
 pub(crate) mod index;
 pub(crate) mod inits;
 pub(crate) mod oom;
+mod text;
 
 use std::{collections::HashSet, os::fd::AsFd as _, path::PathBuf, sync::Arc, time::Duration};
 

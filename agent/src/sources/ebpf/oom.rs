@@ -26,7 +26,7 @@ use plegd_common::{
 
 use crate::{
     pleg::{OomKill, OomScope},
-    sources::ebpf::{cgroup_path, decode::text},
+    sources::ebpf::{cgroup_path, text::text},
 };
 
 /// Pages a cgroup may be below its limit and still count as at it: a charge that failed left
