@@ -444,6 +444,29 @@ impl PrivateApt {
         cmd.env("DEBIAN_FRONTEND", "noninteractive");
         cmd
     }
+
+    /// Downloads `package` (`name` or `name=version`) into a fresh `debs/<folder>` of the
+    /// private apt; the `.deb` it left.
+    pub(super) fn download(&self, package: &str, folder: &str) -> Result<PathBuf> {
+        let debs = Path::new(PRIVATE_APT).join("debs").join(folder);
+        if debs.exists() {
+            fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+        }
+        fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+        stream(
+            self.command("apt-get")
+                .args(["-q", "download"])
+                .arg(package)
+                .current_dir(&debs),
+        )
+        .with_context(|| format!("downloading {package}"))?;
+        fs::read_dir(&debs)
+            .with_context(|| format!("reading {}", debs.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "deb"))
+            .with_context(|| format!("apt-get download left no .deb in {}", debs.display()))
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use super::{
     programs::{is_executable, program_version},
     summary::{State, Summary, say},
 };
-use crate::tools::cmd::{capture, stream};
+use crate::tools::cmd::capture;
 
 /// A containerd release the test harness can run instead of the system's (chosen per run with
 /// `PLEGD_TEST_CONTAINERD=<label>`), taken from a Debian suite.
@@ -128,24 +128,7 @@ fn unpacked_release(release: &ContainerdRelease) -> Option<String> {
 /// whatever was there), through a `.partial` directory so a failed run leaves nothing that
 /// looks complete.
 fn unpack_release(apt: &PrivateApt, release: &ContainerdRelease, version: &str) -> Result<()> {
-    let debs = Path::new(PRIVATE_APT).join("debs").join(release.label);
-    if debs.exists() {
-        fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
-    }
-    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
-    stream(
-        apt.command("apt-get")
-            .args(["-q", "download"])
-            .arg(format!("containerd={version}"))
-            .current_dir(&debs),
-    )
-    .with_context(|| format!("downloading containerd {version}"))?;
-    let deb = fs::read_dir(&debs)
-        .with_context(|| format!("reading {}", debs.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .with_context(|| format!("apt-get download left no .deb in {}", debs.display()))?;
+    let deb = apt.download(&format!("containerd={version}"), release.label)?;
 
     let dir = Path::new(CONTAINERD_ROOT).join(release.label);
     let partial = dir.with_extension("partial");

@@ -1,11 +1,7 @@
 //! What the VM steps (`cargo xtask kernels`, `node`) boot: QEMU and the other apt packages
 //! they use, one Debian kernel per [`KernelSeries`], and virtme-ng.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -16,7 +12,7 @@ use super::{
     programs::find_program,
     summary::{State, Summary, say},
 };
-use crate::tools::cmd::{capture, failure, output, stream};
+use crate::tools::cmd::{capture, failure, output};
 
 /// The virtme-ng release installed from PyPI (pinned: its command line changes between releases).
 pub const VIRTME_NG_VERSION: &str = "1.42";
@@ -235,24 +231,7 @@ fn install_private_kernel(series: KernelSeries, suite: &str, step: &str) -> Resu
         .newest(names.lines().map(str::trim))
         .map(str::to_owned)
         .with_context(|| format!("Debian {suite} offers no {prefix}*"))?;
-    let debs = Path::new(PRIVATE_APT).join("debs").join(series.name());
-    if debs.exists() {
-        fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
-    }
-    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
-    stream(
-        apt.command("apt-get")
-            .args(["-q", "download"])
-            .arg(&package)
-            .current_dir(&debs),
-    )
-    .with_context(|| format!("downloading {package}"))?;
-    let deb = fs::read_dir(&debs)
-        .with_context(|| format!("reading {}", debs.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .with_context(|| format!("apt-get download left no .deb in {}", debs.display()))?;
+    let deb = apt.download(&package, series.name())?;
     say(
         step,
         format!("installing {package} (writes /boot and /lib/modules)"),
