@@ -116,13 +116,28 @@ async fn a_death_leaves_with_the_reason_cri_shows() {
         assert_eq!(same_reason(&mut plegd, &cri, &exits, &what).await, expected);
     }
 
-    let hog = cri
-        .run_container(&pod, &ContainerSpec::oom_init("hog"))
-        .await
-        .unwrap();
-    let shown = same_reason(&mut plegd, &cri, &hog, "OOM kill of the init").await;
-    assert_eq!(plegd.last_of(&hog)["exit_code"], 137);
-    assert_eq!(shown, "OOMKilled");
+    // containerd's shim misses an OOM event now and then on a loaded machine (cgroup v1's
+    // event notification), and its CRI store then says Error, as plegd must too: a hog is
+    // tried up to three times for one whose OOM kill the runtime saw. plegd's reason is held
+    // to CRI's every time.
+    let mut shown = Vec::new();
+    for attempt in 0..3 {
+        let hog = cri
+            .run_container(&pod, &ContainerSpec::oom_init(&format!("hog-{attempt}")))
+            .await
+            .unwrap();
+        let reason = same_reason(&mut plegd, &cri, &hog, "OOM kill of the init").await;
+        assert_eq!(plegd.last_of(&hog)["exit_code"], 137);
+        shown.push(reason);
+        if shown.last().is_some_and(|r| r == "OOMKilled") {
+            break;
+        }
+    }
+    assert_eq!(
+        shown.last().map(String::as_str),
+        Some("OOMKilled"),
+        "the runtime saw no OOM kill in three: {shown:?}"
+    );
 
     // The deaths above were confirmed by containerd's task records: their pod is read again
     // once the CRI store has caught up. Counted apart from the child's OOM kill below.

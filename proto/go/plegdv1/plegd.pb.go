@@ -174,7 +174,8 @@ func (TriggerSource) EnumDescriptor() ([]byte, []int) {
 	return file_plegd_v1_plegd_proto_rawDescGZIP(), []int{1}
 }
 
-// Which of the runtime's records a container's state comes from.
+// Which of the runtime's stores a container's state comes from (plegd's docs and code call
+// them stores; the enum keeps the name it was published with).
 type Layer int32
 
 const (
