@@ -44,9 +44,9 @@ use crate::pleg::{
 /// How reconcile decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// The runtime record that confirms a start, an exit or a removal: the task layer takes
+    /// The runtime record that confirms a start, an exit or a removal: the task store takes
     /// the runtime's own records the triggers carry (`/tasks/start`, `/tasks/exit`,
-    /// `/containers/delete`) and its task status; the CRI layer only its CRI store.
+    /// `/containers/delete`) and its task status; the CRI store only its own record.
     pub confirm: Store,
     /// Send `ContainerChanged` events; kubelet computes but never sends them.
     pub emit_changed: bool,
