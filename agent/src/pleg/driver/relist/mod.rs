@@ -314,6 +314,15 @@ impl<R: Runtime> Relister<R> {
             started,
             read,
         );
+        // What the runtime's own records committed stands against a read begun before them: a
+        // read still in flight that shows the container running must not take back its
+        // /tasks/exit (on the containerd backend, a task record's Running would read as a
+        // restart in place: a second ContainerStarted).
+        for (id, observation) in hints.observations() {
+            if observation.kind.is_runtime_record() {
+                self.committed.shown(id, started);
+            }
+        }
         let left = unanswered(&answered.reread);
         // A settling read (no hint) of a container the runtime removed since: its last record
         // stands, the store has nothing more to tell.

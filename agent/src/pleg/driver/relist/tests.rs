@@ -554,6 +554,43 @@ async fn a_task_exit_confirms_a_death_with_no_runtime_call() {
     );
 }
 
+/// A read in flight when the runtime's /tasks/exit came, showing the container still running
+/// by its task record (the containerd backend), does not take the death back: no second
+/// ContainerStarted (the soak saw one, with the containerd backend through a plegd restart).
+#[tokio::test]
+async fn a_read_begun_before_a_task_exit_does_not_take_it_back() {
+    let mut h = default_harness();
+    add_running_pod(&h.runtime, "p", &["c"]);
+    let mut running = container("c", "c-name", Running);
+    running.confirmed_by = Store::Task;
+    h.runtime.set_container("p", running);
+    relist_all(&mut h).await;
+    drain(&mut h.events);
+
+    let scope = Scope::Pod(uid("p"));
+    let killed = pod_hints("p", &[("c", Source::Ebpf, ObservationKind::Signal(9))]);
+    let Begun::Read(stale) = h
+        .relister
+        .begin(&scope, &killed, &Hints::default(), true, true)
+    else {
+        panic!("a read of the pod");
+    };
+    let exited = pod_hints("p", &[("c", Source::Containerd, exit(137, 7))]);
+    relist_on(&mut h, &scope, &exited).await;
+    assert_eq!(
+        summary(&drain(&mut h.events)),
+        [ev("p", "c", ContainerDied)]
+    );
+
+    let done = stale.run(Arc::clone(h.relister.runtime())).await;
+    let _ = h.relister.finish(done, &Hints::default());
+    assert!(
+        drain(&mut h.events).is_empty(),
+        "the stale reading's Running stays behind the exit"
+    );
+    assert_eq!(cached(&h, "p", "c").state, Exited);
+}
+
 /// A task record does not stand in for a reading when another trigger behind the relist
 /// needs one (a container the runtime created): the pod is read and both changes found.
 #[tokio::test]
