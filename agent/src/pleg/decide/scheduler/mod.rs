@@ -249,6 +249,8 @@ pub struct RelistScheduler {
     kernel_grace: Duration,
     /// A due retry was passed over for a fresh trigger: the next turn is a retry's.
     retry_passed_over: bool,
+    /// Whether a full relist has ended in this run: none is read on its own before.
+    first_full_done: bool,
 }
 
 impl RelistScheduler {
@@ -265,6 +267,7 @@ impl RelistScheduler {
             full_requested: None,
             kernel_grace: Duration::ZERO,
             retry_passed_over: false,
+            first_full_done: false,
         }
     }
 
@@ -403,7 +406,10 @@ impl RelistScheduler {
     /// The read of `scope` (a batch handed out to read) is done: its target can be read again.
     pub fn finished(&mut self, scope: &Scope) {
         match scope {
-            Scope::Node => self.in_flight.full = false,
+            Scope::Node => {
+                self.in_flight.full = false;
+                self.first_full_done = true;
+            }
             target => {
                 self.in_flight.targets.remove(target);
             }
@@ -435,6 +441,12 @@ impl RelistScheduler {
         if self.full_relist_due(now) && self.in_flight.admits(&Scope::Node, 0) {
             self.full_relisted(now);
             return Some(Self::full_batch());
+        }
+        // A run's first full relist is the baseline every later read is held against (and a
+        // resyncing watcher's listing): no target is read beside it, so none is committed
+        // before it, half-read.
+        if !self.first_full_done {
+            return None;
         }
         self.end_waits(Some(now));
         // Fresh triggers before retries, each in due order: a retry waits on a runtime that
@@ -559,12 +571,18 @@ impl RelistScheduler {
     pub fn next_deadline(&self) -> Option<Instant> {
         let limit = self.config.reads_in_flight;
         let full_waits = !self.in_flight.admits(&Scope::Node, 0);
-        let startable = |target: &Scope| self.in_flight.admits(target, limit);
+        // Nothing is read on its own before the run's first full relist has ended.
+        let startable =
+            |target: &Scope| self.first_full_done && self.in_flight.admits(target, limit);
         let pending = self.pending.iter().filter_map(|(target, p)| {
             let tried_now = !p.tried && self.in_flight.reads(target);
             (tried_now || startable(target)).then_some(p.due)
         });
-        let waiting = self.waiting.values().map(|w| w.due);
+        let waiting = self
+            .waiting
+            .values()
+            .filter(|_| self.first_full_done)
+            .map(|w| w.due);
         let settling = self
             .settling
             .iter()

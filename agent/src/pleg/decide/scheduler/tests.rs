@@ -516,3 +516,27 @@ fn a_settling_read_stands_apart_comes_soon_after_the_task_is_deleted_and_drops_o
     scheduler.settled(&cid("c"));
     assert_eq!(scheduler.next_due(t0 + SETTLE_DELAYS[0]), None);
 }
+
+/// A run's first full relist is read alone: a trigger that comes meanwhile waits for its end,
+/// and the loop is not woken for it. A target read beside it was committed before the
+/// baseline, half-read, and a watcher resyncing on the listing missed containers the runtime
+/// had (the soak's plegd-crash runs).
+#[test]
+fn nothing_is_read_beside_the_first_full_relist() {
+    let t0 = Instant::now();
+    let mut scheduler = RelistScheduler::new(SchedulerConfig::default(), t0);
+    let first = scheduler.next_due(t0).expect("the first full relist");
+    assert_eq!(first.scope, Scope::Node);
+    scheduler.push(exited("c", Source::Containerd), t0 + MS);
+    assert_eq!(scheduler.next_due(t0 + 2 * MS), None);
+    assert_eq!(
+        scheduler.next_deadline(),
+        None,
+        "woken by the full relist's end"
+    );
+    scheduler.finished(&first.scope);
+    let read = scheduler
+        .next_due(t0 + 3 * MS)
+        .expect("c, once it has ended");
+    assert_eq!((&read.scope, read.read), (&of("c"), true));
+}
