@@ -285,10 +285,7 @@ async fn termination_counters_rise_by_exactly_the_deaths() {
     // and is corrected by a ContainerChanged (`plegd_reason_corrections_total`, a relist
     // later): against the store, every death is counted under its reason or corrected, exactly.
     let n = N as f64;
-    // A correction the settling reads missed (the CRI store later than 1.3 s, under load) comes
-    // with the next full relist: the default period (30 s) and a margin.
-    let catch_up = plegd::config::DEFAULT_SLOW_RELIST_PERIOD + Duration::from_secs(15);
-    let after = plegd_tests::wait::until("the counters account for every death", catch_up, || {
+    let after = plegd_tests::wait::until("the counters account for every death", DEADLINE, || {
         let after = counts(&plegd);
         let corrected = after.3 - before.3;
         async move { anyhow::Ok((after.0 - before.0 + corrected >= shown.0).then_some(after)) }
