@@ -13,7 +13,8 @@
 //!   busy node costs grow with the containers that change, not with the triggers about them.
 //! - Reads of different targets run side by side (up to [`DEFAULT_READS_IN_FLIGHT`], and the
 //!   full relist beside them): one slow read (a shim busy with its cleanup, a listing of a busy
-//!   node) holds up no other. What a read begun later showed stands against one begun earlier
+//!   node) holds up no other; but a run's first full relist, the baseline, is read alone. What
+//!   a read begun later showed stands against one begun earlier
 //!   (`crate::pleg::decide::reconcile::fresh`). The full relist carries no hint (each goes
 //!   on to its own read), but lends them all its credit: the events it finds are still
 //!   credited to the sources that saw them first.
