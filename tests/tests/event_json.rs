@@ -96,7 +96,7 @@ async fn each_event_type_has_the_fields_consuming_md_shows() {
     assert_eq!(
         started["pod_labels"],
         serde_json::json!({"app": "web"}),
-        "only the labels --pod-labels names"
+        "only the labels --pod-labels names: {started}"
     );
     assert_eq!(
         started["pod_annotations"]["example.com/owner"], "alice",
@@ -151,7 +151,14 @@ async fn each_event_type_has_the_fields_consuming_md_shows() {
         })
         .filter_map(|l| l["type"].as_str())
         .collect();
-    assert_eq!(shown, made, "an example of each type, none of another");
+    let others: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["type"].as_str().is_some_and(|t| !shown.contains(t)))
+        .collect();
+    assert_eq!(
+        shown, made,
+        "an example of each type, none of another; the others: {others:#?}"
+    );
     drop(watch);
     plegd.stop().await;
     api.stopped();

@@ -3,6 +3,7 @@
 //! errors for unreachable or silent sockets.
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     time::{Duration, Instant},
 };
@@ -13,12 +14,12 @@ use plegd::{
         ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid, Runtime, RuntimeError,
         Scope,
     },
-    runtime::{AnyRuntime, ConnectError, RuntimeKind, RuntimeOptions},
+    runtime::{AnyRuntime, ConnectError, Keys, PodMetadata, RuntimeKind, RuntimeOptions},
 };
 use plegd_tests::{
     ContainerdOptions, Node, PrivateContainerd,
     containerd::{CRI_NAMESPACE, NATIVE_NAMESPACE},
-    cri::ContainerSpec,
+    cri::{ContainerSpec, PidMode},
     native::{Native, NativeSpec},
     wait,
 };
@@ -259,6 +260,69 @@ fn record_of<'a>(pods: &'a [PodRecord], id: &str) -> &'a ContainerRecord {
         .find(|p| p.containers.contains_key(&ContainerId(id.to_owned())))
         .unwrap_or_else(|| panic!("{id} not in {pods:#?}"));
     record(pod, id)
+}
+
+/// A container read by id before its pod was committed (a hint or the task service's event
+/// ahead of the pod's listing) carries the pod's kept labels and annotations: its first event
+/// goes out with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_read_before_its_pod_has_the_pods_labels() {
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
+    let pod = cri
+        .run_pod_with("labelled", PidMode::Container, |config| {
+            config.labels.insert("app".into(), "web".into());
+            config.labels.insert("team".into(), "core".into());
+            config
+                .annotations
+                .insert("example.com/owner".into(), "alice".into());
+        })
+        .await
+        .unwrap();
+    let id = cri
+        .run_container(&pod, &ContainerSpec::sleeper("app"))
+        .await
+        .unwrap();
+    let kept = PodMetadata {
+        labels: Keys::from_list(&["app".to_owned()]),
+        annotations: Keys::All,
+        ..PodMetadata::default()
+    };
+    for kind in KINDS {
+        for (metadata, labels, annotations) in [
+            (PodMetadata::default(), vec![], vec![]),
+            (
+                kept.clone(),
+                vec![("app", "web")],
+                vec![("example.com/owner", "alice")],
+            ),
+        ] {
+            let options = RuntimeOptions {
+                pod_metadata: metadata,
+                ..RuntimeOptions::default()
+            };
+            let runtime = AnyRuntime::connect(kind, &containerd.socket(), options)
+                .await
+                .unwrap();
+            let read = runtime
+                .read_containers(&[ContainerId(id.clone())], None)
+                .await
+                .unwrap();
+            let found = read[0].found.as_ref().expect("the container is found");
+            let map = |list: &[(&str, &str)]| -> BTreeMap<String, String> {
+                list.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            };
+            assert_eq!(
+                (&found.labels, &found.annotations),
+                (&map(&labels), &map(&annotations)),
+                "{kind}: {found:#?}"
+            );
+            assert_eq!(found.uid.0, pod.uid, "{kind}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,16 +232,9 @@ impl CriRuntime {
         let found = match status {
             Some(status) => {
                 let record = status_record(&status);
-                let identity = match committed {
-                    Some(pod) => Some(PodIdentity::of(pod)),
-                    None => labelled_pod(&status.labels),
-                };
-                match identity {
-                    Some(identity) => Some(identity.with(record)),
-                    None => self
-                        .listed_pod(id)
-                        .await?
-                        .map(|pod| PodIdentity::of(&pod).with(record)),
+                match committed {
+                    Some(pod) => Some(PodIdentity::of(pod).with(record)),
+                    None => self.first_seen_pod(id, &status.labels, record).await?,
                 }
             }
             None if sandbox == Some(false) => None,
@@ -263,6 +256,48 @@ impl CriRuntime {
             id: id.clone(),
             found,
         })
+    }
+
+    /// The pod of a container read before its pod was committed, with the sandbox's labels and
+    /// annotations: a container's status has neither, and its first event would go out
+    /// without them (the pod's own listing, read beside it, may commit after it). kubelet's
+    /// labels name the pod and one ListPodSandbox brings what is kept (none when nothing is);
+    /// a container without them is found by its listing.
+    async fn first_seen_pod(
+        &self,
+        id: &ContainerId,
+        labels: &HashMap<String, String>,
+        record: ContainerRecord,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
+        let Some(identity) = labelled_pod(labels) else {
+            return Ok(self.listed_pod(id).await?.map(|mut listed| {
+                listed.containers = PodIdentity::of(&listed).with(record).containers;
+                listed
+            }));
+        };
+        let mut pod = identity.with(record);
+        if self.pod_metadata.kept.keeps_any() {
+            let sandboxes = self
+                .sandboxes(Some(PodSandboxFilter {
+                    label_selector: HashMap::from([(POD_UID_LABEL.to_owned(), pod.uid.0.clone())]),
+                    ..Default::default()
+                }))
+                .await?;
+            // The ready one, when a restart left others behind.
+            if let Some(sandbox) = sandboxes.iter().max_by_key(|s| {
+                (
+                    s.state == cri::PodSandboxState::SandboxReady as i32,
+                    s.created_at,
+                )
+            }) {
+                let kept = self
+                    .pod_metadata
+                    .keep(&sandbox.labels, &sandbox.annotations);
+                pod.labels = kept.labels;
+                pod.annotations = kept.annotations;
+            }
+        }
+        Ok(Some(pod))
     }
 
     /// The pod a listing finds `id` in.
