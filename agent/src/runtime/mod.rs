@@ -216,7 +216,8 @@ impl MetadataKeeper {
 
 /// `listed`'s record in `known` when a status call would only repeat it: the runtime's status
 /// of a container (exit code, reason, times) does not change while its state does not. A
-/// record the task service confirmed ahead of the CRI store is read again, for CRI's reason.
+/// record the task service confirmed ahead of the CRI store is read again, for CRI's reason,
+/// and so is one awaiting the OOM kill containerd told ([`ContainerRecord::awaits_cri`]).
 pub fn known_status<'a>(
     known: Option<&'a PodRecord>,
     listed: &ContainerRecord,
@@ -224,7 +225,7 @@ pub fn known_status<'a>(
     known?
         .containers
         .get(&listed.id)
-        .filter(|k| k.state == listed.state && k.confirmed_by == Store::Cri)
+        .filter(|k| k.state == listed.state && k.confirmed_by == Store::Cri && !k.awaits_cri())
 }
 
 #[cfg(test)]

@@ -156,6 +156,20 @@ impl ContainerRecord {
         !self.oom_killed_by.is_empty()
     }
 
+    /// Whether its record awaits the CRI store, which tells an exit's reason (OOMKilled,
+    /// Completed, ...): an exit only the task service confirmed, or one the CRI store showed
+    /// before it recorded the OOM kill containerd told (`/tasks/oom` comes apart from
+    /// `/tasks/exit`, and the CRI plugin records it as it comes, exited or not). A start the
+    /// task service confirmed awaits nothing worth a read: the next full relist's listing finds
+    /// the store caught up.
+    pub fn awaits_cri(&self) -> bool {
+        self.state == ContainerState::Exited
+            && (self.confirmed_by == Store::Task
+                || (!self.sandbox
+                    && self.oom_killed_for(OomWitness::Runtime)
+                    && self.reason != exit_reason(0, true)))
+    }
+
     /// Whether `witness` says the OOM killer killed one of its processes: what decides its
     /// death's reason until the CRI store shows one.
     pub fn oom_killed_for(&self, witness: OomWitness) -> bool {

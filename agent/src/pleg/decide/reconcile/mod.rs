@@ -215,7 +215,8 @@ pub struct Correction {
 }
 
 impl Correction {
-    /// The correction of `told` (a death the task service confirmed, its reason predicted)
+    /// The correction of `told` (a death the task service confirmed, its reason predicted, or
+    /// one the CRI store showed before the OOM kill containerd told: [`ContainerRecord::awaits_cri`])
     /// by `shown` (the CRI store's record of it), if they differ.
     fn of(told: &ContainerRecord, shown: &ContainerRecord) -> Option<Self> {
         let exited = |c: &ContainerRecord, store| {
@@ -224,7 +225,7 @@ impl Correction {
         // An empty reason was told by no one (a record an older plegd saved): the store
         // fills it in.
         let differ = !told.reason.is_empty() && told.reason != shown.reason;
-        (exited(told, Store::Task) && exited(shown, Store::Cri) && differ).then(|| Self {
+        (told.awaits_cri() && exited(shown, Store::Cri) && differ).then(|| Self {
             container: told.id.clone(),
             told: told.reason.clone(),
             shown: shown.reason.clone(),
@@ -519,7 +520,7 @@ fn newly_unsettled(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<Cont
     };
     new.containers
         .values()
-        .filter(|c| awaits_cri(c))
+        .filter(|c| c.awaits_cri())
         .filter(|c| old.and_then(|old| old.containers.get(&c.id)) != Some(*c))
         .map(|c| c.id.clone())
         .collect()
@@ -544,15 +545,8 @@ fn shown(reading: Option<&PodReading>) -> impl Iterator<Item = &ContainerId> {
     pod.into_iter().flat_map(|pod| pod.containers.keys())
 }
 
-/// Whether a container awaits the CRI store: an exit only the task service confirmed, whose
-/// reason (OOMKilled, Completed, ...) the store tells. A start the task service confirmed
-/// awaits nothing worth a read: the next full relist's listing finds the store caught up.
-pub fn awaits_cri(container: &ContainerRecord) -> bool {
-    container.confirmed_by == Store::Task && container.state == ContainerState::Exited
-}
-
 fn is_unsettled(container: Option<&ContainerRecord>) -> bool {
-    container.is_some_and(awaits_cri)
+    container.is_some_and(ContainerRecord::awaits_cri)
 }
 
 /// The pods the hinted containers were committed in before the reading. Each pod's plan is
@@ -1200,13 +1194,13 @@ pub enum ToRead {
 /// What a targeted relist of a pod reads: the containers its hints name, each by its id; the
 /// pod whole when a hint names none (it said only that something in the pod changed). With no
 /// hint at all (a settling read, for the CRI store's status and reason), the containers of
-/// `committed` that await the CRI store ([`awaits_cri`]).
+/// `committed` that await the CRI store ([`ContainerRecord::awaits_cri`]).
 pub fn what_to_read(committed: Option<&PodRecord>, hints: &Hints) -> ToRead {
     if hints.is_empty() {
         let unsettled = committed.into_iter().flat_map(|pod| {
             pod.containers
                 .values()
-                .filter(|c| awaits_cri(c))
+                .filter(|c| c.awaits_cri())
                 .map(|c| c.id.clone())
         });
         return ToRead::Containers(unsettled.collect());
@@ -1221,7 +1215,8 @@ pub fn what_to_read(committed: Option<&PodRecord>, hints: &Hints) -> ToRead {
 }
 
 /// Whether a full relist must inspect a pod it listed as well as committed: its containers
-/// changed, or one of them moved on (or its CRI store caught up with what the task service confirmed).
+/// changed, or one of them moved on (or its CRI store caught up with what the task service
+/// confirmed), or one awaits the CRI store's reason.
 /// Containers the runtime recorded deleted are not looked at.
 pub fn inspection_needed(
     committed: &PodRecord,
@@ -1239,7 +1234,7 @@ pub fn inspection_needed(
         match (committed.next(), listed.next()) {
             (None, None) => return false,
             (Some(old), Some(shown)) if old.id == shown.id => {
-                if moves_on(old, shown) {
+                if moves_on(old, shown) || old.awaits_cri() {
                     return true;
                 }
             }

@@ -1122,6 +1122,93 @@ fn the_cri_store_correcting_a_deaths_reason_is_said() {
     assert_eq!(planned_container(&pods).reason, "OOMKilled");
 }
 
+/// containerd's `/tasks/oom` after the CRI store showed the death (the shim sends it apart
+/// from `/tasks/exit`, and the CRI plugin records it as it comes, the death's reason with it):
+/// the death is read again, and the store's OOMKilled corrects its Error; until the store
+/// shows it, the full relist reads it too. The kernel's word on it alone reads nothing: the
+/// CRI store never learns of an OOM kill the runtime missed.
+#[test]
+fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
+    let mut before = Committed::default();
+    let mut cri_error = exited("c", "app", 137, "Error");
+    cri_error.confirmed_by = Store::Cri;
+    before.commit(
+        &uid("p"),
+        Some(Arc::new(pod("p", "web", [cri_error]))),
+        false,
+    );
+    for (source, settles) in [(Ebpf, false), (Containerd, true)] {
+        let (pods, plan) = reconcile(
+            &before,
+            nothing(),
+            &hints(false, source, &[OomKilled]),
+            &Hints::default(),
+            &HashSet::new(),
+            TASK,
+        );
+        assert_eq!(rows(&pods), vec![], "{source:?}: no event yet");
+        let learned = planned_container(&pods);
+        assert_eq!(
+            (
+                learned.reason.as_str(),
+                learned.awaits_cri(),
+                &plan.settling
+            ),
+            (
+                "Error",
+                settles,
+                &if settles { vec![id("c")] } else { vec![] }
+            ),
+            "{source:?}"
+        );
+        let listed = pod("p", "web", [learned.clone()]);
+        assert_eq!(
+            inspection_needed(&listed, &listed, &HashSet::new()),
+            settles,
+            "{source:?}: the full relist reads it while it awaits the store"
+        );
+    }
+
+    let (pods, _) = reconcile(
+        &before,
+        nothing(),
+        &hints(false, Containerd, &[OomKilled]),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    let mut after = Committed::default();
+    let mut learned = pod("p", "web", [planned_container(&pods).clone()]);
+    learned.uid = uid("p");
+    after.commit(&uid("p"), Some(Arc::new(learned)), false);
+    let mut oomed = exited("c", "app", 137, "OOMKilled");
+    oomed.confirmed_by = Store::Cri;
+    let (pods, _) = reconcile(
+        &after,
+        reading(
+            Covers::Containers(vec![id("c")]),
+            vec![("p", PodReading::Inspected(pod("p", "web", [oomed])))],
+        ),
+        &Hints::default(),
+        &Hints::default(),
+        &HashSet::new(),
+        TASK,
+    );
+    assert_eq!(
+        rows(&pods),
+        vec![(ContainerChanged, Some(137), Some(Store::Cri))]
+    );
+    assert_eq!(
+        pods[0].corrected,
+        vec![Correction {
+            container: id("c"),
+            told: "Error".into(),
+            shown: "OOMKilled".into(),
+        }]
+    );
+    assert!(!planned_container(&pods).awaits_cri(), "settled");
+}
+
 /// A pod's labels and annotations come with its sandbox: a reading of its containers by id
 /// (without them) keeps the committed ones, and the events carry them.
 #[test]
