@@ -56,14 +56,6 @@ pub struct BusSink {
 
 impl EventSink for BusSink {
     fn publish(&self, event: PodLifecycleEvent) {
-        if event.sources.iter().any(|s| *s != Source::Relist) {
-            self.metrics.trigger_to_event(
-                event
-                    .emitted_at
-                    .duration_since(event.observed_at)
-                    .unwrap_or_default(),
-            );
-        }
         self.count(&event);
         self.bus.publish(Arc::new(event));
     }
@@ -83,9 +75,17 @@ impl EventSink for BusSink {
 }
 
 impl BusSink {
-    /// Each container's starts and terminations, by reason (sandboxes are not counted, as
-    /// kube-state-metrics does not).
+    /// Its trigger-to-event latency (a source saw it), and each container's starts and
+    /// terminations, by reason (sandboxes are not counted, as kube-state-metrics does not).
     fn count(&self, event: &PodLifecycleEvent) {
+        if event.sources.iter().any(|s| *s != Source::Relist) {
+            self.metrics.trigger_to_event(
+                event
+                    .emitted_at
+                    .duration_since(event.observed_at)
+                    .unwrap_or_default(),
+            );
+        }
         if event.container_name.is_empty() {
             return;
         }
