@@ -1097,10 +1097,21 @@ fn the_cri_store_correcting_a_deaths_reason_is_said() {
     told.confirmed_by = Store::Task;
     let mut before = Committed::default();
     before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
-    let shown = PodReading::Inspected(pod("p", "web", [exited("c", "app", 137, "OOMKilled")]));
+    let pods = corrected_to_oom_killed(&before, Covers::Pod(uid("p")));
+    assert_eq!(planned_container(&pods).reason, "OOMKilled");
+}
+
+/// `committed`'s death of c, told `Error`, read as the CRI store shows it (OOMKilled): the
+/// ContainerChanged and the correction that says so.
+fn corrected_to_oom_killed(committed: &Committed, covers: Covers) -> Vec<Planned> {
+    let mut oomed = exited("c", "app", 137, "OOMKilled");
+    oomed.confirmed_by = Store::Cri;
     let (pods, _) = reconcile(
-        &before,
-        reading(Covers::Pod(uid("p")), vec![("p", shown)]),
+        committed,
+        reading(
+            covers,
+            vec![("p", PodReading::Inspected(pod("p", "web", [oomed])))],
+        ),
         &Hints::default(),
         &Hints::default(),
         &HashSet::new(),
@@ -1119,7 +1130,7 @@ fn the_cri_store_correcting_a_deaths_reason_is_said() {
             shown: "OOMKilled".into(),
         }]
     );
-    assert_eq!(planned_container(&pods).reason, "OOMKilled");
+    pods
 }
 
 /// containerd's `/tasks/oom` after the CRI store showed the death (the shim sends it apart
@@ -1181,31 +1192,7 @@ fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
     let mut learned = pod("p", "web", [planned_container(&pods).clone()]);
     learned.uid = uid("p");
     after.commit(&uid("p"), Some(Arc::new(learned)), false);
-    let mut oomed = exited("c", "app", 137, "OOMKilled");
-    oomed.confirmed_by = Store::Cri;
-    let (pods, _) = reconcile(
-        &after,
-        reading(
-            Covers::Containers(vec![id("c")]),
-            vec![("p", PodReading::Inspected(pod("p", "web", [oomed])))],
-        ),
-        &Hints::default(),
-        &Hints::default(),
-        &HashSet::new(),
-        TASK,
-    );
-    assert_eq!(
-        rows(&pods),
-        vec![(ContainerChanged, Some(137), Some(Store::Cri))]
-    );
-    assert_eq!(
-        pods[0].corrected,
-        vec![Correction {
-            container: id("c"),
-            told: "Error".into(),
-            shown: "OOMKilled".into(),
-        }]
-    );
+    let pods = corrected_to_oom_killed(&after, Covers::Containers(vec![id("c")]));
     assert!(!planned_container(&pods).awaits_cri(), "settled");
 }
 
