@@ -69,9 +69,12 @@ pub const DEFAULT_READS_IN_FLIGHT: usize = 8;
 
 /// Rereads while the runtime's event stream answers: its event about what the reading did not
 /// show is on its way and merges with the hint (read at once), so the reads that come back on
-/// their own are few and late.
+/// their own are few and late. What they wait for is what no event tells: a new pod's sandbox,
+/// which the kernel sees start while the CRI plugin is still making it (it joins the CRI
+/// store when RunPodSandbox returns, seconds later on a loaded node), and a container of
+/// another runtime, which never comes. About 7 s in all.
 pub const EVENT_RETRY: Retry = Retry {
-    schedule: Exponential::doubling(Duration::from_millis(500), Duration::from_secs(2)),
+    schedule: Exponential::doubling(Duration::from_secs(1), Duration::from_secs(4)),
     max: 3,
 };
 
@@ -95,6 +98,13 @@ pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(300), Duration::
 /// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) right after, a few
 /// milliseconds on a calm node, tens under churn.
 pub const SETTLE_AFTER_DELETE: Duration = Duration::from_millis(100);
+
+/// The first settling read while the runtime's events answer, for a `/tasks/delete` that does
+/// not come (a stream that broke, an OOM kill told after the task was deleted): the delete
+/// brings it to [`SETTLE_AFTER_DELETE`]. A timed read before the delete finds the store
+/// behind: at 64 lifecycles in flight, where the runtime's cleanup takes seconds, both of
+/// [`SETTLE_DELAYS`] did, two calls a lifecycle for nothing.
+pub const SETTLE_AWAITING_DELETE: Duration = Duration::from_secs(3);
 
 /// A bounded backoff of rereads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -638,22 +648,35 @@ impl RelistScheduler {
     }
 
     /// Queues a read of container `id` for the CRI store's status and reason once it has
-    /// caught up with the task service ([`SETTLE_DELAYS`]); `batch` found it still behind. One
-    /// already queued stands. Past the last delay the next full relist reads it: `false`.
+    /// caught up with the task service; `batch` found it still behind. Soon after
+    /// `/tasks/delete` ([`SETTLE_AFTER_DELETE`], now if `batch` carried it); else, while the
+    /// runtime's events answer, when the delete comes ([`SETTLE_AWAITING_DELETE`] at the
+    /// latest); else after [`SETTLE_DELAYS`]. One already queued stands. Past the last delay
+    /// the next full relist reads it: `false`.
     pub fn settle(&mut self, batch: &Batch, id: ContainerId, now: Instant) -> bool {
         if self.settling.contains_key(&id) {
             return true;
         }
         let done = batch.settle.unwrap_or(0);
-        let Some(delay) = SETTLE_DELAYS.get(done as usize) else {
+        let Some(&delay) = SETTLE_DELAYS.get(done as usize) else {
             return false;
         };
-        let count = done + 1;
+        let deleted = batch
+            .hints
+            .observations()
+            .any(|(of, o)| *of == id && o.kind == ObservationKind::TaskDeleted);
+        let delay = if deleted {
+            SETTLE_AFTER_DELETE
+        } else if done == 0 && !self.kernel_grace.is_zero() {
+            SETTLE_AWAITING_DELETE
+        } else {
+            delay
+        };
         self.settling.insert(
             id,
             Settling {
-                due: now + *delay,
-                count,
+                due: now + delay,
+                count: done + 1,
             },
         );
         true

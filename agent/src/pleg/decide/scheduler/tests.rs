@@ -350,7 +350,7 @@ fn retries_back_off_by_whether_the_runtimes_events_answer_then_give_up() {
         }
         let expected: Vec<u128> = match grace.is_zero() {
             true => vec![10, 20, 40, 80, 160, 320, 640, 1000, 1000],
-            false => vec![500, 1000, 2000],
+            false => vec![1000, 2000, 4000],
         };
         assert_eq!(delays, expected, "grace {grace:?}");
         let hints = batch.hints.clone();
@@ -515,6 +515,42 @@ fn a_settling_read_stands_apart_comes_soon_after_the_task_is_deleted_and_drops_o
     );
     scheduler.settled(&cid("c"));
     assert_eq!(scheduler.next_due(t0 + SETTLE_DELAYS[0]), None);
+}
+
+/// While the runtime's events answer, a settling read waits for `/tasks/delete` (the CRI store
+/// is written right after it), not on a timer that fires before the cleanup under churn: at
+/// the latest after SETTLE_AWAITING_DELETE, soon after the delete when the batch carried it.
+#[test]
+fn with_the_runtimes_events_a_settling_read_waits_for_the_task_delete() {
+    let t0 = Instant::now();
+    let mut scheduler = after_first_full(t0);
+    scheduler.set_kernel_grace(10 * MS);
+    scheduler.push(exited("c", Source::Containerd), t0);
+    let batch = scheduler.next_due(t0).expect("the exit");
+    scheduler.finished(&batch.scope);
+    assert!(scheduler.settle(&batch, cid("c"), t0));
+    assert_eq!(scheduler.next_deadline(), Some(t0 + SETTLE_AWAITING_DELETE));
+    scheduler.settled(&cid("c"));
+
+    let mut gone = exited("c", Source::Containerd);
+    gone.observations.push(observation(
+        Source::Containerd,
+        ObservationKind::TaskDeleted,
+    ));
+    scheduler.push(gone, t0 + MS);
+    let batch = scheduler
+        .next_due(t0 + MS)
+        .expect("the exit and the delete");
+    scheduler.finished(&batch.scope);
+    assert!(scheduler.settle(&batch, cid("c"), t0 + MS));
+    assert_eq!(
+        scheduler.next_deadline(),
+        Some(t0 + MS + SETTLE_AFTER_DELETE)
+    );
+    let read = scheduler
+        .next_due(t0 + MS + SETTLE_AFTER_DELETE)
+        .expect("the settling read");
+    assert_eq!(read.settle, Some(1));
 }
 
 /// A run's first full relist is read alone: a trigger that comes meanwhile waits for its end,
