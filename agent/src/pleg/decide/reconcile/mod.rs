@@ -1244,7 +1244,7 @@ pub fn inspection_needed(
 }
 
 /// What the task service is asked of a container's init ([`tasks_to_read`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TaskAsk {
     /// Whether it started: its status.
     Start,

@@ -61,7 +61,8 @@ pub const TASK_STATUS_DEADLINE: Duration = Duration::from_millis(3);
 /// some 50 to 110 ms after the exit. The shim's cleanup takes 10-20 ms; this outlasts it.
 pub const TASK_STATUS_DEADLINE_ALONE: Duration = Duration::from_millis(25);
 
-/// How long a container whose task status missed its deadline is not asked again.
+/// How long an ask of a container's task that missed its deadline (its start's status, its exit's
+/// `Wait`) is not made again; the other ask of the same task still is.
 /// Under churn the kernel hint's retries and every relist carrying it would ask again and
 /// again, each call more work for a shim already busy. The CRI store, or the runtime's own
 /// event, tells meanwhile.
@@ -156,8 +157,10 @@ pub struct Relister<R> {
     to_reinspect: BTreeSet<PodUid>,
     /// How long a task status is waited for ([`Self::set_runtime_events`]).
     task_deadline: Duration,
-    /// Containers whose task status missed its deadline, until when it is not read again.
-    busy_tasks: HashMap<ContainerId, Instant>,
+    /// Asks of the task service that missed their deadline, until when the same ask of the
+    /// same container is not made again: a start's status that missed (a shim busy starting)
+    /// must not keep the exit's `Wait` from being made.
+    busy_tasks: HashMap<(ContainerId, TaskAsk), Instant>,
     /// Containers the runtime recorded deleted, and since when.
     tombstones: HashSet<ContainerId>,
     tombstoned_at: VecDeque<(Instant, ContainerId)>,
@@ -572,16 +575,15 @@ impl<R: Runtime> Relister<R> {
             return Vec::new();
         }
         let mut asks = tasks_to_read(hints, state);
-        asks.retain(|(id, _)| !self.busy_tasks.contains_key(id));
+        asks.retain(|ask| !self.busy_tasks.contains_key(ask));
         asks
     }
 
-    /// A container whose task status missed its deadline is not asked again for
-    /// [`TASK_BUSY_BACKOFF`].
-    fn note_busy(&mut self, busy: Vec<ContainerId>) {
+    /// An ask that missed its deadline is not made again for [`TASK_BUSY_BACKOFF`].
+    fn note_busy(&mut self, busy: Vec<(ContainerId, TaskAsk)>) {
         let until = Instant::now() + TASK_BUSY_BACKOFF;
         self.busy_tasks
-            .extend(busy.into_iter().map(|id| (id, until)));
+            .extend(busy.into_iter().map(|ask| (ask, until)));
     }
 
     /// Keeps what a plan leaves for later relists: the pods whose inspection failed, to

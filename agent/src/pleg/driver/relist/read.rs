@@ -74,7 +74,7 @@ pub(super) enum Step {
     /// `busy`'s.
     Container {
         id: ContainerId,
-        busy: HashSet<ContainerId>,
+        busy: HashSet<(ContainerId, TaskAsk)>,
     },
 }
 
@@ -86,7 +86,7 @@ pub enum Found {
     /// A reading, and the containers whose task status missed its deadline.
     Read {
         reading: Reading,
-        busy: Vec<ContainerId>,
+        busy: Vec<(ContainerId, TaskAsk)>,
     },
 }
 
@@ -163,7 +163,7 @@ impl ReadJob {
                     })
                 };
                 let mut to_read = tasks_to_read(&self.hints, state);
-                to_read.retain(|(id, _)| !busy.contains(id));
+                to_read.retain(|ask| !busy.contains(ask));
                 let (tasks, busy) = read_tasks(runtime, to_read, deadline).await;
                 let reading = reading(Covers::Containers(vec![id]), pods, tasks);
                 Ok(Found::Read { reading, busy })
@@ -229,23 +229,23 @@ fn reading(covers: Covers, pods: Vec<(PodUid, PodReading)>, tasks: TaskRecords) 
 }
 
 /// What the task service says of `asks`' inits: a start's status within `deadline`, an exit
-/// waited for up to [`TASK_EXIT_WAIT`]; and the containers whose answer missed its deadline. All
+/// waited for up to [`TASK_EXIT_WAIT`]; and the asks whose answer missed its deadline. All
 /// at once: under churn a read carries kernel hints of many containers, and one busy shim after
 /// another would each cost the whole deadline.
 async fn read_tasks<R: Runtime>(
     runtime: &R,
     asks: Vec<(ContainerId, TaskAsk)>,
     deadline: Duration,
-) -> (TaskRecords, Vec<ContainerId>) {
+) -> (TaskRecords, Vec<(ContainerId, TaskAsk)>) {
     let read = asks.into_iter().map(|(id, ask)| async move {
         let record = match ask {
             TaskAsk::Start => tokio::time::timeout(deadline, runtime.task_record(&id)).await,
             TaskAsk::Exit => tokio::time::timeout(TASK_EXIT_WAIT, runtime.task_exit(&id)).await,
         };
-        (id, record)
+        (id, ask, record)
     });
     let (mut tasks, mut busy) = (TaskRecords::new(), Vec::new());
-    for (id, record) in futures::future::join_all(read).await {
+    for (id, ask, record) in futures::future::join_all(read).await {
         match record {
             Ok(Ok(Some(record))) => {
                 tasks.insert(id, record);
@@ -253,8 +253,8 @@ async fn read_tasks<R: Runtime>(
             Ok(Ok(None)) => {}
             Ok(Err(error)) => debug!(container = %id, %error, "task status unavailable"),
             Err(_) => {
-                debug!(container = %id, "task status busy; the CRI store will tell");
-                busy.push(id);
+                debug!(container = %id, ?ask, "task status busy; the CRI store will tell");
+                busy.push((id, ask));
             }
         }
     }

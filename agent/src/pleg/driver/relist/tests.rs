@@ -812,6 +812,54 @@ async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
     );
 }
 
+/// A start's status that missed its deadline (the shim busy starting) backs off that ask only:
+/// the kill that follows within the backoff still has its exit waited for, and the death is
+/// the task service's at once, not the CRI store's a few hundred ms later (eBPF-only mode
+/// under churn: deaths 230-260 ms after `/tasks/exit` at the median).
+#[tokio::test(start_paused = true)]
+async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
+    let mut h = default_harness();
+    add_running_pod(&h.runtime, "p", &[]);
+    relist_all(&mut h).await;
+    h.runtime.set_container("p", container("new", "n", Created));
+    relist_all(&mut h).await;
+    drain(&mut h.events);
+    h.relister.set_runtime_events(false);
+    h.runtime
+        .set_task("new", Some(TaskRecord::Started { at: None }));
+    h.runtime.set_delay(Some(TASK_STATUS_DEADLINE_ALONE * 2));
+    let outcome = relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
+    assert_eq!(
+        whys(&outcome),
+        [Why::Unreflected],
+        "the start's status missed"
+    );
+    assert_eq!(h.runtime.task_calls(), [cid("new")]);
+
+    h.runtime.set_delay(None);
+    h.runtime.set_state("p", "new", Running, None);
+    h.runtime.set_task(
+        "new",
+        Some(TaskRecord::Exited {
+            code: 137,
+            at: SystemTime::UNIX_EPOCH,
+        }),
+    );
+    let death = pod_hints("p", &[("new", Source::Ebpf, ObservationKind::Signal(9))]);
+    relist_on(&mut h, &Scope::Pod(uid("p")), &death).await;
+    assert_eq!(
+        h.runtime.task_calls(),
+        [cid("new"), cid("new")],
+        "the exit's Wait"
+    );
+    let events = drain(&mut h.events);
+    let died = events
+        .iter()
+        .find(|e| e.event_type == ContainerDied)
+        .expect("a ContainerDied");
+    assert_eq!(died.confirmed_by, Some(Store::Task));
+}
+
 /// How long a start's task status is waited for depends on whether the runtime's own start
 /// event is on its way: with the event stream connected, not past a short deadline (the event
 /// answers); without it, long enough for a shim busy starting it. An exit is waited for the
