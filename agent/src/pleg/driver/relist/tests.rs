@@ -812,22 +812,29 @@ async fn a_busy_task_is_not_asked_again_until_its_backoff_passes() {
     );
 }
 
-/// A start's status that missed its deadline (the shim busy starting) backs off that ask only:
-/// the kill that follows within the backoff still has its exit waited for, and the death is
-/// the task service's at once, not the CRI store's a few hundred ms later (eBPF-only mode
-/// under churn: deaths 230-260 ms after `/tasks/exit` at the median).
-#[tokio::test(start_paused = true)]
-async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
+/// Pod p with container `new` committed as created, its task started, each runtime call
+/// answered after `delay`; the runtime's event stream connected or not.
+async fn starting_container(events_connected: bool, delay: Duration) -> Harness {
     let mut h = default_harness();
     add_running_pod(&h.runtime, "p", &[]);
     relist_all(&mut h).await;
     h.runtime.set_container("p", container("new", "n", Created));
     relist_all(&mut h).await;
     drain(&mut h.events);
-    h.relister.set_runtime_events(false);
+    h.relister.set_runtime_events(events_connected);
     h.runtime
         .set_task("new", Some(TaskRecord::Started { at: None }));
-    h.runtime.set_delay(Some(TASK_STATUS_DEADLINE_ALONE * 2));
+    h.runtime.set_delay(Some(delay));
+    h
+}
+
+/// A start's status that missed its deadline (the shim busy starting) backs off that ask only:
+/// the kill that follows within the backoff still has its exit waited for, and the death is
+/// the task service's at once, not the CRI store's a few hundred ms later (eBPF-only mode
+/// under churn: deaths 230-260 ms after `/tasks/exit` at the median).
+#[tokio::test(start_paused = true)]
+async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
+    let mut h = starting_container(false, TASK_STATUS_DEADLINE_ALONE * 2).await;
     let outcome = relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
     assert_eq!(
         whys(&outcome),
@@ -868,16 +875,7 @@ async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
 async fn a_starts_status_is_waited_for_longer_when_no_runtime_event_will_come() {
     let slow = (TASK_STATUS_DEADLINE + TASK_STATUS_DEADLINE_ALONE) / 2;
     for (events_connected, started) in [(true, false), (false, true)] {
-        let mut h = default_harness();
-        add_running_pod(&h.runtime, "p", &[]);
-        relist_all(&mut h).await;
-        h.runtime.set_container("p", container("new", "n", Created));
-        relist_all(&mut h).await;
-        drain(&mut h.events);
-        h.relister.set_runtime_events(events_connected);
-        h.runtime
-            .set_task("new", Some(TaskRecord::Started { at: None }));
-        h.runtime.set_delay(Some(slow));
+        let mut h = starting_container(events_connected, slow).await;
         let outcome = relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
         let events = drain(&mut h.events);
         assert_eq!(
