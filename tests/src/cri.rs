@@ -400,7 +400,6 @@ impl Cri {
         Ok(())
     }
 
-    /// Stops and removes the pod with all its containers.
     /// Stops the pod's sandbox and every container in it (CRI `StopPodSandbox`).
     pub async fn stop_pod(&self, pod: &Pod) -> anyhow::Result<()> {
         self.runtime
@@ -413,6 +412,7 @@ impl Cri {
         Ok(())
     }
 
+    /// Stops and removes the pod with all its containers.
     pub async fn remove_pod(&self, pod: &Pod) -> anyhow::Result<()> {
         self.stop_pod(pod).await?;
         let mut runtime = self.runtime.clone();

@@ -124,34 +124,7 @@ impl Native {
 
     /// Creates and starts a container; returns its init pid.
     pub async fn run(&self, id: &str, spec: &NativeSpec) -> anyhow::Result<u32> {
-        let runtime_options = Any {
-            type_url: "containerd.runc.v1.Options".into(),
-            value: prost::Message::encode_to_vec(&RuncOptions {
-                root: self.instance.runc_root().display().to_string(),
-            }),
-        };
-        let container = Container {
-            id: id.to_owned(),
-            labels: spec.labels.clone(),
-            image: BUSYBOX_IMAGE.into(),
-            runtime: Some(Runtime {
-                name: "io.containerd.runc.v2".into(),
-                options: Some(runtime_options),
-            }),
-            spec: Some(Any {
-                type_url: SPEC_TYPE_URL.into(),
-                value: serde_json::to_vec(&self.oci_spec(id, spec))?,
-            }),
-            snapshotter: SNAPSHOTTER.into(),
-            snapshot_key: id.to_owned(),
-            ..Default::default()
-        };
-        ContainersClient::new(self.channel.clone())
-            .create(self.request(CreateContainerRequest {
-                container: Some(container),
-            }))
-            .await
-            .with_context(|| format!("creating container {id}"))?;
+        self.create(id, spec).await?;
         let mounts = SnapshotsClient::new(self.channel.clone())
             .prepare(self.request(PrepareSnapshotRequest {
                 snapshotter: SNAPSHOTTER.into(),
@@ -182,6 +155,40 @@ impl Native {
             .await
             .with_context(|| format!("starting task {id}"))?;
         Ok(pid)
+    }
+
+    /// Creates the container's record alone (no snapshot, no task): what a runtime has made
+    /// so far while it is still making one.
+    pub async fn create(&self, id: &str, spec: &NativeSpec) -> anyhow::Result<()> {
+        let runtime_options = Any {
+            type_url: "containerd.runc.v1.Options".into(),
+            value: prost::Message::encode_to_vec(&RuncOptions {
+                root: self.instance.runc_root().display().to_string(),
+            }),
+        };
+        let container = Container {
+            id: id.to_owned(),
+            labels: spec.labels.clone(),
+            image: BUSYBOX_IMAGE.into(),
+            runtime: Some(Runtime {
+                name: "io.containerd.runc.v2".into(),
+                options: Some(runtime_options),
+            }),
+            spec: Some(Any {
+                type_url: SPEC_TYPE_URL.into(),
+                value: serde_json::to_vec(&self.oci_spec(id, spec))?,
+            }),
+            snapshotter: SNAPSHOTTER.into(),
+            snapshot_key: id.to_owned(),
+            ..Default::default()
+        };
+        ContainersClient::new(self.channel.clone())
+            .create(self.request(CreateContainerRequest {
+                container: Some(container),
+            }))
+            .await
+            .with_context(|| format!("creating container {id}"))?;
+        Ok(())
     }
 
     /// A minimal OCI runtime spec: busybox rootfs, own pid/ipc/uts/mount namespaces, host

@@ -325,6 +325,67 @@ async fn a_container_read_before_its_pod_has_the_pods_labels() {
     }
 }
 
+/// RunPodSandbox makes the sandbox's container before its task, and the CRI store has the
+/// sandbox only once it is ready: the containerd backend must not read a task-less sandbox
+/// CRI does not know as a dead one (a new pod's first event would be its sandbox's death).
+/// One CRI has stopped (its task deleted) is: CRI's NOTREADY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_still_being_made_is_not_read_as_dead_by_the_containerd_backend() {
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
+    let runtime = connect(RuntimeKind::Containerd, &containerd.socket(), &[]).await;
+    let making_uid = "5f0c9a52-0d7e-4a6c-9d0e-making000001";
+    let labels = [
+        ("io.cri-containerd.kind", "sandbox"),
+        ("io.kubernetes.pod.name", "making"),
+        ("io.kubernetes.pod.namespace", "default"),
+        ("io.kubernetes.pod.uid", making_uid),
+    ];
+    let making = NativeSpec {
+        labels: labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..NativeSpec::shell("exec sleep 2147483647")
+    };
+    let native = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
+    native.create("making", &making).await.unwrap();
+    let stopped = cri.run_pod("stopped").await.unwrap();
+    cri.stop_pod(&stopped).await.unwrap();
+
+    let id = ContainerId("making".to_owned());
+    let making_uid = uid(making_uid);
+    let listed = runtime.list_pods(&Scope::Node).await.unwrap();
+    assert!(listed.iter().all(|p| p.uid != making_uid), "{listed:#?}");
+    let by_pod = runtime.list_pods(&Scope::Pod(making_uid.clone())).await;
+    assert!(by_pod.unwrap().is_empty());
+    let by_id = runtime.list_pods(&Scope::Container(id.clone())).await;
+    assert!(by_id.unwrap().is_empty());
+    assert!(
+        runtime
+            .inspect_pod(&making_uid, None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let read = runtime.read_containers(&[id], None).await.unwrap();
+    assert!(read[0].found.is_none(), "{read:#?}");
+
+    let stopped_uid = uid(&stopped.uid);
+    let listed = runtime.list_pods(&Scope::Node).await.unwrap();
+    let pod = listed.iter().find(|p| p.uid == stopped_uid).unwrap();
+    assert_eq!(record(pod, &stopped.id).state, ContainerState::Exited);
+    let inspected = runtime.inspect_pod(&stopped_uid, None).await.unwrap();
+    assert_eq!(
+        record(&inspected.unwrap(), &stopped.id).state,
+        ContainerState::Exited
+    );
+    native.remove("making").await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_containers_are_their_own_pods_in_the_containerd_backend() {
     let containerd = start().await;

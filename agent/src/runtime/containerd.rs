@@ -7,10 +7,10 @@
 //!
 //! State comes from the container's task: no task or a created one is Created,
 //! running/paused/pausing is Running, stopped is Exited. One exception: the CRI plugin deletes
-//! the task of a CRI container as soon as it exits, so a task-less CRI container is either
-//! not started yet or exited, and its exit code survives only in the CRI plugin's own store.
-//! For those (few) containers the backend asks CRI on the same socket. containerd keeps no
-//! start time: `started_at` is always `None` in a listing.
+//! the task of a CRI container (or sandbox) as soon as it exits (stops), so a task-less CRI
+//! one is either not started yet or exited, and its exit code survives only in the CRI
+//! plugin's own store. For those (few) the backend asks CRI on the same socket. containerd
+//! keeps no start time: `started_at` is always `None` in a listing.
 //!
 //! A container read by its id (a hint names it) is read through CRI when the CRI plugin made
 //! it: its status and kubelet's labels in one call, where containerd's own API takes two (the
@@ -41,7 +41,7 @@ use crate::{
     },
     runtime::{
         Keys, MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion,
-        cri::{CriRuntime, apply_status, container_state},
+        cri::{CriRuntime, apply_status, container_state, sandbox_state},
         labels::{
             CONTAINER_NAME_ANNOTATION, CONTAINER_NAME_LABEL, KIND_LABEL, POD_NAME_LABEL,
             POD_NAMESPACE_LABEL, POD_UID_LABEL, SANDBOX_NAME_ANNOTATION,
@@ -96,7 +96,7 @@ struct Entry {
     namespace: String,
     pod: PodIdentity,
     record: ContainerRecord,
-    /// A CRI container without a task: its state is the CRI plugin's to tell.
+    /// A CRI container or sandbox without a task: its state is the CRI plugin's to tell.
     ask_cri: bool,
     /// Made by the CRI plugin (which keeps exit state itself).
     cri: bool,
@@ -316,21 +316,49 @@ impl ContainerdRuntime {
         })
     }
 
-    /// Settles task-less CRI containers with the CRI plugin: one ListContainers for a full
-    /// list, ContainerStatus each (with exit code and reason) otherwise. Those CRI no longer
-    /// knows were removed in between and are dropped.
+    /// Settles task-less CRI containers and sandboxes with the CRI plugin: one ListContainers
+    /// (ListPodSandbox) for a full list, ContainerStatus (PodSandboxStatus) each otherwise.
+    /// Those CRI does not know are dropped: removed in between, or a sandbox RunPodSandbox is
+    /// still making (its container comes before its task, and the CRI store has it only once
+    /// it is ready: read from containerd alone it would be a new sandbox already dead).
     async fn ask_cri(&self, entries: Vec<Entry>, bulk: bool) -> Result<Vec<Entry>, RuntimeError> {
-        if !entries.iter().any(|e| e.ask_cri) {
+        let asks = |sandbox: bool| {
+            entries
+                .iter()
+                .any(|e| e.ask_cri && e.record.sandbox == sandbox)
+        };
+        let (containers, sandboxes) = (asks(false), asks(true));
+        if !containers && !sandboxes {
             return Ok(entries);
         }
         if bulk {
-            let states: HashMap<String, ContainerState> = self
-                .cri
-                .containers(None)
-                .await?
-                .into_iter()
-                .map(|c| (c.id, container_state(c.state)))
-                .collect();
+            let (containers, sandboxes) = try_join(
+                async {
+                    if !containers {
+                        return Ok(Vec::new());
+                    }
+                    self.cri.containers(None).await.map(|listed| {
+                        listed
+                            .into_iter()
+                            .map(|c| (c.id, container_state(c.state)))
+                            .collect()
+                    })
+                },
+                async {
+                    if !sandboxes {
+                        return Ok(Vec::new());
+                    }
+                    self.cri.sandboxes(None).await.map(|listed| {
+                        listed
+                            .into_iter()
+                            .map(|s| (s.id, sandbox_state(s.state)))
+                            .collect()
+                    })
+                },
+            )
+            .await?;
+            let states: HashMap<String, ContainerState> =
+                containers.into_iter().chain(sandboxes).collect();
             return Ok(entries
                 .into_iter()
                 .filter_map(|mut e| {
@@ -342,7 +370,12 @@ impl ContainerdRuntime {
                 .collect());
         }
         let settled = try_join_all(entries.into_iter().map(|mut e| async move {
-            if e.ask_cri {
+            if e.ask_cri && e.record.sandbox {
+                let Some(status) = self.cri.sandbox_status(&e.record.id.0).await? else {
+                    return Ok(None);
+                };
+                e.record.state = sandbox_state(status.state);
+            } else if e.ask_cri {
                 let Some(status) = self.cri.container_status(&e.record.id.0).await? else {
                     return Ok(None);
                 };
@@ -470,7 +503,7 @@ impl Runtime for ContainerdRuntime {
     }
 
     /// `known` is not needed: containers and tasks come in two calls for the whole pod, and
-    /// CRI is asked only about task-less containers.
+    /// CRI is asked only about task-less containers and sandboxes.
     async fn inspect_pod(
         &self,
         uid: &PodUid,
@@ -602,12 +635,7 @@ fn entry(
         name: identity.name,
         attempt: 0,
         image: container.image.clone(),
-        // The CRI plugin deletes a sandbox's task when it stops it: CRI's NOTREADY.
-        state: if identity.cri && identity.sandbox && task.is_none() {
-            ContainerState::Exited
-        } else {
-            state
-        },
+        state,
         sandbox: identity.sandbox,
         created_at: time_from_timestamp(container.created_at.as_ref()),
         started_at: None,
@@ -629,7 +657,7 @@ fn entry(
         namespace: namespace.to_owned(),
         pod: identity.pod,
         record,
-        ask_cri: identity.cri && !identity.sandbox && task.is_none(),
+        ask_cri: identity.cri && task.is_none(),
         cri: identity.cri,
     }
 }
@@ -857,22 +885,17 @@ mod tests {
     }
 
     #[test]
-    fn taskless_cri_sandboxes_have_exited_and_taskless_cri_containers_ask_cri() {
-        let sandbox = entry(
-            "k8s.io",
-            &container("s", &[(KIND_LABEL, "sandbox")], &[]),
-            None,
-            &MetadataKeeper::default(),
-        );
-        assert_eq!(sandbox.record.state, ContainerState::Exited);
-        assert!(!sandbox.ask_cri);
-        let c = entry(
-            "k8s.io",
-            &container("c", &[(KIND_LABEL, "container")], &[]),
-            None,
-            &MetadataKeeper::default(),
-        );
-        assert!(c.ask_cri);
+    fn taskless_cri_sandboxes_and_containers_ask_cri() {
+        for kind in ["sandbox", "container"] {
+            let taskless = entry(
+                "k8s.io",
+                &container("c", &[(KIND_LABEL, kind)], &[]),
+                None,
+                &MetadataKeeper::default(),
+            );
+            assert!(taskless.ask_cri, "{kind}");
+            assert_eq!(taskless.record.sandbox, kind == "sandbox");
+        }
         let native = entry(
             "ns",
             &container("n", &[], &[]),

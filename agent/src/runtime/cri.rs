@@ -92,7 +92,7 @@ impl CriRuntime {
         })
     }
 
-    async fn sandboxes(
+    pub(crate) async fn sandboxes(
         &self,
         filter: Option<PodSandboxFilter>,
     ) -> Result<Vec<cri::PodSandbox>, RuntimeError> {
@@ -129,7 +129,7 @@ impl CriRuntime {
     }
 
     /// `PodSandboxStatus`; `None` when the sandbox is gone.
-    async fn sandbox_status(
+    pub(crate) async fn sandbox_status(
         &self,
         id: &str,
     ) -> Result<Option<cri::PodSandboxStatus>, RuntimeError> {
@@ -433,7 +433,7 @@ pub(crate) fn container_state(state: i32) -> ContainerState {
 }
 
 /// Sandbox state as a record state: a ready sandbox is a running container of its pod.
-fn sandbox_state(state: i32) -> ContainerState {
+pub(crate) fn sandbox_state(state: i32) -> ContainerState {
     match cri::PodSandboxState::try_from(state) {
         Ok(cri::PodSandboxState::SandboxReady) => ContainerState::Running,
         Ok(cri::PodSandboxState::SandboxNotready) => ContainerState::Exited,
