@@ -32,7 +32,8 @@
 //!   a target merges with its pending retry instead of adding one.
 //! - A container whose exit only the task service confirmed is read once more for the CRI
 //!   store's status and reason ([`RelistScheduler::settle`]): soon after the runtime deleted its
-//!   task (the store is updated right after), else a while after the exit; twice at most.
+//!   task (the store is updated right after), else a while after the exit; again after 1, 2
+//!   and 4 s while the store lags.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -91,8 +92,16 @@ pub const POLL_RETRY: Retry = Retry {
 /// store's status and reason, counted from when its reading was done: containerd's CRI plugin
 /// updates its store after its cleanup, some 40 ms after the exit on a calm node, a few
 /// hundred under churn ([`SETTLE_AFTER_DELETE`] comes sooner when the runtime says the cleanup
-/// is done). Twice at most; past that, the next full relist.
-pub const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(300), Duration::from_secs(1)];
+/// is done). Then, while the store still lags (its writes are fsync'd: they can fall seconds
+/// behind on a node whose disk is busy), after 1, 2 and 4 s: a death's reason is the
+/// store's within seconds, not at the next full relist (30 s away while the runtime's events
+/// answer), and a store that keeps up costs one read. Past that, the next full relist.
+pub const SETTLE_DELAYS: [Duration; 4] = [
+    Duration::from_millis(300),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+];
 
 /// How soon a settling read comes once the runtime deleted the container's task
 /// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) right after, a few
