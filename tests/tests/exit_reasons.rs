@@ -148,18 +148,33 @@ async fn a_death_leaves_with_the_reason_cri_shows() {
     plegd.stop().await;
 }
 
-/// Waits until every record of `pod` is the CRI store's: deaths and starts the task service
-/// confirmed first are read again once the CRI store has caught up.
+/// Waits until every record of `pod`, its sandbox's among them, is the CRI store's: deaths and
+/// starts the task service confirmed first are read again once the CRI store has caught up,
+/// and a sandbox the kernel saw while the CRI plugin was still making it is read again a
+/// while later, after its pod's first container may have been read.
 async fn settled_in_cri(plegd: &RunningPlegd, pod: &Pod) {
     let cache = plegd.shared.pleg.cache().clone();
-    let uid = PodUid(pod.uid.clone());
+    let (uid, sandbox) = (PodUid(pod.uid.clone()), ContainerId(pod.id.clone()));
     wait::until("the CRI store's records of the pod", DEADLINE, || {
-        let settled = cache.get(&uid).record.is_some_and(|pod| {
-            pod.containers
-                .values()
-                .all(|c| c.confirmed_by == plegd::pleg::Store::Cri)
-        });
-        async move { anyhow::Ok(settled.then_some(())) }
+        let behind: Vec<String> = cache.get(&uid).record.map_or_else(
+            || vec!["no record of the pod".to_owned()],
+            |pod| {
+                let unread = (!pod.containers.contains_key(&sandbox))
+                    .then(|| format!("the sandbox {} not read yet", sandbox.0));
+                pod.containers
+                    .iter()
+                    .filter(|(_, c)| c.confirmed_by != plegd::pleg::Store::Cri)
+                    .map(|(id, c)| format!("{}: {c:?}", id.0))
+                    .chain(unread)
+                    .collect()
+            },
+        );
+        async move {
+            match behind.as_slice() {
+                [] => Ok(Some(())),
+                _ => Err(behind.join("; ")),
+            }
+        }
     })
     .await
     .unwrap();
@@ -186,8 +201,8 @@ async fn child_oom_then_kill(
     };
     let cache = plegd.shared.pleg.cache().clone();
     let (uid, id) = (PodUid(pod.uid.clone()), ContainerId(worker.clone()));
-    // The start's own reads are over: the task service's `/tasks/start` is read again once the
-    // CRI store has caught up, and that read is the start's, not the OOM kill's.
+    // The start's own reads are over (its sandbox's, and the task service's `/tasks/start` read
+    // again once the CRI store has caught up): those are the start's, not the OOM kill's.
     settled_in_cri(plegd, pod).await;
     let before = calls(plegd);
     let oom_yet = cache
