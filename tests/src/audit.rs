@@ -697,6 +697,32 @@ fn corrected_reason<'a>(later: &[&'a Record]) -> Option<&'a str> {
     })
 }
 
+/// When a container finished, showed its exit and went, from the outage's start when there
+/// was one (else from its exit): what a wrong exit needs to be explained.
+fn timeline(truth: &Truth, folding: Folding) -> String {
+    let origin = folding
+        .outage
+        .map(|(down, _)| down)
+        .or(truth.timing.finished);
+    let at = |t: Option<SystemTime>| match (t, origin) {
+        (Some(t), Some(origin)) => match t.duration_since(origin) {
+            Ok(after) => format!("+{:.3} s", after.as_secs_f64()),
+            Err(before) => format!("-{:.3} s", before.duration().as_secs_f64()),
+        },
+        _ => "never".to_owned(),
+    };
+    let outage = folding.outage.map_or_else(
+        || "no outage".to_owned(),
+        |(down, up)| format!("outage {}..{}", at(Some(down)), at(Some(up))),
+    );
+    format!(
+        "finished {}, exit shown {}, removed {}; {outage}",
+        at(truth.timing.finished),
+        at(truth.timing.exit_shown),
+        at(truth.timing.removed)
+    )
+}
+
 /// Holds a reported exit against the runtime's.
 fn check_exit(
     truth: &Truth,
@@ -758,8 +784,10 @@ fn check_exit(
                 })
             }
             _ => report.mismatched.push(wrong(format!(
-                "no exit code, the runtime recorded {} {}",
-                exit.code, exit.reason
+                "no exit code, the runtime recorded {} {} ({})",
+                exit.code,
+                exit.reason,
+                timeline(truth, folding)
             ))),
         },
         Some(code) if code != exit.code => report.mismatched.push(wrong(format!(
