@@ -265,6 +265,70 @@ fn record_of<'a>(pods: &'a [PodRecord], id: &str) -> &'a ContainerRecord {
 /// A container read by id before its pod was committed (a hint or the task service's event
 /// ahead of the pod's listing) carries the pod's kept labels and annotations: its first event
 /// goes out with them.
+/// A full relist inspects a listed pod by reading only the containers whose state changed
+/// since the pod's last inspection, on both backends (the containerd backend through CRI, as
+/// containerd's own API would read every container's task again): an unchanged container
+/// keeps its known record, here marked with a reason no runtime gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_pods_inspection_reads_only_the_containers_that_changed() {
+    let Node {
+        containerd,
+        cri,
+        tasks,
+    } = Node::start().await.unwrap();
+    let pod = cri.run_pod("listed").await.unwrap();
+    let [kept, killed] = cri.run_sleepers(&pod, ["kept", "killed"]).await.unwrap();
+    for id in [&kept, &killed] {
+        cri.wait_state(id, CriState::ContainerRunning, DEADLINE)
+            .await
+            .unwrap();
+    }
+    let pod_uid = uid(&pod.uid);
+    let listed = |pods: Vec<PodRecord>| pods.into_iter().find(|p| p.uid == pod_uid).unwrap();
+    let mut known = Vec::new();
+    for kind in KINDS {
+        let runtime = connect(kind, &containerd.socket(), &[]).await;
+        let pod = listed(runtime.list_pods(&Scope::Node).await.unwrap());
+        let mut first = runtime.inspect_listed(pod, None).await.unwrap().unwrap();
+        assert_eq!(
+            record(&first, &killed).state,
+            ContainerState::Running,
+            "{kind}"
+        );
+        first
+            .containers
+            .get_mut(&ContainerId(kept.clone()))
+            .unwrap()
+            .reason = "known".into();
+        known.push((runtime, first));
+    }
+
+    tasks.kill_init(&killed).await.unwrap();
+    cri.wait_state(&killed, CriState::ContainerExited, DEADLINE)
+        .await
+        .unwrap();
+    for (runtime, known) in &known {
+        let pod = listed(runtime.list_pods(&Scope::Node).await.unwrap());
+        let inspected = runtime
+            .inspect_listed(pod, Some(known))
+            .await
+            .unwrap()
+            .unwrap();
+        let endpoint = runtime.endpoint();
+        assert_eq!(
+            record(&inspected, &kept).reason,
+            "known",
+            "{endpoint}: read again"
+        );
+        let died = record(&inspected, &killed);
+        assert_eq!(
+            (died.state, died.exit_code, died.reason.as_str()),
+            (ContainerState::Exited, Some(137), "Error"),
+            "{endpoint}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_read_before_its_pod_has_the_pods_labels() {
     let Node {

@@ -502,6 +502,36 @@ impl Runtime for ContainerdRuntime {
         self.cri.task_exit(container).await
     }
 
+    /// A pod of kubelet's, when only the CRI plugin's namespace is read, as the CRI backend
+    /// inspects it: a status call through CRI for each container whose state changed since
+    /// `known`. containerd's own API would ask every container's task again: a full relist
+    /// beside 64 lifecycles in flight in one pod cost a Tasks.Get per lifecycle that way.
+    /// Other pods are read again whole.
+    async fn inspect_listed(
+        &self,
+        listed: PodRecord,
+        known: Option<&PodRecord>,
+    ) -> Result<Option<PodRecord>, RuntimeError> {
+        let only_cri = matches!(self.namespaces.as_slice(), [n] if n.as_str() == CRI_NAMESPACE);
+        if !only_cri || is_own_pod(&listed.uid) {
+            return self.inspect_pod(&listed.uid, known).await;
+        }
+        // containerd's image name is the one the container was made from; CRI's status may
+        // give a digest instead.
+        let images: HashMap<ContainerId, String> = listed
+            .containers
+            .values()
+            .map(|c| (c.id.clone(), c.image.clone()))
+            .collect();
+        let mut inspected = self.cri.inspect_listed(listed, known).await?;
+        for record in inspected.iter_mut().flat_map(|p| p.containers.values_mut()) {
+            if let Some(image) = images.get(&record.id) {
+                record.image.clone_from(image);
+            }
+        }
+        Ok(inspected)
+    }
+
     /// `known` is not needed: containers and tasks come in two calls for the whole pod, and
     /// CRI is asked only about task-less containers and sandboxes.
     async fn inspect_pod(
@@ -590,6 +620,12 @@ fn identity(namespace: &str, container: &Container) -> Identity {
             cri,
         },
     }
+}
+
+/// Whether `uid` is a container that is its own pod (`<namespace>/<id>`: kubelet's uids have
+/// no slash).
+fn is_own_pod(uid: &PodUid) -> bool {
+    uid.0.contains('/')
 }
 
 /// The spec's annotations; none if the spec is missing or not JSON.

@@ -398,6 +398,8 @@ impl Runtime for CriRuntime {
                     ContainerRecord {
                         state: sandbox_state(status.state),
                         created_at: time_from_nanos(status.created_at),
+                        // The containerd backend's listing is the task service's.
+                        confirmed_by: Store::Cri,
                         ..listed.clone()
                     }
                 }))
