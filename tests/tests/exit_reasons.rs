@@ -141,21 +141,22 @@ async fn a_death_leaves_with_the_reason_cri_shows() {
     );
 
     // The deaths above were confirmed by containerd's task records: their pod is read again
-    // once the CRI store has caught up. Counted apart from the child's OOM kill below.
-    settled_in_cri(&plegd, &pod).await;
+    // once the CRI store has caught up, apart from the child's OOM kill below.
+    reads_done(&plegd, &pod).await;
     let own = cri.run_pod("child-oom").await.unwrap();
     child_oom_then_kill(&mut plegd, &cri, &tasks, &own).await;
     plegd.stop().await;
 }
 
-/// Waits until every record of `pod`, its sandbox's among them, is the CRI store's: deaths and
-/// starts the task service confirmed first are read again once the CRI store has caught up,
-/// and a sandbox the kernel saw while the CRI plugin was still making it is read again a
-/// while later, after its pod's first container may have been read.
-async fn settled_in_cri(plegd: &RunningPlegd, pod: &Pod) {
+/// Waits until no read of `pod` is still to come: its sandbox is read (the kernel sees a new
+/// pod's sandbox while the CRI plugin is still making it, and its read comes back a while
+/// later, after its pod's first container may have been read), and no record awaits the CRI
+/// store (an exit only the task service confirmed is read again once the store catches up; a
+/// start the task service confirmed is not, until the next full relist).
+async fn reads_done(plegd: &RunningPlegd, pod: &Pod) {
     let cache = plegd.shared.pleg.cache().clone();
     let (uid, sandbox) = (PodUid(pod.uid.clone()), ContainerId(pod.id.clone()));
-    wait::until("the CRI store's records of the pod", DEADLINE, || {
+    wait::until("no read of the pod to come", DEADLINE, || {
         let behind: Vec<String> = cache.get(&uid).record.map_or_else(
             || vec!["no record of the pod".to_owned()],
             |pod| {
@@ -163,8 +164,8 @@ async fn settled_in_cri(plegd: &RunningPlegd, pod: &Pod) {
                     .then(|| format!("the sandbox {} not read yet", sandbox.0));
                 pod.containers
                     .iter()
-                    .filter(|(_, c)| c.confirmed_by != plegd::pleg::Store::Cri)
-                    .map(|(id, c)| format!("{}: {c:?}", id.0))
+                    .filter(|(_, c)| c.awaits_cri())
+                    .map(|(id, c)| format!("{} awaits the CRI store: {c:?}", id.0))
                     .chain(unread)
                     .collect()
             },
@@ -201,9 +202,9 @@ async fn child_oom_then_kill(
     };
     let cache = plegd.shared.pleg.cache().clone();
     let (uid, id) = (PodUid(pod.uid.clone()), ContainerId(worker.clone()));
-    // The start's own reads are over (its sandbox's, and the task service's `/tasks/start` read
-    // again once the CRI store has caught up): those are the start's, not the OOM kill's.
-    settled_in_cri(plegd, pod).await;
+    // The start's own reads are over (its sandbox's among them): those are the start's, not
+    // the OOM kill's.
+    reads_done(plegd, pod).await;
     let before = calls(plegd);
     let oom_yet = cache
         .get(&uid)
