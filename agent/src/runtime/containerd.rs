@@ -333,28 +333,12 @@ impl ContainerdRuntime {
         }
         if bulk {
             let (containers, sandboxes) = try_join(
-                async {
-                    if !containers {
-                        return Ok(Vec::new());
-                    }
-                    self.cri.containers(None).await.map(|listed| {
-                        listed
-                            .into_iter()
-                            .map(|c| (c.id, container_state(c.state)))
-                            .collect()
-                    })
-                },
-                async {
-                    if !sandboxes {
-                        return Ok(Vec::new());
-                    }
-                    self.cri.sandboxes(None).await.map(|listed| {
-                        listed
-                            .into_iter()
-                            .map(|s| (s.id, sandbox_state(s.state)))
-                            .collect()
-                    })
-                },
+                states_if(containers, self.cri.containers(None), |c| {
+                    (c.id, container_state(c.state))
+                }),
+                states_if(sandboxes, self.cri.sandboxes(None), |s| {
+                    (s.id, sandbox_state(s.state))
+                }),
             )
             .await?;
             let states: HashMap<String, ContainerState> =
@@ -390,6 +374,18 @@ impl ContainerdRuntime {
         .await?;
         Ok(settled.into_iter().flatten().collect())
     }
+}
+
+/// The states `list` shows, by id, when `wanted` (no call otherwise).
+async fn states_if<T>(
+    wanted: bool,
+    list: impl Future<Output = Result<Vec<T>, RuntimeError>>,
+    state: impl Fn(T) -> (String, ContainerState),
+) -> Result<Vec<(String, ContainerState)>, RuntimeError> {
+    if !wanted {
+        return Ok(Vec::new());
+    }
+    Ok(list.await?.into_iter().map(state).collect())
 }
 
 impl RunMemory {
