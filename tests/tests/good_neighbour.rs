@@ -788,7 +788,16 @@ impl PlegdProcess {
             async move { anyhow::Ok(done.then_some(events)) }
         })
         .await;
-        let events = result.unwrap_or_else(|e| panic!("{e}"));
+        let events = result.unwrap_or_else(|e| {
+            let events = self.events.lock().unwrap().clone();
+            let short: Vec<String> = ids
+                .iter()
+                .map(|id| (id, support::types_of(&events, id)))
+                .filter(|(_, types)| types.len() < expected.len())
+                .map(|(id, types)| format!("{id}: {types:?}"))
+                .collect();
+            panic!("{e}; short of it: {short:#?}")
+        });
         for id in ids {
             assert_eq!(support::types_of(&events, id), expected, "events of {id}");
         }
