@@ -68,9 +68,11 @@
 //!   (`non-existent -> exited` is one `ContainerDied`);
 //! - all three transitions of a container started and removed then (created before or
 //!   after plegd stopped: a created container has no event): never seen;
-//! - the exit code of a container that exited and was removed then: the restarted plegd finds
-//!   it gone (`running -> non-existent` from the saved reading), or lists it and finds it gone
-//!   before its status call, so its `ContainerDied` (or the resync listing) has no code.
+//! - the exit code of a container that exited then, or within the window before (the
+//!   runtime's event about the exit, and the look that would have read it, came in the
+//!   outage), and was removed then: the restarted plegd finds it gone (`running ->
+//!   non-existent` from the saved reading), or lists it and finds it gone before its status
+//!   call, so its `ContainerDied` (or the resync listing) has no code.
 //!
 //! # Restarts of plegd
 //! A watcher of a daemon that crashed (SIGKILL) cannot resume: the new run's sequences start
@@ -757,10 +759,16 @@ fn check_exit(
         return;
     }
     let shown = truth.timing.exit_shown.or(truth.timing.finished);
+    // An exit within the window before the outage is as unseen as one in it, as a start is:
+    // the runtime's event about it came after the exit (tens of ms under churn), in the
+    // outage, and so did the look that would have read its code.
+    let exited_then = truth.timing.finished.is_some_and(|t| {
+        folding
+            .outage
+            .is_some_and(|(down, up)| t + folding.window >= down && t <= up)
+    });
     match code {
-        None if during_outage(truth.timing.finished, Duration::ZERO)
-            && during_outage(truth.timing.removed, folding.window) =>
-        {
+        None if exited_then && during_outage(truth.timing.removed, folding.window) => {
             report.folded.push(Finding {
                 detail: "no exit code: exited and removed while plegd could not follow the runtime"
                     .to_owned(),
@@ -1332,11 +1340,15 @@ mod tests {
 
     #[test]
     fn a_death_without_exit_code_folds_when_exited_and_removed_while_no_plegd_ran() {
+        // The outage from 2000 to 5000, the window 1500: an exit at 1800 is as unseen (its
+        // event came in the outage), one at 200 had a window's time to be read.
         let truths = [
             truth("meanwhile", 1, "Error", 3000, 4000),
-            truth("before", 1, "Error", 1000, 4000),
+            truth("just-before", 1, "Error", 1800, 4000),
+            truth("before", 1, "Error", 200, 4000),
         ];
         let mut list = lifecycle("meanwhile", 1, "Error");
+        list.extend(lifecycle("just-before", 1, "Error"));
         list.extend(lifecycle("before", 1, "Error"));
         for entry in &mut list {
             if entry.1 == "ContainerDied" {
@@ -1351,7 +1363,10 @@ mod tests {
         let report = check(&truths, &events(&list), outage);
         assert_eq!(
             transitions(&report.folded),
-            [("meanwhile", Some(Transition::Died))]
+            [
+                ("meanwhile", Some(Transition::Died)),
+                ("just-before", Some(Transition::Died))
+            ]
         );
         assert_eq!(
             transitions(&report.mismatched),
