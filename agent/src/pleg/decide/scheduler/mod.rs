@@ -23,7 +23,8 @@
 //!   waits on a read.
 //! - A kernel trigger waits a grace while the runtime's own event stream is connected
 //!   ([`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change follows
-//!   and answers it with no read. It waits by container.
+//!   and answers it with no read. It waits by container, and the grace follows how late the
+//!   runtime's events have come.
 //! - What a reading did not reflect yet is read again ([`RelistScheduler::retry`]). While the
 //!   runtime's event stream answers, the runtime's event about it is awaited, and a read comes
 //!   back only a while later ([`EVENT_RETRY`]); without one, the runtime is read again after a
@@ -43,6 +44,10 @@ use std::{
 use tokio::time::Instant;
 use tracing::debug;
 
+mod grace;
+
+use grace::KernelGrace;
+
 use crate::{
     base::backoff::Exponential,
     pleg::{
@@ -50,7 +55,7 @@ use crate::{
         model::{
             record::ContainerId,
             source::Source,
-            trigger::{ObservationKind, Scope, Trigger},
+            trigger::{ObservationKind, Says, Scope, Trigger},
         },
     },
 };
@@ -62,7 +67,8 @@ pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
 /// connected: containerd publishes `/tasks/exit` some 1 to 10 ms after the kernel saw the exit,
 /// and a hundred or more on a node under churn. Reading at once would read a CRI store that
 /// shows nothing yet, and read it again and again until it did; past the grace, the kernel's
-/// trigger is read on its own, so a runtime event that never comes costs only this much.
+/// trigger is read on its own, so a runtime event that never comes costs only this much. The
+/// shortest grace: it stretches while the runtime's events come later (`grace`).
 pub const DEFAULT_KERNEL_GRACE: Duration = Duration::from_millis(250);
 
 /// Reads of different targets in flight at once.
@@ -208,10 +214,32 @@ struct Pending {
 /// A kernel hint about one container, waiting for the runtime's own event about it.
 #[derive(Debug)]
 struct Waiting {
+    /// The furthest step of the container's life the kernel saw, and when.
+    seen: KernelSeen,
     /// When its grace ends.
     due: Instant,
     hint: Hint,
 }
+
+/// When a hint came, and the furthest step of its container's life it told.
+#[derive(Clone, Copy, Debug)]
+struct KernelSeen {
+    at: Instant,
+    says: Option<Says>,
+}
+
+impl KernelSeen {
+    /// How late the runtime's event (`runtime`) came after the kernel's hint about the same
+    /// step (an exit's `/tasks/exit`, a start's `/tasks/start`); `None` for another step (an
+    /// init's second exec, no runtime event, and its exit's later).
+    fn answered_by(self, runtime: KernelSeen) -> Option<Duration> {
+        (self.says.is_some() && self.says == runtime.says).then(|| runtime.at - self.at)
+    }
+}
+
+/// How long a kernel hint whose grace ended is remembered: a runtime event about the same step
+/// that comes later still tells how late the runtime's events are, up to the longest grace.
+const REMEMBER_ENDED_GRACE: Duration = Duration::from_secs(4);
 
 /// A container's settling read to come.
 #[derive(Debug)]
@@ -253,6 +281,8 @@ pub struct RelistScheduler {
     pending: BTreeMap<Scope, Pending>,
     /// Kernel hints in their grace, by container ([`RelistScheduler::set_kernel_grace`]).
     waiting: BTreeMap<ContainerId, Waiting>,
+    /// The kernel's hints whose grace ended without the runtime's event, by container.
+    grace_ended: BTreeMap<ContainerId, KernelSeen>,
     /// Containers to read once the CRI store has caught up with the task service. Apart from
     /// `pending`: a settling read needs a reading, and merged into a container's hints it made
     /// every trigger about it read, records or not.
@@ -266,7 +296,7 @@ pub struct RelistScheduler {
     full_requested: Option<Instant>,
     /// How long a kernel trigger waits for the runtime's own event (zero: not at all, and no
     /// runtime event answers a reread either).
-    kernel_grace: Duration,
+    kernel_grace: KernelGrace,
     /// A due retry was passed over for a fresh trigger: the next turn is a retry's.
     retry_passed_over: bool,
     /// Whether a full relist has ended in this run: none is read on its own before.
@@ -280,12 +310,13 @@ impl RelistScheduler {
             config,
             pending: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            grace_ended: BTreeMap::new(),
             settling: BTreeMap::new(),
             in_flight: InFlight::default(),
             last_full: None,
             periodic_due: now,
             full_requested: None,
-            kernel_grace: Duration::ZERO,
+            kernel_grace: KernelGrace::default(),
             retry_passed_over: false,
             first_full_done: false,
         }
@@ -317,19 +348,33 @@ impl RelistScheduler {
                 (Scope::Container(id.clone()), Some(id), observations)
             }
         };
+        let seen = KernelSeen {
+            at: now,
+            says: observations.iter().map(|(_, o)| o.kind.says()).max(),
+        };
         let hint = Hint::seen(source, observed_at, observations);
         if source != Source::Ebpf {
-            // The runtime's own event: the kernel's hints it answers ride along.
-            if let Some(waited) = container.as_ref().and_then(|id| self.waiting.remove(id)) {
-                self.enqueue(target.clone(), waited.hint, now, 0);
+            // The runtime's own event: the kernel's hints it answers ride along, and how late
+            // it came after them sets the grace.
+            if let Some(id) = &container {
+                let kernel = match self.waiting.remove(id) {
+                    Some(waited) => {
+                        self.enqueue(target.clone(), waited.hint, now, 0);
+                        Some(waited.seen)
+                    }
+                    None => self.grace_ended.remove(id),
+                };
+                if let Some(lag) = kernel.and_then(|kernel| kernel.answered_by(seen)) {
+                    self.kernel_grace.observe(lag);
+                }
             }
             self.enqueue(target, hint, now, 0);
             return;
         }
-        let due = now + self.kernel_grace;
+        let grace = self.kernel_grace.current();
         match container {
-            Some(id) if !self.kernel_grace.is_zero() => self.wait(id, hint, due),
-            _ => self.enqueue(target, hint, due, 0),
+            Some(id) if !grace.is_zero() => self.wait(id, hint, seen, grace),
+            _ => self.enqueue(target, hint, now + grace, 0),
         }
     }
 
@@ -351,14 +396,19 @@ impl RelistScheduler {
     }
 
     /// Holds a kernel hint about `container` for its grace, apart from `pending`.
-    fn wait(&mut self, container: ContainerId, hint: Hint, due: Instant) {
+    fn wait(&mut self, container: ContainerId, hint: Hint, seen: KernelSeen, grace: Duration) {
+        let due = seen.at + grace;
         match self.waiting.get_mut(&container) {
             Some(waiting) => {
                 waiting.hint.merge(hint);
                 waiting.due = waiting.due.min(due);
+                if seen.says > waiting.seen.says {
+                    waiting.seen = seen;
+                }
             }
             None => {
-                self.waiting.insert(container, Waiting { due, hint });
+                self.grace_ended.remove(&container);
+                self.waiting.insert(container, Waiting { seen, due, hint });
             }
         }
     }
@@ -371,8 +421,13 @@ impl RelistScheduler {
             .filter(|(_, w)| now.is_none_or(|now| w.due <= now))
             .map(|(id, _)| id.clone())
             .collect();
+        if let Some(now) = now.filter(|_| !ended.is_empty()) {
+            self.grace_ended
+                .retain(|_, seen| now.duration_since(seen.at) < REMEMBER_ENDED_GRACE);
+        }
         for id in ended {
-            if let Some(Waiting { due, hint }) = self.waiting.remove(&id) {
+            if let Some(Waiting { seen, due, hint }) = self.waiting.remove(&id) {
+                self.grace_ended.insert(id.clone(), seen);
                 self.enqueue(Scope::Container(id), hint, due, 0);
             }
         }
@@ -382,9 +437,10 @@ impl RelistScheduler {
     /// read ([`DEFAULT_KERNEL_GRACE`] while the runtime's event stream is connected and its
     /// task events confirm, zero otherwise). It also says how rereads back off: a grace means
     /// the runtime's events answer them ([`EVENT_RETRY`]), none that only a reading does
-    /// ([`POLL_RETRY`]).
+    /// ([`POLL_RETRY`]). The grace stretches to follow how late the runtime's events come, up
+    /// to 2 s (`grace` is the shortest).
     pub fn set_kernel_grace(&mut self, grace: Duration) {
-        self.kernel_grace = grace;
+        self.kernel_grace.set_base(grace);
     }
 
     /// Asks for a full relist at `now` (stream reconnect, ring buffer loss, dropped events).
@@ -617,7 +673,7 @@ impl RelistScheduler {
     /// [`POLL_RETRY`] otherwise); new triggers for the same target merge with it. Targets whose
     /// retries are spent are handed back.
     pub fn retry(&mut self, batch: Batch, now: Instant) -> Result<(), Exhausted> {
-        let policy = if self.kernel_grace.is_zero() {
+        let policy = if self.kernel_grace.base().is_zero() {
             self.config.poll_retry
         } else {
             self.config.event_retry
@@ -676,7 +732,7 @@ impl RelistScheduler {
             .any(|(of, o)| *of == id && o.kind == ObservationKind::TaskDeleted);
         let delay = if deleted {
             SETTLE_AFTER_DELETE
-        } else if done == 0 && !self.kernel_grace.is_zero() {
+        } else if done == 0 && !self.kernel_grace.base().is_zero() {
             SETTLE_AWAITING_DELETE
         } else {
             delay

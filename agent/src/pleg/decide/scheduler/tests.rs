@@ -188,6 +188,79 @@ fn kernel_triggers_wait_the_grace_for_the_runtimes_event_about_their_container()
     assert!(scheduler.next_due(t0).is_some(), "no grace: at once");
 }
 
+/// The runtime's events that come late, in a kernel hint's grace or after it ended, stretch
+/// the grace of the kernel hints that follow: those events would have answered them.
+#[test]
+fn late_runtime_events_stretch_the_kernel_grace() {
+    let t0 = Instant::now();
+    let grace = 250 * MS;
+    let mut scheduler = after_first_full(t0);
+    scheduler.set_kernel_grace(grace);
+    scheduler.push(exited("c1", Source::Ebpf), t0);
+    let alone = scheduler.next_due(t0 + grace).expect("c1 after its grace");
+    scheduler.finished(&alone.scope);
+    scheduler.push(exited("c1", Source::Containerd), t0 + 800 * MS);
+    let answered = scheduler.next_due(t0 + 800 * MS).expect("c1's event");
+    scheduler.finished(&answered.scope);
+
+    let t1 = t0 + Duration::from_secs(1);
+    scheduler.push(exited("c2", Source::Ebpf), t1);
+    assert_eq!(
+        scheduler.next_deadline(),
+        Some(t1 + 1200 * MS),
+        "800 ms late, with headroom"
+    );
+    scheduler.push(exited("c2", Source::Containerd), t1 + 10 * MS);
+    let c2 = scheduler.next_due(t1 + 10 * MS).expect("c2's event");
+    assert_eq!(
+        c2.hints.sources(),
+        BTreeSet::from([Source::Ebpf, Source::Containerd])
+    );
+    scheduler.finished(&c2.scope);
+
+    // A calm event brings it an eighth of the way down; a kernel hint no runtime event
+    // follows (another runtime's container) teaches nothing.
+    let t2 = t1 + Duration::from_secs(1);
+    scheduler.push(exited("foreign", Source::Ebpf), t2);
+    let due = scheduler.next_deadline().unwrap();
+    assert_eq!(due - t2, (800 * MS - 790 * MS / 8) * 3 / 2);
+    let foreign = scheduler.next_due(due).expect("after its grace");
+    scheduler.finished(&foreign.scope);
+    let t3 = due + Duration::from_secs(1);
+    scheduler.push(exited("c3", Source::Ebpf), t3);
+    assert_eq!(scheduler.next_deadline(), Some(t3 + (due - t2)));
+    let c3 = scheduler
+        .next_due(t3 + (due - t2))
+        .expect("after its grace");
+    scheduler.finished(&c3.scope);
+
+    // Nor does a runtime event about another step: an init's second exec, which no runtime
+    // event answers, then its exit's `/tasks/exit`.
+    let t4 = t3 + Duration::from_secs(2);
+    let mut exec = trigger(of("c4"), Source::Ebpf, 1);
+    exec.observations = vec![observation(
+        Source::Ebpf,
+        ObservationKind::Exec("/bin/sleep".into()),
+    )];
+    scheduler.push(exec, t4);
+    let grace_then = scheduler.next_deadline().unwrap() - t4;
+    let c4 = scheduler
+        .next_due(t4 + grace_then)
+        .expect("after its grace");
+    scheduler.finished(&c4.scope);
+    scheduler.push(
+        exited("c4", Source::Containerd),
+        t4 + Duration::from_secs(3),
+    );
+    let c4 = scheduler
+        .next_due(t4 + Duration::from_secs(3))
+        .expect("c4's exit");
+    scheduler.finished(&c4.scope);
+    let t5 = t4 + Duration::from_secs(4);
+    scheduler.push(exited("c5", Source::Ebpf), t5);
+    assert_eq!(scheduler.next_deadline(), Some(t5 + grace_then));
+}
+
 #[test]
 fn triggers_coalesce_per_target() {
     let t0 = Instant::now();
