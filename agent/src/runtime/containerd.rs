@@ -282,11 +282,10 @@ impl ContainerdRuntime {
         if self.reads_cri() {
             let read = self.cri.read_container(id, committed).await?;
             if let Some(mut found) = read.found {
-                // containerd's image name is the one the container was made from; CRI's status
-                // may give a digest instead.
-                let kept = committed.and_then(|pod| pod.containers.get(id));
-                if let (Some(record), Some(kept)) = (found.containers.get_mut(id), kept) {
-                    record.image.clone_from(&kept.image);
+                if let Some(committed) = committed {
+                    keep_image_names(&mut found, |id| {
+                        committed.containers.get(id).map(|c| c.image.as_str())
+                    });
                 }
                 return Ok(ContainerRead {
                     id: id.clone(),
@@ -512,18 +511,14 @@ impl Runtime for ContainerdRuntime {
         if !only_cri || is_own_pod(&listed.uid) {
             return self.inspect_pod(&listed.uid, known).await;
         }
-        // containerd's image name is the one the container was made from; CRI's status may
-        // give a digest instead.
         let images: HashMap<ContainerId, String> = listed
             .containers
             .values()
             .map(|c| (c.id.clone(), c.image.clone()))
             .collect();
         let mut inspected = self.cri.inspect_listed(listed, known).await?;
-        for record in inspected.iter_mut().flat_map(|p| p.containers.values_mut()) {
-            if let Some(image) = images.get(&record.id) {
-                record.image.clone_from(image);
-            }
+        if let Some(pod) = &mut inspected {
+            keep_image_names(pod, |id| images.get(id).map(String::as_str));
         }
         Ok(inspected)
     }
@@ -615,6 +610,16 @@ fn identity(namespace: &str, container: &Container) -> Identity {
             sandbox,
             cri,
         },
+    }
+}
+
+/// containerd's image name, from `name_of`, on each container of `pod` that CRI read: the name
+/// the container was made from, where CRI's status may give a digest instead.
+fn keep_image_names<'a>(pod: &mut PodRecord, name_of: impl Fn(&ContainerId) -> Option<&'a str>) {
+    for record in pod.containers.values_mut() {
+        if let Some(name) = name_of(&record.id) {
+            name.clone_into(&mut record.image);
+        }
     }
 }
 
