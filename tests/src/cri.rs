@@ -505,7 +505,11 @@ fn pod_namespaces(pid_mode: PidMode) -> NamespaceOption {
 }
 
 /// The labels kubelet puts on every sandbox (and, with the container name, every container).
-fn pod_labels(name: &str, namespace: &str, uid: &str) -> std::collections::HashMap<String, String> {
+pub fn pod_labels(
+    name: &str,
+    namespace: &str,
+    uid: &str,
+) -> std::collections::HashMap<String, String> {
     [
         ("io.kubernetes.pod.name", name),
         ("io.kubernetes.pod.namespace", namespace),

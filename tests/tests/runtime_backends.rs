@@ -19,7 +19,7 @@ use plegd::{
 use plegd_tests::{
     ContainerdOptions, Node, PrivateContainerd,
     containerd::{CRI_NAMESPACE, NATIVE_NAMESPACE},
-    cri::{ContainerSpec, PidMode},
+    cri::{ContainerSpec, PidMode, pod_labels},
     native::{Native, NativeSpec},
     wait,
 };
@@ -262,9 +262,6 @@ fn record_of<'a>(pods: &'a [PodRecord], id: &str) -> &'a ContainerRecord {
     record(pod, id)
 }
 
-/// A container read by id before its pod was committed (a hint or the task service's event
-/// ahead of the pod's listing) carries the pod's kept labels and annotations: its first event
-/// goes out with them.
 /// A full relist inspects a listed pod by reading only the containers whose state changed
 /// since the pod's last inspection, on both backends (the containerd backend through CRI, as
 /// containerd's own API would read every container's task again): an unchanged container
@@ -329,6 +326,9 @@ async fn a_listed_pods_inspection_reads_only_the_containers_that_changed() {
     }
 }
 
+/// A container read by id before its pod was committed (a hint or the task service's event
+/// ahead of the pod's listing) carries the pod's kept labels and annotations: its first event
+/// goes out with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_read_before_its_pod_has_the_pods_labels() {
     let Node {
@@ -400,17 +400,10 @@ async fn a_sandbox_still_being_made_is_not_read_as_dead_by_the_containerd_backen
     } = Node::start().await.unwrap();
     let runtime = connect(RuntimeKind::Containerd, &containerd.socket(), &[]).await;
     let making_uid = "5f0c9a52-0d7e-4a6c-9d0e-making000001";
-    let labels = [
-        ("io.cri-containerd.kind", "sandbox"),
-        ("io.kubernetes.pod.name", "making"),
-        ("io.kubernetes.pod.namespace", "default"),
-        ("io.kubernetes.pod.uid", making_uid),
-    ];
+    let mut labels = pod_labels("making", "default", making_uid);
+    labels.insert("io.cri-containerd.kind".into(), "sandbox".into());
     let making = NativeSpec {
-        labels: labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        labels,
         ..NativeSpec::shell("exec sleep 2147483647")
     };
     let native = Native::connect_in(&containerd, CRI_NAMESPACE)
