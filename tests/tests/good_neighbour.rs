@@ -719,16 +719,24 @@ fn rss_kib(containerd: &PrivateContainerd) -> u64 {
 }
 
 /// `plegd run` as a process (so it can be frozen), its JSON event lines collected.
+/// plegd's log (stderr) in its directory: triggers and reads traced.
+const LOG: &str = "plegd.log";
+
+/// The most lines of plegd's log a failure prints.
+const LOG_LINES: usize = 400;
+
 struct PlegdProcess {
     child: Terminating,
     events: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl PlegdProcess {
     fn start(containerd: &PrivateContainerd, args: &[&str]) -> Self {
         use std::io::BufRead as _;
         let dir = tempfile::tempdir().unwrap();
+        // Its reads and triggers, for the lines of a container it fell short on.
+        let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
         let mut child = Terminating(
             Command::new(plegd_binary().unwrap())
                 .arg("run")
@@ -738,10 +746,10 @@ impl PlegdProcess {
                 .arg(dir.path().join("plegd.sock"))
                 .args(["--state-dir", "none", "--output", "json"])
                 .args(args)
-                .env_remove("RUST_LOG")
+                .env("RUST_LOG", "info,plegd::pleg=trace")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
+                .stderr(log)
                 .spawn()
                 .unwrap(),
         );
@@ -756,11 +764,21 @@ impl PlegdProcess {
                 }
             }
         });
-        Self {
-            child,
-            events,
-            _dir: dir,
-        }
+        Self { child, events, dir }
+    }
+
+    /// The lines of plegd's log that name any of `ids` (at most [`LOG_LINES`]).
+    fn log_of(&self, ids: &[&String]) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|line| ids.iter().any(|id| line.contains(id.as_str())))
+            .collect();
+        let skipped = lines.len().saturating_sub(LOG_LINES);
+        format!(
+            "({skipped} earlier lines left out)\n{}",
+            lines[skipped..].join("\n")
+        )
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
@@ -790,13 +808,18 @@ impl PlegdProcess {
         .await;
         let events = result.unwrap_or_else(|e| {
             let events = self.events.lock().unwrap().clone();
-            let short: Vec<String> = ids
+            let short: Vec<&String> = ids
                 .iter()
-                .map(|id| (id, support::types_of(&events, id)))
-                .filter(|(_, types)| types.len() < expected.len())
-                .map(|(id, types)| format!("{id}: {types:?}"))
+                .filter(|id| support::types_of(&events, id).len() < expected.len())
                 .collect();
-            panic!("{e}; short of it: {short:#?}")
+            let told: Vec<&serde_json::Value> = events
+                .iter()
+                .filter(|e| short.iter().any(|id| e["container_id"] == id.as_str()))
+                .collect();
+            panic!(
+                "{e}; short of it: {short:#?}; their events: {told:#?}; plegd's log of them:\n{}",
+                self.log_of(&short)
+            )
         });
         for id in ids {
             assert_eq!(support::types_of(&events, id), expected, "events of {id}");

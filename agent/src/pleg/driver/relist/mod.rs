@@ -424,6 +424,9 @@ impl<R: Runtime> Relister<R> {
         let read_in = job.read_started.elapsed();
         // Other reads ran beside this one: what one begun since showed stands.
         let reading = fresh(reading, &self.committed, job.read_started);
+        if !full {
+            trace!(shown = %Shown(&reading), "read");
+        }
         let pods_read = reading.pods.len();
         let mut outcome = std::mem::take(&mut job.outcome);
         self.note_read(&reading, &mut outcome);
@@ -812,6 +815,35 @@ impl<R> std::fmt::Debug for Relister<R> {
             .field("to_reinspect", &self.to_reinspect)
             .field("sequence", &self.sequence)
             .finish_non_exhaustive()
+    }
+}
+
+/// What a targeted read showed, `id:state/store` a container, in a trace: the debug log of a
+/// run that lost an event says what each read saw of it (a full relist's would be the node).
+struct Shown<'r>(&'r Reading);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (uid, pod) in &self.0.pods {
+            let (record, gone) = match pod {
+                PodReading::Inspected(record) => (Some(record), &[][..]),
+                PodReading::Containers { pod, gone } => (Some(pod), gone.as_slice()),
+                PodReading::Gone => (None, &[][..]),
+                PodReading::Failed => {
+                    write!(f, "{uid}: failed; ")?;
+                    continue;
+                }
+            };
+            write!(f, "{uid}:")?;
+            for c in record.iter().flat_map(|r| r.containers.values()) {
+                write!(f, " {}:{:?}/{:?}", c.id, c.state, c.confirmed_by)?;
+            }
+            for id in gone {
+                write!(f, " {id}:gone")?;
+            }
+            write!(f, "; ")?;
+        }
+        write!(f, "tasks {:?}", self.0.tasks)
     }
 }
 
