@@ -10,7 +10,7 @@ use std::{
 
 use futures::{StreamExt as _, stream};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, trace};
 
 use crate::pleg::{
     decide::{
@@ -238,10 +238,12 @@ async fn read_tasks<R: Runtime>(
     deadline: Duration,
 ) -> (TaskRecords, Vec<(ContainerId, TaskAsk)>) {
     let read = asks.into_iter().map(|(id, ask)| async move {
+        let asked = Instant::now();
         let record = match ask {
             TaskAsk::Start => tokio::time::timeout(deadline, runtime.task_record(&id)).await,
             TaskAsk::Exit => tokio::time::timeout(TASK_EXIT_WAIT, runtime.task_exit(&id)).await,
         };
+        trace!(container = %id, ?ask, answered_in = ?asked.elapsed(), "task asked");
         (id, ask, record)
     });
     let (mut tasks, mut busy) = (TaskRecords::new(), Vec::new());
