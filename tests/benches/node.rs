@@ -296,7 +296,7 @@ impl Bench {
                 let died = watch.arrivals.wait(id, "ContainerDied", DEADLINE);
                 let (cri, died) = tokio::join!(cri, died);
                 let exit = self.events.wait(id, "exit", Duration::from_secs(5)).await;
-                let exit_arrival = self.events.get(id, "exit_arrival");
+                let exit_arrival = self.events.get(id, bench::EXIT_ARRIVAL);
                 let emitted = watch.arrivals.get(id, "ContainerDied emitted");
                 let kernel = watch.arrivals.get(id, bench::KERNEL_DEATH);
                 kills.push(json!({
@@ -333,7 +333,7 @@ impl Bench {
             let started = SystemTime::now();
             let died = arrivals.wait(&id, "ContainerDied", DEADLINE).await;
             let exit = self.events.wait(&id, "exit", Duration::from_secs(5)).await;
-            let exit_arrival = self.events.get(&id, "exit_arrival");
+            let exit_arrival = self.events.get(&id, bench::EXIT_ARRIVAL);
             let emitted = arrivals.get(&id, "ContainerDied emitted");
             ooms.push(json!({
                 "died_ms": died.map(|t| ms_between(started, t)),

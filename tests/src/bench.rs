@@ -541,7 +541,7 @@ fn emitted_at(line: &str) -> Option<SystemTime> {
 
 /// containerd's own event stream, as `ctr events` reads it: `/tasks/exit` recorded as `"exit"`
 /// at the payload's `exited_at`, as [`EXIT_PUBLISHED`] at the envelope's timestamp (when the
-/// shim published it) and as `"exit_arrival"` when it reached this subscriber, `/tasks/start`
+/// shim published it) and as [`EXIT_ARRIVAL`] when it reached this subscriber, `/tasks/start`
 /// as `"start"` at the envelope's timestamp (init processes only).
 pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result<Arc<Arrivals>> {
     let channel = unix_channel(&containerd.socket()).await?;
@@ -575,7 +575,7 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
                         {
                             record.record(&exit.container_id, EXIT_PUBLISHED, published);
                         }
-                        record.record(&exit.container_id, "exit_arrival", SystemTime::now());
+                        record.record(&exit.container_id, EXIT_ARRIVAL, SystemTime::now());
                     }
                 }
                 "/tasks/start" => {
@@ -599,6 +599,9 @@ pub async fn containerd_events(containerd: &PrivateContainerd) -> anyhow::Result
 /// What [`containerd_events`] records the publish time of a container's `/tasks/exit` envelope
 /// as.
 pub const EXIT_PUBLISHED: &str = "exit_published";
+
+/// What [`containerd_events`] records the arrival of a container's `/tasks/exit` as.
+pub const EXIT_ARRIVAL: &str = "exit_arrival";
 
 /// The first moment CRI `ContainerStatus` shows the container EXITED, asking as fast as it
 /// answers; `None` past `timeout`.

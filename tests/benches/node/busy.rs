@@ -226,6 +226,7 @@ impl Bench {
                 )
                 .await?;
             let (mut share, mut no_died, mut no_exit) = (Vec::new(), 0, 0);
+            let (mut arrival, mut beyond) = (Vec::new(), Vec::new());
             let deadline = tokio::time::Instant::now() + STRAGGLERS;
             for l in &run.lifecycles {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -244,6 +245,15 @@ impl Bench {
                     Some((emitted, published)) => share.push(ms_between(published, emitted)),
                     None => no_exit += 1,
                 }
+                // The same envelope's way to another subscriber (this bench's): what the node's
+                // load adds before plegd could have it, and what plegd took beyond that.
+                let arrived = self.events.get(&l.container_id, bench::EXIT_ARRIVAL);
+                if let Some((published, arrived)) = published.zip(arrived) {
+                    arrival.push(ms_between(published, arrived));
+                    if let Some(emitted) = emitted {
+                        beyond.push(ms_between(arrived, emitted));
+                    }
+                }
             }
             watch.stop();
             plegd.stop();
@@ -255,6 +265,8 @@ impl Bench {
                 "failed": run.failed.len(),
                 "per_second": run.per_second(),
                 "share_ms": share,
+                "arrival_ms": arrival,
+                "beyond_arrival_ms": beyond,
                 "no_died": no_died,
                 "no_exit_event": no_exit,
             }));

@@ -317,13 +317,15 @@ pub(super) fn throughput_table(m: &Value) -> String {
 /// Per mode: plegd's own share of each ContainerDied after containerd published `/tasks/exit`.
 pub(super) fn overload_table(m: &Value) -> String {
     let mut t = String::from(
-        "| mode | K | lifecycles | /s | deaths timed | share p50 | p99 (goal ≤ 10) | max | no ContainerDied |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | K | lifecycles | /s | deaths timed | share p50 | p99 (goal ≤ 10) | max | another subscriber p50 / p99 | plegd after it p50 / p99 | no ContainerDied |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows(m, "overload") {
         let share = array(&row["share_ms"]);
+        let arrival = array(&row["arrival_ms"]);
+        let beyond = array(&row["beyond_arrival_ms"]);
         let _ = writeln!(
             t,
-            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
             row["label"].as_str().unwrap_or("?"),
             if event_mode(row) { "" } else { " (reference)" },
             row["in_flight"],
@@ -333,6 +335,10 @@ pub(super) fn overload_table(m: &Value) -> String {
             ms(percentile(&share, 50.0)),
             ms(percentile(&share, 99.0)),
             ms(percentile(&share, 100.0)),
+            ms(percentile(&arrival, 50.0)),
+            ms(percentile(&arrival, 99.0)),
+            ms(percentile(&beyond, 50.0)),
+            ms(percentile(&beyond, 99.0)),
             row["no_died"],
         );
     }
@@ -499,7 +505,8 @@ mod tests {
         let shares: Vec<f64> = (1..=100).map(f64::from).map(|v| v / 10.0).collect();
         let m = json!({"overload": [
             {"mode": "default", "label": "default", "in_flight": 16, "lifecycles": 100,
-             "share_ms": shares, "no_died": 0},
+             "share_ms": shares, "arrival_ms": [4.0, 8.0], "beyond_arrival_ms": [-1.0, 1.0],
+             "no_died": 0},
             {"mode": "polling-1s", "label": "polling 1 s", "share_ms": [900.0], "no_died": 50},
         ]});
         let goals = goals(&m);
@@ -510,7 +517,9 @@ mod tests {
         );
         let table = overload_table(&m);
         assert!(
-            table.contains("| default | 16 | 100 | n/a | 100 | 5.0 | 9.9 | 10.0 | 0 |"),
+            table.contains(
+                "| default | 16 | 100 | n/a | 100 | 5.0 | 9.9 | 10.0 | 4.0 / 8.0 | -1.0 / 1.0 | 0 |"
+            ),
             "{table}"
         );
         assert!(table.contains("| polling 1 s (reference) |"), "{table}");
