@@ -36,7 +36,9 @@
 //!   reading in themselves: a container that started and died between two readings yields
 //!   both events, and one whose whole life passed before any read of it (a busy node) is
 //!   told from those records alone, confirmed by the task service, in the pod its cgroup
-//!   names. Without them (polling, eBPF only), a container that started and died between
+//!   names. A reading that shows a container running while the task service's record says
+//!   it exited yields both events too, its start the reading's (the runtime's record of the
+//!   start may come after). Without them (polling, eBPF only), a container that started and died between
 //!   two readings yields `ContainerDied` only, and one created, run and removed between two
 //!   readings yields nothing at all: kubelet has the same blind spot, an event means "look
 //!   at this pod now", not a full log.

@@ -388,13 +388,14 @@ impl Decide<'_> {
     ) -> Option<PodPlan<'e>> {
         let old = committed.get(&uid);
         let inspected = reading.as_ref().is_some_and(PodReading::is_read);
+        let overtaken = overtaken(reading.as_ref(), &self.records);
         let new = new_pod(old, reading, &self.records)?;
         // Compared only when it decides: at 10,000 inspected pods the old record was a miss.
         if (new.is_none() || !inspected) && new.as_ref() == old {
             return None;
         }
         let mut corrected = Vec::new();
-        pod_events(old, new.as_ref(), self, events, &mut corrected);
+        pod_events(old, new.as_ref(), &overtaken, self, events, &mut corrected);
         let same_containers = old
             .zip(new.as_ref())
             .is_some_and(|(old, new)| old.containers.keys().eq(new.containers.keys()));
@@ -839,11 +840,30 @@ impl Shown {
     }
 }
 
+/// The records a reading showed running that an exit the task service recorded overtakes:
+/// the start the runtime showed, told before the death. Its own record (containerd's
+/// `/tasks/start`) can come after both: a kernel hint past its grace is read while the
+/// runtime's events lag, and a start that then comes finds the container exited.
+fn overtaken(reading: Option<&PodReading>, records: &Records<'_>) -> Vec<ContainerRecord> {
+    let pod = match reading {
+        Some(PodReading::Inspected(pod) | PodReading::Containers { pod, .. }) => pod,
+        _ => return Vec::new(),
+    };
+    pod.containers
+        .values()
+        .filter(|c| c.state == ContainerState::Running)
+        .filter(|c| matches!(records.tasks.get(&c.id), Some(TaskRecord::Exited { .. })))
+        .cloned()
+        .collect()
+}
+
 /// The events of a pod that went from `old` to `new`, by container id, put in `events`; the
-/// reasons the CRI store corrected, in `corrected`.
+/// reasons the CRI store corrected, in `corrected`. `overtaken`: the records the reading
+/// showed running that a recorded exit overtook ([`overtaken`]).
 fn pod_events<'a>(
     old: Option<&'a PodRecord>,
     new: Option<&'a PodRecord>,
+    overtaken: &[ContainerRecord],
     decide: &Decide<'_>,
     events: &mut Vec<PodLifecycleEvent>,
     corrected: &mut Vec<Correction>,
@@ -859,7 +879,8 @@ fn pod_events<'a>(
             (None, None) => continue,
         };
         correct_reason(pod, before, after, decide, events, corrected);
-        container_events(pod, (id, before, after), decide, events);
+        let shown_running = overtaken.iter().find(|c| &c.id == id);
+        container_events(pod, (id, before, after), shown_running, decide, events);
     }
 }
 
@@ -894,7 +915,8 @@ fn correct_reason(
 }
 
 /// The lifecycle events of one container of `pod` that went from `before` to `after`, put in
-/// `events`, each step of the way it took.
+/// `events`, each step of the way it took. `shown_running`: the reading showed it running,
+/// and a recorded exit overtook that.
 fn container_events(
     pod: &PodRecord,
     (id, before, after): (
@@ -902,6 +924,7 @@ fn container_events(
         Option<&ContainerRecord>,
         Option<&ContainerRecord>,
     ),
+    shown_running: Option<&ContainerRecord>,
     decide: &Decide<'_>,
     events: &mut Vec<PodLifecycleEvent>,
 ) {
@@ -928,7 +951,7 @@ fn container_events(
     let Some(last) = after.or(gone.as_ref()) else {
         return;
     };
-    let ran = ran_meanwhile(id, before, last, records);
+    let ran = ran_meanwhile(id, before, last, records, shown_running);
     // Borrowed, not cloned: at every changed pod of a full relist the clones were a
     // handful of allocations per container, unchanged ones included.
     let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
@@ -957,22 +980,25 @@ fn container_events(
     }
 }
 
-/// The running state a container that exited passed through unseen, when the task service
-/// recorded its start and the last record showed it short of running.
+/// The running state a container that exited passed through unseen, when the record before
+/// showed it short of running: as the task service recorded its start, else as the reading
+/// showed it (`shown_running`) before the exit the task service recorded overtook it.
 fn ran_meanwhile(
     id: &ContainerId,
     before: Option<&ContainerRecord>,
     last: &ContainerRecord,
     records: &Records<'_>,
+    shown_running: Option<&ContainerRecord>,
 ) -> Option<ContainerRecord> {
     let short_of_running = before
         .and_then(|c| c.state.progress())
         .is_none_or(|p| p < 1);
+    if !short_of_running || last.state != ContainerState::Exited {
+        return None;
+    }
     match records.started.get(id) {
-        Some(&started) if short_of_running && last.state == ContainerState::Exited => {
-            Some(while_running(last, Some(started)))
-        }
-        _ => None,
+        Some(&started) => Some(while_running(last, Some(started))),
+        None => shown_running.cloned(),
     }
 }
 

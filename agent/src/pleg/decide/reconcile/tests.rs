@@ -545,6 +545,43 @@ fn a_start_recorded_by_a_queued_hint_is_announced_before_the_death_read() {
     }
 }
 
+/// A container first read while the CRI store still showed it running, the task service's
+/// `Wait` saying in the same read that it exited (a kernel hint past its grace while
+/// containerd's `/tasks/start` was still on its way): the start the store showed is told
+/// before the death. (good_neighbour lost it: the late `/tasks/start` found the container
+/// exited, and the start was never told.)
+#[test]
+fn a_start_the_cri_store_showed_is_told_before_the_exit_the_task_service_read() {
+    let hint = hints(true, Ebpf, &[Exec("/bin/sleep".into()), Signal(9)]);
+    let none = Hints::default();
+    let (cri, task) = (Some(Store::Cri), Some(Store::Task));
+    for (shown, events) in [
+        (
+            Running,
+            vec![
+                (ContainerStarted, None, cri),
+                (ContainerDied, Some(137), task),
+            ],
+        ),
+        // Never shown running: nothing says it ran but the exit (kubelet's unknown to exited).
+        (Created, vec![(ContainerDied, Some(137), task)]),
+    ] {
+        let mut read = reading(
+            Covers::Containers(vec![id("c")]),
+            vec![("p", read_alone(shown, &[]))],
+        );
+        read.tasks.insert(
+            id("c"),
+            TaskRecord::Exited {
+                code: 137,
+                at: at(40),
+            },
+        );
+        let (pods, _) = reconcile(&committed(None), read, &hint, &none, &HashSet::new(), TASK);
+        assert_eq!(rows(&pods), events, "shown {shown:?}");
+    }
+}
+
 #[test]
 fn a_deletion_is_remembered_for_later_readings() {
     let (pods, plan) = reconcile(
