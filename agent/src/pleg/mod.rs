@@ -38,10 +38,10 @@
 //!   told from those records alone, confirmed by the task service, in the pod its cgroup
 //!   names. A reading that shows a container running while the task service's record says
 //!   it exited yields both events too, its start the reading's (the runtime's record of the
-//!   start may come after). Without them (polling, eBPF only), a container that started and died between
-//!   two readings yields `ContainerDied` only, and one created, run and removed between two
-//!   readings yields nothing at all: kubelet has the same blind spot, an event means "look
-//!   at this pod now", not a full log.
+//!   start may come after). Without them (polling, eBPF only), a container that started and
+//!   died between two readings yields `ContainerDied` only, and one created, run and removed
+//!   between two readings yields nothing at all: kubelet has the same blind spot, an event
+//!   means "look at this pod now", not a full log.
 //! - **Triggers are hints.** A trigger says *where* and *when* to look. It may come before the
 //!   runtime reflects the change (the scheduler reads again a few times), or be lost (a ring
 //!   buffer overflow, a stream reconnect).
