@@ -36,12 +36,14 @@
 //!   reading in themselves: a container that started and died between two readings yields
 //!   both events, and one whose whole life passed before any read of it (a busy node) is
 //!   told from those records alone, confirmed by the task service, in the pod its cgroup
-//!   names. A reading that shows a container running while the task service's record says
-//!   it exited yields both events too, its start the reading's (the runtime's record of the
-//!   start may come after). Without them (polling, eBPF only), a container that started and
-//!   died between two readings yields `ContainerDied` only, and one created, run and removed
-//!   between two readings yields nothing at all: kubelet has the same blind spot, an event
-//!   means "look at this pod now", not a full log.
+//!   names. Their records can come after a read that a faster source asked for (CRI's
+//!   `CONTAINER_CREATED`): a read that finds a container it was asked about already exited
+//!   tells its start from the runtime's record of it (CRI's `started_at`), and one that
+//!   shows it running while the task service's record says it exited tells that start.
+//!   Without them (polling, eBPF only), a container that started and died between two
+//!   readings yields `ContainerDied` only, and one created, run and removed between two
+//!   readings yields nothing at all: kubelet has the same blind spot, an event means "look
+//!   at this pod now", not a full log.
 //! - **Triggers are hints.** A trigger says *where* and *when* to look. It may come before the
 //!   runtime reflects the change (the scheduler reads again a few times), or be lost (a ring
 //!   buffer overflow, a stream reconnect).

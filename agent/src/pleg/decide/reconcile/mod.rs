@@ -52,6 +52,10 @@ pub struct Settings {
     pub emit_changed: bool,
     /// Whose word on an OOM kill decides the reason of a death the task service confirmed.
     pub oom_witness: OomWitness,
+    /// The runtime's own records of each start, exit and deletion are on their way
+    /// (containerd's event stream is connected): a life a reading asked for found already
+    /// over is told whole, its start from the runtime's record of it.
+    pub runtime_events: bool,
 }
 
 /// What a reading covers: where it can say a container is absent.
@@ -951,7 +955,7 @@ fn container_events(
     let Some(last) = after.or(gone.as_ref()) else {
         return;
     };
-    let ran = ran_meanwhile(id, before, last, records, shown_running);
+    let ran = ran_meanwhile(id, before, last, decide, shown_running);
     // Borrowed, not cloned: at every changed pod of a full relist the clones were a
     // handful of allocations per container, unchanged ones included.
     let mut way: SmallVec<[Option<&ContainerRecord>; 4]> = SmallVec::new();
@@ -981,13 +985,18 @@ fn container_events(
 }
 
 /// The running state a container that exited passed through unseen, when the record before
-/// showed it short of running: as the task service recorded its start, else as the reading
-/// showed it (`shown_running`) before the exit the task service recorded overtook it.
+/// showed it short of running: as the task service recorded its start; else as the reading
+/// showed it (`shown_running`) before the exit the task service recorded overtook it; else,
+/// while the runtime's events are on their way, as the runtime's record of its start (its
+/// `started_at`) says, for a container the hints asked about (a read on CRI's
+/// `CONTAINER_CREATED` that found it exited, its `/tasks/start` still on the way). Without
+/// them, and for a container nothing asked about (a full relist, a first one), kubelet's rule:
+/// a container first seen exited has died, nothing more.
 fn ran_meanwhile(
     id: &ContainerId,
     before: Option<&ContainerRecord>,
     last: &ContainerRecord,
-    records: &Records<'_>,
+    decide: &Decide<'_>,
     shown_running: Option<&ContainerRecord>,
 ) -> Option<ContainerRecord> {
     let short_of_running = before
@@ -996,10 +1005,24 @@ fn ran_meanwhile(
     if !short_of_running || last.state != ContainerState::Exited {
         return None;
     }
-    match records.started.get(id) {
-        Some(&started) => Some(while_running(last, Some(started))),
-        None => shown_running.cloned(),
+    if let Some(&started) = decide.records.started.get(id) {
+        return Some(while_running(last, Some(started)));
     }
+    if shown_running.is_some() {
+        return shown_running.cloned();
+    }
+    let asked = || {
+        decide
+            .hints
+            .iter()
+            .any(|(target, hint)| containers_of(target, hint).any(|c| c == id))
+    };
+    (decide.settings.runtime_events && last.started_at.is_some() && asked()).then(|| {
+        ContainerRecord {
+            confirmed_by: last.confirmed_by,
+            ..while_running(last, None)
+        }
+    })
 }
 
 /// The hints the result does not reflect, and the containers awaiting the CRI store.

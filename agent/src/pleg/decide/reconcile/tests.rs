@@ -32,11 +32,13 @@ const TASK: Settings = Settings {
     confirm: Store::Task,
     emit_changed: false,
     oom_witness: OomWitness::Any,
+    runtime_events: false,
 };
 const CRI: Settings = Settings {
     confirm: Store::Cri,
     emit_changed: false,
     oom_witness: OomWitness::Any,
+    runtime_events: false,
 };
 
 /// Pod "p" holding container "c" in `state` (none: an empty committed set).
@@ -579,6 +581,82 @@ fn a_start_the_cri_store_showed_is_told_before_the_exit_the_task_service_read() 
         );
         let (pods, _) = reconcile(&committed(None), read, &hint, &none, &HashSet::new(), TASK);
         assert_eq!(rows(&pods), events, "shown {shown:?}");
+    }
+}
+
+/// A container a hint asked about (CRI's `CONTAINER_CREATED`), first read exited, its start
+/// recorded by the runtime (`started_at`): while containerd's events are on their way its
+/// whole life is told, the start before the death (good_neighbour on containerd 2.1: the read
+/// found the container exited 100 ms on, its `/tasks/start` came 10 ms after the read, found
+/// it exited, and the start was never told). Without the runtime's events, or for a container
+/// nothing asked about (a full relist), kubelet's rule: died, nothing more.
+#[test]
+fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
+    let asked = hints(true, Source::CriEvents, &[]);
+    let none = Hints::default();
+    let mut shown = record(Exited);
+    shown.started_at = Some(at(20));
+    let read = reading(
+        Covers::Containers(vec![id("c")]),
+        vec![(
+            "p",
+            PodReading::Containers {
+                pod: pod("p", "web", [shown.clone()]),
+                gone: Vec::new(),
+            },
+        )],
+    );
+    let events = Settings {
+        runtime_events: true,
+        ..TASK
+    };
+    let cri = Some(Store::Cri);
+    let (whole, died) = (
+        vec![(ContainerStarted, None, cri), (ContainerDied, Some(2), cri)],
+        vec![(ContainerDied, Some(2), cri)],
+    );
+    let never_started = {
+        let mut read = read.clone();
+        if let Some((_, PodReading::Containers { pod, .. })) = read.pods.first_mut() {
+            pod.containers
+                .values_mut()
+                .for_each(|c| c.started_at = None);
+        }
+        read
+    };
+    for (name, read, hints, settings, expected) in [
+        (
+            "asked, events on their way",
+            read.clone(),
+            &asked,
+            events,
+            &whole,
+        ),
+        (
+            "asked, no runtime events",
+            read.clone(),
+            &asked,
+            TASK,
+            &died,
+        ),
+        (
+            "nothing asked (a full relist)",
+            read.clone(),
+            &none,
+            events,
+            &died,
+        ),
+        ("asked, never started", never_started, &asked, events, &died),
+    ] {
+        let (pods, _) = reconcile(
+            &committed(None),
+            read,
+            hints,
+            &none,
+            &HashSet::new(),
+            settings,
+        );
+        assert_eq!(&rows(&pods), expected, "{name}");
     }
 }
 

@@ -155,6 +155,8 @@ pub struct Relister<R> {
     /// Pods whose last inspection failed (kubelet's `podsToReinspect`): a full relist inspects
     /// them whatever their listing shows.
     to_reinspect: BTreeSet<PodUid>,
+    /// Whether the runtime's own task events are on their way ([`Self::set_runtime_events`]).
+    runtime_events: bool,
     /// How long a task status is waited for ([`Self::set_runtime_events`]).
     task_deadline: Duration,
     /// Asks of the task service that missed their deadline, until when the same ask of the
@@ -202,6 +204,7 @@ impl<R: Runtime> Relister<R> {
             config,
             committed: Committed::default(),
             to_reinspect: BTreeSet::new(),
+            runtime_events: false,
             task_deadline: TASK_STATUS_DEADLINE_ALONE,
             busy_tasks: HashMap::new(),
             tombstones: HashSet::new(),
@@ -218,6 +221,7 @@ impl<R: Runtime> Relister<R> {
     /// Whether the runtime's own task events are on their way ([`TASK_STATUS_DEADLINE`])
     /// or not ([`TASK_STATUS_DEADLINE_ALONE`]): how long a task status is waited for.
     pub fn set_runtime_events(&mut self, connected: bool) {
+        self.runtime_events = connected;
         self.task_deadline = if connected {
             TASK_STATUS_DEADLINE
         } else {
@@ -534,6 +538,7 @@ impl<R: Runtime> Relister<R> {
             confirm: self.config.confirm,
             emit_changed: self.config.emit_changed,
             oom_witness: self.config.oom_witness,
+            runtime_events: self.runtime_events,
         };
         let mut publisher = Publisher {
             committed: &mut self.committed,
