@@ -318,30 +318,59 @@ async fn termination_counters_rise_by_exactly_the_deaths() {
     // What the deaths were, by the CRI store (the reason CRI shows once it has caught up): an
     // OOM kill containerd's shim missed is `Error` there too.
     let mut shown = (0.0, 0.0);
+    let mut reasons = Vec::new();
     for id in &ids {
-        match cri_reason(&cri, id).await.as_str() {
+        let reason = cri_reason(&cri, id).await;
+        match reason.as_str() {
             "OOMKilled" => shown.0 += 1.0,
             "Error" => shown.1 += 1.0,
             other => panic!("{id} died with reason {other}"),
         }
+        reasons.push((id, reason));
     }
     // The counters count the reason on each ContainerDied, once. A death told `Error` before
     // containerd's /tasks/oom came (the shim sends it apart from /tasks/exit) keeps that count
     // and is corrected by a ContainerChanged (`plegd_reason_corrections_total`, a relist
     // later): against the store, every death is counted under its reason or corrected, exactly.
     let n = N as f64;
-    let after = plegd_tests::wait::until("the counters account for every death", DEADLINE, || {
+    let waited = plegd_tests::wait::until("the counters account for every death", DEADLINE, || {
         let after = counts(&plegd);
         let corrected = after.3 - before.3;
         async move { anyhow::Ok((after.0 - before.0 + corrected >= shown.0).then_some(after)) }
     })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}: CRI shows {shown:?}; {before:?} -> {:?}",
-            counts(&plegd)
-        )
-    });
+    .await;
+    let after = match waited {
+        Ok(after) => after,
+        Err(e) => {
+            // Each death as CRI shows it now and as plegd told it, for the one that differs.
+            plegd.drain(Duration::from_millis(200)).await;
+            let told: Vec<String> = reasons
+                .iter()
+                .map(|(id, reason)| {
+                    let events: Vec<String> = plegd
+                        .events
+                        .iter()
+                        .filter(|event| event["container_id"] == id.as_str())
+                        .map(|event| {
+                            format!(
+                                "{} {} {} {:?} at {}",
+                                event["type"],
+                                event["reason"],
+                                event["confirmed_by"],
+                                event["observations"],
+                                event["emitted_at"]
+                            )
+                        })
+                        .collect();
+                    format!("{id}: CRI {reason}; plegd {events:?}")
+                })
+                .collect();
+            panic!(
+                "{e}: CRI shows {shown:?}; {before:?} -> {:?}; deaths: {told:#?}",
+                counts(&plegd)
+            )
+        }
+    };
     let corrected = after.3 - before.3;
     assert_eq!(
         (
