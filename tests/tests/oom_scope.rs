@@ -153,7 +153,11 @@ async fn each_oom_kill_says_which_limit_it_came_from() {
         Mode::Auto,
         support::SLOW,
     );
-    RunningPlegd::log_to_test_output();
+    // The kernel's side and every trigger: in the suite a pod-limit kill's death once came
+    // with no kernel observation of the container at all.
+    RunningPlegd::log_to_test_output_or(
+        "info,plegd::sources::ebpf=debug,plegd::pleg::driver::generator=trace",
+    );
     let (mut plegd, api) = RunningPlegd::start_serving_api(config).await;
     plegd.wait_sources_connected(1, DEADLINE).await;
     let mut watch = WatchLines::spawn(&api.socket, &["--kernel-observations"]);

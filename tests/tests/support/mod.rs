@@ -216,6 +216,18 @@ impl RunningPlegd {
         }
     }
 
+    /// [`RunningPlegd::log_to_test_output`] at `filter` when RUST_LOG says nothing: the test
+    /// harness shows a test's output only when it fails, and a failure seen only in the busy
+    /// suite then tells what plegd did.
+    pub fn log_to_test_output_or(filter: &str) {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
+
     /// [`RunningPlegd::start`] with room for only `bytes` of unread output: a test that does
     /// not read stalls plegd's output (its event consumer) once they are written.
     pub async fn start_with_output_buffer(config: Config, bytes: usize) -> Self {
