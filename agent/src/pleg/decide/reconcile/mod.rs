@@ -210,7 +210,8 @@ pub struct PodPlan<'e> {
     pub corrected: Vec<Correction>,
 }
 
-/// A death's reason as its event told it, and as the CRI store shows it since.
+/// A death's reason as its event told it, and as the CRI store shows it since (or the
+/// runtime's later word: containerd's `/tasks/oom` after its `/tasks/exit`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Correction {
     pub container: ContainerId,
@@ -221,7 +222,10 @@ pub struct Correction {
 impl Correction {
     /// The correction of `told` (a death the task service confirmed, its reason predicted, or
     /// one the CRI store showed before the OOM kill containerd told: [`ContainerRecord::awaits_cri`])
-    /// by `shown` (the CRI store's record of it), if they differ.
+    /// by `shown` (the CRI store's record of it, or its reason predicted again from what the
+    /// runtime said since: `/tasks/oom` comes apart from `/tasks/exit`, and after it on a busy
+    /// node), if they differ. The prediction redone is said too: the record takes it, and the
+    /// store showing the same later is no correction of what was told.
     fn of(told: &ContainerRecord, shown: &ContainerRecord) -> Option<Self> {
         let exited = |c: &ContainerRecord, store| {
             c.state == ContainerState::Exited && c.confirmed_by == store
@@ -229,7 +233,9 @@ impl Correction {
         // An empty reason was told by no one (a record an older plegd saved): the store
         // fills it in.
         let differ = !told.reason.is_empty() && told.reason != shown.reason;
-        (told.awaits_cri() && exited(shown, Store::Cri) && differ).then(|| Self {
+        let caught_up = told.awaits_cri() && exited(shown, Store::Cri);
+        let predicted_again = exited(told, Store::Task) && exited(shown, Store::Task);
+        ((caught_up || predicted_again) && differ).then(|| Self {
             container: told.id.clone(),
             told: told.reason.clone(),
             shown: shown.reason.clone(),
@@ -889,9 +895,9 @@ fn pod_events<'a>(
 }
 
 /// A death's reason told from the task service's record, which the CRI store shows
-/// otherwise: the consumer is told by a ContainerChanged carrying the store's reason
-/// (whatever `emit_changed` says: that governs news of created containers), so its pod is
-/// synced too.
+/// otherwise, or which containerd's later `/tasks/oom` changes ([`Correction::of`]): the
+/// consumer is told by a ContainerChanged carrying the new reason (whatever `emit_changed`
+/// says: that governs news of created containers), so its pod is synced too.
 fn correct_reason(
     pod: &PodRecord,
     before: Option<&ContainerRecord>,

@@ -1311,6 +1311,74 @@ fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
     assert!(!planned_container(&pods).awaits_cri(), "settled");
 }
 
+/// containerd's `/tasks/oom` after its `/tasks/exit` told the death `Error` (the shim sends
+/// them apart; on a busy node the exit comes first): the reason predicted again is said at
+/// once, a correction, and the CRI store showing OOMKilled later corrects nothing more
+/// (exit_reasons' counters: a death counted `Error` and never corrected). The kernel's word
+/// alone changes no reason where containerd's is the witness.
+#[test]
+fn an_oom_kill_containerd_tells_after_the_exit_corrects_the_reason_told() {
+    let mut told = exited("c", "app", 137, "Error");
+    told.confirmed_by = Store::Task;
+    let mut before = Committed::default();
+    before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
+    let runtime_witness = Settings {
+        oom_witness: OomWitness::Runtime,
+        ..TASK
+    };
+    let (pods, _) = reconcile(
+        &before,
+        nothing(),
+        &hints(false, Ebpf, &[OomKilled]),
+        &Hints::default(),
+        &HashSet::new(),
+        runtime_witness,
+    );
+    assert_eq!(rows(&pods), vec![], "the kernel's word alone");
+
+    let (pods, _) = reconcile(
+        &before,
+        nothing(),
+        &hints(false, Containerd, &[OomKilled]),
+        &Hints::default(),
+        &HashSet::new(),
+        runtime_witness,
+    );
+    assert_eq!(
+        rows(&pods),
+        vec![(ContainerChanged, Some(137), Some(Store::Task))]
+    );
+    assert_eq!(pods[0].events[0].reason, "OOMKilled");
+    assert_eq!(
+        pods[0].corrected,
+        vec![Correction {
+            container: id("c"),
+            told: "Error".into(),
+            shown: "OOMKilled".into(),
+        }]
+    );
+
+    let mut after = Committed::default();
+    let mut learned = pod("p", "web", [planned_container(&pods).clone()]);
+    learned.uid = uid("p");
+    after.commit(&uid("p"), Some(Arc::new(learned)), false);
+    let mut oomed = exited("c", "app", 137, "OOMKilled");
+    oomed.confirmed_by = Store::Cri;
+    let (pods, _) = reconcile(
+        &after,
+        reading(
+            Covers::Containers(vec![id("c")]),
+            vec![("p", PodReading::Inspected(pod("p", "web", [oomed])))],
+        ),
+        &Hints::default(),
+        &Hints::default(),
+        &HashSet::new(),
+        runtime_witness,
+    );
+    assert_eq!(rows(&pods), vec![], "the store agrees: nothing more to say");
+    assert!(pods.iter().all(|p| p.corrected.is_empty()));
+}
+
 /// A pod's labels and annotations come with its sandbox: a reading of its containers by id
 /// (without them) keeps the committed ones, and the events carry them.
 #[test]
