@@ -1219,6 +1219,17 @@ fn the_cri_store_correcting_a_deaths_reason_is_said() {
 /// `committed`'s death of c, told `Error`, read as the CRI store shows it (OOMKilled): the
 /// ContainerChanged and the correction that says so.
 fn corrected_to_oom_killed(committed: &Committed, covers: Covers) -> Vec<Planned> {
+    let pods = read_oom_killed_in_the_store(committed, covers, TASK);
+    said_oom_killed(&pods, Store::Cri);
+    pods
+}
+
+/// `committed`'s c read as the CRI store shows it once it recorded the OOM kill.
+fn read_oom_killed_in_the_store(
+    committed: &Committed,
+    covers: Covers,
+    settings: Settings,
+) -> Vec<Planned> {
     let mut oomed = exited("c", "app", 137, "OOMKilled");
     oomed.confirmed_by = Store::Cri;
     let (pods, _) = reconcile(
@@ -1230,11 +1241,17 @@ fn corrected_to_oom_killed(committed: &Committed, covers: Covers) -> Vec<Planned
         &Hints::default(),
         &Hints::default(),
         &HashSet::new(),
-        TASK,
+        settings,
     );
+    pods
+}
+
+/// The plan says c's death, told `Error`, was an OOM kill (`confirmed_by` that record): a
+/// ContainerChanged with the reason, and the correction.
+fn said_oom_killed(pods: &[Planned], confirmed_by: Store) {
     assert_eq!(
-        rows(&pods),
-        vec![(ContainerChanged, Some(137), Some(Store::Cri))]
+        rows(pods),
+        vec![(ContainerChanged, Some(137), Some(confirmed_by))]
     );
     assert_eq!(pods[0].events[0].reason, "OOMKilled");
     assert_eq!(
@@ -1245,7 +1262,31 @@ fn corrected_to_oom_killed(committed: &Committed, covers: Covers) -> Vec<Planned
             shown: "OOMKilled".into(),
         }]
     );
-    pods
+}
+
+/// `committed` against `source`'s word (alone) that c was OOM-killed.
+fn oom_killed_by(
+    committed: &Committed,
+    source: Source,
+    settings: Settings,
+) -> (Vec<Planned>, FollowUp) {
+    reconcile(
+        committed,
+        nothing(),
+        &hints(false, source, &[OomKilled]),
+        &Hints::default(),
+        &HashSet::new(),
+        settings,
+    )
+}
+
+/// Pod p holding the container the plan made of c.
+fn committed_as_planned(pods: &[Planned]) -> Committed {
+    let mut learned = pod("p", "web", [planned_container(pods).clone()]);
+    learned.uid = uid("p");
+    let mut committed = Committed::default();
+    committed.commit(&uid("p"), Some(Arc::new(learned)), false);
+    committed
 }
 
 /// containerd's `/tasks/oom` after the CRI store showed the death (the shim sends it apart
@@ -1264,14 +1305,7 @@ fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
         false,
     );
     for (source, settles) in [(Ebpf, false), (Containerd, true)] {
-        let (pods, plan) = reconcile(
-            &before,
-            nothing(),
-            &hints(false, source, &[OomKilled]),
-            &Hints::default(),
-            &HashSet::new(),
-            TASK,
-        );
+        let (pods, plan) = oom_killed_by(&before, source, TASK);
         assert_eq!(rows(&pods), vec![], "{source:?}: no event yet");
         let learned = planned_container(&pods);
         assert_eq!(
@@ -1295,18 +1329,8 @@ fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
         );
     }
 
-    let (pods, _) = reconcile(
-        &before,
-        nothing(),
-        &hints(false, Containerd, &[OomKilled]),
-        &Hints::default(),
-        &HashSet::new(),
-        TASK,
-    );
-    let mut after = Committed::default();
-    let mut learned = pod("p", "web", [planned_container(&pods).clone()]);
-    learned.uid = uid("p");
-    after.commit(&uid("p"), Some(Arc::new(learned)), false);
+    let (pods, _) = oom_killed_by(&before, Containerd, TASK);
+    let after = committed_as_planned(&pods);
     let pods = corrected_to_oom_killed(&after, Covers::Containers(vec![id("c")]));
     assert!(!planned_container(&pods).awaits_cri(), "settled");
 }
@@ -1326,53 +1350,15 @@ fn an_oom_kill_containerd_tells_after_the_exit_corrects_the_reason_told() {
         oom_witness: OomWitness::Runtime,
         ..TASK
     };
-    let (pods, _) = reconcile(
-        &before,
-        nothing(),
-        &hints(false, Ebpf, &[OomKilled]),
-        &Hints::default(),
-        &HashSet::new(),
-        runtime_witness,
-    );
+    let (pods, _) = oom_killed_by(&before, Ebpf, runtime_witness);
     assert_eq!(rows(&pods), vec![], "the kernel's word alone");
 
-    let (pods, _) = reconcile(
-        &before,
-        nothing(),
-        &hints(false, Containerd, &[OomKilled]),
-        &Hints::default(),
-        &HashSet::new(),
-        runtime_witness,
-    );
-    assert_eq!(
-        rows(&pods),
-        vec![(ContainerChanged, Some(137), Some(Store::Task))]
-    );
-    assert_eq!(pods[0].events[0].reason, "OOMKilled");
-    assert_eq!(
-        pods[0].corrected,
-        vec![Correction {
-            container: id("c"),
-            told: "Error".into(),
-            shown: "OOMKilled".into(),
-        }]
-    );
+    let (pods, _) = oom_killed_by(&before, Containerd, runtime_witness);
+    said_oom_killed(&pods, Store::Task);
 
-    let mut after = Committed::default();
-    let mut learned = pod("p", "web", [planned_container(&pods).clone()]);
-    learned.uid = uid("p");
-    after.commit(&uid("p"), Some(Arc::new(learned)), false);
-    let mut oomed = exited("c", "app", 137, "OOMKilled");
-    oomed.confirmed_by = Store::Cri;
-    let (pods, _) = reconcile(
-        &after,
-        reading(
-            Covers::Containers(vec![id("c")]),
-            vec![("p", PodReading::Inspected(pod("p", "web", [oomed])))],
-        ),
-        &Hints::default(),
-        &Hints::default(),
-        &HashSet::new(),
+    let pods = read_oom_killed_in_the_store(
+        &committed_as_planned(&pods),
+        Covers::Containers(vec![id("c")]),
         runtime_witness,
     );
     assert_eq!(rows(&pods), vec![], "the store agrees: nothing more to say");
