@@ -542,7 +542,7 @@ impl ContainerCounters {
         let corrections = Counter::default();
         registry.register(
             "plegd_reason_corrections",
-            "Deaths whose reason the CRI store, catching up, showed other than the one their event told (the pod's status takes the store's)",
+            "Deaths whose reason the CRI store, catching up, showed other than the one their event told (the pod's status takes the store's), or that containerd's /tasks/oom changed, coming after the /tasks/exit that told it",
             corrections.clone(),
         );
         let oom_kills = Family::<OomScopeLabel, Counter>::default();
