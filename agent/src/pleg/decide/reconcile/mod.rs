@@ -91,7 +91,15 @@ pub enum PodReading {
 impl PodReading {
     /// Whether the runtime's statuses were read (the pod whole or some of its containers).
     pub fn is_read(&self) -> bool {
-        matches!(self, Self::Inspected(_) | Self::Containers { .. })
+        self.record().is_some()
+    }
+
+    /// The containers read, with their pod's identity (none when nothing was read).
+    pub fn record(&self) -> Option<&PodRecord> {
+        match self {
+            Self::Inspected(pod) | Self::Containers { pod, .. } => Some(pod),
+            Self::Gone | Self::Failed => None,
+        }
     }
 }
 
@@ -549,11 +557,10 @@ fn removed(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<ContainerId>
 
 /// The containers a pod's reading shows.
 fn shown(reading: Option<&PodReading>) -> impl Iterator<Item = &ContainerId> {
-    let pod = match reading {
-        Some(PodReading::Inspected(pod) | PodReading::Containers { pod, .. }) => Some(pod),
-        _ => None,
-    };
-    pod.into_iter().flat_map(|pod| pod.containers.keys())
+    reading
+        .and_then(PodReading::record)
+        .into_iter()
+        .flat_map(|pod| pod.containers.keys())
 }
 
 fn is_unsettled(container: Option<&ContainerRecord>) -> bool {
@@ -853,16 +860,18 @@ impl Shown {
 /// The records a reading showed running that an exit the task service recorded overtakes:
 /// the start the runtime showed, told before the death. Its own record (containerd's
 /// `/tasks/start`) can come after both: a kernel hint past its grace is read while the
-/// runtime's events lag, and a start that then comes finds the container exited.
+/// runtime's events lag, and a start that then comes finds the container exited. Looked up
+/// from the exits, a few at most: a full relist's pods are not walked again for them.
 fn overtaken(reading: Option<&PodReading>, records: &Records<'_>) -> Vec<ContainerRecord> {
-    let pod = match reading {
-        Some(PodReading::Inspected(pod) | PodReading::Containers { pod, .. }) => pod,
-        _ => return Vec::new(),
+    let Some(pod) = reading.and_then(PodReading::record) else {
+        return Vec::new();
     };
-    pod.containers
-        .values()
+    records
+        .tasks
+        .iter()
+        .filter(|(_, task)| matches!(task, TaskRecord::Exited { .. }))
+        .filter_map(|(id, _)| pod.containers.get(id))
         .filter(|c| c.state == ContainerState::Running)
-        .filter(|c| matches!(records.tasks.get(&c.id), Some(TaskRecord::Exited { .. })))
         .cloned()
         .collect()
 }
@@ -1014,8 +1023,8 @@ fn ran_meanwhile(
     if let Some(&started) = decide.records.started.get(id) {
         return Some(while_running(last, Some(started)));
     }
-    if shown_running.is_some() {
-        return shown_running.cloned();
+    if let Some(shown) = shown_running {
+        return Some(shown.clone());
     }
     let asked = || {
         decide

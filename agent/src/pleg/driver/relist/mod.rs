@@ -830,21 +830,18 @@ struct Shown<'r>(&'r Reading);
 impl std::fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (uid, pod) in &self.0.pods {
-            let (record, gone) = match pod {
-                PodReading::Inspected(record) => (Some(record), &[][..]),
-                PodReading::Containers { pod, gone } => (Some(pod), gone.as_slice()),
-                PodReading::Gone => (None, &[][..]),
-                PodReading::Failed => {
-                    write!(f, "{uid}: failed; ")?;
-                    continue;
-                }
-            };
+            if matches!(pod, PodReading::Failed) {
+                write!(f, "{uid}: failed; ")?;
+                continue;
+            }
             write!(f, "{uid}:")?;
-            for c in record.iter().flat_map(|r| r.containers.values()) {
+            for c in pod.record().iter().flat_map(|r| r.containers.values()) {
                 write!(f, " {}:{:?}/{:?}", c.id, c.state, c.confirmed_by)?;
             }
-            for id in gone {
-                write!(f, " {id}:gone")?;
+            if let PodReading::Containers { gone, .. } = pod {
+                for id in gone {
+                    write!(f, " {id}:gone")?;
+                }
             }
             write!(f, "; ")?;
         }
