@@ -718,13 +718,13 @@ fn rss_kib(containerd: &PrivateContainerd) -> u64 {
         .unwrap_or_default()
 }
 
-/// `plegd run` as a process (so it can be frozen), its JSON event lines collected.
 /// plegd's log (stderr) in its directory: triggers and reads traced.
 const LOG: &str = "plegd.log";
 
 /// The most lines of plegd's log a failure prints.
 const LOG_LINES: usize = 400;
 
+/// `plegd run` as a process (so it can be frozen), its JSON event lines collected.
 struct PlegdProcess {
     child: Terminating,
     events: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,

@@ -208,11 +208,7 @@ impl RunningPlegd {
     /// plegd's logs go to the test's output, filtered by `RUST_LOG` (none without it).
     pub fn log_to_test_output() {
         if std::env::var_os("RUST_LOG").is_some() {
-            // Another test of the binary may have set it up already.
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-                .with_test_writer()
-                .try_init();
+            log_with(tracing_subscriber::EnvFilter::from_default_env());
         }
     }
 
@@ -220,12 +216,10 @@ impl RunningPlegd {
     /// harness shows a test's output only when it fails, and a failure seen only in the busy
     /// suite then tells what plegd did.
     pub fn log_to_test_output_or(filter: &str) {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_test_writer()
-            .try_init();
+        log_with(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        );
     }
 
     /// [`RunningPlegd::start`] with room for only `bytes` of unread output: a test that does
@@ -638,4 +632,13 @@ impl WatchLines {
             }
         }
     }
+}
+
+/// Sends plegd's logs at `filter` to the test's output. Another test of the binary may have
+/// set it up already: the first one stands.
+fn log_with(filter: tracing_subscriber::EnvFilter) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
