@@ -113,6 +113,16 @@ impl InFlight {
         self.reads
             .push(Box::pin(async move { (id, batch, read.await) }));
     }
+
+    /// Adds to `queued` the hints the reads in flight carry about what `scope` covers (the
+    /// scheduler's rule: the node covers every target, any other scope itself).
+    fn add_hints(&self, scope: &Scope, queued: &mut Hints) {
+        for (target, hint) in self.hints.values().flat_map(Hints::iter) {
+            if scope == &Scope::Node || scope == target {
+                queued.insert(target.clone(), hint.clone());
+            }
+        }
+    }
 }
 
 impl<R: Runtime> Generator<R> {
@@ -223,7 +233,12 @@ impl<R: Runtime> Generator<R> {
     /// listing showed moved on), and the scheduler hears how it went.
     fn finish(&mut self, batch: Batch, done: ReadDone, in_flight: &mut InFlight) {
         let started = done.job.started();
-        let queued = self.scheduler.queued(&batch.scope);
+        // The hints of the other reads in flight count as queued: a full relist that finds a
+        // container already over tells its start from the record a targeted read carries,
+        // rather than commit it `unknown → exited` (a death alone) and leave that read
+        // nothing to tell.
+        let mut queued = self.scheduler.queued(&batch.scope);
+        in_flight.add_hints(&batch.scope, &mut queued);
         match self.relister.finish(done, &queued) {
             Finished::More(job) => {
                 in_flight.push(batch, job.run(Arc::clone(self.relister.runtime())));

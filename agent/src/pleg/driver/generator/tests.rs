@@ -373,3 +373,47 @@ async fn shortening_the_period_takes_effect_at_once() {
     h.shutdown.cancel();
     h.task.await.unwrap();
 }
+
+/// A full relist that finds a new container already exited, while the targeted read its
+/// start's hint began is still in flight, tells the start before the death: the hint in
+/// flight counts as queued. (The 2.1 good-neighbour test lost the start this way: the burst
+/// of a container's events went to a targeted read, the full relist beside it committed the
+/// container `unknown → exited`, a death alone, and the targeted read then found it told.)
+#[tokio::test(start_paused = true)]
+async fn a_start_whose_read_is_in_flight_is_told_by_a_full_relist_that_finds_it_over() {
+    let mut h = start(Duration::from_secs(1));
+    // The first full relist, of an empty node, runs at once.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Every call from now on takes 50 ms: the next full relist lists at 1.05 s, inspects the
+    // new pod until 1.10 s; the start's read begun at 1.06 s reads at 1.11 s.
+    h.runtime.set_delay(Some(Duration::from_millis(50)));
+    add_running(&h.runtime, "p", "c");
+    tokio::time::sleep_until(Instant::now() + Duration::from_millis(1059)).await;
+    let mut started = trigger("c");
+    started.observations = vec![Observation {
+        source: Source::Containerd,
+        kind: ObservationKind::TaskStarted {
+            at: SystemTime::now(),
+            pid: 4242,
+        },
+    }];
+    h.triggers.send(started);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    h.runtime
+        .set_state("p", "c", ContainerState::Exited, Some(137));
+    let mut told = Vec::new();
+    while let Ok(Some(event)) =
+        tokio::time::timeout(Duration::from_millis(500), h.events.recv()).await
+    {
+        told.push(event.event_type);
+    }
+    assert_eq!(
+        told,
+        [
+            PodLifecycleEventType::ContainerStarted,
+            PodLifecycleEventType::ContainerDied
+        ]
+    );
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}

@@ -410,7 +410,8 @@ impl<R: Runtime> Relister<R> {
     /// Ends a read `done` began with [`Self::begin`]: reconciles what it read and acts on it
     /// (cache, events, commit), or, for the node's listing, plans the inspections of the pods
     /// that moved on. `queued`: the hints queued for what it read by now (those that came
-    /// while it read included: a change it found may be one of theirs).
+    /// while it read, and those of the other reads in flight, included: a change it found may
+    /// be one of theirs).
     pub fn finish(&mut self, done: ReadDone, queued: &Hints) -> Finished {
         let ReadDone { mut job, found } = done;
         let full = job.scope == Scope::Node;
