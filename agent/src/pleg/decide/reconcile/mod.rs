@@ -312,6 +312,7 @@ pub fn reconcile(
     let decide = Decide {
         records: Records::of(hints, queued, tasks, tombstones, settings),
         hints,
+        queued,
         read_at,
         settings,
     };
@@ -389,6 +390,8 @@ pub fn reconcile(
 struct Decide<'a> {
     records: Records<'a>,
     hints: &'a Hints,
+    /// Other triggers' hints about what was read ([`reconcile`]'s `queued`).
+    queued: &'a Hints,
     read_at: SystemTime,
     settings: Settings,
 }
@@ -952,6 +955,7 @@ fn container_events(
         hints,
         read_at,
         settings,
+        ..
     } = decide;
     // A container gone: its last record, with what the task service recorded of its end.
     let gone = match after {
@@ -1004,9 +1008,10 @@ fn container_events(
 /// showed it (`shown_running`) before the exit the task service recorded overtook it; else,
 /// while the runtime's events are on their way, as the runtime's record of its start (its
 /// `started_at`) says, for a container the hints asked about (a read on CRI's
-/// `CONTAINER_CREATED` that found it exited, its `/tasks/start` still on the way). Without
-/// them, and for a container nothing asked about (a full relist, a first one), kubelet's rule:
-/// a container first seen exited has died, nothing more.
+/// `CONTAINER_CREATED` that found it exited, its `/tasks/start` still on the way; a full
+/// relist that found it so while a hint about it waited, whose read would find it told).
+/// Without them, and for a container nothing asked about (a full relist, a first one),
+/// kubelet's rule: a container first seen exited has died, nothing more.
 fn ran_meanwhile(
     id: &ContainerId,
     before: Option<&ContainerRecord>,
@@ -1030,6 +1035,7 @@ fn ran_meanwhile(
         decide
             .hints
             .iter()
+            .chain(decide.queued.iter())
             .any(|(target, hint)| containers_of(target, hint).any(|c| c == id))
     };
     (decide.settings.runtime_events && last.started_at.is_some() && asked()).then(|| {

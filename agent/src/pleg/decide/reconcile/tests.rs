@@ -588,8 +588,9 @@ fn a_start_the_cri_store_showed_is_told_before_the_exit_the_task_service_read() 
 /// recorded by the runtime (`started_at`): while containerd's events are on their way its
 /// whole life is told, the start before the death (good_neighbour on containerd 2.1: the read
 /// found the container exited 100 ms on, its `/tasks/start` came 10 ms after the read, found
-/// it exited, and the start was never told). Without the runtime's events, or for a container
-/// nothing asked about (a full relist), kubelet's rule: died, nothing more.
+/// it exited, and the start was never told); so is one a full relist found over while a hint
+/// about it waited. Without the runtime's events, or for a container nothing asked about,
+/// kubelet's rule: died, nothing more.
 #[test]
 fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
     let asked = hints(true, Source::CriEvents, &[]);
@@ -624,10 +625,21 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
         }
         read
     };
-    for (name, read, hints, settings, expected) in [
+    for (name, read, hints, queued, settings, expected) in [
         (
             "asked, events on their way",
             read.clone(),
+            &asked,
+            &none,
+            events,
+            &whole,
+        ),
+        (
+            // good_neighbour on 1.6: the kernel's exec hints waited in their grace for
+            // `/tasks/start`, a full relist found the container over meanwhile.
+            "a full relist, asked by a queued hint, events on their way",
+            read.clone(),
+            &none,
             &asked,
             events,
             &whole,
@@ -636,6 +648,7 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
             "asked, no runtime events",
             read.clone(),
             &asked,
+            &none,
             TASK,
             &died,
         ),
@@ -643,16 +656,24 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
             "nothing asked (a full relist)",
             read.clone(),
             &none,
+            &none,
             events,
             &died,
         ),
-        ("asked, never started", never_started, &asked, events, &died),
+        (
+            "asked, never started",
+            never_started,
+            &asked,
+            &none,
+            events,
+            &died,
+        ),
     ] {
         let (pods, _) = reconcile(
             &committed(None),
             read,
             hints,
-            &none,
+            queued,
             &HashSet::new(),
             settings,
         );
