@@ -57,8 +57,31 @@ async fn deaths_are_found_through_ebpf_long_before_the_relist_with_kernel_observ
     plegd.stop().await;
 }
 
+/// plegd's `Tasks.Wait` calls so far.
+fn waits(plegd: &RunningPlegd) -> f64 {
+    plegd
+        .metrics()
+        .get(r#"plegd_runtime_calls_total{call="Tasks.Wait"}"#)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// plegd's `Tasks.Wait` calls once they reach `at_least`, or after a second.
+async fn wait_for_waits(plegd: &RunningPlegd, at_least: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while waits(plegd) < at_least && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waits(plegd)
+}
+
 async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Native, pod: &Pod) {
     let mode = pod.pid_mode;
+    // The sandbox's start is told, its exit watched.
+    plegd
+        .wait_container(&pod.id, &["ContainerStarted"], DEADLINE)
+        .await;
+    let waits_before = waits(plegd);
     let killed = cri
         .run_container(pod, &ContainerSpec::sleeper("killed"))
         .await
@@ -79,6 +102,11 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
             .all(|o| o == "ebpf:exec=/bin/sh" || o == "ebpf:exec=/proc/self/exe"),
         "{mode:?}: {started}"
     );
+
+    // Its exit is watched from its start (one `Tasks.Wait`, held open), and the death's read
+    // is answered by that watch: no `Wait` more.
+    let watched = wait_for_waits(plegd, waits_before + 1.0).await;
+    assert!(watched > waits_before, "{mode:?}: the exit's watch");
 
     let kill_at = Instant::now();
     tasks.kill_init(&killed).await.unwrap();
@@ -101,6 +129,12 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
         "{mode:?}: {died}"
     );
     assert_eq!(died["exit_code"], 137, "{mode:?}");
+    assert_eq!(died["confirmed_by"], "task", "{mode:?}: {died}");
+    assert_eq!(
+        waits(plegd),
+        watched,
+        "{mode:?}: the death asked no Wait of its own"
+    );
     eprintln!("{mode:?}: kill -9 to ContainerDied via eBPF: {kill_to_event:?}");
 
     let exits = cri

@@ -246,6 +246,13 @@ impl Runtime for AnyRuntime {
             Self::Containerd(runtime) => runtime.task_record(container).await,
         }
     }
+
+    fn watch_exit(&self, container: &ContainerId) {
+        match self {
+            Self::Cri(runtime) => runtime.watch_exit(container),
+            Self::Containerd(runtime) => runtime.watch_exit(container),
+        }
+    }
 }
 
 #[cfg(test)]

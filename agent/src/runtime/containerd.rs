@@ -497,6 +497,12 @@ impl Runtime for ContainerdRuntime {
         self.cri.task_exit(container).await
     }
 
+    fn watch_exit(&self, container: &ContainerId) {
+        if self.reads_cri() {
+            self.cri.watch_exit(container);
+        }
+    }
+
     /// A pod of kubelet's, when only the CRI plugin's namespace is read, as the CRI backend
     /// inspects it: a status call through CRI for each container whose state changed since
     /// `known`. containerd's own API would ask every container's task again: a full relist

@@ -369,6 +369,10 @@ impl Runtime for CriRuntime {
         self.tasks.exit(container).await
     }
 
+    fn watch_exit(&self, container: &ContainerId) {
+        self.tasks.watch_exit(container);
+    }
+
     async fn inspect_pod(
         &self,
         uid: &PodUid,

@@ -5,20 +5,22 @@
 //! which every call to it names.
 
 use std::{
+    collections::HashMap,
     str::FromStr,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use containerd_client::{
-    services::v1::{GetRequest, WaitRequest, tasks_client::TasksClient},
+    services::v1::{GetRequest, WaitRequest, WaitResponse, tasks_client::TasksClient},
     types::v1::{Process, Status},
 };
+use tokio::sync::watch;
 use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::{
     pleg::{CallCode, ContainerId, RuntimeError, TaskRecord},
@@ -29,6 +31,19 @@ use crate::{
 pub const CRI_NAMESPACE: &str = "k8s.io";
 /// containerd's identifier limit (namespaces, container ids).
 const MAX_NAMESPACE_LEN: usize = 76;
+
+/// The most exits waited for ahead at once ([`TaskService::watch_exit`]): each holds a call
+/// open to containerd, and a goroutine there and in the shim. Past it, an exit is waited for
+/// when asked, as before any was watched.
+pub const MAX_WATCHED_EXITS: usize = 512;
+
+/// How long a watched exit's answer is kept once it came, for the read that asks for it (a
+/// kernel hint's, on a node busy enough to delay it).
+const WATCHED_EXIT_KEPT: Duration = Duration::from_secs(5);
+
+/// The exits waited for ahead, each container's answer to come: `None` until the shim
+/// answers, then its record (`None` in it: the task was gone).
+type WatchedExits = Arc<Mutex<HashMap<ContainerId, watch::Receiver<Option<Option<TaskRecord>>>>>>;
 
 /// A containerd namespace name, checked once (containerd's identifier rules) so every request
 /// can carry it as the `containerd-namespace` header.
@@ -94,6 +109,7 @@ pub(crate) struct TaskService {
     namespace: Namespace,
     /// Set once the socket says it has no task service (a runtime other than containerd).
     absent: Arc<AtomicBool>,
+    watched: WatchedExits,
 }
 
 impl TaskService {
@@ -103,6 +119,7 @@ impl TaskService {
             channel,
             namespace,
             absent: Arc::default(),
+            watched: Arc::default(),
         }
     }
 
@@ -138,6 +155,7 @@ impl TaskService {
 impl TaskService {
     /// The exit of `container`'s init, waited for (`Tasks.Wait`): see
     /// [`crate::pleg::Runtime::task_exit`]. `None` when it has no task (or no task service).
+    /// A watched exit ([`Self::watch_exit`]) is answered by its watch.
     pub(crate) async fn exit(
         &self,
         container: &ContainerId,
@@ -145,17 +163,87 @@ impl TaskService {
         if self.absent.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        let watched = lock(&self.watched).get(container).cloned();
+        if let Some(mut answer) = watched {
+            // Its call failed when the watch ends with no answer: asked anew below.
+            if let Ok(record) = answer.wait_for(Option::is_some).await {
+                return Ok(record.flatten());
+            }
+        }
+        let request = self.wait_request(container);
+        found(self.caller.call("Tasks.Wait", request).await)
+            .map(|response| response.map(exit_record))
+    }
+
+    /// Starts waiting for `container`'s exit now, held open until the shim answers it, so that
+    /// [`Self::exit`] is answered as the shim reaps the init. A `Wait` asked only once the
+    /// kernel saw the exit reaches the shim while it kills what is left of the container
+    /// (`runc kill --all`, under the lock `Wait` takes first): it is answered after the
+    /// runtime's cleanup when containerd's own `Delete` gets there first, 30 to 120 ms after
+    /// `/tasks/exit` on a busy node. One already waiting is woken with containerd's own.
+    pub(crate) fn watch_exit(&self, container: &ContainerId) {
+        if self.absent.load(Ordering::Relaxed) {
+            return;
+        }
+        let (answer, watch) = watch::channel(None);
+        {
+            let mut watched = lock(&self.watched);
+            if watched.len() >= MAX_WATCHED_EXITS || watched.contains_key(container) {
+                return;
+            }
+            watched.insert(container.clone(), watch.clone());
+        }
+        let service = self.clone();
+        let id = container.clone();
+        let call = self
+            .caller
+            .open_call("Tasks.Wait", self.wait_request(container));
+        tokio::spawn(async move {
+            match found(call.await) {
+                Ok(response) => {
+                    answer.send_replace(Some(response.map(exit_record)));
+                    tokio::time::sleep(WATCHED_EXIT_KEPT).await;
+                }
+                Err(RuntimeError::Call {
+                    code: CallCode::Unsupported,
+                    ..
+                }) => service.absent.store(true, Ordering::Relaxed),
+                Err(error) => debug!(container = %id, %error, "watching the exit failed"),
+            }
+            let mut watched = lock(&service.watched);
+            if watched.get(&id).is_some_and(|w| w.same_channel(&watch)) {
+                watched.remove(&id);
+            }
+        });
+    }
+
+    fn wait_request(
+        &self,
+        container: &ContainerId,
+    ) -> impl Future<Output = Result<tonic::Response<WaitResponse>, tonic::Status>> + use<> {
         let mut client = TasksClient::new(self.channel.clone());
-        let request = client.wait(self.namespace.request(WaitRequest {
+        let request = self.namespace.request(WaitRequest {
             container_id: container.0.clone(),
             exec_id: String::new(),
-        }));
-        let response = found(self.caller.call("Tasks.Wait", request).await)?;
-        Ok(response.map(|exit| TaskRecord::Exited {
-            code: i32::try_from(exit.exit_status).unwrap_or(i32::MAX),
-            at: time_from_timestamp(exit.exited_at.as_ref()).unwrap_or_else(SystemTime::now),
-        }))
+        });
+        async move { client.wait(request).await }
     }
+}
+
+/// The exit a `Wait` answered.
+fn exit_record(exit: WaitResponse) -> TaskRecord {
+    TaskRecord::Exited {
+        code: i32::try_from(exit.exit_status).unwrap_or(i32::MAX),
+        at: time_from_timestamp(exit.exited_at.as_ref()).unwrap_or_else(SystemTime::now),
+    }
+}
+
+/// The watched exits' map: each change to it is one statement, so a poisoned lock still
+/// holds a consistent map.
+fn lock(
+    watched: &WatchedExits,
+) -> std::sync::MutexGuard<'_, HashMap<ContainerId, watch::Receiver<Option<Option<TaskRecord>>>>> {
+    watched.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Tasks.Get of a container's init in `namespace`; `None` when it has no task.

@@ -39,6 +39,7 @@ struct State {
     /// The task service's records, ahead of the pods' (CRI) records.
     tasks: BTreeMap<ContainerId, TaskRecord>,
     task_calls: Vec<ContainerId>,
+    exit_watches: Vec<ContainerId>,
     /// Containers of every `read_containers` call, in call order.
     read_calls: Vec<ContainerId>,
 }
@@ -199,6 +200,11 @@ impl FakeRuntime {
     /// Containers of every `task_record` and `task_exit` call so far.
     pub fn task_calls(&self) -> Vec<ContainerId> {
         self.lock().task_calls.clone()
+    }
+
+    /// Containers of every `watch_exit` call so far, in call order.
+    pub fn exit_watches(&self) -> Vec<ContainerId> {
+        self.lock().exit_watches.clone()
     }
 
     /// Makes `list_pods` fail (or succeed again).
@@ -383,5 +389,9 @@ impl Runtime for FakeRuntime {
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    fn watch_exit(&self, container: &ContainerId) {
+        self.lock().exit_watches.push(container.clone());
     }
 }

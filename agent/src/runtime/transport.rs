@@ -117,6 +117,27 @@ impl Caller {
             }),
         }
     }
+
+    /// One gRPC call held open until the runtime answers it (a wait for an exit): counted as
+    /// it is made, not when first polled; under no deadline, the caller bounds what waits on
+    /// it.
+    pub(crate) fn open_call<T, F>(
+        &self,
+        call: &'static str,
+        request: F,
+    ) -> impl Future<Output = Result<T, RuntimeError>> + use<T, F>
+    where
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.calls.count(call);
+        let endpoint = self.endpoint.clone();
+        async move {
+            request
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| call_error(endpoint, call, status))
+        }
+    }
 }
 
 /// A gRPC status a runtime answered `call` with, in the PLEG's terms: the codes its callers act

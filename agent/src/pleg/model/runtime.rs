@@ -159,6 +159,14 @@ pub trait Runtime: Send + Sync + 'static {
         let _ = container;
         async { Ok(None) }
     }
+
+    /// Starts waiting for `container`'s exit ahead of it, where the task service can
+    /// (containerd's `Tasks.Wait`, held open): a later [`Runtime::task_exit`] is then answered
+    /// as the init is reaped, not behind the runtime's cleanup of it. Bounded by the backend;
+    /// nothing where there is no task service.
+    fn watch_exit(&self, container: &ContainerId) {
+        let _ = container;
+    }
 }
 
 /// One container or sandbox read by its id ([`Runtime::read_containers`]).

@@ -34,9 +34,10 @@ use crate::pleg::{
     },
     driver::sink::EventSink,
     model::{
-        event::PodLifecycleEvent,
+        event::{PodLifecycleEvent, PodLifecycleEventType},
         record::{ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store},
         runtime::{Runtime, RuntimeError},
+        source::Source,
         trigger::Scope,
     },
     shared::{cache::PodCache, health::Health},
@@ -541,6 +542,8 @@ impl<R: Runtime> Relister<R> {
             oom_witness: self.config.oom_witness,
             runtime_events: self.runtime_events,
         };
+        let runtime = &*self.runtime;
+        let watch_exit = |id: &ContainerId| runtime.watch_exit(id);
         let mut publisher = Publisher {
             committed: &mut self.committed,
             cache: &self.cache,
@@ -549,6 +552,8 @@ impl<R: Runtime> Relister<R> {
             queued,
             read_at,
             sent: 0,
+            watch_exits: (!self.runtime_events && self.config.confirm == Store::Task)
+                .then_some(&watch_exit),
         };
         let plan = reconcile(
             &mut publisher,
@@ -662,6 +667,10 @@ struct Publisher<'a> {
     read_at: Instant,
     /// How many events went out.
     sent: usize,
+    /// Starts watching a container's exit ([`Runtime::watch_exit`]), for the starts the
+    /// kernel saw, when no runtime event will tell their exits (the kernel's hint of each will
+    /// ask); before the start is told, so its watch is on by the time a consumer hears of it.
+    watch_exits: Option<&'a (dyn Fn(&ContainerId) + Sync)>,
 }
 
 impl Act for Publisher<'_> {
@@ -698,6 +707,12 @@ impl Publisher<'_> {
         self.sent += events.len();
         for mut event in events {
             provenance::credit(&mut event, self.queued);
+            if let Some(watch_exit) = self.watch_exits
+                && event.event_type == PodLifecycleEventType::ContainerStarted
+                && event.sources.contains(&Source::Ebpf)
+            {
+                watch_exit(&event.container_id);
+            }
             *self.sequence += 1;
             event.sequence = *self.sequence;
             event.emitted_at = emitted_at;

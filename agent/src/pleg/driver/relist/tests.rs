@@ -867,6 +867,40 @@ async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
     assert_eq!(died.confirmed_by, Some(Store::Task));
 }
 
+/// A start the kernel saw has its exit watched while no runtime event will tell it: the
+/// kernel's hint of the death then finds the exit already answered, not behind the shim's
+/// cleanup. Not while the runtime's events come (they tell the exit), nor for a start no
+/// kernel hint was about (no kernel hint will ask for its exit).
+#[tokio::test(start_paused = true)]
+async fn a_start_the_kernel_saw_has_its_exit_watched_while_no_runtime_event_will_tell_it() {
+    let by_the_runtime: Hints = [(
+        Scope::Container(cid("new")),
+        Hint {
+            sources: [Source::CriEvents].into(),
+            observed_at: SystemTime::UNIX_EPOCH,
+            observations: Vec::new(),
+            unspecific: true,
+        },
+    )]
+    .into_iter()
+    .collect();
+    for (events_connected, hints, watched) in [
+        (false, exec_hint("new"), vec![cid("new")]),
+        (true, exec_hint("new"), vec![]),
+        (false, by_the_runtime, vec![]),
+    ] {
+        let mut h = starting_container(events_connected, Duration::ZERO).await;
+        h.runtime.set_state("p", "new", Running, None);
+        relist_on(&mut h, &Scope::Container(cid("new")), &hints).await;
+        let events = drain(&mut h.events);
+        assert_eq!(
+            (summary(&events), h.runtime.exit_watches()),
+            (vec![ev("p", "new", ContainerStarted)], watched),
+            "runtime events connected: {events_connected}, hints {hints:?}"
+        );
+    }
+}
+
 /// How long a start's task status is waited for depends on whether the runtime's own start
 /// event is on its way: with the event stream connected, not past a short deadline (the event
 /// answers); without it, long enough for a shim busy starting it. An exit is waited for the
