@@ -37,9 +37,10 @@
 //!   both events, and one whose whole life passed before any read of it (a busy node) is
 //!   told from those records alone, confirmed by the task service, in the pod its cgroup
 //!   names. Their records can come after a read that a faster source asked for (CRI's
-//!   `CONTAINER_CREATED`): a read that finds a container it was asked about already exited
-//!   tells its start from the runtime's record of it (CRI's `started_at`), and one that
-//!   shows it running while the task service's record says it exited tells that start.
+//!   `CONTAINER_CREATED`): a read that finds a container it, or a hint still waiting (queued,
+//!   or carried by another read in flight), was asked about already exited tells its start
+//!   from the runtime's record of it (CRI's `started_at`), and one that shows it running
+//!   while the task service's record says it exited tells that start.
 //!   Without them (polling, eBPF only), a container that started and died between two
 //!   readings yields `ContainerDied` only, and one created, run and removed between two
 //!   readings yields nothing at all: kubelet has the same blind spot, an event means "look

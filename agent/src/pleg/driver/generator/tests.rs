@@ -115,6 +115,20 @@ fn trigger(id: &str) -> Trigger {
     }
 }
 
+/// containerd's `/tasks/start` of `id`, whose init is `pid`.
+fn task_started(id: &str, pid: u32) -> Trigger {
+    Trigger {
+        observations: vec![Observation {
+            source: Source::Containerd,
+            kind: ObservationKind::TaskStarted {
+                at: SystemTime::now(),
+                pid,
+            },
+        }],
+        ..trigger(id)
+    }
+}
+
 #[tokio::test]
 async fn triggers_saying_only_presence_pass_only_where_presence_is_news() {
     let with = |kinds: &[ObservationKind]| Trigger {
@@ -275,15 +289,7 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
     // Let the first (empty) full relist run.
     tokio::time::sleep(Duration::from_millis(1)).await;
     // The task service started it: the CRI store must come to show it.
-    let mut started = trigger("late");
-    started.observations = vec![Observation {
-        source: Source::Containerd,
-        kind: ObservationKind::TaskStarted {
-            at: SystemTime::now(),
-            pid: 0,
-        },
-    }];
-    h.triggers.send(started);
+    h.triggers.send(task_started("late", 0));
     // The runtime learns of the container only after the first targeted relist.
     tokio::time::sleep(Duration::from_millis(15)).await;
     add_running(&h.runtime, "p", "late");
@@ -389,15 +395,7 @@ async fn a_start_whose_read_is_in_flight_is_told_by_a_full_relist_that_finds_it_
     h.runtime.set_delay(Some(Duration::from_millis(50)));
     add_running(&h.runtime, "p", "c");
     tokio::time::sleep_until(Instant::now() + Duration::from_millis(1059)).await;
-    let mut started = trigger("c");
-    started.observations = vec![Observation {
-        source: Source::Containerd,
-        kind: ObservationKind::TaskStarted {
-            at: SystemTime::now(),
-            pid: 4242,
-        },
-    }];
-    h.triggers.send(started);
+    h.triggers.send(task_started("c", 4242));
     tokio::time::sleep(Duration::from_millis(10)).await;
     h.runtime
         .set_state("p", "c", ContainerState::Exited, Some(137));
