@@ -253,6 +253,13 @@ impl Runtime for AnyRuntime {
             Self::Containerd(runtime) => runtime.watch_exit(container),
         }
     }
+
+    fn exit_watched(&self, container: &ContainerId) -> bool {
+        match self {
+            Self::Cri(runtime) => runtime.exit_watched(container),
+            Self::Containerd(runtime) => runtime.exit_watched(container),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -503,6 +503,10 @@ impl Runtime for ContainerdRuntime {
         }
     }
 
+    fn exit_watched(&self, container: &ContainerId) -> bool {
+        self.reads_cri() && self.cri.exit_watched(container)
+    }
+
     /// A pod of kubelet's, when only the CRI plugin's namespace is read, as the CRI backend
     /// inspects it: a status call through CRI for each container whose state changed since
     /// `known`. containerd's own API would ask every container's task again: a full relist

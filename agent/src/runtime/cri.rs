@@ -373,6 +373,10 @@ impl Runtime for CriRuntime {
         self.tasks.watch_exit(container);
     }
 
+    fn exit_watched(&self, container: &ContainerId) -> bool {
+        self.tasks.exit_watched(container)
+    }
+
     async fn inspect_pod(
         &self,
         uid: &PodUid,

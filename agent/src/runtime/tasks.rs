@@ -217,6 +217,11 @@ impl TaskService {
         });
     }
 
+    /// Whether `container`'s exit is watched now.
+    pub(crate) fn exit_watched(&self, container: &ContainerId) -> bool {
+        lock(&self.watched).contains_key(container)
+    }
+
     fn wait_request(
         &self,
         container: &ContainerId,

@@ -394,4 +394,8 @@ impl Runtime for FakeRuntime {
     fn watch_exit(&self, container: &ContainerId) {
         self.lock().exit_watches.push(container.clone());
     }
+
+    fn exit_watched(&self, container: &ContainerId) -> bool {
+        self.lock().exit_watches.contains(container)
+    }
 }

@@ -167,6 +167,13 @@ pub trait Runtime: Send + Sync + 'static {
     fn watch_exit(&self, container: &ContainerId) {
         let _ = container;
     }
+
+    /// Whether `container`'s exit is watched now ([`Runtime::watch_exit`]): asking for it
+    /// costs no call.
+    fn exit_watched(&self, container: &ContainerId) -> bool {
+        let _ = container;
+        false
+    }
 }
 
 /// One container or sandbox read by its id ([`Runtime::read_containers`]).

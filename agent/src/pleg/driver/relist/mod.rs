@@ -593,11 +593,18 @@ impl<R: Runtime> Relister<R> {
         asks
     }
 
-    /// An ask that missed its deadline is not made again for [`TASK_BUSY_BACKOFF`].
+    /// An ask that missed its deadline is not made again for [`TASK_BUSY_BACKOFF`], unless it
+    /// is a watched exit's: asking again costs the runtime nothing, and the next read then
+    /// takes the watch's answer as it comes (the shim's `runc kill --all` alone outlasted the
+    /// wait under churn).
     fn note_busy(&mut self, busy: Vec<(ContainerId, TaskAsk)>) {
         let until = Instant::now() + TASK_BUSY_BACKOFF;
-        self.busy_tasks
-            .extend(busy.into_iter().map(|ask| (ask, until)));
+        let runtime = &self.runtime;
+        self.busy_tasks.extend(
+            busy.into_iter()
+                .filter(|(id, ask)| !(*ask == TaskAsk::Exit && runtime.exit_watched(id)))
+                .map(|ask| (ask, until)),
+        );
     }
 
     /// Keeps what a plan leaves for later relists: the pods whose inspection failed, to

@@ -901,6 +901,44 @@ async fn a_start_the_kernel_saw_has_its_exit_watched_while_no_runtime_event_will
     }
 }
 
+/// A watched exit's ask that outlasted its wait (the shim still killing what was left of the
+/// container) is made again by the next read: it costs no call, and that read takes the
+/// watch's answer as it comes. An exit not watched backs off as before.
+#[tokio::test(start_paused = true)]
+async fn a_watched_exit_outlasting_its_wait_is_asked_again() {
+    for (watched, confirmed) in [(true, Some(Store::Task)), (false, None)] {
+        let mut h = starting_container(false, Duration::ZERO).await;
+        h.runtime.set_state("p", "new", Running, None);
+        let start = if watched {
+            exec_hint("new")
+        } else {
+            pod_hints("p", &[("new", Source::Relist, ObservationKind::Present)])
+        };
+        relist_on(&mut h, &Scope::Container(cid("new")), &start).await;
+        drain(&mut h.events);
+        assert_eq!(h.runtime.exit_watches().is_empty(), !watched);
+        let death = pod_hints("p", &[("new", Source::Ebpf, ObservationKind::Signal(9))]);
+        let outcome = relist_on(&mut h, &Scope::Pod(uid("p")), &death).await;
+        assert_eq!(whys(&outcome), [Why::Unreflected], "watched: {watched}");
+        h.runtime.set_task(
+            "new",
+            Some(TaskRecord::Exited {
+                code: 137,
+                at: SystemTime::UNIX_EPOCH,
+            }),
+        );
+        relist_on(&mut h, &Scope::Pod(uid("p")), &death).await;
+        let died = drain(&mut h.events)
+            .into_iter()
+            .find(|e| e.event_type == ContainerDied);
+        assert_eq!(
+            died.and_then(|e| e.confirmed_by),
+            confirmed,
+            "watched: {watched}"
+        );
+    }
+}
+
 /// How long a start's task status is waited for depends on whether the runtime's own start
 /// event is on its way: with the event stream connected, not past a short deadline (the event
 /// answers); without it, long enough for a shim busy starting it. An exit is waited for the
