@@ -227,6 +227,8 @@ impl Bench {
                 .await?;
             let (mut share, mut no_died, mut no_exit) = (Vec::new(), 0, 0);
             let (mut arrival, mut beyond) = (Vec::new(), Vec::new());
+            // The slowest deaths by container, to find in plegd's log (`PLEGD_BENCH_KEEP`).
+            let mut by_container = Vec::new();
             let deadline = tokio::time::Instant::now() + STRAGGLERS;
             for l in &run.lifecycles {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -242,7 +244,10 @@ impl Bench {
                 let emitted = watch.arrivals.get(&l.container_id, "ContainerDied emitted");
                 let published = self.events.get(&l.container_id, bench::EXIT_PUBLISHED);
                 match emitted.zip(published) {
-                    Some((emitted, published)) => share.push(ms_between(published, emitted)),
+                    Some((emitted, published)) => {
+                        share.push(ms_between(published, emitted));
+                        by_container.push((ms_between(published, emitted), &l.container_id));
+                    }
                     None => no_exit += 1,
                 }
                 // The same envelope's way to another subscriber (this bench's): what the node's
@@ -269,6 +274,7 @@ impl Bench {
                 "beyond_arrival_ms": beyond,
                 "no_died": no_died,
                 "no_exit_event": no_exit,
+                "slowest": slowest(by_container),
             }));
         }
         Ok(Value::Array(rows))
@@ -526,4 +532,14 @@ async fn missing_events(watch: &Watch, run: &churn::Run) -> Value {
         "no_event_ids": first("no_event"),
         "examples": OWED.iter().map(|w| (w.to_string(), json!(first(w)))).collect::<serde_json::Map<_, _>>(),
     })
+}
+
+/// The ten slowest of `deaths` (share in ms, container), slowest first.
+fn slowest(mut deaths: Vec<(f64, &String)>) -> Value {
+    deaths.sort_by(|a, b| b.0.total_cmp(&a.0));
+    deaths.truncate(10);
+    deaths
+        .into_iter()
+        .map(|(ms, id)| json!({ "container": id, "share_ms": ms }))
+        .collect()
 }
