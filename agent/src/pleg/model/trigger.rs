@@ -22,6 +22,14 @@ pub enum Scope {
     Container(ContainerId),
 }
 
+impl Scope {
+    /// Whether a read of this scope answers a hint about `target`: the node's answers every
+    /// target, any other scope its own.
+    pub fn covers(&self, target: &Scope) -> bool {
+        self == &Self::Node || self == target
+    }
+}
+
 /// A fact a source saw that runtime records may not carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {

@@ -494,7 +494,6 @@ impl RelistScheduler {
 
     /// The hints queued for targets `scope` covers, copied (see [`Batch::queued`]).
     pub fn queued(&self, scope: &Scope) -> Hints {
-        let covered = |target: &Scope| scope == &Scope::Node || scope == target;
         let queued = self
             .pending
             .iter()
@@ -505,7 +504,7 @@ impl RelistScheduler {
             .map(|(id, w)| (Scope::Container(id.clone()), &w.hint));
         queued
             .chain(waiting)
-            .filter(|(target, _)| covered(target))
+            .filter(|(target, _)| scope.covers(target))
             .map(|(target, hint)| (target, hint.clone()))
             .collect()
     }

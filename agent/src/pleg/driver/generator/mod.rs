@@ -114,11 +114,10 @@ impl InFlight {
             .push(Box::pin(async move { (id, batch, read.await) }));
     }
 
-    /// Adds to `queued` the hints the reads in flight carry about what `scope` covers (the
-    /// scheduler's rule: the node covers every target, any other scope itself).
+    /// Adds to `queued` the hints the reads in flight carry about what `scope` covers.
     fn add_hints(&self, scope: &Scope, queued: &mut Hints) {
         for (target, hint) in self.hints.values().flat_map(Hints::iter) {
-            if scope == &Scope::Node || scope == target {
+            if scope.covers(target) {
                 queued.insert(target.clone(), hint.clone());
             }
         }
