@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     str::FromStr,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, SystemTime},
@@ -43,7 +43,10 @@ const WATCHED_EXIT_KEPT: Duration = Duration::from_secs(5);
 
 /// The exits waited for ahead, each container's answer to come: `None` until the shim
 /// answers, then its record (`None` in it: the task was gone).
-type WatchedExits = Arc<Mutex<HashMap<ContainerId, watch::Receiver<Option<Option<TaskRecord>>>>>>;
+type Watches = HashMap<ContainerId, watch::Receiver<Option<Option<TaskRecord>>>>;
+
+/// [`Watches`], shared by the service's clones and the watches' tasks.
+type WatchedExits = Arc<Mutex<Watches>>;
 
 /// A containerd namespace name, checked once (containerd's identifier rules) so every request
 /// can carry it as the `containerd-namespace` header.
@@ -134,8 +137,19 @@ impl TaskService {
             return Ok(None);
         }
         let process = get_process(&self.caller, &self.channel, &self.namespace, &container.0);
-        match process.await {
-            Ok(process) => Ok(process.as_ref().and_then(task_record)),
+        Ok(self
+            .unless_absent(process.await)?
+            .as_ref()
+            .and_then(task_record))
+    }
+
+    /// A call's result, where a socket with no task service at all answers no record, and is
+    /// not asked again.
+    fn unless_absent<T>(
+        &self,
+        result: Result<Option<T>, RuntimeError>,
+    ) -> Result<Option<T>, RuntimeError> {
+        match result {
             Err(RuntimeError::Call {
                 code: CallCode::Unsupported,
                 ..
@@ -147,7 +161,7 @@ impl TaskService {
                 self.absent.store(true, Ordering::Relaxed);
                 Ok(None)
             }
-            Err(e) => Err(e),
+            result => result,
         }
     }
 }
@@ -199,15 +213,11 @@ impl TaskService {
             .caller
             .open_call("Tasks.Wait", self.wait_request(container));
         tokio::spawn(async move {
-            match found(call.await) {
+            match service.unless_absent(found(call.await)) {
                 Ok(response) => {
                     answer.send_replace(Some(response.map(exit_record)));
                     tokio::time::sleep(WATCHED_EXIT_KEPT).await;
                 }
-                Err(RuntimeError::Call {
-                    code: CallCode::Unsupported,
-                    ..
-                }) => service.absent.store(true, Ordering::Relaxed),
                 Err(error) => debug!(container = %id, %error, "watching the exit failed"),
             }
             let mut watched = lock(&service.watched);
@@ -245,9 +255,7 @@ fn exit_record(exit: WaitResponse) -> TaskRecord {
 
 /// The watched exits' map: each change to it is one statement, so a poisoned lock still
 /// holds a consistent map.
-fn lock(
-    watched: &WatchedExits,
-) -> std::sync::MutexGuard<'_, HashMap<ContainerId, watch::Receiver<Option<Option<TaskRecord>>>>> {
+fn lock(watched: &WatchedExits) -> MutexGuard<'_, Watches> {
     watched.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
