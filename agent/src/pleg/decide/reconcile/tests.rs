@@ -1224,15 +1224,21 @@ fn a_container_a_reading_found_gone_is_not_told_gone_again_by_the_records() {
     assert_eq!(whys(&plan), [], "the records are answered");
 }
 
+/// Pod p with c's death committed as the task service told it: `Error`, the reason predicted.
+fn told_error_by_the_task_service() -> Committed {
+    let mut told = exited("c", "app", 137, "Error");
+    told.confirmed_by = Store::Task;
+    let mut before = Committed::default();
+    before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
+    before
+}
+
 /// A death whose reason the task service's record decided, and the CRI store shows another:
 /// the record takes the store's, the plan says so, and a ContainerChanged tells consumers
 /// (with `emit_changed` off: it is no news of a created container).
 #[test]
 fn the_cri_store_correcting_a_deaths_reason_is_said() {
-    let mut told = exited("c", "app", 137, "Error");
-    told.confirmed_by = Store::Task;
-    let mut before = Committed::default();
-    before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
+    let before = told_error_by_the_task_service();
     let pods = corrected_to_oom_killed(&before, Covers::Pod(uid("p")));
     assert_eq!(planned_container(&pods).reason, "OOMKilled");
 }
@@ -1363,10 +1369,7 @@ fn an_oom_kill_containerd_tells_after_the_death_corrects_its_reason() {
 /// alone changes no reason where containerd's is the witness.
 #[test]
 fn an_oom_kill_containerd_tells_after_the_exit_corrects_the_reason_told() {
-    let mut told = exited("c", "app", 137, "Error");
-    told.confirmed_by = Store::Task;
-    let mut before = Committed::default();
-    before.commit(&uid("p"), Some(Arc::new(pod("p", "web", [told]))), false);
+    let before = told_error_by_the_task_service();
     let runtime_witness = Settings {
         oom_witness: OomWitness::Runtime,
         ..TASK
