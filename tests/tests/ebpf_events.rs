@@ -129,8 +129,9 @@ async fn lifecycle_through_ebpf(plegd: &mut RunningPlegd, cri: &Cri, tasks: &Nat
         "{mode:?}: {died}"
     );
     assert_eq!(died["exit_code"], 137, "{mode:?}");
-    // Confirmed by the task service through the watch, or by the CRI store where it was as
-    // quick (2.1, the pod's pid namespace: of two records as far on, CRI's wins).
+    // Which store confirmed it is not asserted: the task service through the watch, or the
+    // CRI store where it was as quick (2.1, the pod's pid namespace: of two records as far on,
+    // CRI's wins).
     assert_eq!(
         waits(plegd),
         watched,

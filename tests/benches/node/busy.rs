@@ -245,8 +245,9 @@ impl Bench {
                 let published = self.events.get(&l.container_id, bench::EXIT_PUBLISHED);
                 match emitted.zip(published) {
                     Some((emitted, published)) => {
-                        share.push(ms_between(published, emitted));
-                        by_container.push((ms_between(published, emitted), &l.container_id));
+                        let ms = ms_between(published, emitted);
+                        share.push(ms);
+                        by_container.push((ms, &l.container_id));
                     }
                     None => no_exit += 1,
                 }
