@@ -315,7 +315,8 @@ impl ContainerdRuntime {
         })
     }
 
-    /// Settles task-less CRI containers and sandboxes with the CRI plugin: one ListContainers
+    /// Settles CRI containers and sandboxes whose task is gone or unreadable with the CRI
+    /// plugin: one ListContainers
     /// (ListPodSandbox) for a full list, ContainerStatus (PodSandboxStatus) each otherwise.
     /// Those CRI does not know are dropped: removed in between, or a sandbox RunPodSandbox is
     /// still making (its container comes before its task, and the CRI store has it only once
@@ -388,7 +389,8 @@ async fn states_if<T>(
 }
 
 impl RunMemory {
-    /// Keeps non-CRI containers whose task was deleted exited. A full listing also forgets
+    /// Keeps non-CRI containers whose task was deleted, or can no longer be read, exited. A
+    /// full listing also forgets
     /// containers that no longer exist.
     fn apply(&self, entries: &mut [Entry], full: bool) {
         // Plain map updates: a poisoned lock still holds consistent data.
@@ -404,14 +406,24 @@ impl RunMemory {
             let key = (entry.namespace.clone(), entry.record.id.0.clone());
             let record = &mut entry.record;
             match record.state {
-                ContainerState::Created => {
-                    if let Some(ended) = ran.get(&key) {
+                ContainerState::Created | ContainerState::Unknown => {
+                    let ended = ran.get(&key);
+                    let exited = match record.state {
+                        // Task-less after it ran: its task was deleted.
+                        ContainerState::Created => ended.is_some(),
+                        // A task the task service could not read (its shim going away, as
+                        // after its deletion) once it was seen exited: it stays exited.
+                        _ => matches!(ended, Some(Some(_))),
+                    };
+                    if exited {
                         record.state = ContainerState::Exited;
-                        if let Some(ended) = ended {
+                        if let Some(Some(ended)) = ended {
                             record.exit_code = ended.exit_code;
                             record.reason.clone_from(&ended.reason);
                             record.finished_at = ended.finished_at;
                         }
+                    } else if record.state == ContainerState::Unknown {
+                        ran.entry(key).or_insert(None);
                     }
                 }
                 ContainerState::Exited => {
@@ -429,7 +441,7 @@ impl RunMemory {
                     };
                     ran.insert(key, details);
                 }
-                ContainerState::Running | ContainerState::Unknown => {
+                ContainerState::Running => {
                     ran.entry(key).or_insert(None);
                 }
             }
@@ -704,7 +716,9 @@ fn entry(
         namespace: namespace.to_owned(),
         pod: identity.pod,
         record,
-        ask_cri: identity.cri && task.is_none(),
+        // containerd lists a task whose shim did not answer (shutting down after the task's
+        // deletion, or gone) as UNKNOWN: CRI's store still knows what became of it.
+        ask_cri: identity.cri && (task.is_none() || state == ContainerState::Unknown),
         cri: identity.cri,
     }
 }
@@ -951,6 +965,21 @@ mod tests {
         );
         assert_eq!(native.record.state, ContainerState::Created);
         assert!(!native.ask_cri);
+        let unreadable = process(Status::Unknown, 0);
+        for (kind, asks) in [("sandbox", true), ("container", true), ("", false)] {
+            let labels: &[(&str, &str)] = if kind.is_empty() {
+                &[]
+            } else {
+                &[(KIND_LABEL, kind)]
+            };
+            let entry = entry(
+                "k8s.io",
+                &container("c", labels, &[]),
+                Some(&unreadable),
+                &MetadataKeeper::default(),
+            );
+            assert_eq!(entry.ask_cri, asks, "{kind:?}");
+        }
     }
 
     #[test]
@@ -977,9 +1006,25 @@ mod tests {
             (record.state, record.exit_code),
             (ContainerState::Exited, Some(137))
         );
+        // Its shim going away: the task service lists it UNKNOWN; still exited.
+        let unreadable = process(Status::Unknown, 0);
+        let record = state_after(Some(&unreadable), false);
+        assert_eq!(
+            (record.state, record.exit_code),
+            (ContainerState::Exited, Some(137))
+        );
         // Removed (absent from a full listing), then recreated with the same id: created.
         memory.apply(&mut [], true);
         assert_eq!(state_after(None, true).state, ContainerState::Created);
+        // Unreadable without having been seen exited: unknown, and not taken for exited later.
+        assert_eq!(
+            state_after(Some(&unreadable), true).state,
+            ContainerState::Unknown
+        );
+        assert_eq!(
+            state_after(Some(&unreadable), true).state,
+            ContainerState::Unknown
+        );
     }
 
     #[test]
