@@ -154,7 +154,8 @@ async fn each_oom_kill_says_which_limit_it_came_from() {
         support::SLOW,
     );
     // The kernel's side and every trigger: in the suite a pod-limit kill's death once came
-    // with no kernel observation of the container at all.
+    // with no kernel observation of the container at all (containerd's events reached the
+    // PLEG before the ring was read up to the kill; the death now waits for that read).
     RunningPlegd::log_to_test_output_or(
         "info,plegd::sources::ebpf=debug,plegd::pleg::driver::generator=trace",
     );

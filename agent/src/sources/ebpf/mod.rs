@@ -312,6 +312,8 @@ trait Kernel {
     /// Waits for records in the ring buffer and appends them to `events`. Cancel safe: it
     /// takes records only once they are ready, without waiting in between.
     async fn read(&mut self, events: &mut Vec<Record>) -> Result<(), LoadError>;
+    /// Appends the records the ring buffer holds now, without waiting.
+    fn read_now(&mut self, events: &mut Vec<Record>);
     /// A read of the cgroup ids the init map tracks, to run on the blocking pool (the map
     /// holds up to [`plegd_common::INIT_CGROUPS`] entries, one syscall each).
     fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send>;
@@ -378,6 +380,12 @@ impl Kernel for Maps {
         }
         guard.clear_ready();
         Ok(())
+    }
+
+    fn read_now(&mut self, events: &mut Vec<Record>) {
+        while let Some(item) = self.ring.get_mut().next() {
+            events.extend(read_record(&item));
+        }
     }
 
     fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
@@ -478,47 +486,33 @@ impl EbpfSource {
         let mut rescan = false;
         let mut victims: JoinSet<(Box<OomEvent>, VictimProc)> = JoinSet::new();
         let mut events = Vec::new();
+        // The generator asks this source to catch up when the runtime told an OOM kill's death
+        // before the ring was read up to the kill: only while the OOM probe records kills.
+        let mut catch_ups = programs
+            .iter()
+            .any(|program| program.starts_with("mark_victim"))
+            .then(|| self.triggers.answer_catch_ups());
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 read = kernel.read(&mut events) => {
                     read?;
-                    for record in events.drain(..) {
-                        match record {
-                            // Known without /proc: decoded now, in the ring's order, so
-                            // the kill rides with the death that follows it.
-                            Record::Oom(event) if decoder.knows_victim(&event) => {
-                                let at = wall_time_of(event.ktime_ns);
-                                let decoded = decoder.oom(&event, at, &VictimProc::default());
-                                for trigger in decoded.triggers {
-                                    self.count_oom(&trigger, decoded.pod.as_deref());
-                                    self.send(trigger);
-                                }
-                            }
-                            Record::Oom(event) => {
-                                let host = host.clone();
-                                victims.spawn_blocking(move || {
-                                    let victim = host.victim(event.pid);
-                                    (event, victim)
-                                });
-                            }
-                            Record::Event(event) => {
-                                self.decode(&mut decoder, &event, &mut kernel, &mut map_errors);
-                            }
-                        }
+                    let records = events.drain(..);
+                    self.take(records, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
+                }
+                Some(victim) = victims.join_next() => self.victim(victim, &mut decoder),
+                Some(ask) = async { Some(catch_ups.as_mut()?.asked().await) } => {
+                    kernel.read_now(&mut events);
+                    let records = events.drain(..);
+                    self.take(records, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
+                    // The kills whose victim's /proc is being read: their accounts too.
+                    while let Some(victim) = victims.join_next().await {
+                        self.victim(victim, &mut decoder);
+                    }
+                    if let Some(catch_ups) = &catch_ups {
+                        catch_ups.caught_up(ask);
                     }
                 }
-                Some(victim) = victims.join_next() => match victim {
-                    Ok((event, victim)) => {
-                        let at = wall_time_of(event.ktime_ns);
-                        let decoded = decoder.oom(&event, at, &victim);
-                        for trigger in decoded.triggers {
-                            self.count_oom(&trigger, decoded.pod.as_deref());
-                            self.send(trigger);
-                        }
-                    }
-                    Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
-                },
                 _ = refresh.tick(), if scans.is_empty() => {
                     start_scan(&mut decoder, &host, &kernel, &mut scans);
                 }
@@ -540,6 +534,57 @@ impl EbpfSource {
             }
         }
         Ok(())
+    }
+
+    /// Decodes what the ring held and acts on it; an OOM kill whose victim the decoder does
+    /// not know has its /proc read on the blocking pool (`victims`).
+    fn take(
+        &self,
+        records: impl Iterator<Item = Record>,
+        decoder: &mut Decoder,
+        kernel: &mut impl Kernel,
+        map_errors: &mut MapErrors,
+        host: &Arc<impl Host>,
+        victims: &mut JoinSet<(Box<OomEvent>, VictimProc)>,
+    ) {
+        for record in records {
+            match record {
+                // Known without /proc: decoded now, in the ring's order, so the kill rides
+                // with the death that follows it.
+                Record::Oom(event) if decoder.knows_victim(&event) => {
+                    self.oom(&event, &VictimProc::default(), decoder);
+                }
+                Record::Oom(event) => {
+                    let host = Arc::clone(host);
+                    victims.spawn_blocking(move || {
+                        let victim = host.victim(event.pid);
+                        (event, victim)
+                    });
+                }
+                Record::Event(event) => self.decode(decoder, &event, kernel, map_errors),
+            }
+        }
+    }
+
+    /// An OOM victim's /proc, read.
+    fn victim(
+        &self,
+        read: Result<(Box<OomEvent>, VictimProc), tokio::task::JoinError>,
+        decoder: &mut Decoder,
+    ) {
+        match read {
+            Ok((event, victim)) => self.oom(&event, &victim, decoder),
+            Err(error) => warn!(%error, "reading an OOM victim's cgroup"),
+        }
+    }
+
+    /// Counts and sends an OOM kill.
+    fn oom(&self, event: &OomEvent, victim: &VictimProc, decoder: &mut Decoder) {
+        let decoded = decoder.oom(event, wall_time_of(event.ktime_ns), victim);
+        for trigger in decoded.triggers {
+            self.count_oom(&trigger, decoded.pod.as_deref());
+            self.send(trigger);
+        }
     }
 
     /// Says the probes are attached, to health and in the log.
@@ -874,6 +919,12 @@ mod tests {
             Ok(())
         }
 
+        fn read_now(&mut self, events: &mut Vec<Record>) {
+            while let Ok(event) = self.events.try_recv() {
+                events.push(event);
+            }
+        }
+
         fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
             Box::new(HashSet::new)
         }
@@ -915,7 +966,9 @@ mod tests {
             self.results.lock().unwrap().recv().unwrap_or_default()
         }
 
+        /// A /proc slow to read: an OOM kill's trigger comes well after its record.
         fn victim(&self, _pid: u32) -> VictimProc {
+            std::thread::sleep(Duration::from_millis(50));
             VictimProc::default()
         }
     }
@@ -948,6 +1001,11 @@ mod tests {
     impl Rig {
         /// Starts the loop, the index refreshed every `refresh`.
         fn start(refresh: Duration) -> Self {
+            Self::with_programs(refresh, Vec::new())
+        }
+
+        /// Starts the loop as if the probes `programs` were attached.
+        fn with_programs(refresh: Duration, programs: Vec<String>) -> Self {
             let (events_tx, events) = mpsc::unbounded_channel();
             let (started_tx, started) = mpsc::unbounded_channel();
             let (results_tx, results) = std_mpsc::channel();
@@ -972,7 +1030,7 @@ mod tests {
                 refresh,
             };
             let shutdown = CancellationToken::new();
-            let task = tokio::spawn(source.drive(kernel, host, Vec::new(), shutdown.clone()));
+            let task = tokio::spawn(source.drive(kernel, host, programs, shutdown.clone()));
             Self {
                 events: events_tx,
                 started,
@@ -1100,6 +1158,61 @@ mod tests {
             crate::pleg::ObservationKind::Exec("/bin/sh".into())
         );
         rig.scan_started("losses during the scan scan again").await;
+        rig.stop().await;
+    }
+
+    /// An OOM kill whose victim is no init the decoder knows: its /proc is read.
+    fn oom_record(cgroup_id: u64) -> Record {
+        Record::Oom(Box::new(OomEvent {
+            kind: plegd_common::KernelEventKind::Oom as u32,
+            pid: 4242,
+            cgroup_id,
+            ktime_ns: 0,
+            flags: 0,
+            victim_depth: 0,
+            charger_depth: 0,
+            victim_level: 0,
+            charger_level: 0,
+            _pad: 0,
+            comm: [0; 16],
+            victim: Default::default(),
+            charger: Default::default(),
+        }))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ask_to_catch_up_is_answered_once_what_the_ring_held_is_handed_over() {
+        let mut rig = Rig::with_programs(Duration::from_secs(3600), vec!["mark_victim_raw".into()]);
+        let made = test_event(KernelEventKind::CgroupMkdir, 2, &format!("{NAMESPACE}/c"));
+        rig.events.send(Record::Event(made)).unwrap();
+        // The loop runs: it answers asks.
+        assert_eq!(next_container(&mut rig.triggers).await, "c");
+
+        // The kill is in the ring when the ask comes; its victim's /proc takes a while.
+        rig.events.send(oom_record(2)).unwrap();
+        let ask = rig
+            .triggers
+            .ask_catch_up()
+            .expect("the source answers asks");
+        tokio::time::timeout(WAIT, rig.triggers.catch_up_answered(ask))
+            .await
+            .expect("the ask is answered");
+        let trigger = rig
+            .triggers
+            .try_recv()
+            .expect("the kill's trigger is in before the answer");
+        assert!(
+            trigger
+                .observations
+                .iter()
+                .any(|o| matches!(o.kind, ObservationKind::OomKill(_))),
+            "{trigger:?}"
+        );
+        rig.stop().await;
+
+        // Without the OOM probe, nothing answers: no death waits for it.
+        let rig = Rig::start(Duration::from_secs(3600));
+        assert_eq!(rig.triggers.ask_catch_up(), None);
         rig.stop().await;
     }
 }

@@ -25,6 +25,9 @@
 //!   ([`RelistScheduler::set_kernel_grace`]): the runtime's event about the same change follows
 //!   and answers it with no read. It waits by container, and the grace follows how late the
 //!   runtime's events have come.
+//! - The runtime's word of an OOM kill, or of the death after it, waits while the kernel's
+//!   ring is read up to the kill, 100 ms at most ([`RelistScheduler::hold_for_kernel`]): the
+//!   kernel's account of the kill then rides with the death.
 //! - What a reading did not reflect yet is read again ([`RelistScheduler::retry`]). While the
 //!   runtime's event stream answers, the runtime's event about it is awaited, and a read comes
 //!   back only a while later ([`EVENT_RETRY`]); without one, the runtime is read again after a
@@ -45,8 +48,10 @@ use tokio::time::Instant;
 use tracing::debug;
 
 mod grace;
+mod oom_account;
 
 use grace::KernelGrace;
+use oom_account::OomAccounts;
 
 use crate::{
     base::backoff::Exponential,
@@ -301,6 +306,9 @@ pub struct RelistScheduler {
     retry_passed_over: bool,
     /// Whether a full relist has ended in this run: none is read on its own before.
     first_full_done: bool,
+    /// The OOM kills the runtime and the kernel told, for the deaths that wait for the
+    /// kernel's account ([`RelistScheduler::hold_for_kernel`]).
+    oom: OomAccounts,
 }
 
 impl RelistScheduler {
@@ -319,22 +327,26 @@ impl RelistScheduler {
             kernel_grace: KernelGrace::default(),
             retry_passed_over: false,
             first_full_done: false,
+            oom: OomAccounts::default(),
         }
     }
 
-    /// Queues a trigger, due at `now`.
-    pub fn push(&mut self, trigger: Trigger, now: Instant) {
+    /// Queues a trigger, due at `now`. Returns the container whose death it tells, when the
+    /// runtime said that death was an OOM kill and the kernel's account of it is not in yet:
+    /// [`Self::hold_for_kernel`] holds it while the kernel's reader catches up.
+    pub fn push(&mut self, trigger: Trigger, now: Instant) -> Option<ContainerId> {
         let Trigger {
             scope,
             source,
             observed_at,
             observations,
         } = trigger;
+        let mut unaccounted = None;
         let (target, container, observations) = match scope {
             Scope::Node => {
                 debug!(?source, "node-wide trigger: full relist requested");
                 self.request_full_relist(now);
-                return;
+                return None;
             }
             Scope::Pod(uid) => {
                 if !observations.is_empty() {
@@ -344,6 +356,10 @@ impl RelistScheduler {
             }
             Scope::Container(id) => {
                 self.hurry_settling(&id, &observations, now);
+                unaccounted = self
+                    .oom
+                    .observe(&id, source, &observations, now)
+                    .then(|| id.clone());
                 let observations = observations.into_iter().map(|o| (id.clone(), o)).collect();
                 (Scope::Container(id.clone()), Some(id), observations)
             }
@@ -369,12 +385,39 @@ impl RelistScheduler {
                 }
             }
             self.enqueue(target, hint, now, 0);
-            return;
+            return unaccounted;
         }
         let grace = self.kernel_grace.current();
         match container {
             Some(id) if !grace.is_zero() => self.wait(id, hint, seen, grace),
             _ => self.enqueue(target, hint, now + grace, 0),
+        }
+        unaccounted
+    }
+
+    /// Holds the reading of container `id` (whose death the runtime told as an OOM kill:
+    /// [`Self::push`]) until the kernel's reader answers ask `ask` to catch up
+    /// ([`Self::kernel_caught_up`]), 100 ms at most: the kernel's account of the
+    /// kill, in its ring before the death, then rides with the death.
+    pub fn hold_for_kernel(&mut self, id: ContainerId, ask: u64, now: Instant) {
+        self.oom.hold(id, ask, now);
+    }
+
+    /// The kernel's reader handed over everything it held when ask `answered` came (`None`:
+    /// no reader answers any more).
+    pub fn kernel_caught_up(&mut self, answered: Option<u64>) {
+        self.oom.caught_up(answered);
+    }
+
+    /// When `target`'s pending hint may be handed out: when it is due, but not before the
+    /// kernel's reader caught up for a death held for it ([`Self::hold_for_kernel`]).
+    fn ready_at(&self, target: &Scope, pending: &Pending) -> Instant {
+        match target {
+            Scope::Container(id) => self
+                .oom
+                .held_until(id)
+                .map_or(pending.due, |until| pending.due.max(until)),
+            _ => pending.due,
         }
     }
 
@@ -534,9 +577,11 @@ impl RelistScheduler {
             self.pending
                 .iter()
                 .filter(|(target, p)| {
-                    p.due <= now && (p.retries > 0) == retry && self.in_flight.admits(target, limit)
+                    self.ready_at(target, p) <= now
+                        && (p.retries > 0) == retry
+                        && self.in_flight.admits(target, limit)
                 })
-                .min_by_key(|(_, p)| p.due)
+                .min_by_key(|(target, p)| self.ready_at(target, p))
                 .map(|(target, _)| target.clone())
         };
         let (fresh, retry) = (earliest(false), earliest(true));
@@ -561,7 +606,9 @@ impl RelistScheduler {
         let target = self
             .pending
             .iter()
-            .find(|(target, p)| p.due <= now && !p.tried && self.in_flight.reads(target))
+            .find(|(target, p)| {
+                self.ready_at(target, p) <= now && !p.tried && self.in_flight.reads(target)
+            })
             .map(|(target, _)| target.clone())?;
         let pending = self.pending.remove(&target)?;
         Some(Self::one(target, pending, false))
@@ -651,7 +698,7 @@ impl RelistScheduler {
             |target: &Scope| self.first_full_done && self.in_flight.admits(target, limit);
         let pending = self.pending.iter().filter_map(|(target, p)| {
             let tried_now = !p.tried && self.in_flight.reads(target);
-            (tried_now || startable(target)).then_some(p.due)
+            (tried_now || startable(target)).then(|| self.ready_at(target, p))
         });
         let waiting = self
             .waiting

@@ -149,11 +149,19 @@ impl<R: Runtime> Generator<R> {
         self.stopped(in_flight)
     }
 
-    /// Hands a trigger to the scheduler.
+    /// Hands a trigger to the scheduler. A death the runtime told as an OOM kill, whose
+    /// account the kernel's ring has not handed over yet, waits for the ring's reader to catch
+    /// up.
     fn accept(&mut self, trigger: Trigger) {
         trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
         self.metrics.trigger(trigger.source.name());
-        self.scheduler.push(trigger, Instant::now());
+        let now = Instant::now();
+        if let Some(id) = self.scheduler.push(trigger, now)
+            && let Some(ask) = self.triggers.ask_catch_up()
+        {
+            debug!(container = %id, ask, "the runtime's word of an OOM kill waits for the kernel's account");
+            self.scheduler.hold_for_kernel(id, ask, now);
+        }
     }
 
     /// Waits for the next trigger, read done, deadline or change of tuning, or
@@ -178,6 +186,12 @@ impl<R: Runtime> Generator<R> {
                 self.finish(batch, done, in_flight);
             }
             Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
+            // What the kernel's reader held is in the channel, ahead of its answer: the next
+            // turn takes it in before anything due is handed out.
+            Ok(()) = self.triggers.catch_up_done.changed() => {
+                let answered = *self.triggers.catch_up_done.borrow_and_update();
+                self.scheduler.kernel_caught_up(answered);
+            }
             () = self.triggers.full_relist.notified() => {
                 self.scheduler.request_full_relist(Instant::now());
             }

@@ -415,3 +415,106 @@ async fn a_start_whose_read_is_in_flight_is_told_by_a_full_relist_that_finds_it_
     h.shutdown.cancel();
     h.task.await.unwrap();
 }
+
+/// A trigger of `source` about `id` carrying `kinds`.
+fn said(source: Source, id: &str, kinds: Vec<ObservationKind>) -> Trigger {
+    Trigger {
+        source,
+        observations: kinds
+            .into_iter()
+            .map(|kind| Observation { source, kind })
+            .collect(),
+        ..trigger(id)
+    }
+}
+
+/// The runtime's `/tasks/oom` then `/tasks/exit` of `id`, which the runtime shows exited.
+fn runtime_oom_kill(h: &Harness, id: &str) {
+    h.runtime
+        .set_state("p", id, ContainerState::Exited, Some(137));
+    h.triggers.send(said(
+        Source::Containerd,
+        id,
+        vec![ObservationKind::OomKilled],
+    ));
+    let exited = ObservationKind::TaskExited {
+        code: 137,
+        at: SystemTime::now(),
+    };
+    h.triggers.send(said(Source::Containerd, id, vec![exited]));
+}
+
+fn kernel_account() -> ObservationKind {
+    ObservationKind::OomKill(Arc::new(crate::pleg::model::oom::OomKill {
+        scope: crate::pleg::model::oom::OomScope::Pod,
+        cgroup: Some("/kubepods/podp".into()),
+        limit_bytes: Some(48 << 20),
+        victim_pid: 42,
+        victim_comm: "dd".into(),
+        victim_init: true,
+    }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oom_kills_death_the_runtime_told_first_waits_for_the_kernels_account() {
+    let mut h = start(Duration::from_secs(3600));
+    add_running(&h.runtime, "p", "c");
+    h.runtime
+        .set_container("p", container("late", "app", ContainerState::Running));
+    for _ in 0..2 {
+        h.events.recv().await.unwrap();
+    }
+    let mut catch_ups = h.triggers.answer_catch_ups();
+
+    // The runtime's word before the kernel's ring was read up to the kill: the death waits
+    // for the reader to catch up, and the account it hands over rides with the death.
+    let asked_at = Instant::now();
+    runtime_oom_kill(&h, "c");
+    let ask = catch_ups.asked().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        h.events.try_recv().is_err(),
+        "held for the kernel's account"
+    );
+    h.triggers
+        .send(said(Source::Ebpf, "c", vec![kernel_account()]));
+    catch_ups.caught_up(ask);
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(
+        (died.container_id.0.as_str(), died.event_type),
+        ("c", PodLifecycleEventType::ContainerDied)
+    );
+    assert!(
+        died.observations.iter().any(|o| o.kind == kernel_account()),
+        "{died:?}"
+    );
+    assert!(Instant::now() - asked_at < Duration::from_millis(100));
+
+    // A reader that does not answer holds the death 100 ms at most: it goes without.
+    let asked_at = Instant::now();
+    runtime_oom_kill(&h, "late");
+    catch_ups.asked().await;
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(died.container_id.0, "late");
+    let held = Instant::now() - asked_at;
+    assert!(
+        (Duration::from_millis(100)..Duration::from_millis(200)).contains(&held),
+        "{held:?}"
+    );
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_kernel_reader_an_oom_kills_death_is_told_at_once() {
+    let mut h = start(Duration::from_secs(3600));
+    add_running(&h.runtime, "p", "c");
+    h.events.recv().await.unwrap();
+    let told_at = Instant::now();
+    runtime_oom_kill(&h, "c");
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(died.event_type, PodLifecycleEventType::ContainerDied);
+    assert!(Instant::now() - told_at < Duration::from_millis(10));
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
