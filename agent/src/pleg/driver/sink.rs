@@ -19,7 +19,7 @@ use crate::{
             event::{Notice, NoticeKind, PodLifecycleEvent, PodLifecycleEventType},
             record::{ContainerId, PodUid},
             source::Source,
-            trigger::Observation,
+            trigger::{Observation, ObservationKind},
         },
         shared::cache::PodCache,
     },
@@ -144,10 +144,11 @@ impl Notices {
             return;
         }
         // The pod as last read: a container the runtime has not shown yet has none.
-        let pod = self.cache.pods().into_iter().find_map(|(_, cached)| {
-            let pod = cached.record?;
-            pod.containers.contains_key(container).then_some(pod)
+        let named = observations.iter().find_map(|o| match &o.kind {
+            ObservationKind::Identity(identity) => identity.pod.as_ref(),
+            _ => None,
         });
+        let pod = self.cache.holding(named, container);
         let notice = Notice {
             kind,
             pod: pod

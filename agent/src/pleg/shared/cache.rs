@@ -13,7 +13,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::pleg::model::record::{PodRecord, PodUid};
+use crate::pleg::model::record::{ContainerId, PodRecord, PodUid};
 
 /// What the cache holds for one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -145,6 +145,23 @@ impl PodCache {
         self.lock().pods.remove(uid);
     }
 
+    /// The cached pod that holds `container`: `uid`'s when it does (a kernel hint's cgroup
+    /// path names the pod), else the first that does. A kernel hint asks this of every
+    /// container it sees while a consumer takes kernel observations: the scan copies nothing.
+    pub fn holding(&self, uid: Option<&PodUid>, container: &ContainerId) -> Option<Arc<PodRecord>> {
+        let inner = self.lock();
+        let holds = |entry: &Entry| {
+            entry
+                .record
+                .as_ref()
+                .filter(|pod| pod.containers.contains_key(container))
+                .map(Arc::clone)
+        };
+        uid.and_then(|uid| inner.pods.get(uid))
+            .and_then(holds)
+            .or_else(|| inner.pods.values().find_map(holds))
+    }
+
     /// Every cached pod's uid and entry, in no particular order.
     pub fn pods(&self) -> Vec<(PodUid, CachedPod)> {
         self.lock()
@@ -203,6 +220,34 @@ mod tests {
             labels: Default::default(),
             annotations: Default::default(),
         })
+    }
+
+    #[test]
+    fn the_pod_holding_a_container_is_the_named_one_else_any_that_holds_it() {
+        let cache = PodCache::new();
+        let now = Instant::now();
+        for (pod, container) in [("p1", "c"), ("p2", "d")] {
+            let mut record = (*record(pod)).clone();
+            let held = crate::runtime::testing::container(
+                container,
+                "app",
+                crate::pleg::model::record::ContainerState::Running,
+            );
+            record.containers.insert(held.id.clone(), held);
+            cache.set(uid(pod), Some(Arc::new(record)), now);
+        }
+        let c = ContainerId("c".into());
+        let holder = |named: Option<&str>, id: &ContainerId| {
+            let named = named.map(uid);
+            cache
+                .holding(named.as_ref(), id)
+                .map(|pod| pod.uid.0.clone())
+        };
+        assert_eq!(holder(Some("p1"), &c).as_deref(), Some("p1"));
+        // Named wrongly (or not yet holding it): the pod that does.
+        assert_eq!(holder(Some("p2"), &c).as_deref(), Some("p1"));
+        assert_eq!(holder(None, &c).as_deref(), Some("p1"));
+        assert_eq!(holder(Some("p1"), &ContainerId("new".into())), None);
     }
 
     #[test]

@@ -805,15 +805,12 @@ fn pod_named(
     uid: Option<&str>,
     container: &ContainerId,
 ) -> Option<(String, String)> {
-    if let Some(pod) = uid.and_then(|uid| cache.get(&PodUid(uid.to_owned())).record) {
-        return Some((pod.namespace.clone(), pod.name.clone()));
-    }
-    cache.pods().into_iter().find_map(|(_, cached)| {
-        let pod = cached.record?;
-        pod.containers
-            .contains_key(container)
-            .then(|| (pod.namespace.clone(), pod.name.clone()))
-    })
+    let uid = uid.map(|uid| PodUid(uid.to_owned()));
+    let pod = uid
+        .as_ref()
+        .and_then(|uid| cache.get(uid).record)
+        .or_else(|| cache.holding(None, container))?;
+    Some((pod.namespace.clone(), pod.name.clone()))
 }
 
 /// Ring buffer records, back to back, through [`read_record`] and one [`decode::Decoder`]
