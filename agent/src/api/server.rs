@@ -1,7 +1,7 @@
 //! The `plegd.v1.Pleg` service: thin tonic handlers over plain functions, each error variant
 //! mapped to its own status code.
 
-use std::{pin::Pin, sync::Arc, time::Duration};
+use std::{pin::Pin, sync::Arc, task::Poll, time::Duration};
 
 use futures::{Stream, StreamExt as _};
 use plegd_proto::v1::{self as pb, pleg_server::Pleg};
@@ -318,10 +318,45 @@ fn event_stream(
         .map(Some)
         .chain(futures::stream::once(async { None }));
     Box::pin(
-        futures::stream::select(noticed, events)
+        earliest_first(noticed, events)
             .take_while(|item| std::future::ready(item.is_some()))
             .filter_map(std::future::ready),
     )
+}
+
+/// An item of a watch stream before its end is taken out: `None` marks the end of the events.
+type Streamed = Option<Result<pb::Event, Status>>;
+
+/// Merges two streams of a watch, each item as soon as it is ready, but of two ready at once
+/// the one emitted first (an error or the end before either). A kernel's notice is told before
+/// the trigger it rides on reaches the relist, so it is ready before the event that confirms
+/// it: a watcher that reads both late still gets the notice first, ahead of confirmation as
+/// promised (an alternation sent the event first about half the time).
+fn earliest_first(
+    a: impl Stream<Item = Streamed> + Send + 'static,
+    b: impl Stream<Item = Streamed> + Send + 'static,
+) -> impl Stream<Item = Streamed> + Send + 'static {
+    fn emitted(item: &Streamed) -> Option<(i64, i32)> {
+        match item {
+            Some(Ok(event)) => event.emitted_at.as_ref().map(|t| (t.seconds, t.nanos)),
+            _ => None,
+        }
+    }
+    let (mut a, mut b) = (Box::pin(a.peekable()), Box::pin(b.peekable()));
+    futures::stream::poll_fn(move |cx| {
+        let take_a = match (a.as_mut().poll_peek(cx), b.as_mut().poll_peek(cx)) {
+            (Poll::Ready(Some(x)), Poll::Ready(Some(y))) => emitted(x) <= emitted(y),
+            (Poll::Ready(Some(_)), _) => true,
+            (_, Poll::Ready(Some(_))) => false,
+            (Poll::Ready(None), Poll::Ready(None)) => return Poll::Ready(None),
+            _ => return Poll::Pending,
+        };
+        if take_a {
+            a.as_mut().poll_next(cx)
+        } else {
+            b.as_mut().poll_next(cx)
+        }
+    })
 }
 
 /// The PLEG events of a subscription, ending with a status that says where to resume.
@@ -675,6 +710,46 @@ mod tests {
             status.message().ends_with("from_sequence=2"),
             "{}",
             status.message()
+        );
+    }
+
+    /// A notice told before an event goes out before it, however late the watcher reads
+    /// both, and whichever the stream gave last.
+    #[tokio::test]
+    async fn a_notice_told_before_an_event_is_streamed_before_it() {
+        use std::time::{Duration, SystemTime};
+
+        use futures::StreamExt as _;
+        let bus = EventBus::new(1, 100, 8);
+        let (noticed, notices) = broadcast::channel(8);
+        let subscription = bus.subscribe(1).unwrap();
+        let mut stream = event_stream(subscription, Filter::default(), 1, Some(notices));
+        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let told = |ms| Notice {
+            emitted_at: at(ms),
+            ..notice("a")
+        };
+        noticed.send(Arc::new(told(1))).unwrap();
+        assert_eq!(
+            stream.next().await.unwrap().unwrap().r#type,
+            pb::EventType::KernelObservation as i32
+        );
+        // Both ready when the watcher reads again: the event published first, but told after.
+        bus.publish(Arc::new(PodLifecycleEvent {
+            emitted_at: at(3),
+            ..event(1, "a", PodLifecycleEventType::ContainerDied)
+        }));
+        noticed.send(Arc::new(told(2))).unwrap();
+        let order: Vec<i32> = [stream.next().await, stream.next().await]
+            .into_iter()
+            .map(|item| item.unwrap().unwrap().r#type)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                pb::EventType::KernelObservation as i32,
+                pb::EventType::ContainerDied as i32
+            ]
         );
     }
 }
