@@ -460,6 +460,27 @@ pub(super) fn test_event(kind: KernelEventKind, cgroup_id: u64, path: &str) -> K
     }
 }
 
+/// An OOM record as the probe writes it, for tests: victim pid 42, no chain; `cgroup_id` the
+/// victim's own (`own`) or the running task's.
+#[cfg(test)]
+pub(super) fn oom_event(cgroup_id: u64, own: bool) -> OomEvent {
+    OomEvent {
+        kind: KernelEventKind::Oom as u32,
+        pid: 42,
+        cgroup_id,
+        ktime_ns: 0,
+        flags: if own { OOM_VICTIM_TASK } else { 0 },
+        victim_depth: 0,
+        charger_depth: 0,
+        victim_level: 0,
+        charger_level: 0,
+        _pad: 0,
+        comm: [0; 16],
+        victim: Default::default(),
+        charger: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -700,26 +721,6 @@ mod tests {
             removed.triggers[0].observations[0].kind,
             ObservationKind::Exec("/bin/2".into())
         );
-    }
-
-    /// An OOM record with no chain: `cgroup_id` the victim's own (`own`) or the running
-    /// task's.
-    fn oom_event(cgroup_id: u64, own: bool) -> OomEvent {
-        OomEvent {
-            kind: KernelEventKind::Oom as u32,
-            pid: 42,
-            cgroup_id,
-            ktime_ns: 0,
-            flags: if own { OOM_VICTIM_TASK } else { 0 },
-            victim_depth: 0,
-            charger_depth: 0,
-            victim_level: 0,
-            charger_level: 0,
-            _pad: 0,
-            comm: [0; 16],
-            victim: Default::default(),
-            charger: Default::default(),
-        }
     }
 
     #[test]

@@ -890,7 +890,10 @@ mod tests {
 
     use tokio::sync::mpsc;
 
-    use super::{decode::test_event, *};
+    use super::{
+        decode::{oom_event, test_event},
+        *,
+    };
     use crate::pleg::{
         ContainerId, Scope, Trigger,
         testing::{TriggerReceiver, trigger_channel},
@@ -1161,19 +1164,8 @@ mod tests {
     /// An OOM kill whose victim is no init the decoder knows: its /proc is read.
     fn oom_record(cgroup_id: u64) -> Record {
         Record::Oom(Box::new(OomEvent {
-            kind: plegd_common::KernelEventKind::Oom as u32,
             pid: 4242,
-            cgroup_id,
-            ktime_ns: 0,
-            flags: 0,
-            victim_depth: 0,
-            charger_depth: 0,
-            victim_level: 0,
-            charger_level: 0,
-            _pad: 0,
-            comm: [0; 16],
-            victim: Default::default(),
-            charger: Default::default(),
+            ..oom_event(cgroup_id, false)
         }))
     }
 
