@@ -331,9 +331,9 @@ impl RelistScheduler {
         }
     }
 
-    /// Queues a trigger, due at `now`. Returns the container whose death it tells, when the
-    /// runtime said that death was an OOM kill and the kernel's account of it is not in yet:
-    /// [`Self::hold_for_kernel`] holds it while the kernel's reader catches up.
+    /// Queues a trigger, due at `now`. Returns its container when it is the runtime's word of
+    /// an OOM kill, or of the death after it, and the kernel's account of the kill is not in
+    /// yet: [`Self::hold_for_kernel`] holds its reading while the kernel's reader catches up.
     pub fn push(&mut self, trigger: Trigger, now: Instant) -> Option<ContainerId> {
         let Trigger {
             scope,
@@ -395,10 +395,10 @@ impl RelistScheduler {
         unaccounted
     }
 
-    /// Holds the reading of container `id` (whose death the runtime told as an OOM kill:
-    /// [`Self::push`]) until the kernel's reader answers ask `ask` to catch up
-    /// ([`Self::kernel_caught_up`]), 100 ms at most: the kernel's account of the
-    /// kill, in its ring before the death, then rides with the death.
+    /// Holds the reading of container `id` (whose OOM kill the runtime told: [`Self::push`])
+    /// until the kernel's reader answers ask `ask` to catch up ([`Self::kernel_caught_up`]),
+    /// 100 ms at most: the kernel's account of the kill, in its ring before the death, then
+    /// rides with the death.
     pub fn hold_for_kernel(&mut self, id: ContainerId, ask: u64, now: Instant) {
         self.oom.hold(id, ask, now);
     }
