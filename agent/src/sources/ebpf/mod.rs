@@ -375,17 +375,13 @@ struct Maps {
 impl Kernel for Maps {
     async fn read(&mut self, events: &mut Vec<Record>) -> Result<(), LoadError> {
         let mut guard = self.ring.readable_mut().await.map_err(LoadError::Poll)?;
-        while let Some(item) = guard.get_inner_mut().next() {
-            events.extend(read_record(&item));
-        }
+        take_ring(guard.get_inner_mut(), events);
         guard.clear_ready();
         Ok(())
     }
 
     fn read_now(&mut self, events: &mut Vec<Record>) {
-        while let Some(item) = self.ring.get_mut().next() {
-            events.extend(read_record(&item));
-        }
+        take_ring(self.ring.get_mut(), events);
     }
 
     fn tracked(&self) -> Box<dyn FnOnce() -> HashSet<u64> + Send> {
@@ -444,6 +440,13 @@ impl Kernel for Maps {
     }
 }
 
+/// Appends every record `ring` holds.
+fn take_ring(ring: &mut RingBuf<MapData>, events: &mut Vec<Record>) {
+    while let Some(item) = ring.next() {
+        events.extend(read_record(&item));
+    }
+}
+
 /// Where the source's triggers and reports go.
 struct EbpfSource {
     namespaces: Vec<String>,
@@ -497,14 +500,12 @@ impl EbpfSource {
                 () = shutdown.cancelled() => break,
                 read = kernel.read(&mut events) => {
                     read?;
-                    let records = events.drain(..);
-                    self.take(records, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
+                    self.take(&mut events, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
                 }
                 Some(victim) = victims.join_next() => self.victim(victim, &mut decoder),
                 Some(ask) = async { Some(catch_ups.as_mut()?.asked().await) } => {
                     kernel.read_now(&mut events);
-                    let records = events.drain(..);
-                    self.take(records, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
+                    self.take(&mut events, &mut decoder, &mut kernel, &mut map_errors, &host, &mut victims);
                     // The kills whose victim's /proc is being read: their accounts too.
                     while let Some(victim) = victims.join_next().await {
                         self.victim(victim, &mut decoder);
@@ -536,18 +537,18 @@ impl EbpfSource {
         Ok(())
     }
 
-    /// Decodes what the ring held and acts on it; an OOM kill whose victim the decoder does
-    /// not know has its /proc read on the blocking pool (`victims`).
+    /// Decodes what the ring held (`events`, emptied) and acts on it; an OOM kill whose victim
+    /// the decoder does not know has its /proc read on the blocking pool (`victims`).
     fn take(
         &self,
-        records: impl Iterator<Item = Record>,
+        events: &mut Vec<Record>,
         decoder: &mut Decoder,
         kernel: &mut impl Kernel,
         map_errors: &mut MapErrors,
         host: &Arc<impl Host>,
         victims: &mut JoinSet<(Box<OomEvent>, VictimProc)>,
     ) {
-        for record in records {
+        for record in events.drain(..) {
             match record {
                 // Known without /proc: decoded now, in the ring's order, so the kill rides
                 // with the death that follows it.
