@@ -15,6 +15,18 @@ use crate::pleg::{
 
 const ENDPOINT: &str = "fake";
 
+/// The kernel's account of a pod-level OOM kill whose victim was the container's init.
+pub fn oom_kill() -> Arc<crate::pleg::OomKill> {
+    Arc::new(crate::pleg::OomKill {
+        scope: crate::pleg::OomScope::Pod,
+        cgroup: Some("/kubepods/besteffort/pod1".into()),
+        limit_bytes: Some(48 << 20),
+        victim_pid: 42,
+        victim_comm: "dd".into(),
+        victim_init: true,
+    })
+}
+
 /// In-memory runtime. Inspection returns the records as set; listing strips what a CRI list
 /// call does not carry (exit code, reason, timestamps), as the real backends do.
 ///

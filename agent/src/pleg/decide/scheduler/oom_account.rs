@@ -117,10 +117,9 @@ impl OomAccounts {
 
 #[cfg(test)]
 mod tests {
-    use std::{sync::Arc, time::SystemTime};
+    use std::time::SystemTime;
 
     use super::*;
-    use crate::pleg::model::oom::{OomKill, OomScope};
 
     fn id() -> ContainerId {
         ContainerId("c".into())
@@ -131,14 +130,7 @@ mod tests {
     }
 
     fn account() -> ObservationKind {
-        ObservationKind::OomKill(Arc::new(OomKill {
-            scope: OomScope::Container,
-            cgroup: None,
-            limit_bytes: None,
-            victim_pid: 1,
-            victim_comm: "dd".into(),
-            victim_init: true,
-        }))
+        ObservationKind::OomKill(crate::runtime::testing::oom_kill())
     }
 
     fn exit() -> ObservationKind {

@@ -117,14 +117,21 @@ fn trigger(id: &str) -> Trigger {
 
 /// containerd's `/tasks/start` of `id`, whose init is `pid`.
 fn task_started(id: &str, pid: u32) -> Trigger {
+    let started = ObservationKind::TaskStarted {
+        at: SystemTime::now(),
+        pid,
+    };
+    said(Source::Containerd, id, vec![started])
+}
+
+/// A trigger of `source` about `id` carrying `kinds`.
+fn said(source: Source, id: &str, kinds: Vec<ObservationKind>) -> Trigger {
     Trigger {
-        observations: vec![Observation {
-            source: Source::Containerd,
-            kind: ObservationKind::TaskStarted {
-                at: SystemTime::now(),
-                pid,
-            },
-        }],
+        source,
+        observations: kinds
+            .into_iter()
+            .map(|kind| Observation { source, kind })
+            .collect(),
         ..trigger(id)
     }
 }
@@ -310,13 +317,11 @@ async fn a_hint_the_runtime_never_confirms_is_retried_then_counted() {
     assert!(!h.metrics.encode().contains(counted));
     // A source says c died; the runtime keeps showing it running.
     let reads_before = h.runtime.read_calls().len();
-    h.triggers.send(Trigger {
-        observations: vec![Observation {
-            source: Source::Containerd,
-            kind: ObservationKind::ExitCode(1),
-        }],
-        ..trigger("c")
-    });
+    h.triggers.send(said(
+        Source::Containerd,
+        "c",
+        vec![ObservationKind::ExitCode(1)],
+    ));
     // Well past the whole retry budget (about 3.3 s), in paused time.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let retries = h.runtime.read_calls().len() - reads_before;
@@ -416,18 +421,6 @@ async fn a_start_whose_read_is_in_flight_is_told_by_a_full_relist_that_finds_it_
     h.task.await.unwrap();
 }
 
-/// A trigger of `source` about `id` carrying `kinds`.
-fn said(source: Source, id: &str, kinds: Vec<ObservationKind>) -> Trigger {
-    Trigger {
-        source,
-        observations: kinds
-            .into_iter()
-            .map(|kind| Observation { source, kind })
-            .collect(),
-        ..trigger(id)
-    }
-}
-
 /// The runtime's `/tasks/oom` then `/tasks/exit` of `id`, which the runtime shows exited.
 fn runtime_oom_kill(h: &Harness, id: &str) {
     h.runtime
@@ -445,14 +438,7 @@ fn runtime_oom_kill(h: &Harness, id: &str) {
 }
 
 fn kernel_account() -> ObservationKind {
-    ObservationKind::OomKill(Arc::new(crate::pleg::model::oom::OomKill {
-        scope: crate::pleg::model::oom::OomScope::Pod,
-        cgroup: Some("/kubepods/podp".into()),
-        limit_bytes: Some(48 << 20),
-        victim_pid: 42,
-        victim_comm: "dd".into(),
-        victim_init: true,
-    }))
+    ObservationKind::OomKill(crate::runtime::testing::oom_kill())
 }
 
 #[tokio::test(start_paused = true)]
