@@ -18,6 +18,8 @@ const SLOW: Duration = Duration::from_secs(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_and_a_kill_9_reach_plegd_through_ebpf() {
+    // `cargo xtask kernels` streams the output as it comes: a run that stalls shows where.
+    RunningPlegd::log_to_test_output_or("info");
     let Node {
         containerd,
         cri,

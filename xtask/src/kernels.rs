@@ -211,7 +211,9 @@ fn guest_script(built: &Built, opts: &Options, tests_dir: &Path) -> String {
         q(&built.plegd)
     );
     for (name, path) in &built.tests {
-        let mut args = vec!["--test-threads=1".to_owned()];
+        // Streamed as it comes (`--nocapture`): a test that stalls in the VM shows how far it
+        // got before the VM's time runs out.
+        let mut args = vec!["--test-threads=1".to_owned(), "--nocapture".to_owned()];
         if let Some(filter) = &opts.filter {
             args.push(quote(filter.as_ref()));
         }
@@ -609,7 +611,7 @@ ok  --mode auto              ebpf
         assert!(script.contains(
             "mark begin check\nsetpriv --inh-caps -all --bounding-set \"-all,+bpf,+perfmon,+setpcap$memlock\" /t/debug/plegd check\nmark end check $?\n"
         ));
-        assert!(script.contains("'/t/my dir/ebpf_events-1' --test-threads=1 'a b'\n"));
+        assert!(script.contains("'/t/my dir/ebpf_events-1' --test-threads=1 --nocapture 'a b'\n"));
         assert!(script.ends_with("mark done\n"));
     }
 }

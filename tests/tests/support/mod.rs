@@ -43,6 +43,9 @@ pub struct RunningPlegd {
 const OUTPUT_BUFFER: usize = 1 << 20;
 /// How long a source may take to reach a state.
 const STATE_DEADLINE: Duration = Duration::from_secs(30);
+/// Longest a daemon takes to stop once shut down, in a VM without KVM on a loaded host too: a
+/// shutdown that hangs fails its test, saying so, rather than the run's whole time budget.
+const STOP_DEADLINE: Duration = Duration::from_secs(120);
 /// Far longer than any test: with it, only the event streams (and reconnect relists) can be
 /// fast.
 pub const SLOW: Duration = Duration::from_secs(60);
@@ -389,7 +392,11 @@ impl RunningPlegd {
         } = self;
         shutdown.cancel();
         let drain = async { while let Ok(Some(_)) = lines.next_line().await {} };
-        let (result, ()) = tokio::join!(task, drain);
+        let (result, ()) = tokio::time::timeout(STOP_DEADLINE, async { tokio::join!(task, drain) })
+            .await
+            .unwrap_or_else(|_| {
+                panic!("plegd did not stop within {STOP_DEADLINE:?} of its shutdown")
+            });
         result.expect("daemon task").expect("daemon output");
     }
 }
