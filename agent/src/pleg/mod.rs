@@ -36,11 +36,14 @@
 //!   reading in themselves: a container that started and died between two readings yields
 //!   both events, and one whose whole life passed before any read of it (a busy node) is
 //!   told from those records alone, confirmed by the task service, in the pod its cgroup
-//!   names. Their records can come after a read that a faster source asked for (CRI's
-//!   `CONTAINER_CREATED`): a read that finds a container it, or a hint still waiting (queued,
-//!   or carried by another read in flight), was asked about already exited tells its start
-//!   from the runtime's record of it (CRI's `started_at`), and one that shows it running
-//!   while the task service's record says it exited tells that start.
+//!   names. Their records can come after a read: one a faster source asked for (CRI's
+//!   `CONTAINER_CREATED`), or a full relist that ran before they reached plegd (plegd frozen
+//!   or descheduled while containers came and went). A read that finds a container already
+//!   exited that plegd never told started tells its start from the runtime's record of it
+//!   (CRI's `started_at`), except in a run's first full relist (its baseline) for a container
+//!   no hint asked about: one that died before plegd started has died, nothing more. A read
+//!   that shows a container running while the task service's record says it exited tells
+//!   that start.
 //!   Without them (polling, eBPF only), a container that started and died between two
 //!   readings yields `ContainerDied` only, and one created, run and removed between two
 //!   readings yields nothing at all: kubelet has the same blind spot, an event means "look

@@ -56,6 +56,12 @@ pub struct Settings {
     /// (containerd's event stream is connected): a life a reading asked for found already
     /// over is told whole, its start from the runtime's record of it.
     pub runtime_events: bool,
+    /// The run's first full relist (its baseline) is behind: while the runtime's records are
+    /// on their way, a life any reading finds over is told whole, asked about or not (a full
+    /// relist that ran before the records of a container's life reached plegd: one frozen or
+    /// descheduled while containers came and went). The baseline keeps kubelet's rule: a
+    /// container that died before plegd started has died, nothing more.
+    pub baseline_read: bool,
 }
 
 /// What a reading covers: where it can say a container is absent.
@@ -1009,9 +1015,10 @@ fn container_events(
 /// while the runtime's events are on their way, as the runtime's record of its start (its
 /// `started_at`) says, for a container the hints asked about (a read on CRI's
 /// `CONTAINER_CREATED` that found it exited, its `/tasks/start` still on the way; a full
-/// relist that found it so while a hint about it waited, whose read would find it told).
-/// Without them, and for a container nothing asked about (a full relist, a first one),
-/// kubelet's rule: a container first seen exited has died, nothing more.
+/// relist that found it so while a hint about it waited, whose read would find it told) or
+/// any container once the run's baseline is read (a full relist that ran before the records
+/// of its life reached plegd). Without them, and in the baseline for a container nothing
+/// asked about, kubelet's rule: a container first seen exited has died, nothing more.
 fn ran_meanwhile(
     id: &ContainerId,
     before: Option<&ContainerRecord>,
@@ -1038,7 +1045,8 @@ fn ran_meanwhile(
             .chain(decide.queued.iter())
             .any(|(target, hint)| containers_of(target, hint).any(|c| c == id))
     };
-    (decide.settings.runtime_events && last.started_at.is_some() && asked()).then(|| {
+    let told_whole = decide.settings.baseline_read || asked();
+    (decide.settings.runtime_events && last.started_at.is_some() && told_whole).then(|| {
         ContainerRecord {
             confirmed_by: last.confirmed_by,
             ..while_running(last, None)

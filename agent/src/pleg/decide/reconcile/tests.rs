@@ -33,12 +33,14 @@ const TASK: Settings = Settings {
     emit_changed: false,
     oom_witness: OomWitness::Any,
     runtime_events: false,
+    baseline_read: false,
 };
 const CRI: Settings = Settings {
     confirm: Store::Cri,
     emit_changed: false,
     oom_witness: OomWitness::Any,
     runtime_events: false,
+    baseline_read: false,
 };
 
 /// Pod "p" holding container "c" in `state` (none: an empty committed set).
@@ -589,8 +591,8 @@ fn a_start_the_cri_store_showed_is_told_before_the_exit_the_task_service_read() 
 /// whole life is told, the start before the death (good_neighbour on containerd 2.1: the read
 /// found the container exited 100 ms on, its `/tasks/start` came 10 ms after the read, found
 /// it exited, and the start was never told); so is one a full relist found over while a hint
-/// about it waited. Without the runtime's events, or for a container nothing asked about,
-/// kubelet's rule: died, nothing more.
+/// about it waited, and, once the run's baseline is read, any. Without the runtime's events,
+/// or in the baseline for a container nothing asked about, kubelet's rule: died, nothing more.
 #[test]
 fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
     let asked = hints(true, Source::CriEvents, &[]);
@@ -610,6 +612,10 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
     let events = Settings {
         runtime_events: true,
         ..TASK
+    };
+    let after_baseline = Settings {
+        baseline_read: true,
+        ..events
     };
     let cri = Some(Store::Cri);
     let (whole, died) = (
@@ -653,11 +659,40 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
             &died,
         ),
         (
-            "nothing asked (a full relist)",
+            "nothing asked, in the run's baseline",
             read.clone(),
             &none,
             &none,
             events,
+            &died,
+        ),
+        (
+            // good_neighbour on 1.6: plegd frozen while containers came and went; thawed, a
+            // full relist found one over before its `/tasks/start` reached plegd.
+            "nothing asked, after the baseline, events on their way",
+            read.clone(),
+            &none,
+            &none,
+            after_baseline,
+            &whole,
+        ),
+        (
+            "nothing asked, after the baseline, no runtime events",
+            read.clone(),
+            &none,
+            &none,
+            Settings {
+                runtime_events: false,
+                ..after_baseline
+            },
+            &died,
+        ),
+        (
+            "after the baseline, never started",
+            never_started.clone(),
+            &none,
+            &none,
+            after_baseline,
             &died,
         ),
         (

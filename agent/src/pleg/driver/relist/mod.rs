@@ -28,8 +28,8 @@ use crate::pleg::{
         hints::Hints,
         provenance,
         reconcile::{
-            Act, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, TaskAsk, ToRead, fresh,
-            inspection_needed, reconcile, tasks_to_read, unanswered, what_to_read,
+            Act, Covers, FollowUp, PodPlan, PodReading, Reading, Reread, Settings, TaskAsk, ToRead,
+            fresh, inspection_needed, reconcile, tasks_to_read, unanswered, what_to_read,
         },
     },
     driver::sink::EventSink,
@@ -158,6 +158,8 @@ pub struct Relister<R> {
     to_reinspect: BTreeSet<PodUid>,
     /// Whether the runtime's own task events are on their way ([`Self::set_runtime_events`]).
     runtime_events: bool,
+    /// Whether the run's first full relist, its baseline, is reconciled.
+    baseline_read: bool,
     /// How long a task status is waited for ([`Self::set_runtime_events`]).
     task_deadline: Duration,
     /// Asks of the task service that missed their deadline, until when the same ask of the
@@ -206,6 +208,7 @@ impl<R: Runtime> Relister<R> {
             committed: Committed::default(),
             to_reinspect: BTreeSet::new(),
             runtime_events: false,
+            baseline_read: false,
             task_deadline: TASK_STATUS_DEADLINE_ALONE,
             busy_tasks: HashMap::new(),
             tombstones: HashSet::new(),
@@ -541,7 +544,9 @@ impl<R: Runtime> Relister<R> {
             emit_changed: self.config.emit_changed,
             oom_witness: self.config.oom_witness,
             runtime_events: self.runtime_events,
+            baseline_read: self.baseline_read,
         };
+        let full = reading.covers == Covers::Node;
         let runtime = &*self.runtime;
         let watch_exit = |id: &ContainerId| runtime.watch_exit(id);
         let mut publisher = Publisher {
@@ -564,6 +569,7 @@ impl<R: Runtime> Relister<R> {
             settings,
             unread,
         );
+        self.baseline_read |= full;
         (plan, publisher.sent)
     }
 

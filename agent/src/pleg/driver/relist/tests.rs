@@ -330,6 +330,53 @@ async fn start_kill_remove() {
     assert_eq!(calls(&h), (before.0 + 1, before.1, before.2));
 }
 
+/// While containerd's events come, a container whose whole life a full relist found over is
+/// told whole, its start from the runtime's record of it (good_neighbour on 1.6: plegd frozen
+/// while containers came and went; thawed, its full relist ran before their `/tasks/start`
+/// reached it, and their starts were never told). The run's baseline keeps kubelet's rule:
+/// one that died before plegd started is told dead only.
+#[tokio::test]
+async fn a_full_relist_after_the_baseline_tells_a_life_it_found_over_whole() {
+    let mut h = default_harness();
+    h.relister.set_runtime_events(true);
+    let over = |id: &str| {
+        let mut record = container(id, &format!("{id}-name"), Exited);
+        record.started_at = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(10));
+        record.exit_code = Some(137);
+        record
+    };
+    add_running_pod(&h.runtime, "p", &[]);
+    h.runtime.set_container("p", over("before"));
+    relist_all(&mut h).await;
+    let baseline = summary(&drain(&mut h.events));
+    assert!(
+        baseline.contains(&ev("p", "before", ContainerDied))
+            && !baseline.contains(&ev("p", "before", ContainerStarted)),
+        "{baseline:?}"
+    );
+
+    h.runtime.set_container("p", over("meanwhile"));
+    relist_all(&mut h).await;
+    let events = drain(&mut h.events);
+    assert_eq!(
+        summary(&events),
+        [
+            ev("p", "meanwhile", ContainerStarted),
+            ev("p", "meanwhile", ContainerDied)
+        ]
+    );
+    assert_eq!(events[1].exit_code, Some(137));
+
+    // Without the runtime's events, kubelet's rule.
+    h.relister.set_runtime_events(false);
+    h.runtime.set_container("p", over("unheard"));
+    relist_all(&mut h).await;
+    assert_eq!(
+        summary(&drain(&mut h.events)),
+        [ev("p", "unheard", ContainerDied)]
+    );
+}
+
 #[tokio::test]
 async fn a_failed_inspection_is_read_again_by_the_next_relist() {
     let mut h = default_harness();
