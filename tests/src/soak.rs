@@ -51,6 +51,9 @@ const POLLING_PERIOD: Duration = Duration::from_secs(1);
 const RELIST_MARGIN: Duration = Duration::from_millis(500);
 /// Longest wait for one step of the runtime (an exit to be recorded, a call to answer).
 const STEP: Duration = Duration::from_secs(30);
+/// Tries of a lifecycle's start the runtime failed ([`started`]), and the pause between them.
+const START_TRIES: u32 = 3;
+const START_BACKOFF: Duration = Duration::from_millis(500);
 
 /// How plegd runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -914,9 +917,7 @@ pub(crate) async fn lifecycle(
         _ => None,
     };
     let pod = own_pod.as_ref().unwrap_or(pod);
-    let created = SystemTime::now();
-    let id = cri.create_container(pod, &draw.spec()).await?;
-    cri.start_container(&id).await?;
+    let (id, created) = started(cri, pod, &draw.spec()).await?;
     match draw.action {
         Action::Kill => {
             tokio::time::sleep(draw.runs).await;
@@ -966,6 +967,34 @@ pub(crate) async fn lifecycle(
             removed: Some(removed),
         },
     })
+}
+
+/// Creates and starts a container of `spec` in `pod`; its id and when it was created. A start
+/// the runtime fails is tried again in a new container, as kubelet's next sync would, up to
+/// [`START_TRIES`] times: containerd 1.6 fails `runc create` on `/proc/0/ns/ipc` while the
+/// pod's shim does not answer a state call within 2 s (after a hang, under a burst; the
+/// sandbox's pid then reads 0), and a lifecycle given up there would be abandoned, not
+/// audited. The failed container is removed; no truth names it, so the audit ignores it.
+async fn started(
+    cri: &Cri,
+    pod: &Pod,
+    spec: &ContainerSpec,
+) -> anyhow::Result<(String, SystemTime)> {
+    let mut tries = 1;
+    loop {
+        let created = SystemTime::now();
+        let id = cri.create_container(pod, spec).await?;
+        match cri.start_container(&id).await {
+            Ok(()) => return Ok((id, created)),
+            Err(e) if tries < START_TRIES => {
+                eprintln!("soak: the start of {id:.12} failed, trying a new container: {e:#}");
+                let _ = cri.remove_container(&id).await;
+                tries += 1;
+                tokio::time::sleep(START_BACKOFF).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// CRI's status of `id` once it shows the container exited (containerd 1.6 may show an exit
