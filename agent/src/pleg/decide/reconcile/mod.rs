@@ -59,8 +59,9 @@ pub struct Settings {
     /// The run's first full relist (its baseline) is behind: while the runtime's records are
     /// on their way, a life any reading finds over is told whole, asked about or not (a full
     /// relist that ran before the records of a container's life reached plegd: one frozen or
-    /// descheduled while containers came and went). The baseline keeps kubelet's rule: a
-    /// container that died before plegd started has died, nothing more.
+    /// descheduled while containers came and went). The baseline keeps kubelet's rule for a
+    /// container that started before it: one that died before plegd started has died,
+    /// nothing more.
     pub baseline_read: bool,
 }
 
@@ -1017,8 +1018,10 @@ fn container_events(
 /// `CONTAINER_CREATED` that found it exited, its `/tasks/start` still on the way; a full
 /// relist that found it so while a hint about it waited, whose read would find it told) or
 /// any container once the run's baseline is read (a full relist that ran before the records
-/// of its life reached plegd). Without them, and in the baseline for a container nothing
-/// asked about, kubelet's rule: a container first seen exited has died, nothing more.
+/// of its life reached plegd), or one that started after the read began (the baseline listed
+/// it created, and its `/tasks/start` waited for the baseline's end). Without them, and in
+/// the baseline for a container nothing asked about that started before it, kubelet's rule:
+/// a container first seen exited has died, nothing more.
 fn ran_meanwhile(
     id: &ContainerId,
     before: Option<&ContainerRecord>,
@@ -1045,7 +1048,9 @@ fn ran_meanwhile(
             .chain(decide.queued.iter())
             .any(|(target, hint)| containers_of(target, hint).any(|c| c == id))
     };
-    let told_whole = decide.settings.baseline_read || asked();
+    // Started after the read began (a baseline listed it created): its start is this run's.
+    let started_while_read = last.started_at.is_some_and(|at| at >= decide.read_at);
+    let told_whole = decide.settings.baseline_read || started_while_read || asked();
     (decide.settings.runtime_events && last.started_at.is_some() && told_whole).then(|| {
         ContainerRecord {
             confirmed_by: last.confirmed_by,

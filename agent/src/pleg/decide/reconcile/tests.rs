@@ -622,6 +622,15 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
         vec![(ContainerStarted, None, cri), (ContainerDied, Some(2), cri)],
         vec![(ContainerDied, Some(2), cri)],
     );
+    let started_during_the_read = {
+        let mut read = read.clone();
+        if let Some((_, PodReading::Containers { pod, .. })) = read.pods.first_mut() {
+            pod.containers
+                .values_mut()
+                .for_each(|c| c.started_at = Some(read.read_at));
+        }
+        read
+    };
     let never_started = {
         let mut read = read.clone();
         if let Some((_, PodReading::Containers { pod, .. })) = read.pods.first_mut() {
@@ -686,6 +695,16 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
                 ..after_baseline
             },
             &died,
+        ),
+        (
+            // soak through a plegd crash: the new run's baseline listed the container created,
+            // read it exited; its `/tasks/start` waited for the baseline's end.
+            "nothing asked, in the baseline, started after the read began",
+            started_during_the_read,
+            &none,
+            &none,
+            events,
+            &whole,
         ),
         (
             "after the baseline, never started",
