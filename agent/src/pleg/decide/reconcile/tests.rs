@@ -622,24 +622,18 @@ fn a_life_a_read_found_over_is_told_whole_while_the_runtimes_events_come() {
         vec![(ContainerStarted, None, cri), (ContainerDied, Some(2), cri)],
         vec![(ContainerDied, Some(2), cri)],
     );
-    let started_during_the_read = {
+    // The same reading, the container's start recorded at `started_at`.
+    let started = |started_at: Option<SystemTime>| {
         let mut read = read.clone();
         if let Some((_, PodReading::Containers { pod, .. })) = read.pods.first_mut() {
             pod.containers
                 .values_mut()
-                .for_each(|c| c.started_at = Some(read.read_at));
+                .for_each(|c| c.started_at = started_at);
         }
         read
     };
-    let never_started = {
-        let mut read = read.clone();
-        if let Some((_, PodReading::Containers { pod, .. })) = read.pods.first_mut() {
-            pod.containers
-                .values_mut()
-                .for_each(|c| c.started_at = None);
-        }
-        read
-    };
+    let started_during_the_read = started(Some(read.read_at));
+    let never_started = started(None);
     for (name, read, hints, queued, settings, expected) in [
         (
             "asked, events on their way",
