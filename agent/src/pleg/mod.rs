@@ -42,9 +42,8 @@
 //!   exited that plegd never told started tells its start from the runtime's record of it
 //!   (CRI's `started_at`), except in a run's first full relist (its baseline) for a container
 //!   no hint asked about that started before the baseline's listing: one that died before
-//!   plegd started has died, nothing more. A read
-//!   that shows a container running while the task service's record says it exited tells
-//!   that start.
+//!   plegd started has died, nothing more. A read that shows a container running while the
+//!   task service's record says it exited tells that start.
 //!   Without them (polling, eBPF only), a container that started and died between two
 //!   readings yields `ContainerDied` only, and one created, run and removed between two
 //!   readings yields nothing at all: kubelet has the same blind spot, an event means "look
