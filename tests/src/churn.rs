@@ -1,5 +1,6 @@
 //! The lifecycle driver: container lifecycles as issue 52 measured them, N of them with K in
-//! flight at once, in one shared pod, through CRI as kubelet drives containerd.
+//! flight at once, in one shared pod (or spread over a few, in turn), through CRI as kubelet
+//! drives containerd.
 //!
 //! One lifecycle: `CreateContainer` (`sleep 1000`), `StartContainer`, `ContainerStatus` every
 //! [`POLL`] until RUNNING, kill -9 of its init, `ContainerStatus` every [`POLL`] until EXITED,
@@ -43,6 +44,8 @@ pub struct Plan {
 pub struct Lifecycle {
     /// Its place in the run (0..N).
     pub n: usize,
+    /// The name of the pod it ran in.
+    pub pod: String,
     pub container_id: String,
     /// `CreateContainer` sent.
     pub create: SystemTime,
@@ -101,13 +104,14 @@ impl Run {
     }
 }
 
-/// Runs `plan`'s lifecycles in `pod`; `tasks` (containerd's task API in CRI's namespace) finds
-/// each container's init to kill. A lifecycle that fails is reported, not fatal: the others go
-/// on.
-pub async fn run(cri: &Cri, tasks: &Native, pod: &Pod, plan: &Plan) -> Run {
+/// Runs `plan`'s lifecycles in `pods` (at least one), lifecycle n in pod n mod their number;
+/// `tasks` (containerd's task API in CRI's namespace) finds each container's init to kill. A
+/// lifecycle that fails is reported, not fatal: the others go on.
+pub async fn run(cri: &Cri, tasks: &Native, pods: &[Pod], plan: &Plan) -> Run {
+    assert!(!pods.is_empty(), "lifecycles need a pod to run in");
     let began = Instant::now();
     let outcomes = in_flight(plan.lifecycles, plan.in_flight, |n| {
-        let (cri, tasks, pod) = (cri.clone(), tasks.clone(), pod.clone());
+        let (cri, tasks, pod) = (cri.clone(), tasks.clone(), pods[n % pods.len()].clone());
         let name = format!("{}{n}", plan.prefix);
         async move { lifecycle(&cri, &tasks, &pod, n, &name).await }
     })
@@ -189,6 +193,7 @@ async fn lifecycle(
         cri.remove_container(&id).await?;
         anyhow::Ok(Lifecycle {
             n,
+            pod: pod.name.clone(),
             container_id: id.clone(),
             create,
             started,
@@ -282,6 +287,7 @@ mod tests {
         let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
         let lifecycle = |n, from, to| Lifecycle {
             n,
+            pod: "p".into(),
             container_id: format!("c{n}"),
             create: at(from),
             started: at(from + 1),

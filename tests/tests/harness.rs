@@ -190,7 +190,7 @@ async fn state_survives_a_containerd_restart() {
 }
 
 /// The lifecycle driver with no plegd: every lifecycle completes, its steps in order, each
-/// container killed with 137 and removed, never more in flight than asked.
+/// container killed with 137 and removed, in the pods in turn, never more in flight than asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lifecycle_driver_runs_n_with_k_in_flight_and_leaves_nothing() {
     let Node {
@@ -198,13 +198,16 @@ async fn the_lifecycle_driver_runs_n_with_k_in_flight_and_leaves_nothing() {
         cri,
         tasks,
     } = Node::start().await.unwrap();
-    let pod = cri.run_pod("churn").await.unwrap();
+    let pods = [
+        cri.run_pod("churn-a").await.unwrap(),
+        cri.run_pod("churn-b").await.unwrap(),
+    ];
     let plan = churn::Plan {
         lifecycles: 6,
         in_flight: 3,
         prefix: "c".into(),
     };
-    let run = churn::run(&cri, &tasks, &pod, &plan).await;
+    let run = churn::run(&cri, &tasks, &pods, &plan).await;
     assert!(run.failed.is_empty(), "{:#?}", run.failed);
     assert_eq!(run.lifecycles.len(), 6);
     for l in &run.lifecycles {
@@ -213,6 +216,7 @@ async fn the_lifecycle_driver_runs_n_with_k_in_flight_and_leaves_nothing() {
         ];
         assert!(steps.is_sorted(), "{l:#?}");
         assert_eq!(l.exit_code, 137, "{l:#?}");
+        assert_eq!(l.pod, pods[l.n % 2].name, "{l:#?}");
     }
     // At each start, fewer than K others had started and not yet ended.
     for l in &run.lifecycles {
@@ -225,7 +229,9 @@ async fn the_lifecycle_driver_runs_n_with_k_in_flight_and_leaves_nothing() {
     }
     assert!(run.per_second() > 0.0);
     assert!(cri.list_containers().await.unwrap().is_empty());
-    cri.remove_pod(&pod).await.unwrap();
+    for pod in &pods {
+        cri.remove_pod(pod).await.unwrap();
+    }
 }
 
 /// Stopping leaves nothing behind: no daemon, shim or container process, no mount under the

@@ -1,6 +1,6 @@
 //! The busy-node sections (issue 52), each driven by `plegd_tests::churn`'s lifecycles (create,
-//! start, RUNNING, kill -9, EXITED, remove; K in flight, one shared pod) or by a node filled
-//! before plegd starts:
+//! start, RUNNING, kill -9, EXITED, remove; K in flight, one shared pod for every
+//! [`IN_FLIGHT_PER_POD`]) or by a node filled before plegd starts:
 //! - cost: per backend and K, the runtime calls (by method), relists (targeted, full, answered
 //!   by records) and plegd CPU per lifecycle, and the lifecycles a watcher got no event of, or
 //!   no `ContainerStarted`, `ContainerDied` or `ContainerRemoved`;
@@ -33,6 +33,12 @@ use crate::{Bench, Mode};
 /// The quiet before the first create and after the last removal that a cost window adds, so
 /// the reads a lifecycle causes late (or a pod's creation early) fall on the right side.
 const MARGIN: Duration = Duration::from_secs(2);
+/// Lifecycles in flight a pod of the driver's holds: K = 64 runs in four pods. A pod's
+/// containers share its one shim, and on this node containerd 1.6's shim for one pod with 64
+/// in flight fell behind with or without plegd (`runc create` failing on the sandbox's
+/// `/proc/0/ns/ipc` after a state call of over 2 s): the runtime's own limit, not the churn
+/// the section measures. 16 in one pod ran without a failure.
+const IN_FLIGHT_PER_POD: usize = 16;
 /// Longest wait, after a run, for events the watcher has not received yet.
 const STRAGGLERS: Duration = Duration::from_secs(10);
 /// Pods made (or removed) at once while filling the node for the density section.
@@ -59,13 +65,13 @@ impl Bench {
         )
     }
 
-    /// The driver's lifecycles in a pod of their own (made before, removed after).
+    /// The driver's lifecycles in pods of their own (made before, removed after).
     async fn drive(&self, name: &str, lifecycles: usize, in_flight: usize) -> Result<churn::Run> {
-        let pod = self.node.cri.run_pod(name).await?;
+        let pods = self.pods_for(name, in_flight).await?;
         let run = churn::run(
             &self.node.cri,
             &self.node.tasks,
-            &pod,
+            &pods,
             &churn::Plan {
                 lifecycles,
                 in_flight,
@@ -73,20 +79,38 @@ impl Bench {
             },
         )
         .await;
-        self.settle(&pod, &run).await;
+        self.settle(&pods, &run).await;
         Ok(run)
     }
 
-    /// Reports a run's failures and removes its pod (with any container a failure left). A
-    /// pod the runtime cannot remove is reported, not fatal: at 64 in flight containerd 1.6
-    /// keeps some killed containers running in its store (their shim did not answer), and the
-    /// rounds that follow, in pods of their own, still measure.
-    async fn settle(&self, pod: &Pod, run: &churn::Run) {
+    /// The pods `in_flight` lifecycles run in, one for every [`IN_FLIGHT_PER_POD`]: `name`, or
+    /// `name-0`, `name-1`, ... when there are more.
+    async fn pods_for(&self, name: &str, in_flight: usize) -> Result<Vec<Pod>> {
+        let count = in_flight.div_ceil(IN_FLIGHT_PER_POD).max(1);
+        let mut pods = Vec::with_capacity(count);
+        for i in 0..count {
+            let name = if count == 1 {
+                name.to_owned()
+            } else {
+                format!("{name}-{i}")
+            };
+            pods.push(self.node.cri.run_pod(&name).await?);
+        }
+        Ok(pods)
+    }
+
+    /// Reports a run's failures and removes its pods (with any container a failure left). A
+    /// pod the runtime cannot remove is reported, not fatal: containerd 1.6 under a shim that
+    /// fell behind keeps some killed containers running in its store, and the rounds that
+    /// follow, in pods of their own, still measure.
+    async fn settle(&self, pods: &[Pod], run: &churn::Run) {
         for failure in &run.failed {
             eprintln!("bench: lifecycle {} failed: {}", failure.n, failure.error);
         }
-        if let Err(e) = self.node.cri.remove_pod(pod).await {
-            eprintln!("bench: pod {} left behind: {e:#}", pod.name);
+        for pod in pods {
+            if let Err(e) = self.node.cri.remove_pod(pod).await {
+                eprintln!("bench: pod {} left behind: {e:#}", pod.name);
+            }
         }
     }
 
@@ -116,19 +140,15 @@ impl Bench {
     async fn cost_run(&self, runtime: &str, k: usize) -> Result<Value> {
         let plegd = self.plegd_on(runtime, &format!("cost-{runtime}-{k}"), &[])?;
         let watch = plegd.watch_from_start()?;
-        let pod = self
-            .node
-            .cri
-            .run_pod(&format!("cost-{runtime}-{k}"))
-            .await?;
-        // The pod's own reads done before the window opens.
+        let pods = self.pods_for(&format!("cost-{runtime}-{k}"), k).await?;
+        // The pods' own reads done before the window opens.
         tokio::time::sleep(MARGIN).await;
         let before = Counters::read(&plegd)?;
         tokio::time::sleep(MARGIN).await;
         let run = churn::run(
             &self.node.cri,
             &self.node.tasks,
-            &pod,
+            &pods,
             &churn::Plan {
                 lifecycles: self.args.lifecycles,
                 in_flight: k,
@@ -141,7 +161,7 @@ impl Bench {
         let n = run.lifecycles.len().max(1) as f64;
         let per = |v: f64| v / n;
         let missing = missing_events(&watch, &run).await;
-        self.settle(&pod, &run).await;
+        self.settle(&pods, &run).await;
         watch.stop();
         plegd.stop();
         let calls = after.calls_since(&before);
