@@ -27,6 +27,12 @@ use tokio::sync::Notify;
 
 use crate::{PrivateContainerd, audit::Record, cri::Cri, process::Terminating, unix_channel};
 
+/// How long a daemon's CPU time stays still before [`Plegd::await_settled`] takes its start as
+/// done (/proc counts it in ticks of 10 ms).
+const SETTLED_FOR: Duration = Duration::from_millis(300);
+/// The longest [`Plegd::await_settled`] waits.
+const SETTLE_BOUND: Duration = Duration::from_secs(10);
+
 /// `plegd run` arguments of a push-source-only mode: full relists 300 s apart, so only the
 /// source can be fast (plegd rejects a health threshold under two full relist periods).
 pub const PUSH_ONLY_PERIODS: [&str; 6] = [
@@ -313,6 +319,24 @@ impl Plegd {
 
     pub fn pid(&self) -> i32 {
         self.process.pid()
+    }
+
+    /// Waits until the daemon's start is behind it (its probes loaded, its first full relist
+    /// read, its heap collected): no CPU tick for [`SETTLED_FOR`], within [`SETTLE_BOUND`].
+    /// Whether it settled. A node's plegd starts once; a measurement of what it costs the
+    /// runtime while running should not count its start.
+    pub async fn await_settled(&self) -> bool {
+        let deadline = Instant::now() + SETTLE_BOUND;
+        let mut last = cpu_time(self.pid());
+        while Instant::now() < deadline {
+            tokio::time::sleep(SETTLED_FOR).await;
+            let now = cpu_time(self.pid());
+            if now == last {
+                return true;
+            }
+            last = now;
+        }
+        false
     }
 
     /// Its API's `ListPods` (which waits for the run's first full relist).

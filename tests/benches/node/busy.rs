@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use k8s_cri::v1::ContainerState;
 use plegd_proto::v1 as pb;
 use plegd_tests::{
@@ -49,25 +49,65 @@ const EXITED_EVERY: usize = 10;
 /// Longest the density section waits for plegd to be ready and to list everything.
 const DENSITY_BOUND: Duration = Duration::from_secs(120);
 
+/// Waits for `plegd`'s start to be behind it ([`Plegd::await_settled`]); says so when it was not
+/// within the bound (the section measures on, its start counted).
+async fn settled(plegd: &Plegd) {
+    if !plegd.await_settled().await {
+        eprintln!("bench: plegd still busy after its start; measuring anyway");
+    }
+}
+
+/// One configuration's throughput rounds: per round, lifecycles a second and the CPU time
+/// containerd and plegd (none without it) spent per completed lifecycle.
+#[derive(Default)]
+struct Rounds {
+    per_second: Vec<f64>,
+    containerd_cpu_ms: Vec<f64>,
+    plegd_cpu_ms: Vec<f64>,
+    failed: usize,
+}
+
+impl Rounds {
+    /// A round's `run`, with the CPU time of containerd and, if it ran, plegd over it.
+    fn add(&mut self, run: &churn::Run, cpu: &[Duration]) {
+        let per = |d: &Duration| d.as_secs_f64() * 1e3 / run.lifecycles.len().max(1) as f64;
+        self.per_second.push(run.per_second());
+        self.containerd_cpu_ms.extend(cpu.first().map(per));
+        self.plegd_cpu_ms.extend(cpu.get(1).map(per));
+        self.failed += run.failed.len();
+    }
+}
+
 /// The event types a lifecycle owes a watcher.
 const OWED: [&str; 3] = ["ContainerStarted", "ContainerDied", "ContainerRemoved"];
 
 impl Bench {
-    /// `plegd run` in default mode with the `runtime` backend (`cri`, `containerd`).
-    fn plegd_on(&self, runtime: &str, key: &str, extra: &[String]) -> Result<Plegd> {
+    /// `plegd run` in default mode with the `runtime` backend (`cri`, `containerd`), its start
+    /// behind it.
+    async fn plegd_on(&self, runtime: &str, key: &str, extra: &[String]) -> Result<Plegd> {
         let mut args = vec!["--runtime".to_owned(), runtime.to_owned()];
         args.extend_from_slice(extra);
-        Plegd::start(
+        let plegd = Plegd::start(
             &self.args.bin,
             &self.node.containerd,
             &self.dir.path().join(key),
             &args,
-        )
+        )?;
+        settled(&plegd).await;
+        Ok(plegd)
     }
 
-    /// The driver's lifecycles in pods of their own (made before, removed after).
-    async fn drive(&self, name: &str, lifecycles: usize, in_flight: usize) -> Result<churn::Run> {
+    /// The driver's lifecycles in pods of their own (made before, removed after), and the CPU
+    /// time each of `pids` used while they ran (the pods' making and removal left out).
+    async fn drive(
+        &self,
+        name: &str,
+        lifecycles: usize,
+        in_flight: usize,
+        pids: &[i32],
+    ) -> Result<(churn::Run, Vec<Duration>)> {
         let pods = self.pods_for(name, in_flight).await?;
+        let before: Vec<Duration> = pids.iter().map(|&p| bench::cpu_time(p)).collect();
         let run = churn::run(
             &self.node.cri,
             &self.node.tasks,
@@ -79,8 +119,13 @@ impl Bench {
             },
         )
         .await;
+        let cpu = pids
+            .iter()
+            .zip(before)
+            .map(|(&p, b)| bench::cpu_time(p).saturating_sub(b))
+            .collect();
         self.settle(&pods, &run).await;
-        Ok(run)
+        Ok((run, cpu))
     }
 
     /// The pods `in_flight` lifecycles run in, one for every [`IN_FLIGHT_PER_POD`]: `name`, or
@@ -138,7 +183,9 @@ impl Bench {
     }
 
     async fn cost_run(&self, runtime: &str, k: usize) -> Result<Value> {
-        let plegd = self.plegd_on(runtime, &format!("cost-{runtime}-{k}"), &[])?;
+        let plegd = self
+            .plegd_on(runtime, &format!("cost-{runtime}-{k}"), &[])
+            .await?;
         let watch = plegd.watch_from_start()?;
         let pods = self.pods_for(&format!("cost-{runtime}-{k}"), k).await?;
         // The pods' own reads done before the window opens.
@@ -189,9 +236,9 @@ impl Bench {
         let configs: Vec<Option<&String>> = std::iter::once(None)
             .chain(self.args.runtimes.iter().map(Some))
             .collect();
+        let containerd = self.node.containerd.pid().context("containerd pid")?;
         for k in self.in_flight_or(&[16, 64]) {
-            let mut rates: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-            let mut failed: BTreeMap<String, usize> = BTreeMap::new();
+            let mut rounds: BTreeMap<String, Rounds> = BTreeMap::new();
             // Alternated: no plegd, plegd, ..., so a drift of the node's speed falls on both.
             for round in 0..self.args.rounds {
                 for config in &configs {
@@ -201,32 +248,38 @@ impl Bench {
                         round + 1
                     );
                     let plegd = match config {
-                        Some(runtime) => {
-                            Some(self.plegd_on(runtime, &format!("throughput-{key}"), &[])?)
-                        }
+                        Some(runtime) => Some(
+                            self.plegd_on(runtime, &format!("throughput-{key}"), &[])
+                                .await?,
+                        ),
                         None => None,
                     };
-                    let run = self
+                    let pids: Vec<i32> = std::iter::once(containerd)
+                        .chain(plegd.as_ref().map(Plegd::pid))
+                        .collect();
+                    let (run, cpu) = self
                         .drive(
                             &format!("throughput-{k}-{round}-{key}"),
                             self.args.throughput_lifecycles,
                             k,
+                            &pids,
                         )
                         .await?;
                     if let Some(plegd) = plegd {
                         plegd.stop();
                     }
-                    rates.entry(key.clone()).or_default().push(run.per_second());
-                    *failed.entry(key).or_default() += run.failed.len();
+                    rounds.entry(key).or_default().add(&run, &cpu);
                 }
             }
-            for (config, per_second) in rates {
+            for (config, r) in rounds {
                 rows.push(json!({
                     "in_flight": k,
                     "lifecycles": self.args.throughput_lifecycles,
                     "config": config,
-                    "per_second": per_second,
-                    "failed": failed.get(&config),
+                    "per_second": r.per_second,
+                    "containerd_cpu_ms_per_lifecycle": r.containerd_cpu_ms,
+                    "plegd_cpu_ms_per_lifecycle": r.plegd_cpu_ms,
+                    "failed": r.failed,
                 }));
             }
         }
@@ -242,12 +295,14 @@ impl Bench {
                 mode.label, self.args.overload_lifecycles
             );
             let plegd = self.plegd(mode)?;
+            settled(&plegd).await;
             let watch = plegd.watch()?;
-            let run = self
+            let (run, _) = self
                 .drive(
                     &format!("overload-{}", mode.key),
                     self.args.overload_lifecycles,
                     k,
+                    &[],
                 )
                 .await?;
             let (mut share, mut no_died, mut no_exit) = (Vec::new(), 0, 0);

@@ -279,11 +279,11 @@ pub(super) fn cost_table(m: &Value) -> String {
     t
 }
 
-/// Per K and configuration: lifecycles per second over the rounds, and the ratio of the medians
-/// to no plegd's.
+/// Per K and configuration: lifecycles per second over the rounds, the ratio of the medians to
+/// no plegd's, and the CPU time per lifecycle of containerd and plegd (medians of the rounds).
 pub(super) fn throughput_table(m: &Value) -> String {
     let mut t = String::from(
-        "| K | configuration | rounds | median /s | min | max | median / no plegd's (goal ≥ 0.95) |\n|---|---|---|---|---|---|---|\n",
+        "| K | configuration | rounds | median /s | min | max | median / no plegd's (goal ≥ 0.95) | containerd CPU ms / lifecycle | plegd CPU ms / lifecycle |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let ratios = throughput_ratios(m);
     for row in rows(m, "throughput") {
@@ -296,7 +296,7 @@ pub(super) fn throughput_table(m: &Value) -> String {
             .map_or_else(String::new, |r| format!("{r:.2}x"));
         let _ = writeln!(
             t,
-            "| {k} | {} | {} | {} | {} | {} | {ratio} |",
+            "| {k} | {} | {} | {} | {} | {} | {ratio} | {} | {} |",
             if config == "none" {
                 "no plegd".to_owned()
             } else {
@@ -309,6 +309,8 @@ pub(super) fn throughput_table(m: &Value) -> String {
             fixed(median(&rates), 2),
             fixed(min, 2),
             fixed(max, 2),
+            fixed(median(&array(&row["containerd_cpu_ms_per_lifecycle"])), 2),
+            fixed(median(&array(&row["plegd_cpu_ms_per_lifecycle"])), 2),
         );
     }
     t
@@ -478,8 +480,11 @@ mod tests {
     #[test]
     fn throughput_compares_medians_and_shows_the_spread() {
         let m = json!({"throughput": [
-            {"in_flight": 16, "config": "none", "per_second": [10.0, 8.0, 9.0, 11.0, 7.0]},
-            {"in_flight": 16, "config": "plegd-cri", "per_second": [9.0, 8.0, 8.5, 12.0, 6.0]},
+            {"in_flight": 16, "config": "none", "per_second": [10.0, 8.0, 9.0, 11.0, 7.0],
+             "containerd_cpu_ms_per_lifecycle": [20.0, 22.0, 21.0, 19.0, 25.0]},
+            {"in_flight": 16, "config": "plegd-cri", "per_second": [9.0, 8.0, 8.5, 12.0, 6.0],
+             "containerd_cpu_ms_per_lifecycle": [21.0, 23.0, 22.0, 20.0, 26.0],
+             "plegd_cpu_ms_per_lifecycle": [1.5, 1.25, 2.0, 1.0, 1.75]},
         ]});
         let goals = goals(&m);
         let g = goal(&goals, "containerd's churn throughput");
@@ -489,12 +494,12 @@ mod tests {
         );
         let table = throughput_table(&m);
         assert!(
-            table.contains("| 16 | no plegd | 5 | 9.00 | 7.00 | 11.00 |  |"),
+            table.contains("| 16 | no plegd | 5 | 9.00 | 7.00 | 11.00 |  | 21.00 | n/a |"),
             "{table}"
         );
         assert!(
             table.contains(
-                "| 16 | plegd default, --runtime cri | 5 | 8.50 | 6.00 | 12.00 | 0.94x |"
+                "| 16 | plegd default, --runtime cri | 5 | 8.50 | 6.00 | 12.00 | 0.94x | 22.00 | 1.50 |"
             ),
             "{table}"
         );
