@@ -239,9 +239,12 @@ impl Bench {
         let containerd = self.node.containerd.pid().context("containerd pid")?;
         for k in self.in_flight_or(&[16, 64]) {
             let mut rounds: BTreeMap<String, Rounds> = BTreeMap::new();
-            // Alternated: no plegd, plegd, ..., so a drift of the node's speed falls on both.
+            // Alternated, so a drift of the node's speed falls on every configuration, and
+            // in turn: round r starts with configuration r (mod their number), so none always
+            // runs right after another's removals (containerd cleans up after them a while).
             for round in 0..self.args.rounds {
-                for config in &configs {
+                let turn = round % configs.len();
+                for config in configs[turn..].iter().chain(&configs[..turn]) {
                     let key = config.map_or("none".to_owned(), |r| format!("plegd-{r}"));
                     eprintln!(
                         "bench: throughput, {k} in flight, round {}, {key}",
