@@ -12,7 +12,7 @@ use k8s_cri::v1::ContainerState as CriState;
 use plegd::{
     pleg::{
         ContainerId, ContainerRecord, ContainerState, PodRecord, PodUid, Runtime, RuntimeError,
-        Scope,
+        Scope, Store,
     },
     runtime::{AnyRuntime, ConnectError, Keys, PodMetadata, RuntimeKind, RuntimeOptions},
 };
@@ -124,8 +124,13 @@ async fn cri_pods_are_listed_with_identity_sandbox_and_states_by_every_scope() {
             assert!(container.created_at.is_some(), "{kind}");
         }
 
-        let scoped = runtime.list_pods(&Scope::Pod(uid(&pod.uid))).await.unwrap();
+        let mut scoped = runtime.list_pods(&Scope::Pod(uid(&pod.uid))).await.unwrap();
         assert_eq!(scoped.len(), 1, "{kind}: {scoped:#?}");
+        // The containerd backend lists the node's CRI containers from the CRI store (one call
+        // for them all) and one pod's from their tasks: the same states, from another store.
+        for record in scoped[0].containers.values_mut() {
+            record.confirmed_by = record_of(&all, &record.id.0).confirmed_by;
+        }
         assert_eq!(&scoped[0], listed, "{kind}");
 
         for id in [&a, &pod.id] {
@@ -441,6 +446,73 @@ async fn a_sandbox_still_being_made_is_not_read_as_dead_by_the_containerd_backen
         ContainerState::Exited
     );
     native.remove("making").await.unwrap();
+}
+
+/// The containerd backend lists the CRI plugin's namespace without asking a CRI container's
+/// shim (containerd's Tasks.List asks every task's shim in turn: seconds on a busy node): the
+/// plugin's containers and sandboxes take their state from its store, confirmed by it, a
+/// container made there without CRI from its own task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_containerd_backend_lists_cri_containers_from_the_cri_store() {
+    let Node {
+        containerd, cri, ..
+    } = Node::start().await.unwrap();
+    let pod = cri.run_pod("listed").await.unwrap();
+    let a = cri
+        .run_container(&pod, &ContainerSpec::sleeper("a"))
+        .await
+        .unwrap();
+    cri.wait_state(&a, CriState::ContainerRunning, DEADLINE)
+        .await
+        .unwrap();
+    let plain = Native::connect_in(&containerd, CRI_NAMESPACE).await.unwrap();
+    plain
+        .run("plain", &NativeSpec::shell("exec sleep 2147483647"))
+        .await
+        .unwrap();
+    let runtime = connect(RuntimeKind::Containerd, &containerd.socket(), &[]).await;
+    let plain_uid = uid(&format!("{CRI_NAMESPACE}/plain"));
+    let listed = |pods: &[PodRecord], uid: &PodUid, id: &str| {
+        let pod = pods
+            .iter()
+            .find(|p| &p.uid == uid)
+            .unwrap_or_else(|| panic!("{uid} not listed: {pods:#?}"));
+        let record = record(pod, id);
+        (record.state, record.confirmed_by)
+    };
+
+    let pods = runtime.list_pods(&Scope::Node).await.unwrap();
+    let pod_uid = uid(&pod.uid);
+    for id in [&a, &pod.id] {
+        assert_eq!(
+            listed(&pods, &pod_uid, id),
+            (ContainerState::Running, Store::Cri)
+        );
+    }
+    assert_eq!(
+        listed(&pods, &plain_uid, "plain"),
+        (ContainerState::Running, Store::Task)
+    );
+
+    cri.stop_container(&a, Duration::ZERO).await.unwrap();
+    plain.kill("plain", 9).await.unwrap();
+    assert_eq!(plain.wait("plain").await.unwrap(), 137);
+    let pods = runtime.list_pods(&Scope::Node).await.unwrap();
+    assert_eq!(
+        listed(&pods, &pod_uid, &a),
+        (ContainerState::Exited, Store::Cri)
+    );
+    assert_eq!(
+        listed(&pods, &plain_uid, "plain"),
+        (ContainerState::Exited, Store::Task)
+    );
+    // Two listings: the plain container's task asked twice, no task list.
+    let calls = runtime.calls();
+    assert_eq!(
+        (calls.made("Tasks.List"), calls.made("Tasks.Get")),
+        (0, 2)
+    );
+    plain.remove("plain").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,6 +102,12 @@ impl RuntimeCalls {
         self.calls.get_or_create(&CallLabel { call }).inc();
     }
 
+    /// How many calls of `call` were made so far.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn made(&self, call: &'static str) -> u64 {
+        self.calls.get_or_create(&CallLabel { call }).get()
+    }
+
     /// A pod's labels and annotations, as read once, lost entries to the byte budget.
     pub fn metadata_truncated(&self) {
         self.metadata_truncated.inc();

@@ -14,7 +14,10 @@
 //!
 //! A container read by its id (a hint names it) is read through CRI when the CRI plugin made
 //! it: its status and kubelet's labels in one call, where containerd's own API takes two (the
-//! container, its task) and a third once the task is deleted.
+//! container, its task) and a third once the task is deleted. A listing of the CRI plugin's
+//! namespace takes the state of the plugin's containers from its store too (two calls for them
+//! all), and asks a task only of the others there: containerd lists tasks by asking each
+//! task's shim in turn.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -183,8 +186,28 @@ impl ContainerdRuntime {
         get_process(&self.caller, &self.channel, namespace, id).await
     }
 
-    /// Every container of one namespace, with its task.
+    /// Every container of one namespace, with its task. In the CRI plugin's namespace, the
+    /// containers and sandboxes the plugin made take their state from its store instead (one
+    /// ListContainers and one ListPodSandbox for them all, in [`Self::ask_cri`]), the others
+    /// from their own task: containerd's Tasks.List asks every task's shim for its state, one
+    /// after another and each up to 2 s, and beside 64 lifecycles in flight such a listing
+    /// outlasted polling's period, so lives of seconds passed unseen between two.
     async fn read_namespace(&self, namespace: &Namespace) -> Result<Vec<Entry>, RuntimeError> {
+        if namespace.as_str() == CRI_NAMESPACE {
+            let (made_by_cri, others): (Vec<Container>, Vec<Container>) = self
+                .containers(namespace, Vec::new())
+                .await?
+                .into_iter()
+                .partition(|c| c.labels.contains_key(KIND_LABEL));
+            let mut entries = self.with_tasks(namespace, &others).await?;
+            // Task-less, a CRI one asks CRI (`Entry::ask_cri`).
+            entries.extend(
+                made_by_cri
+                    .iter()
+                    .map(|c| entry(namespace.as_str(), c, None, &self.pod_labels)),
+            );
+            return Ok(entries);
+        }
         let (containers, tasks) = try_join(
             self.containers(namespace, Vec::new()),
             self.tasks(namespace),
@@ -348,6 +371,7 @@ impl ContainerdRuntime {
                 .filter_map(|mut e| {
                     if e.ask_cri {
                         e.record.state = *states.get(&e.record.id.0)?;
+                        e.record.confirmed_by = Store::Cri;
                     }
                     Some(e)
                 })
