@@ -960,7 +960,9 @@ pub(crate) async fn lifecycle(
         later_reason,
         removed: true,
         timing: Timing {
-            created: Some(created),
+            // The runtime's own record, as the start and finish: a CreateContainer sent while
+            // containerd was frozen makes the container only once it thaws.
+            created: at(status.created_at).or(Some(created)),
             started: at(status.started_at),
             finished: at(status.finished_at),
             exit_shown: exited.then_some(exit_shown),
