@@ -465,7 +465,9 @@ async fn the_containerd_backend_lists_cri_containers_from_the_cri_store() {
     cri.wait_state(&a, CriState::ContainerRunning, DEADLINE)
         .await
         .unwrap();
-    let plain = Native::connect_in(&containerd, CRI_NAMESPACE).await.unwrap();
+    let plain = Native::connect_in(&containerd, CRI_NAMESPACE)
+        .await
+        .unwrap();
     plain
         .run("plain", &NativeSpec::shell("exec sleep 2147483647"))
         .await
@@ -508,10 +510,7 @@ async fn the_containerd_backend_lists_cri_containers_from_the_cri_store() {
     );
     // Two listings: the plain container's task asked twice, no task list.
     let calls = runtime.calls();
-    assert_eq!(
-        (calls.made("Tasks.List"), calls.made("Tasks.Get")),
-        (0, 2)
-    );
+    assert_eq!((calls.made("Tasks.List"), calls.made("Tasks.Get")), (0, 2));
     plain.remove("plain").await.unwrap();
 }
 
