@@ -917,7 +917,7 @@ pub(crate) async fn lifecycle(
         _ => None,
     };
     let pod = own_pod.as_ref().unwrap_or(pod);
-    let (id, created) = started(cri, pod, &draw.spec()).await?;
+    let id = started(cri, pod, &draw.spec()).await?;
     match draw.action {
         Action::Kill => {
             tokio::time::sleep(draw.runs).await;
@@ -962,7 +962,7 @@ pub(crate) async fn lifecycle(
         timing: Timing {
             // The runtime's own record, as the start and finish: a CreateContainer sent while
             // containerd was frozen makes the container only once it thaws.
-            created: at(status.created_at).or(Some(created)),
+            created: at(status.created_at),
             started: at(status.started_at),
             finished: at(status.finished_at),
             exit_shown: exited.then_some(exit_shown),
@@ -971,23 +971,17 @@ pub(crate) async fn lifecycle(
     })
 }
 
-/// Creates and starts a container of `spec` in `pod`; its id and when it was created. A start
-/// the runtime fails is tried again in a new container, as kubelet's next sync would, up to
-/// [`START_TRIES`] times: containerd 1.6 fails `runc create` on `/proc/0/ns/ipc` while the
+/// Creates and starts a container of `spec` in `pod`; its id. A start the runtime fails is
+/// tried again in a new container, as kubelet's next sync would, up to [`START_TRIES`] times: containerd 1.6 fails `runc create` on `/proc/0/ns/ipc` while the
 /// pod's shim does not answer a state call within 2 s (after a hang, under a burst; the
 /// sandbox's pid then reads 0), and a lifecycle given up there would be abandoned, not
 /// audited. The failed container is removed; no truth names it, so the audit ignores it.
-async fn started(
-    cri: &Cri,
-    pod: &Pod,
-    spec: &ContainerSpec,
-) -> anyhow::Result<(String, SystemTime)> {
+async fn started(cri: &Cri, pod: &Pod, spec: &ContainerSpec) -> anyhow::Result<String> {
     let mut tries = 1;
     loop {
-        let created = SystemTime::now();
         let id = cri.create_container(pod, spec).await?;
         match cri.start_container(&id).await {
-            Ok(()) => return Ok((id, created)),
+            Ok(()) => return Ok(id),
             Err(e) if tries < START_TRIES => {
                 eprintln!("soak: the start of {id:.12} failed, trying a new container: {e:#}");
                 let _ = cri.remove_container(&id).await;
