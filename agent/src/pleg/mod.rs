@@ -93,7 +93,7 @@ pub use self::{
             ContainerId, ContainerRecord, ContainerState, Containers, HostIdentity, OomWitness,
             PodRecord, PodRecords, PodUid, Store, TaskRecord, UnknownStore, exit_reason,
         },
-        runtime::{CallCode, ContainerRead, Runtime, RuntimeError},
+        runtime::{CallCode, ContainerRead, ExitWatch, Runtime, RuntimeError},
         source::Source,
         trigger::{Identity, Observation, ObservationKind, Scope, Trigger},
     },

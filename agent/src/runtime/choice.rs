@@ -13,7 +13,8 @@ use std::{
 use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
-        ContainerId, ContainerRead, PodRecord, PodUid, Runtime, RuntimeError, Scope, TaskRecord,
+        ContainerId, ContainerRead, ExitWatch, PodRecord, PodUid, Runtime, RuntimeError, Scope,
+        TaskRecord,
     },
     runtime::{
         CRI_NAMESPACE, DEFAULT_CALL_TIMEOUT, PodMetadata, RuntimeVersion,
@@ -247,7 +248,7 @@ impl Runtime for AnyRuntime {
         }
     }
 
-    fn watch_exit(&self, container: &ContainerId) {
+    fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
         match self {
             Self::Cri(runtime) => runtime.watch_exit(container),
             Self::Containerd(runtime) => runtime.watch_exit(container),

@@ -39,8 +39,8 @@ use tonic::transport::Channel;
 use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
-        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, PodRecord, PodUid,
-        Runtime, RuntimeError, Scope, Store, TaskRecord, exit_reason,
+        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, ExitWatch,
+        PodRecord, PodUid, Runtime, RuntimeError, Scope, Store, TaskRecord, exit_reason,
     },
     runtime::{
         Keys, MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion,
@@ -533,10 +533,10 @@ impl Runtime for ContainerdRuntime {
         self.cri.task_exit(container).await
     }
 
-    fn watch_exit(&self, container: &ContainerId) {
-        if self.reads_cri() {
-            self.cri.watch_exit(container);
-        }
+    fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
+        self.reads_cri()
+            .then(|| self.cri.watch_exit(container))
+            .flatten()
     }
 
     fn exit_watched(&self, container: &ContainerId) -> bool {

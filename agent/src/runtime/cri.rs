@@ -23,8 +23,8 @@ use tonic::transport::Channel;
 use crate::{
     base::metrics::RuntimeCalls,
     pleg::{
-        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, PodRecord, PodUid,
-        Runtime, RuntimeError, Scope, Store, TaskRecord,
+        ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, ExitWatch,
+        PodRecord, PodUid, Runtime, RuntimeError, Scope, Store, TaskRecord,
     },
     runtime::{
         MetadataKeeper, PodMetadata, RuntimeOptions, RuntimeVersion, known_status,
@@ -369,8 +369,8 @@ impl Runtime for CriRuntime {
         self.tasks.exit(container).await
     }
 
-    fn watch_exit(&self, container: &ContainerId) {
-        self.tasks.watch_exit(container);
+    fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
+        self.tasks.watch_exit(container)
     }
 
     fn exit_watched(&self, container: &ContainerId) -> bool {

@@ -23,7 +23,7 @@ use tonic::{Request, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::{debug, info};
 
 use crate::{
-    pleg::{CallCode, ContainerId, RuntimeError, TaskRecord},
+    pleg::{CallCode, ContainerId, ExitWatch, RuntimeError, TaskRecord},
     runtime::transport::{Caller, found},
 };
 
@@ -195,18 +195,20 @@ impl TaskService {
     /// (`runc kill --all`, under the lock `Wait` takes first): it is answered after the
     /// runtime's cleanup when containerd's own `Delete` gets there first, 30 to 120 ms after
     /// `/tasks/exit` on a busy node. One already waiting is woken with containerd's own.
-    pub(crate) fn watch_exit(&self, container: &ContainerId) {
+    /// Returns the answer to come when it began a watch.
+    pub(crate) fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
         if self.absent.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
         let (answer, watch) = watch::channel(None);
         {
             let mut watched = lock(&self.watched);
             if watched.len() >= MAX_WATCHED_EXITS || watched.contains_key(container) {
-                return;
+                return None;
             }
             watched.insert(container.clone(), watch.clone());
         }
+        let mut answered = watch.clone();
         let service = self.clone();
         let id = container.clone();
         let call = self
@@ -225,6 +227,10 @@ impl TaskService {
                 watched.remove(&id);
             }
         });
+        Some(Box::pin(async move {
+            let answer = answered.wait_for(Option::is_some).await.ok()?;
+            answer.flatten()
+        }))
     }
 
     /// Whether `container`'s exit is watched now.

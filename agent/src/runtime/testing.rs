@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::pleg::{
-    CallCode, ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers,
+    CallCode, ContainerId, ContainerRead, ContainerRecord, ContainerState, Containers, ExitWatch,
     HostIdentity, Observation, ObservationKind, PodLifecycleEvent, PodLifecycleEventType,
     PodRecord, PodUid, Runtime, RuntimeError, Scope, Source, Store, TaskRecord,
 };
@@ -214,6 +214,17 @@ impl FakeRuntime {
         self.lock().task_calls.clone()
     }
 
+    /// The task's exit, once [`Self::set_task`] sets one (or removes it).
+    async fn exit_of(&self, container: &ContainerId) -> Option<TaskRecord> {
+        loop {
+            match self.lock().tasks.get(container).copied() {
+                Some(TaskRecord::Started { .. }) => {}
+                exited => return exited,
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Containers of every `watch_exit` call so far, in call order.
     pub fn exit_watches(&self) -> Vec<ContainerId> {
         self.lock().exit_watches.clone()
@@ -394,17 +405,20 @@ impl Runtime for FakeRuntime {
     async fn task_exit(&self, container: &ContainerId) -> Result<Option<TaskRecord>, RuntimeError> {
         self.lock().task_calls.push(container.clone());
         self.wait().await;
-        loop {
-            match self.lock().tasks.get(container).copied() {
-                Some(TaskRecord::Started { .. }) => {}
-                exited => return Ok(exited),
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        Ok(self.exit_of(container).await)
     }
 
-    fn watch_exit(&self, container: &ContainerId) {
-        self.lock().exit_watches.push(container.clone());
+    /// Watched once per container, as the task service does; answered as [`Self::set_task`]
+    /// sets an exit.
+    fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
+        let mut state = self.lock();
+        let watched = state.exit_watches.contains(container);
+        state.exit_watches.push(container.clone());
+        if watched {
+            return None;
+        }
+        let (runtime, id) = (self.clone(), container.clone());
+        Some(Box::pin(async move { runtime.exit_of(&id).await }))
     }
 
     fn exit_watched(&self, container: &ContainerId) -> bool {

@@ -1,7 +1,7 @@
 //! The port the PLEG reads the runtime through: the one trait every backend implements (CRI,
 //! containerd's own API, the fake), owned here, by the side that uses it.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
 use crate::{
     base::metrics::RuntimeCalls,
@@ -10,6 +10,10 @@ use crate::{
         trigger::Scope,
     },
 };
+
+/// A watched exit's answer to come ([`Runtime::watch_exit`]): the task service's record of the
+/// init's exit, `None` when it had no task or the wait failed.
+pub type ExitWatch = Pin<Box<dyn Future<Output = Option<TaskRecord>> + Send>>;
 
 /// A runtime call that failed. The cause is kept whole for its text and its own causes (a
 /// transport's or a gRPC status's error, which only the adapter that made the call knows the
@@ -162,10 +166,12 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Starts waiting for `container`'s exit ahead of it, where the task service can
     /// (containerd's `Tasks.Wait`, held open): a later [`Runtime::task_exit`] is then answered
-    /// as the init is reaped, not behind the runtime's cleanup of it. Bounded by the backend;
-    /// nothing where there is no task service.
-    fn watch_exit(&self, container: &ContainerId) {
+    /// as the init is reaped, not behind the runtime's cleanup of it. Returns the answer to
+    /// come when it began a watch; `None` where there is no task service, when the container's
+    /// exit is watched already, or past the backend's bound.
+    fn watch_exit(&self, container: &ContainerId) -> Option<ExitWatch> {
         let _ = container;
+        None
     }
 
     /// Whether `container`'s exit is watched now ([`Runtime::watch_exit`]): asking for it

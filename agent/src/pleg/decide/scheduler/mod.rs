@@ -403,6 +403,12 @@ impl RelistScheduler {
         self.oom.hold(id, ask, now);
     }
 
+    /// Whether the kernel's ring may still hold the account of an OOM kill of `id`: it handed
+    /// over neither that nor `id`'s death.
+    pub fn awaits_kernel(&self, id: &ContainerId) -> bool {
+        self.oom.awaits_kernel(id)
+    }
+
     /// The kernel's reader handed over everything it held when ask `answered` came (`None`:
     /// no reader answers any more).
     pub fn kernel_caught_up(&mut self, answered: Option<u64>) {

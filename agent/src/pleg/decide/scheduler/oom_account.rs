@@ -44,6 +44,9 @@ pub struct OomAccounts {
     told: BTreeMap<ContainerId, Instant>,
     /// Containers whose kill the kernel accounted for, and when.
     accounted: BTreeMap<ContainerId, Instant>,
+    /// Containers whose death the kernel's ring handed over, and when: the account of an OOM
+    /// kill, in the ring before the death, is in by then if there is one.
+    passed: BTreeMap<ContainerId, Instant>,
     held: BTreeMap<ContainerId, Held>,
 }
 
@@ -73,14 +76,23 @@ impl OomAccounts {
                     tells = true;
                 }
                 (kind, true) if kind.says() == Says::Died => tells = true,
+                (kind, false) if kind.says() == Says::Died => {
+                    self.passed.insert(id.clone(), now);
+                }
                 _ => {}
             }
         }
-        if self.accounted.contains_key(id) {
+        if !self.awaits_kernel(id) {
             self.held.remove(id);
             return false;
         }
         tells && self.told.contains_key(id) && !self.held.contains_key(id)
+    }
+
+    /// Whether the kernel's ring may still hold an account of `id`'s OOM kill: it handed over
+    /// neither the account nor the death.
+    pub fn awaits_kernel(&self, id: &ContainerId) -> bool {
+        !self.accounted.contains_key(id) && !self.passed.contains_key(id)
     }
 
     /// Holds `id`'s death until the answer to `ask`, [`CATCH_UP_LIMIT`] after `now` at the
@@ -111,6 +123,7 @@ impl OomAccounts {
         let recent = |at: &mut Instant| now.saturating_duration_since(*at) < REMEMBER;
         self.told.retain(|_, at| recent(at));
         self.accounted.retain(|_, at| recent(at));
+        self.passed.retain(|_, at| recent(at));
         self.held.retain(|_, held| held.until > now);
     }
 }
@@ -188,6 +201,15 @@ mod tests {
                 vec![
                     said(Containerd, ObservationKind::OomKilled),
                     said(Ebpf, ObservationKind::Signal(9)),
+                ],
+                false,
+            ),
+            // The ring handed over the death: an account would have come before it.
+            (
+                vec![
+                    said(Containerd, ObservationKind::OomKilled),
+                    said(Ebpf, ObservationKind::Signal(9)),
+                    said(Containerd, exit()),
                 ],
                 false,
             ),

@@ -26,9 +26,10 @@ use crate::{
         },
         model::{
             event::NoticeKind,
+            record::TaskRecord,
             runtime::Runtime,
             source::Source,
-            trigger::{Scope, Trigger},
+            trigger::{Observation, ObservationKind, Scope, Trigger},
         },
     },
 };
@@ -97,12 +98,17 @@ pub struct Generator<R> {
 /// A read in flight: the batch it serves and the read itself.
 type Reading = Pin<Box<dyn Future<Output = (u64, Batch, ReadDone)> + Send>>;
 
-/// The reads in flight, and the hints each carries (for a stop that cuts them short).
+/// A watched exit to come, as the runtime's record of it (`None`: no exit to tell).
+type ExitAnswer = Pin<Box<dyn Future<Output = Option<Trigger>> + Send>>;
+
+/// The reads in flight, and the hints each carries (for a stop that cuts them short); the
+/// watched exits to come.
 #[derive(Default)]
 struct InFlight {
     reads: FuturesUnordered<Reading>,
     hints: BTreeMap<u64, Hints>,
     next: u64,
+    exits: FuturesUnordered<ExitAnswer>,
 }
 
 impl InFlight {
@@ -112,6 +118,31 @@ impl InFlight {
         self.hints.insert(id, batch.hints.clone());
         self.reads
             .push(Box::pin(async move { (id, batch, read.await) }));
+    }
+
+    /// Awaits the exits `relister` began watching, each answer to be told as containerd tells
+    /// `/tasks/exit`: the shim answers the watch as it reaps the init, apart from the queue
+    /// its events wait in (one shim serves a pod's containers, and publishes one event at a
+    /// time), so on a busy node the answer often comes first; either tells the death, the
+    /// other is then answered by the record.
+    fn watch_exits<R: Runtime>(&mut self, relister: &mut Relister<R>) {
+        for (id, answer) in relister.take_exit_watches() {
+            self.exits.push(Box::pin(async move {
+                let TaskRecord::Exited { code, at } = answer.await? else {
+                    return None;
+                };
+                let kind = ObservationKind::TaskExited { code, at };
+                Some(Trigger {
+                    scope: Scope::Container(id),
+                    source: Source::Containerd,
+                    observed_at: at,
+                    observations: vec![Observation {
+                        source: Source::Containerd,
+                        kind,
+                    }],
+                })
+            }));
+        }
     }
 
     /// Adds to `queued` the hints the reads in flight carry about what `scope` covers.
@@ -133,7 +164,7 @@ impl<R: Runtime> Generator<R> {
         while !shutdown.is_cancelled() {
             self.turns.send_replace(Instant::now());
             while let Ok(trigger) = self.triggers.triggers.try_recv() {
-                self.accept(trigger);
+                self.accept(trigger, false);
             }
             // What is due runs now, not through the timer: tokio's timer turns on millisecond
             // ticks, and a sleep until a deadline already past waited for the next one (half a
@@ -151,15 +182,22 @@ impl<R: Runtime> Generator<R> {
 
     /// Hands a trigger to the scheduler. A death the runtime told as an OOM kill, whose
     /// account the kernel's ring has not handed over yet, waits for the ring's reader to catch
-    /// up.
-    fn accept(&mut self, trigger: Trigger) {
+    /// up. So does a watched exit's answer (`watched`) the ring has not handed the death of
+    /// yet: it comes apart from the shim's event queue, where `/tasks/oom` may still wait, and
+    /// can be ahead of the ring's reader, which holds the kernel's account of an OOM kill (in
+    /// the ring before the death).
+    fn accept(&mut self, trigger: Trigger, watched: bool) {
         trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
         self.metrics.trigger(trigger.source.name());
         let now = Instant::now();
-        if let Some(id) = self.scheduler.push(trigger, now)
+        let ahead = match &trigger.scope {
+            Scope::Container(id) if watched && self.scheduler.awaits_kernel(id) => Some(id.clone()),
+            _ => None,
+        };
+        if let Some(id) = self.scheduler.push(trigger, now).or(ahead)
             && let Some(ask) = self.triggers.ask_catch_up()
         {
-            debug!(container = %id, ask, "the runtime's word of an OOM kill waits for the kernel's account");
+            debug!(container = %id, ask, "the runtime's word of a death waits for the kernel's account");
             self.scheduler.hold_for_kernel(id, ask, now);
         }
     }
@@ -185,7 +223,12 @@ impl<R: Runtime> Generator<R> {
                 in_flight.hints.remove(&id);
                 self.finish(batch, done, in_flight);
             }
-            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
+            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger, false),
+            Some(answer) = in_flight.exits.next(), if !in_flight.exits.is_empty() => {
+                if let Some(trigger) = answer {
+                    self.accept(trigger, true);
+                }
+            }
             // What the kernel's reader held is in the channel, ahead of its answer: the next
             // turn takes it in before anything due is handed out.
             Ok(()) = self.triggers.catch_up_done.changed() => {
@@ -240,6 +283,7 @@ impl<R: Runtime> Generator<R> {
                 in_flight.push(batch, job.run(Arc::clone(self.relister.runtime())));
             }
         }
+        in_flight.watch_exits(&mut self.relister);
     }
 
     /// Ends a read: the relister decides on what it found (or plans its next step: the pods a
@@ -265,6 +309,7 @@ impl<R: Runtime> Generator<R> {
                 }
             }
         }
+        in_flight.watch_exits(&mut self.relister);
     }
 
     /// Counts a read in the metrics; returns whether it read the runtime, answered.

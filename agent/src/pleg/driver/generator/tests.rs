@@ -5,7 +5,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::{
     pleg::{
-        decide::scheduler::{POLL_RETRY, SchedulerConfig},
+        decide::scheduler::{DEFAULT_KERNEL_GRACE, POLL_RETRY, SchedulerConfig},
         driver::{
             relist::RelistConfig,
             sink::Notices,
@@ -13,7 +13,7 @@ use crate::{
         },
         model::{
             event::{Notice, PodLifecycleEvent, PodLifecycleEventType},
-            record::{ContainerId, ContainerState, PodUid},
+            record::{ContainerId, ContainerState, PodUid, Store, TaskRecord},
             source::Source,
             trigger::{Observation, ObservationKind},
         },
@@ -27,6 +27,7 @@ struct Harness {
     triggers: TriggerSender,
     events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
     period: watch::Sender<Duration>,
+    kernel_grace: watch::Sender<Duration>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Stopped<FakeRuntime>>,
     metrics: Metrics,
@@ -74,6 +75,7 @@ fn start_observed(period: Duration, notices: Option<Notices>) -> Harness {
         triggers,
         events,
         period: tuning.period,
+        kernel_grace: tuning.kernel_grace,
         shutdown,
         task,
         metrics,
@@ -304,6 +306,86 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
     assert_eq!(event.container_id, ContainerId("late".into()));
     assert_eq!(event.sources, vec![Source::Containerd]);
     assert_eq!(event.pod, PodUid("p".into()));
+    h.shutdown.cancel();
+    h.task.await.unwrap();
+}
+
+/// While the runtime's events come, the exit of a start the kernel saw is watched, and the
+/// watch's answer tells the death as the runtime's record, with no read: the shim answers it
+/// apart from the queue its events wait in. The death waits for the kernel's ring to be read
+/// up to it (the account of an OOM kill would be there), and containerd's `/tasks/exit` after
+/// it tells nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
+    let mut h = start(Duration::from_secs(3600));
+    h.kernel_grace.send_replace(DEFAULT_KERNEL_GRACE);
+    // Let the first (empty) full relist run.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut catch_ups = h.triggers.answer_catch_ups();
+    add_running(&h.runtime, "p", "c");
+    h.runtime
+        .set_task("c", Some(TaskRecord::Started { at: None }));
+    let exec = ObservationKind::Exec("/bin/sleep".into());
+    h.triggers.send(said(Source::Ebpf, "c", vec![exec]));
+    h.triggers.send(task_started("c", 4242));
+    let started = h.events.recv().await.unwrap();
+    assert_eq!(started.event_type, PodLifecycleEventType::ContainerStarted);
+    assert_eq!(h.runtime.exit_watches(), [ContainerId("c".into())]);
+
+    let reads = h.runtime.read_calls().len();
+    let exit = TaskRecord::Exited {
+        code: 137,
+        at: SystemTime::now(),
+    };
+    h.runtime.set_task("c", Some(exit));
+    let ask = tokio::time::timeout(Duration::from_secs(1), catch_ups.asked())
+        .await
+        .expect("the kernel's reader is asked to catch up");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(h.events.try_recv().is_err(), "held for the kernel's ring");
+    catch_ups.caught_up(ask);
+    let died = tokio::time::timeout(Duration::from_secs(1), h.events.recv())
+        .await
+        .expect("the death is told on the watch's answer")
+        .unwrap();
+    assert_eq!(
+        (died.event_type, died.exit_code, died.confirmed_by),
+        (
+            PodLifecycleEventType::ContainerDied,
+            Some(137),
+            Some(Store::Task)
+        )
+    );
+    assert_eq!(h.runtime.read_calls().len(), reads, "told with no read");
+
+    let TaskRecord::Exited { code, at } = exit else {
+        unreachable!()
+    };
+    let exited = ObservationKind::TaskExited { code, at };
+    h.triggers.send(said(Source::Containerd, "c", vec![exited]));
+    let more = tokio::time::timeout(Duration::from_millis(200), h.events.recv()).await;
+    assert!(more.is_err(), "told once: {more:?}");
+
+    // The ring handed over the death first: the answer is told at once.
+    h.runtime
+        .set_container("p", container("d", "app", ContainerState::Running));
+    h.runtime
+        .set_task("d", Some(TaskRecord::Started { at: None }));
+    let exec = ObservationKind::Exec("/bin/sleep".into());
+    h.triggers.send(said(Source::Ebpf, "d", vec![exec]));
+    h.triggers.send(task_started("d", 4343));
+    h.events.recv().await.unwrap();
+    let killed = ObservationKind::Signal(9);
+    h.triggers.send(said(Source::Ebpf, "d", vec![killed]));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let told_at = Instant::now();
+    h.runtime.set_task("d", Some(exit));
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(
+        (died.container_id.0.as_str(), died.event_type),
+        ("d", PodLifecycleEventType::ContainerDied)
+    );
+    assert!(Instant::now() - told_at < Duration::from_millis(10));
     h.shutdown.cancel();
     h.task.await.unwrap();
 }

@@ -36,7 +36,7 @@ use crate::pleg::{
     model::{
         event::{PodLifecycleEvent, PodLifecycleEventType},
         record::{ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store},
-        runtime::{Runtime, RuntimeError},
+        runtime::{ExitWatch, Runtime, RuntimeError},
         source::Source,
         trigger::Scope,
     },
@@ -170,6 +170,9 @@ pub struct Relister<R> {
     tombstones: HashSet<ContainerId>,
     tombstoned_at: VecDeque<(Instant, ContainerId)>,
     sequence: u64,
+    /// The exits watched since the last [`Self::take_exit_watches`] whose answers are to be
+    /// told as the runtime's records.
+    exit_watches: Vec<(ContainerId, ExitWatch)>,
 }
 
 /// How a relist began ([`Relister::begin`]).
@@ -214,7 +217,15 @@ impl<R: Runtime> Relister<R> {
             tombstones: HashSet::new(),
             tombstoned_at: VecDeque::new(),
             sequence: 0,
+            exit_watches: Vec::new(),
         }
+    }
+
+    /// The exits watched since the last call whose answers are to be told as the runtime's
+    /// records of them, as containerd's `/tasks/exit` is: those of the starts told while the
+    /// runtime's events come (see [`Publisher`]).
+    pub fn take_exit_watches(&mut self) -> Vec<(ContainerId, ExitWatch)> {
+        std::mem::take(&mut self.exit_watches)
     }
 
     /// The runtime, for the reads that run beside the relister.
@@ -557,8 +568,9 @@ impl<R: Runtime> Relister<R> {
             queued,
             read_at,
             sent: 0,
-            watch_exits: (!self.runtime_events && self.config.confirm == Store::Task)
-                .then_some(&watch_exit),
+            watch_exits: (self.config.confirm == Store::Task).then_some(&watch_exit),
+            runtime_events: self.runtime_events,
+            exit_watches: &mut self.exit_watches,
         };
         let plan = reconcile(
             &mut publisher,
@@ -667,6 +679,9 @@ pub async fn last_relist<R: Runtime>(
     }
 }
 
+/// Starts watching a container's exit ([`Runtime::watch_exit`]).
+type WatchExit<'a> = dyn Fn(&ContainerId) -> Option<ExitWatch> + Sync + 'a;
+
 /// Carries out each pod's plan as reconcile hands it over: the cache written, then its events
 /// published (credited to the queued hints where none of the batch's hints was about them), then its
 /// record committed.
@@ -681,9 +696,16 @@ struct Publisher<'a> {
     /// How many events went out.
     sent: usize,
     /// Starts watching a container's exit ([`Runtime::watch_exit`]), for the starts the
-    /// kernel saw, when no runtime event will tell their exits (the kernel's hint of each will
-    /// ask); before the start is told, so its watch is on by the time a consumer hears of it.
-    watch_exits: Option<&'a (dyn Fn(&ContainerId) + Sync)>,
+    /// kernel saw, where the task service confirms; before the start is told, so its watch is
+    /// on by the time a consumer hears of it. The kernel's hint of the death asks for the
+    /// answer; its reader also holds the kernel's account of an OOM kill, which a death told
+    /// apart from containerd's `/tasks/oom` needs (see `Generator::accept`).
+    watch_exits: Option<&'a WatchExit<'a>>,
+    /// Whether the runtime's task events are on their way: then each watch's answer is also
+    /// told as the runtime's record ([`Self::exit_watches`]), whichever of it and `/tasks/exit`
+    /// comes first (without them, the kernel's hint alone asks for it).
+    runtime_events: bool,
+    exit_watches: &'a mut Vec<(ContainerId, ExitWatch)>,
 }
 
 impl Act for Publisher<'_> {
@@ -723,8 +745,10 @@ impl Publisher<'_> {
             if let Some(watch_exit) = self.watch_exits
                 && event.event_type == PodLifecycleEventType::ContainerStarted
                 && event.sources.contains(&Source::Ebpf)
+                && let Some(answer) = watch_exit(&event.container_id)
+                && self.runtime_events
             {
-                watch_exit(&event.container_id);
+                self.exit_watches.push((event.container_id.clone(), answer));
             }
             *self.sequence += 1;
             event.sequence = *self.sequence;

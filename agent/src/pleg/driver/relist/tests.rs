@@ -914,12 +914,13 @@ async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
     assert_eq!(died.confirmed_by, Some(Store::Task));
 }
 
-/// A start the kernel saw has its exit watched while no runtime event will tell it: the
-/// kernel's hint of the death then finds the exit already answered, not behind the shim's
-/// cleanup. Not while the runtime's events come (they tell the exit), nor for a start no
-/// kernel hint was about (no kernel hint will ask for its exit).
+/// A start the kernel saw has its exit watched: the kernel's hint of the death then finds the
+/// exit already answered, not behind the shim's cleanup. While the runtime's events come, the
+/// answer is also handed over to be told as the runtime's record (whichever of it and
+/// `/tasks/exit` comes first). Not a start no kernel hint was about: no kernel hint will ask
+/// for it, and no reader of the kernel's ring holds an OOM kill's account for it.
 #[tokio::test(start_paused = true)]
-async fn a_start_the_kernel_saw_has_its_exit_watched_while_no_runtime_event_will_tell_it() {
+async fn a_start_the_kernel_saw_has_its_exit_watched_and_told_while_runtime_events_come() {
     let by_the_runtime: Hints = [(
         Scope::Container(cid("new")),
         Hint {
@@ -931,18 +932,25 @@ async fn a_start_the_kernel_saw_has_its_exit_watched_while_no_runtime_event_will
     )]
     .into_iter()
     .collect();
-    for (events_connected, hints, watched) in [
-        (false, exec_hint("new"), vec![cid("new")]),
-        (true, exec_hint("new"), vec![]),
-        (false, by_the_runtime, vec![]),
+    for (events_connected, hints, watched, handed_over) in [
+        (false, exec_hint("new"), vec![cid("new")], vec![]),
+        (true, exec_hint("new"), vec![cid("new")], vec![cid("new")]),
+        (false, by_the_runtime.clone(), vec![], vec![]),
+        (true, by_the_runtime, vec![], vec![]),
     ] {
         let mut h = starting_container(events_connected, Duration::ZERO).await;
         h.runtime.set_state("p", "new", Running, None);
         relist_on(&mut h, &Scope::Container(cid("new")), &hints).await;
         let events = drain(&mut h.events);
+        let answers: Vec<ContainerId> = h
+            .relister
+            .take_exit_watches()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
         assert_eq!(
-            (summary(&events), h.runtime.exit_watches()),
-            (vec![ev("p", "new", ContainerStarted)], watched),
+            (summary(&events), h.runtime.exit_watches(), answers),
+            (vec![ev("p", "new", ContainerStarted)], watched, handed_over),
             "runtime events connected: {events_connected}, hints {hints:?}"
         );
     }
