@@ -29,7 +29,9 @@
 //! - **The runtime is the source of truth.** Every event comes from a change of a container's
 //!   runtime record: what a reading of the runtime showed (a listing, a status call), or a
 //!   record of the runtime's own that a trigger carried (containerd's `/tasks/start`,
-//!   `/tasks/exit` and `/containers/delete`). A kernel observation never makes an event. So
+//!   `/tasks/exit` and `/containers/delete`, or the answer to the `Tasks.Wait` held open from
+//!   the start of a container the kernel saw, where containerd's events come: the same task
+//!   record, ahead of the shim's event queue). A kernel observation never makes an event. So
 //!   every source produces the same events, deduplicated, in per-pod order.
 //! - **A relist sees snapshots; the runtime's records fill in its history.** Where containerd's
 //!   event stream reaches plegd, its records of a start, an exit and a deletion are each a
