@@ -186,6 +186,17 @@ impl TriggerReceiver {
         Some(ask)
     }
 
+    /// Resolves once ask `ask` is answered ([`Self::ask_catch_up`]), or no source answers any
+    /// more: what the source held then is in the channel.
+    pub fn caught_up(&self, ask: u64) -> impl Future<Output = ()> + Send + 'static {
+        let mut done = self.catch_up_done.clone();
+        async move {
+            let _ = done
+                .wait_for(|done| done.is_none_or(|done| done >= ask))
+                .await;
+        }
+    }
+
     /// A relist that began at `started` read the runtime: a source that lost the runtime
     /// waits no longer to reach it again ([`TriggerSender::runtime_answered_since`]).
     pub fn runtime_answered(&self, started: Instant) {

@@ -51,6 +51,7 @@ mod grace;
 mod oom_account;
 
 use grace::KernelGrace;
+pub use oom_account::CATCH_UP_LIMIT;
 use oom_account::OomAccounts;
 
 use crate::{
@@ -407,6 +408,11 @@ impl RelistScheduler {
     /// over neither that nor `id`'s death.
     pub fn awaits_kernel(&self, id: &ContainerId) -> bool {
         self.oom.awaits_kernel(id)
+    }
+
+    /// Whether the kernel accounted for an OOM kill of `id` that the runtime has not told yet.
+    pub fn oom_untold(&self, id: &ContainerId) -> bool {
+        self.oom.untold(id)
     }
 
     /// The kernel's reader handed over everything it held when ask `answered` came (`None`:

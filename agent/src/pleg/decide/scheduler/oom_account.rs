@@ -95,6 +95,11 @@ impl OomAccounts {
         !self.accounted.contains_key(id) && !self.passed.contains_key(id)
     }
 
+    /// Whether the kernel accounted for an OOM kill of `id` that the runtime has not told.
+    pub fn untold(&self, id: &ContainerId) -> bool {
+        self.accounted.contains_key(id) && !self.told.contains_key(id)
+    }
+
     /// Holds `id`'s death until the answer to `ask`, [`CATCH_UP_LIMIT`] after `now` at the
     /// latest.
     pub fn hold(&mut self, id: ContainerId, ask: u64, now: Instant) {

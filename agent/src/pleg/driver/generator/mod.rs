@@ -18,7 +18,7 @@ use crate::{
         decide::{
             hints::Hints,
             reconcile::Reread,
-            scheduler::{Batch, Exhausted, RelistScheduler},
+            scheduler::{Batch, CATCH_UP_LIMIT, Exhausted, RelistScheduler},
         },
         driver::{
             relist::{Begun, Finished, Read, ReadDone, RelistError, RelistOutcome, Relister},
@@ -98,8 +98,15 @@ pub struct Generator<R> {
 /// A read in flight: the batch it serves and the read itself.
 type Reading = Pin<Box<dyn Future<Output = (u64, Batch, ReadDone)> + Send>>;
 
-/// A watched exit to come, as the runtime's record of it (`None`: no exit to tell).
-type ExitAnswer = Pin<Box<dyn Future<Output = Option<Trigger>> + Send>>;
+/// A watched exit's answer as the runtime's record of it, and whether the kernel's ring was
+/// read up to it since.
+struct Answered {
+    trigger: Trigger,
+    ring_read: bool,
+}
+
+/// A watched exit to come (`None`: no exit to tell).
+type ExitAnswer = Pin<Box<dyn Future<Output = Option<Answered>> + Send>>;
 
 /// The reads in flight, and the hints each carries (for a stop that cuts them short); the
 /// watched exits to come.
@@ -121,10 +128,10 @@ impl InFlight {
     }
 
     /// Awaits the exits `relister` began watching, each answer to be told as containerd tells
-    /// `/tasks/exit`: the shim answers the watch as it reaps the init, apart from the queue
-    /// its events wait in (one shim serves a pod's containers, and publishes one event at a
-    /// time), so on a busy node the answer often comes first; either tells the death, the
-    /// other is then answered by the record.
+    /// `/tasks/exit` ([`Generator::take_watched`]): the shim answers the watch as it reaps the
+    /// init, apart from the queue its events wait in (one shim serves a pod's containers, and
+    /// publishes one event at a time), so on a busy node the answer often comes first; either
+    /// tells the death, the other is then answered by the record.
     fn watch_exits<R: Runtime>(&mut self, relister: &mut Relister<R>) {
         for (id, answer) in relister.take_exit_watches() {
             self.exits.push(Box::pin(async move {
@@ -132,7 +139,7 @@ impl InFlight {
                     return None;
                 };
                 let kind = ObservationKind::TaskExited { code, at };
-                Some(Trigger {
+                let trigger = Trigger {
                     scope: Scope::Container(id),
                     source: Source::Containerd,
                     observed_at: at,
@@ -140,6 +147,10 @@ impl InFlight {
                         source: Source::Containerd,
                         kind,
                     }],
+                };
+                Some(Answered {
+                    trigger,
+                    ring_read: false,
                 })
             }));
         }
@@ -164,7 +175,7 @@ impl<R: Runtime> Generator<R> {
         while !shutdown.is_cancelled() {
             self.turns.send_replace(Instant::now());
             while let Ok(trigger) = self.triggers.triggers.try_recv() {
-                self.accept(trigger, false);
+                self.accept(trigger);
             }
             // What is due runs now, not through the timer: tokio's timer turns on millisecond
             // ticks, and a sleep until a deadline already past waited for the next one (half a
@@ -182,24 +193,50 @@ impl<R: Runtime> Generator<R> {
 
     /// Hands a trigger to the scheduler. A death the runtime told as an OOM kill, whose
     /// account the kernel's ring has not handed over yet, waits for the ring's reader to catch
-    /// up. So does a watched exit's answer (`watched`) the ring has not handed the death of
-    /// yet: it comes apart from the shim's event queue, where `/tasks/oom` may still wait, and
-    /// can be ahead of the ring's reader, which holds the kernel's account of an OOM kill (in
-    /// the ring before the death).
-    fn accept(&mut self, trigger: Trigger, watched: bool) {
+    /// up.
+    fn accept(&mut self, trigger: Trigger) {
         trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
         self.metrics.trigger(trigger.source.name());
         let now = Instant::now();
-        let ahead = match &trigger.scope {
-            Scope::Container(id) if watched && self.scheduler.awaits_kernel(id) => Some(id.clone()),
-            _ => None,
-        };
-        if let Some(id) = self.scheduler.push(trigger, now).or(ahead)
+        if let Some(id) = self.scheduler.push(trigger, now)
             && let Some(ask) = self.triggers.ask_catch_up()
         {
-            debug!(container = %id, ask, "the runtime's word of a death waits for the kernel's account");
+            debug!(container = %id, ask, "the runtime's word of an OOM kill waits for the kernel's account");
             self.scheduler.hold_for_kernel(id, ask, now);
         }
+    }
+
+    /// Takes a watched exit's answer. It comes apart from the shim's event queue, where
+    /// containerd's `/tasks/oom` may still wait, and a death's reason follows containerd's
+    /// word of an OOM kill (CRI's rule): an answer about a container the kernel's ring has not
+    /// handed over yet waits for the ring's reader to catch up ([`CATCH_UP_LIMIT`] at most;
+    /// the kernel's account of an OOM kill comes before the death), and one whose OOM kill the
+    /// kernel accounted for and containerd has not told is left to `/tasks/exit`, which comes
+    /// behind `/tasks/oom`.
+    fn take_watched(&mut self, answered: Answered, in_flight: &mut InFlight) {
+        let Answered { trigger, ring_read } = answered;
+        let Scope::Container(id) = &trigger.scope else {
+            return;
+        };
+        if !ring_read
+            && self.scheduler.awaits_kernel(id)
+            && let Some(ask) = self.triggers.ask_catch_up()
+        {
+            let caught_up = self.triggers.caught_up(ask);
+            in_flight.exits.push(Box::pin(async move {
+                let _ = tokio::time::timeout(CATCH_UP_LIMIT, caught_up).await;
+                Some(Answered {
+                    trigger,
+                    ring_read: true,
+                })
+            }));
+            return;
+        }
+        if self.scheduler.oom_untold(id) {
+            debug!(container = %id, "a watched exit of an OOM kill containerd has not told: left to its /tasks/exit");
+            return;
+        }
+        self.accept(trigger);
     }
 
     /// Waits for the next trigger, read done, deadline or change of tuning, or
@@ -223,10 +260,12 @@ impl<R: Runtime> Generator<R> {
                 in_flight.hints.remove(&id);
                 self.finish(batch, done, in_flight);
             }
-            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger, false),
+            Some(trigger) = self.triggers.triggers.recv() => self.accept(trigger),
+            // After the triggers (biased): what the kernel's reader handed over before it
+            // answered an ask a watched exit waited for is taken in first.
             Some(answer) = in_flight.exits.next(), if !in_flight.exits.is_empty() => {
-                if let Some(trigger) = answer {
-                    self.accept(trigger, true);
+                if let Some(answered) = answer {
+                    self.take_watched(answered, in_flight);
                 }
             }
             // What the kernel's reader held is in the channel, ahead of its answer: the next

@@ -314,7 +314,7 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
 /// watch's answer tells the death as the runtime's record, with no read: the shim answers it
 /// apart from the queue its events wait in. The death waits for the kernel's ring to be read
 /// up to it (the account of an OOM kill would be there), and containerd's `/tasks/exit` after
-/// it tells nothing more.
+/// it tells nothing more. An OOM kill containerd has not told yet is left to its events.
 #[tokio::test(start_paused = true)]
 async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
     let mut h = start(Duration::from_secs(3600));
@@ -386,6 +386,36 @@ async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
         ("d", PodLifecycleEventType::ContainerDied)
     );
     assert!(Instant::now() - told_at < Duration::from_millis(10));
+
+    // The kernel accounted for an OOM kill containerd has not told (its `/tasks/oom` still
+    // in the shim's queue): the answer is left to `/tasks/exit`, behind containerd's word,
+    // which the death's reason follows.
+    h.runtime
+        .set_container("p", container("o", "app", ContainerState::Running));
+    h.runtime
+        .set_task("o", Some(TaskRecord::Started { at: None }));
+    let exec = ObservationKind::Exec("/bin/sleep".into());
+    h.triggers.send(said(Source::Ebpf, "o", vec![exec]));
+    h.triggers.send(task_started("o", 4444));
+    h.events.recv().await.unwrap();
+    h.triggers
+        .send(said(Source::Ebpf, "o", vec![kernel_account()]));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    h.runtime.set_task("o", Some(exit));
+    let early = tokio::time::timeout(Duration::from_millis(200), h.events.recv()).await;
+    assert!(early.is_err(), "not told from the watch: {early:?}");
+    runtime_oom_kill(&h, "o");
+    let died = h.events.recv().await.unwrap();
+    assert_eq!(
+        (died.container_id.0.as_str(), died.event_type),
+        ("o", PodLifecycleEventType::ContainerDied)
+    );
+    assert!(
+        died.observations
+            .iter()
+            .any(|o| o.source == Source::Containerd && o.kind == ObservationKind::OomKilled),
+        "{died:?}"
+    );
     h.shutdown.cancel();
     h.task.await.unwrap();
 }
