@@ -310,6 +310,19 @@ async fn a_trigger_ahead_of_the_runtime_is_retried_until_reflected() {
     h.task.await.unwrap();
 }
 
+/// Starts `id` in pod `p` (running in CRI and in the task service) as the kernel and
+/// containerd both see it start; its `ContainerStarted`.
+async fn start_seen_by_both(h: &mut Harness, id: &str) -> PodLifecycleEvent {
+    h.runtime
+        .set_container("p", container(id, "app", ContainerState::Running));
+    h.runtime
+        .set_task(id, Some(TaskRecord::Started { at: None }));
+    let exec = ObservationKind::Exec("/bin/sleep".into());
+    h.triggers.send(said(Source::Ebpf, id, vec![exec]));
+    h.triggers.send(task_started(id, 4242));
+    h.events.recv().await.unwrap()
+}
+
 /// While the runtime's events come, the exit of a start the kernel saw is watched, and the
 /// watch's answer tells the death as the runtime's record, with no read: the shim answers it
 /// apart from the queue its events wait in. The death waits for the kernel's ring to be read
@@ -322,13 +335,8 @@ async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
     // Let the first (empty) full relist run.
     tokio::time::sleep(Duration::from_millis(1)).await;
     let mut catch_ups = h.triggers.answer_catch_ups();
-    add_running(&h.runtime, "p", "c");
-    h.runtime
-        .set_task("c", Some(TaskRecord::Started { at: None }));
-    let exec = ObservationKind::Exec("/bin/sleep".into());
-    h.triggers.send(said(Source::Ebpf, "c", vec![exec]));
-    h.triggers.send(task_started("c", 4242));
-    let started = h.events.recv().await.unwrap();
+    h.runtime.add_pod("p", "ns", "p");
+    let started = start_seen_by_both(&mut h, "c").await;
     assert_eq!(started.event_type, PodLifecycleEventType::ContainerStarted);
     assert_eq!(h.runtime.exit_watches(), [ContainerId("c".into())]);
 
@@ -367,14 +375,7 @@ async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
     assert!(more.is_err(), "told once: {more:?}");
 
     // The ring handed over the death first: the answer is told at once.
-    h.runtime
-        .set_container("p", container("d", "app", ContainerState::Running));
-    h.runtime
-        .set_task("d", Some(TaskRecord::Started { at: None }));
-    let exec = ObservationKind::Exec("/bin/sleep".into());
-    h.triggers.send(said(Source::Ebpf, "d", vec![exec]));
-    h.triggers.send(task_started("d", 4343));
-    h.events.recv().await.unwrap();
+    start_seen_by_both(&mut h, "d").await;
     let killed = ObservationKind::Signal(9);
     h.triggers.send(said(Source::Ebpf, "d", vec![killed]));
     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -390,14 +391,7 @@ async fn a_watched_exit_tells_the_death_ahead_of_the_runtimes_event() {
     // The kernel accounted for an OOM kill containerd has not told (its `/tasks/oom` still
     // in the shim's queue): the answer is left to `/tasks/exit`, behind containerd's word,
     // which the death's reason follows.
-    h.runtime
-        .set_container("p", container("o", "app", ContainerState::Running));
-    h.runtime
-        .set_task("o", Some(TaskRecord::Started { at: None }));
-    let exec = ObservationKind::Exec("/bin/sleep".into());
-    h.triggers.send(said(Source::Ebpf, "o", vec![exec]));
-    h.triggers.send(task_started("o", 4444));
-    h.events.recv().await.unwrap();
+    start_seen_by_both(&mut h, "o").await;
     h.triggers
         .send(said(Source::Ebpf, "o", vec![kernel_account()]));
     tokio::time::sleep(Duration::from_millis(1)).await;
