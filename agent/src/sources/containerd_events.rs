@@ -42,7 +42,7 @@ use tonic::{Code, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::{debug, info};
 
 use crate::{
-    pleg::{ContainerId, Observation, ObservationKind, Scope, Source, Trigger, TriggerSender},
+    pleg::{ContainerId, ObservationKind, Source, Trigger, TriggerSender},
     sources::{
         reconnect::{Link, SessionEnd, SessionError, dial, run_forever, stream_session},
         status::SourceRegistry,
@@ -310,15 +310,12 @@ pub fn trigger_of(envelope: &Envelope, now: SystemTime) -> Result<Option<Trigger
     else {
         return Ok(None);
     };
-    Ok(Some(Trigger {
-        scope: Scope::Container(ContainerId(container)),
-        source: Source::Containerd,
-        observed_at: at,
-        observations: vec![Observation {
-            source: Source::Containerd,
-            kind,
-        }],
-    }))
+    Ok(Some(Trigger::about(
+        ContainerId(container),
+        Source::Containerd,
+        at,
+        [kind],
+    )))
 }
 
 /// What one event says of its container: which, what, and when.
@@ -455,6 +452,7 @@ mod tests {
     use prost_types::{Any, Timestamp};
 
     use super::*;
+    use crate::pleg::{Observation, Scope};
 
     fn envelope(topic: &str, type_url: &str, payload: &impl Message) -> Envelope {
         Envelope {

@@ -163,6 +163,24 @@ pub struct Trigger {
 }
 
 impl Trigger {
+    /// A trigger of `source` about container `id`, every observation `source`'s.
+    pub fn about(
+        id: ContainerId,
+        source: Source,
+        observed_at: SystemTime,
+        kinds: impl IntoIterator<Item = ObservationKind>,
+    ) -> Self {
+        Self {
+            scope: Scope::Container(id),
+            source,
+            observed_at,
+            observations: kinds
+                .into_iter()
+                .map(|kind| Observation { source, kind })
+                .collect(),
+        }
+    }
+
     /// Whether it says only that its container exists (who it is, at most): news only where a
     /// created container is (`ContainerChanged`). One with no observation says something
     /// changed, which only a reading answers.

@@ -15,7 +15,7 @@ use tracing::debug;
 
 use crate::{
     base::host::page_size,
-    pleg::{ContainerId, Identity, Observation, ObservationKind, PodUid, Scope, Source, Trigger},
+    pleg::{ContainerId, Identity, ObservationKind, PodUid, Source, Trigger},
     sources::ebpf::{
         cgroup_path,
         index::CgroupIndex,
@@ -151,18 +151,12 @@ fn identity(cgroup_id: u64, path: Arc<str>, init: Option<u32>) -> ObservationKin
 
 /// A trigger of the eBPF source for container `id`.
 fn trigger(id: &str, observed_at: SystemTime, observations: Vec<ObservationKind>) -> Trigger {
-    Trigger {
-        scope: Scope::Container(ContainerId(id.to_owned())),
-        source: Source::Ebpf,
+    Trigger::about(
+        ContainerId(id.to_owned()),
+        Source::Ebpf,
         observed_at,
-        observations: observations
-            .into_iter()
-            .map(|kind| Observation {
-                source: Source::Ebpf,
-                kind,
-            })
-            .collect(),
-    }
+        observations,
+    )
 }
 
 impl Decoded {
@@ -485,6 +479,7 @@ pub(super) fn oom_event(cgroup_id: u64, own: bool) -> OomEvent {
 mod tests {
 
     use super::*;
+    use crate::pleg::Scope;
 
     const ID: &str = "0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77d0c47cae53a77";
 

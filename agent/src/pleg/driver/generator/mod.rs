@@ -29,7 +29,7 @@ use crate::{
             record::TaskRecord,
             runtime::Runtime,
             source::Source,
-            trigger::{Observation, ObservationKind, Scope, Trigger},
+            trigger::{ObservationKind, Scope, Trigger},
         },
     },
 };
@@ -139,15 +139,7 @@ impl InFlight {
                     return None;
                 };
                 let kind = ObservationKind::TaskExited { code, at };
-                let trigger = Trigger {
-                    scope: Scope::Container(id),
-                    source: Source::Containerd,
-                    observed_at: at,
-                    observations: vec![Observation {
-                        source: Source::Containerd,
-                        kind,
-                    }],
-                };
+                let trigger = Trigger::about(id, Source::Containerd, at, [kind]);
                 Some(Answered {
                     trigger,
                     ring_read: false,
