@@ -699,7 +699,7 @@ struct Publisher<'a> {
     /// kernel saw, where the task service confirms; before the start is told, so its watch is
     /// on by the time a consumer hears of it. The kernel's hint of the death asks for the
     /// answer; its reader also holds the kernel's account of an OOM kill, which a death told
-    /// apart from containerd's `/tasks/oom` needs (see `Generator::accept`).
+    /// apart from containerd's `/tasks/oom` needs (see `Generator::take_watched`).
     watch_exits: Option<&'a WatchExit<'a>>,
     /// Whether the runtime's task events are on their way: then each watch's answer is also
     /// told as the runtime's record ([`Self::exit_watches`]), whichever of it and `/tasks/exit`
