@@ -16,7 +16,13 @@ import sys
 import threading
 from concurrent import futures
 
-import grpc
+# SIGTERM is blocked in every thread (grpcio's inherit the mask) and taken by `sigwait` in the
+# main thread. With a handler instead, the kernel may hand the signal to one of grpcio's
+# threads, and Python runs handlers only in the main thread, which sat in `Event.wait` and was
+# not woken: the receiver then did not stop (the suite saw one hang past its deadline).
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+import grpc  # noqa: E402  (after the mask: threads it starts inherit it)
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 
 
@@ -77,16 +83,14 @@ class Logs(logs_service_pb2_grpc.LogsServiceServicer):
 
 
 def main():
-    stop = threading.Event()
-    # Before saying where it listens: a test may stop it right after.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     mode = sys.argv[2] if len(sys.argv) > 2 else "keep"
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(mode), server)
     port = server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
     server.start()
     print(f"listening {port}", flush=True)
-    stop.wait()
+    # A SIGTERM sent as soon as the port is said stays pending until here.
+    signal.sigwait({signal.SIGTERM})
     server.stop(grace=5).wait()
 
 
