@@ -355,6 +355,9 @@ pub fn reconcile(
         Store::Task => decide.unread_lives(&before, out.committed(), tombstones),
         Store::Cri => Vec::new(),
     };
+    // Gone, but not recorded deleted: containerd's records of its life may come after CRI's
+    // word of its deletion, and tell it then.
+    let untold = decide.records.lives_untold(&lives);
     // Not told now (a read of them is in flight), they are not answered either: the read, or
     // the records once it is done, will tell them.
     let withheld: Vec<ContainerId> = if unread {
@@ -371,7 +374,7 @@ pub fn reconcile(
             .records
             .deleted
             .iter()
-            .filter(|id| !withheld.contains(id))
+            .filter(|id| !withheld.contains(id) && !untold.contains(id))
             .map(|id| (*id).clone()),
     );
     gone.sort();
@@ -381,6 +384,7 @@ pub fn reconcile(
         before: &before,
         after: out.committed(),
         withheld: &withheld,
+        untold: &untold,
         covers: &covers,
         tombstones,
         deleted: &plan.deleted,
@@ -609,6 +613,10 @@ struct Records<'a> {
     tasks: TaskRecords,
     started: TaskRecords,
     deleted: HashSet<&'a ContainerId>,
+    /// Deleted by containerd's word, whose stream brings a container's `/tasks/start` and
+    /// `/tasks/exit` ahead of its `/containers/delete`: a life without them had neither. CRI's
+    /// events carry no such record: a deletion only they told leaves the life untold.
+    closed: HashSet<&'a ContainerId>,
     tombstones: &'a HashSet<ContainerId>,
     learned: HashMap<&'a ContainerId, Learned>,
     /// Whose word on an OOM kill decides a death's reason.
@@ -673,6 +681,7 @@ impl<'a> Records<'a> {
             tasks: TaskRecords::new(),
             started: TaskRecords::new(),
             deleted: HashSet::new(),
+            closed: HashSet::new(),
             tombstones,
             learned: HashMap::new(),
             witness: settings.oom_witness,
@@ -703,6 +712,9 @@ impl<'a> Records<'a> {
         for (id, observation) in hints.observations() {
             if observation.kind == ObservationKind::Deleted {
                 records.deleted.insert(id);
+                if observation.source == Source::Containerd {
+                    records.closed.insert(id);
+                }
             }
         }
         // The batch's own hints last: theirs stands where both carry one.
@@ -727,6 +739,20 @@ impl<'a> Records<'a> {
                 .map_or_else(|| PodRecord::known_as(uid), PodRecord::identity),
             None => PodRecord::known_as(PodUid(String::new())),
         }
+    }
+
+    /// Those of `lives` (deleted unread) still to be told: no record of their start or exit
+    /// came, nor containerd's word of their deletion (behind which those would have).
+    fn lives_untold(&self, lives: &[&ContainerId]) -> Vec<ContainerId> {
+        lives
+            .iter()
+            .filter(|id| {
+                !self.closed.contains(*id)
+                    && !self.started.contains_key(*id)
+                    && !matches!(self.tasks.get(*id), Some(TaskRecord::Exited { .. }))
+            })
+            .map(|id| (*id).clone())
+            .collect()
     }
 
     fn is_deleted(&self, id: &ContainerId) -> bool {
@@ -1130,6 +1156,9 @@ struct World<'a> {
     /// Containers whose life the runtime's records tell, not told yet: nothing about them is
     /// answered.
     withheld: &'a [ContainerId],
+    /// Containers deleted unread whose life no record told yet ([`Records::lives_untold`]):
+    /// gone, though not recorded deleted.
+    untold: &'a [ContainerId],
     /// The records with every pod's plan committed.
     after: &'a Committed,
     /// Where the reading can say a container is absent.
@@ -1230,7 +1259,8 @@ impl World<'_> {
         }
         let state = self.find(id).map(|(_, state)| state);
         let known = self.before.pod_of(id).is_some();
-        let deleted = self.tombstones.contains(id) || self.deleted.contains(id);
+        let deleted =
+            self.tombstones.contains(id) || self.deleted.contains(id) || self.untold.contains(id);
         // Not there now, and it was there before (or the runtime said it deleted it): gone,
         // and nothing more will come of what was seen of it.
         let gone = state.is_none() && (deleted || (known && self.covers(id)));

@@ -5,9 +5,11 @@ use std::{
 };
 
 use ContainerState::{Created, Exited, Running};
-use ObservationKind::{Deleted, Exec, OomKilled, Present, Signal, TaskExited, TaskStarted};
+use ObservationKind::{
+    Deleted, Exec, ExitCode, OomKilled, Present, Signal, TaskExited, TaskStarted,
+};
 use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
-use Source::{Containerd, Ebpf};
+use Source::{Containerd, CriEvents, Ebpf};
 use tokio::time::Instant;
 
 use super::*;
@@ -1147,6 +1149,61 @@ fn a_life_no_reading_showed_is_told_from_the_runtimes_records() {
         (whys(&plan), plan.deleted),
         (vec![Why::Unreflected], vec![])
     );
+}
+
+/// CRI's events tell a deletion without the records of the life before it, which containerd's
+/// stream brings ahead of its own `/containers/delete`: when CRI's word comes first, the
+/// container no reading showed is not closed by it (no event, and not recorded deleted), and
+/// containerd's records that follow tell its life. The suite lost a whole lifecycle on
+/// containerd 2.1 that way, the two streams' triggers of a frozen plegd taken in one after
+/// the other.
+#[test]
+fn a_deletion_cri_told_first_leaves_the_life_to_containerds_records() {
+    let tell = |hints: &Hints, tombstones: &HashSet<ContainerId>| {
+        let mut out = Collect {
+            committed: Committed::default(),
+            pods: Vec::new(),
+            told: Vec::new(),
+        };
+        let plan = super::reconcile(
+            &mut out,
+            nothing(),
+            hints,
+            &Hints::default(),
+            tombstones,
+            TASK,
+            true,
+        );
+        (out.told, plan)
+    };
+    let cri = hints(true, CriEvents, &[ExitCode(137), Deleted]);
+    let (told, plan) = tell(&cri, &HashSet::new());
+    assert!(told.is_empty(), "no record of its start or exit: {told:?}");
+    assert_eq!(plan.deleted, [], "not closed");
+    assert_eq!(whys(&plan), [], "nor read: the runtime has it no more");
+
+    let containerd = hints(
+        true,
+        Containerd,
+        &[TaskStarted { at: at(8), pid: 41 }, exit(137), Deleted],
+    );
+    let tombstones: HashSet<ContainerId> = plan.deleted.into_iter().collect();
+    let (told, plan) = tell(&containerd, &tombstones);
+    let told: Vec<_> = told.iter().map(|e| (e.event_type, e.exit_code)).collect();
+    assert_eq!(
+        told,
+        [
+            (ContainerStarted, None),
+            (ContainerDied, Some(137)),
+            (ContainerRemoved, Some(137)),
+        ]
+    );
+    assert_eq!(plan.deleted, [id("c")]);
+
+    // containerd's own deletion without a start before it: created and deleted, closed.
+    let (told, plan) = tell(&hints(true, Containerd, &[Deleted]), &HashSet::new());
+    assert!(told.is_empty());
+    assert_eq!(plan.deleted, [id("c")]);
 }
 
 /// Reads run side by side: what a reading begun later showed of a container stands against
