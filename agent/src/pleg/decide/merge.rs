@@ -9,7 +9,8 @@
 //! 30 ms before the CRI store, which is updated only after the runtime's cleanup; so a record
 //! further on wins, and of two as far on the CRI store's wins, for it carries the runtime's
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
-//! store that moved it on says so (a task restarted in place, on the containerd backend).
+//! store that moved it on says so (a task restarted in place, on the containerd backend), nor
+//! back from an exit to a start (or creation) it shows no later than that exit.
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -118,19 +119,41 @@ pub fn moves_on(committed: &ContainerRecord, shown: &ContainerRecord) -> bool {
         && (shown.state, shown.confirmed_by) != (committed.state, committed.confirmed_by)
 }
 
-/// Whether `shown` is behind `committed` in the container's life and comes from another of the
-/// runtime's stores: the CRI store that has not caught up with what the task service
-/// confirmed. Unknown states are in no order, but an exit is final: a CRI store that lost
-/// track of a container (containerd restarted after its task service recorded the exit and
-/// before its CRI store did) does not undo the exit, which would be told again when the
-/// container goes.
+/// Whether `shown` is behind `committed` in the container's life: it comes from another of the
+/// runtime's stores, the CRI store that has not caught up with what the task service
+/// confirmed, or it was read before the exit `committed` holds ([`before_exit`]). Unknown
+/// states are in no order, but an exit is final: a CRI store that lost track of a container
+/// (containerd restarted after its task service recorded the exit and before its CRI store
+/// did) does not undo the exit, which would be told again when the container goes.
 fn lags(shown: &ContainerRecord, committed: &ContainerRecord) -> bool {
-    shown.confirmed_by != committed.confirmed_by
-        && match (shown.state.progress(), committed.state.progress()) {
-            (Some(shown), Some(committed)) => shown < committed,
-            (None, _) => committed.state == ContainerState::Exited,
-            (Some(_), None) => false,
-        }
+    before_exit(shown, committed)
+        || shown.confirmed_by != committed.confirmed_by
+            && match (shown.state.progress(), committed.state.progress()) {
+                (Some(shown), Some(committed)) => shown < committed,
+                (None, _) => committed.state == ContainerState::Exited,
+                (Some(_), None) => false,
+            }
+}
+
+/// Whether `shown` shows the container short of the exit `committed` holds, started (or
+/// created) no later than that exit: read before it, whichever read began first. A full
+/// relist's inspection runs well after the relist began, and a targeted read begun in between
+/// may have read the container running: the soak saw its death told again after a start. A
+/// start after the exit is a task restarted in place (the containerd backend, whose listing
+/// keeps no start time: then nothing says which came first).
+fn before_exit(shown: &ContainerRecord, committed: &ContainerRecord) -> bool {
+    let exited = match committed.state {
+        ContainerState::Exited => committed.finished_at,
+        _ => None,
+    };
+    let since = match shown.state {
+        ContainerState::Running => shown.started_at,
+        ContainerState::Created => shown.created_at,
+        ContainerState::Exited | ContainerState::Unknown => None,
+    };
+    since
+        .zip(exited)
+        .is_some_and(|(since, exited)| since <= exited)
 }
 
 /// The record a container had while running, between `before` (short of running) and `after`
@@ -217,6 +240,38 @@ mod tests {
             let shown = shown.map(|(s, l)| record(s, l));
             let got = merge(committed.as_ref(), shown.clone(), task, OomWitness::Any);
             assert_eq!(got.map(|c| (c.state, c.confirmed_by)), want, "{name}");
+        }
+    }
+
+    /// A reading that shows a start (or creation) no later than the exit committed was read
+    /// before it; one that shows a later start is a restart in place; without the times
+    /// nothing says which came first.
+    #[test]
+    fn a_reading_short_of_an_exit_it_began_before_does_not_take_it_back() {
+        let exited = ContainerRecord {
+            finished_at: Some(at(10)),
+            ..record(Exited, Cri)
+        };
+        let running = |started| ContainerRecord {
+            started_at: started,
+            ..record(Running, Cri)
+        };
+        let created = ContainerRecord {
+            created_at: Some(at(3)),
+            ..record(Created, Cri)
+        };
+        let start = Some(TaskRecord::Started { at: Some(at(5)) });
+        #[rustfmt::skip]
+        let cases = [
+            ("started before the exit", running(Some(at(5))), None, Exited),
+            ("started as it exited", running(Some(at(10))), None, Exited),
+            ("created before the exit, its start read", created, start, Exited),
+            ("started after the exit: restarted in place", running(Some(at(15))), None, Running),
+            ("no start time", running(None), None, Running),
+        ];
+        for (name, shown, task, want) in cases {
+            let got = merge(Some(&exited), Some(shown), task, ANY).map(|c| c.state);
+            assert_eq!(got, Some(want), "{name}");
         }
     }
 
