@@ -169,6 +169,8 @@ impl<R: Runtime> Generator<R> {
             while let Ok(trigger) = self.triggers.triggers.try_recv() {
                 self.accept(trigger);
             }
+            // Those the kernel's triggers began ([`Relister::kernel_saw`]).
+            in_flight.watch_exits(&mut self.relister);
             // What is due runs now, not through the timer: tokio's timer turns on millisecond
             // ticks, and a sleep until a deadline already past waited for the next one (half a
             // millisecond on average between containerd's `/tasks/exit` and the event).
@@ -189,6 +191,7 @@ impl<R: Runtime> Generator<R> {
     fn accept(&mut self, trigger: Trigger) {
         trace!(scope = ?trigger.scope, source = ?trigger.source, observations = ?trigger.observations, "trigger");
         self.metrics.trigger(trigger.source.name());
+        self.relister.kernel_saw(&trigger);
         let now = Instant::now();
         if let Some(id) = self.scheduler.push(trigger, now)
             && let Some(ask) = self.triggers.ask_catch_up()

@@ -38,7 +38,7 @@ use crate::pleg::{
         record::{ContainerId, ContainerState, OomWitness, PodRecord, PodRecords, PodUid, Store},
         runtime::{ExitWatch, Runtime, RuntimeError},
         source::Source,
-        trigger::Scope,
+        trigger::{Observation, ObservationKind, Scope, Trigger},
     },
     shared::{cache::PodCache, health::Health},
 };
@@ -218,6 +218,17 @@ impl<R: Runtime> Relister<R> {
             tombstoned_at: VecDeque::new(),
             sequence: 0,
             exit_watches: Vec::new(),
+        }
+    }
+
+    /// Takes in what the kernel saw of a container as its trigger comes: a start told before
+    /// its exec reached plegd has its exit watched now ([`Self::watch_started_before_exec`]).
+    pub fn kernel_saw(&mut self, trigger: &Trigger) {
+        if trigger.source != Source::Ebpf || self.config.confirm != Store::Task {
+            return;
+        }
+        if let Scope::Container(id) = &trigger.scope {
+            self.watch_started_before_exec(trigger.observations.iter().map(|o| (id, o)));
         }
     }
 
@@ -582,7 +593,40 @@ impl<R: Runtime> Relister<R> {
             unread,
         );
         self.baseline_read |= full;
-        (plan, publisher.sent)
+        let sent = publisher.sent;
+        if self.config.confirm == Store::Task {
+            let seen = hints.observations().chain(queued.observations());
+            self.watch_started_before_exec(seen.map(|(id, observation)| (id, observation)));
+        }
+        (plan, sent)
+    }
+
+    /// Watches the exit of each container running whose start was told before the kernel's
+    /// exec of its init reached plegd, as if the kernel had seen the start ([`Publisher`]):
+    /// runc's `start` returns, and the shim publishes `/tasks/start`, as it lets the init
+    /// exec; under load the exec comes after, and the overload section found such deaths
+    /// unwatched, told at `/tasks/exit`'s pace (49 ms after the kill in one). The exec comes
+    /// among the hints queued while the start's read ran (which that read answers), or after
+    /// it ([`Self::kernel_saw`]: the kernel's hints then wait out their grace, for the
+    /// runtime's events to answer them). One already watched is not watched again.
+    fn watch_started_before_exec<'a>(
+        &mut self,
+        seen: impl Iterator<Item = (&'a ContainerId, &'a Observation)>,
+    ) {
+        for (id, observation) in seen {
+            if observation.source == Source::Ebpf
+                && matches!(observation.kind, ObservationKind::Exec(_))
+                && self
+                    .committed
+                    .container(id)
+                    .is_some_and(|c| c.state == ContainerState::Running)
+                && !self.runtime.exit_watched(id)
+                && let Some(answer) = self.runtime.watch_exit(id)
+                && self.runtime_events
+            {
+                self.exit_watches.push((id.clone(), answer));
+            }
+        }
     }
 
     /// A container scope whose container is committed is its pod's.

@@ -956,6 +956,90 @@ async fn a_start_the_kernel_saw_has_its_exit_watched_and_told_while_runtime_even
     }
 }
 
+/// A start told before the kernel's exec of its init reached plegd (runc lets the init exec as
+/// `start` returns, and the shim publishes `/tasks/start`) has its exit watched when the exec
+/// comes (in a batch's hints, queued while the start's read ran, or as its trigger comes),
+/// once; not a container no longer running.
+#[tokio::test(start_paused = true)]
+async fn a_start_told_before_the_kernels_exec_is_watched_when_the_exec_comes() {
+    let by_the_runtime: Hints = [(
+        Scope::Container(cid("new")),
+        Hint {
+            sources: [Source::CriEvents].into(),
+            observed_at: SystemTime::UNIX_EPOCH,
+            observations: Vec::new(),
+            unspecific: true,
+        },
+    )]
+    .into_iter()
+    .collect();
+    for (running, watched) in [(true, vec![cid("new")]), (false, vec![])] {
+        let mut h = starting_container(true, Duration::ZERO).await;
+        h.runtime.set_state("p", "new", Running, None);
+        relist_on(&mut h, &Scope::Container(cid("new")), &by_the_runtime).await;
+        assert_eq!(
+            summary(&drain(&mut h.events)),
+            [ev("p", "new", ContainerStarted)]
+        );
+        assert_eq!(h.runtime.exit_watches(), [], "no kernel hint yet");
+        if !running {
+            h.runtime.set_state("p", "new", Exited, Some(137));
+            relist_on(&mut h, &Scope::Container(cid("new")), &by_the_runtime).await;
+            drain(&mut h.events);
+        }
+        for _ in 0..2 {
+            relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
+        }
+        let answers: Vec<ContainerId> = h
+            .relister
+            .take_exit_watches()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(
+            (h.runtime.exit_watches(), answers),
+            (watched.clone(), watched),
+            "running: {running}"
+        );
+    }
+
+    // The exec queued while the start's read ran: that read answers it, and watches.
+    let mut h = starting_container(true, Duration::ZERO).await;
+    h.runtime.set_state("p", "new", Running, None);
+    let scope = Scope::Container(cid("new"));
+    let Begun::Read(job) = h
+        .relister
+        .begin(&scope, &by_the_runtime, &Hints::default(), true, true)
+    else {
+        panic!("the start is read");
+    };
+    let done = job.run(Arc::clone(h.relister.runtime())).await;
+    assert!(matches!(
+        h.relister.finish(done, &exec_hint("new")),
+        Finished::Done(Ok(_))
+    ));
+    assert_eq!(
+        summary(&drain(&mut h.events)),
+        [ev("p", "new", ContainerStarted)]
+    );
+    assert_eq!(h.runtime.exit_watches(), [cid("new")]);
+
+    // The exec after it, as its trigger comes (the kernel's hint then waits out its grace).
+    let mut h = starting_container(true, Duration::ZERO).await;
+    h.runtime.set_state("p", "new", Running, None);
+    relist_on(&mut h, &scope, &by_the_runtime).await;
+    let exec = Trigger::about(
+        cid("new"),
+        Source::Ebpf,
+        SystemTime::UNIX_EPOCH,
+        [ObservationKind::Exec("/app".into())],
+    );
+    h.relister.kernel_saw(&exec);
+    h.relister.kernel_saw(&exec);
+    assert_eq!(h.runtime.exit_watches(), [cid("new")]);
+    assert_eq!(h.relister.take_exit_watches().len(), 1);
+}
+
 /// A watched exit's ask that outlasted its wait (the shim still killing what was left of the
 /// container) is made again by the next read: it costs no call, and that read takes the
 /// watch's answer as it comes. An exit not watched backs off as before.
