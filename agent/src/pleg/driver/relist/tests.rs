@@ -475,6 +475,30 @@ fn exec_hint(id: &str) -> Hints {
     hints
 }
 
+/// The containers whose watched exits the relister handed over since the last call.
+fn handed_over(h: &mut Harness) -> Vec<ContainerId> {
+    h.relister
+        .take_exit_watches()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// A hint of CRI's events about container `id`, which carries no record of the runtime's.
+fn cri_event_hint(id: &str) -> Hints {
+    [(
+        Scope::Container(cid(id)),
+        Hint {
+            sources: [Source::CriEvents].into(),
+            observed_at: SystemTime::UNIX_EPOCH,
+            observations: Vec::new(),
+            unspecific: true,
+        },
+    )]
+    .into_iter()
+    .collect()
+}
+
 /// A container a source saw exec that the runtime does not hold yet is read again until it
 /// does, and its start is then credited to that source.
 #[tokio::test]
@@ -921,18 +945,8 @@ async fn a_busy_start_does_not_keep_the_exit_from_being_waited_for() {
 /// for it, and no reader of the kernel's ring holds an OOM kill's account for it.
 #[tokio::test(start_paused = true)]
 async fn a_start_the_kernel_saw_has_its_exit_watched_and_told_while_runtime_events_come() {
-    let by_the_runtime: Hints = [(
-        Scope::Container(cid("new")),
-        Hint {
-            sources: [Source::CriEvents].into(),
-            observed_at: SystemTime::UNIX_EPOCH,
-            observations: Vec::new(),
-            unspecific: true,
-        },
-    )]
-    .into_iter()
-    .collect();
-    for (events_connected, hints, watched, handed_over) in [
+    let by_the_runtime = cri_event_hint("new");
+    for (events_connected, hints, watched, handed) in [
         (false, exec_hint("new"), vec![cid("new")], vec![]),
         (true, exec_hint("new"), vec![cid("new")], vec![cid("new")]),
         (false, by_the_runtime.clone(), vec![], vec![]),
@@ -942,15 +956,10 @@ async fn a_start_the_kernel_saw_has_its_exit_watched_and_told_while_runtime_even
         h.runtime.set_state("p", "new", Running, None);
         relist_on(&mut h, &Scope::Container(cid("new")), &hints).await;
         let events = drain(&mut h.events);
-        let answers: Vec<ContainerId> = h
-            .relister
-            .take_exit_watches()
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let answers = handed_over(&mut h);
         assert_eq!(
             (summary(&events), h.runtime.exit_watches(), answers),
-            (vec![ev("p", "new", ContainerStarted)], watched, handed_over),
+            (vec![ev("p", "new", ContainerStarted)], watched, handed),
             "runtime events connected: {events_connected}, hints {hints:?}"
         );
     }
@@ -962,17 +971,7 @@ async fn a_start_the_kernel_saw_has_its_exit_watched_and_told_while_runtime_even
 /// once; not a container no longer running.
 #[tokio::test(start_paused = true)]
 async fn a_start_told_before_the_kernels_exec_is_watched_when_the_exec_comes() {
-    let by_the_runtime: Hints = [(
-        Scope::Container(cid("new")),
-        Hint {
-            sources: [Source::CriEvents].into(),
-            observed_at: SystemTime::UNIX_EPOCH,
-            observations: Vec::new(),
-            unspecific: true,
-        },
-    )]
-    .into_iter()
-    .collect();
+    let by_the_runtime = cri_event_hint("new");
     for (running, watched) in [(true, vec![cid("new")]), (false, vec![])] {
         let mut h = starting_container(true, Duration::ZERO).await;
         h.runtime.set_state("p", "new", Running, None);
@@ -990,12 +989,7 @@ async fn a_start_told_before_the_kernels_exec_is_watched_when_the_exec_comes() {
         for _ in 0..2 {
             relist_on(&mut h, &Scope::Container(cid("new")), &exec_hint("new")).await;
         }
-        let answers: Vec<ContainerId> = h
-            .relister
-            .take_exit_watches()
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let answers = handed_over(&mut h);
         assert_eq!(
             (h.runtime.exit_watches(), answers),
             (watched.clone(), watched),
