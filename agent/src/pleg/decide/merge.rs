@@ -121,12 +121,18 @@ pub fn moves_on(committed: &ContainerRecord, shown: &ContainerRecord) -> bool {
 
 /// Whether `shown` is behind `committed` in the container's life: it comes from another of the
 /// runtime's stores, the CRI store that has not caught up with what the task service
-/// confirmed, or it was read before the exit `committed` holds ([`before_exit`]). Unknown
-/// states are in no order, but an exit is final: a CRI store that lost track of a container
-/// (containerd restarted after its task service recorded the exit and before its CRI store
-/// did) does not undo the exit, which would be told again when the container goes.
+/// confirmed, or it was read before the exit `committed` holds ([`before_exit`]), or it shows
+/// created a container running (no runtime takes a running container back to created: a task
+/// restarted in place exits first; such a reading was read before the start, and a `Created`
+/// then `Running` again would tell the start twice). Unknown states are in no order, but an
+/// exit is final: a CRI store that lost track of a container (containerd restarted after its
+/// task service recorded the exit and before its CRI store did) does not undo the exit, which
+/// would be told again when the container goes.
 fn lags(shown: &ContainerRecord, committed: &ContainerRecord) -> bool {
-    before_exit(shown, committed)
+    let before_start =
+        shown.state == ContainerState::Created && committed.state == ContainerState::Running;
+    before_start
+        || before_exit(shown, committed)
         || shown.confirmed_by != committed.confirmed_by
             && match (shown.state.progress(), committed.state.progress()) {
                 (Some(shown), Some(committed)) => shown < committed,
@@ -217,7 +223,7 @@ mod tests {
     fn the_record_furthest_on_wins_then_the_cri_stores() {
         let start = Some(TaskRecord::Started { at: Some(at(5)) });
         #[rustfmt::skip]
-        let cases: [Case; 15] = [
+        let cases: [Case; 16] = [
             // (name, committed, shown, task, merged)
             ("nothing known", None, None, Some(EXIT), None),
             ("first reading", None, Some((Running, Cri)), None, Some((Running, Cri))),
@@ -232,6 +238,7 @@ mod tests {
             ("the store caught up", Some((Exited, Task)), Some((Exited, Cri)), None, Some((Exited, Cri))),
             ("the store caught up with the task record", Some((Running, Cri)), Some((Exited, Cri)), Some(EXIT), Some((Exited, Cri))),
             ("a task restarted in place", Some((Exited, Task)), Some((Running, Task)), None, Some((Running, Task))),
+            ("never back from running to created", Some((Running, Cri)), Some((Created, Cri)), None, Some((Running, Cri))),
             ("unknown is in no order", Some((Running, Task)), Some((Unknown, Cri)), None, Some((Unknown, Cri))),
             ("unknown does not undo an exit another store confirmed", Some((Exited, Task)), Some((Unknown, Cri)), None, Some((Exited, Task))),
         ];
