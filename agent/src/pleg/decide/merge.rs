@@ -10,7 +10,8 @@
 //! further on wins, and of two as far on the CRI store's wins, for it carries the runtime's
 //! reason (`OOMKilled`, `Completed`, ...). A reading never takes a container back unless the
 //! store that moved it on says so (a task restarted in place, on the containerd backend), nor
-//! back from an exit to a start (or creation) it shows no later than that exit.
+//! back from an exit to a start (or creation) it shows no later than that exit, nor a running
+//! container back to created.
 
 use std::{collections::BTreeSet, sync::Arc};
 
