@@ -16,7 +16,7 @@ use k8s_cri::v1::{
 use tonic::transport::Channel;
 
 use crate::{
-    PrivateContainerd, containerd::InstancePaths, image::BUSYBOX_IMAGE, unix_channel, wait,
+    PrivateContainerd, containerd::InstancePaths, image::BUSYBOX_IMAGE, unix_channel_with, wait,
 };
 
 /// How long a removal that met a killed container's closed shim is tried again.
@@ -168,9 +168,21 @@ impl ContainerSpec {
     }
 }
 
+/// The longest a CRI call may take, as kubelet's `--runtime-request-timeout` (2 minutes): a
+/// call a runtime never answers (containerd's CRI plugin stuck on a shim after a restart, seen
+/// once in the soak) fails rather than hang the test.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A channel to the CRI runtime at `socket`, each call bounded by [`REQUEST_TIMEOUT`].
+async fn cri_channel(socket: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let endpoint =
+        tonic::transport::Endpoint::from_static("http://[::]:50051").timeout(REQUEST_TIMEOUT);
+    unix_channel_with(socket, endpoint).await
+}
+
 impl Cri {
     pub async fn connect(containerd: &PrivateContainerd) -> anyhow::Result<Self> {
-        let channel = unix_channel(&containerd.socket())
+        let channel = cri_channel(&containerd.socket())
             .await
             .with_context(|| format!("connecting to {}", containerd.socket().display()))?;
         Ok(Self {
@@ -183,7 +195,7 @@ impl Cri {
     /// A client of the runtime at `socket` (a node's own, not the harness's), making pods the
     /// way kubelet with `driver` does.
     pub async fn connect_socket(socket: &Path, driver: CgroupDriver) -> anyhow::Result<Self> {
-        let channel = unix_channel(socket)
+        let channel = cri_channel(socket)
             .await
             .with_context(|| format!("connecting to {}", socket.display()))?;
         Ok(Self {
