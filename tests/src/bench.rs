@@ -306,6 +306,18 @@ impl Plegd {
             .with_context(|| format!("plegd health shows no source {source}: {health}"))
     }
 
+    /// Whether every push source `plegd health` shows is connected (or off, or unsupported
+    /// here): none still connecting or reconnecting.
+    pub fn sources_connected(&self) -> anyhow::Result<bool> {
+        let health = self.health()?;
+        let sources = health["sources"]
+            .as_array()
+            .with_context(|| format!("plegd health shows no sources: {health}"))?;
+        Ok(sources
+            .iter()
+            .all(|s| !matches!(s["state"].as_str(), Some("connecting" | "reconnecting"))))
+    }
+
     fn healthy(&self) -> bool {
         Command::new(&self.binary)
             .arg("health")

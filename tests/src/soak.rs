@@ -599,15 +599,22 @@ struct Injection<'a> {
     prefix: &'a str,
 }
 
-/// A restart of plegd from `down` to `up`: what its push sources said then is lost, so what
-/// changed then is found by the restarted plegd's full relists alone, a second apart until its
-/// sources are healthy ([`Folding::polled`]).
-pub fn polled_across_a_restart(down: SystemTime, up: SystemTime) -> Polled {
+/// A restart of plegd from `down` until its push sources are `connected` again: what they said
+/// then is lost, so what changed then is found by the restarted plegd's full relists alone, a
+/// second apart, and by the full relist each source's connect asks for ([`Folding::polled`]).
+/// plegd is healthy (its first full relist read) before its containerd stream is connected: a
+/// start published in between reaches no subscription of plegd's.
+pub fn polled_across_a_restart(down: SystemTime, connected: SystemTime) -> Polled {
     Polled {
         from: down,
-        to: up,
+        to: connected,
         window: POLLING_PERIOD + RELIST_MARGIN,
     }
+}
+
+/// From `from` to `to`, in seconds (zero if `to` came first).
+fn seconds(from: SystemTime, to: SystemTime) -> f64 {
+    to.duration_since(from).unwrap_or_default().as_secs_f64()
 }
 
 /// What injecting a fault left.
@@ -645,13 +652,25 @@ impl Injection<'_> {
             }
         }
         let up = SystemTime::now();
-        let polled = matches!(fault, Fault::PlegdKill | Fault::PlegdTerm)
-            .then(|| polled_across_a_restart(down, up));
-        Ok(Injected {
+        let mut injected = Injected {
             outage: Some((down, up)),
-            polled,
             ..Injected::default()
-        })
+        };
+        if matches!(fault, Fault::PlegdKill | Fault::PlegdTerm) {
+            let plegd = &*self.plegd;
+            let connected = until("plegd's push sources connected again", STEP, || async {
+                anyhow::Ok(plegd.sources_connected()?.then(SystemTime::now))
+            })
+            .await?;
+            injected.polled = Some(polled_across_a_restart(down, connected));
+            injected.notes.push(format!(
+                "plegd healthy {:.2} s after it was stopped, its push sources connected {:.2} s \
+                 after that",
+                seconds(down, up),
+                seconds(up, connected)
+            ));
+        }
+        Ok(injected)
     }
 
     /// Kills containerd and starts it again. Its event stream breaks with it and replays
@@ -680,9 +699,6 @@ impl Injection<'_> {
             },
         )
         .await?;
-        let seconds = |from: SystemTime, to: SystemTime| {
-            to.duration_since(from).unwrap_or_default().as_secs_f64()
-        };
         Ok(Injected {
             outage: Some((down, relisted.max(up))),
             notes: vec![format!(
