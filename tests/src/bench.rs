@@ -306,16 +306,9 @@ impl Plegd {
             .with_context(|| format!("plegd health shows no source {source}: {health}"))
     }
 
-    /// Whether every push source `plegd health` shows is connected (or off, or unsupported
-    /// here): none still connecting or reconnecting.
+    /// Whether every push source `plegd health` shows is connected ([`sources_connected`]).
     pub fn sources_connected(&self) -> anyhow::Result<bool> {
-        let health = self.health()?;
-        let sources = health["sources"]
-            .as_array()
-            .with_context(|| format!("plegd health shows no sources: {health}"))?;
-        Ok(sources
-            .iter()
-            .all(|s| !matches!(s["state"].as_str(), Some("connecting" | "reconnecting"))))
+        sources_connected(&self.health()?)
     }
 
     fn healthy(&self) -> bool {
@@ -455,6 +448,19 @@ pub fn series_count_at(address: SocketAddr) -> anyhow::Result<(usize, usize)> {
         .filter(|l| l.starts_with("plegd_container_"))
         .count();
     Ok((samples.len(), containers))
+}
+
+/// Whether every push source in `health` (what `plegd health --output json` prints) is
+/// connected, or off, or unsupported here: none still connecting or reconnecting. A restarted
+/// plegd is healthy once its first full relist is read, before its containerd stream is
+/// subscribed: what the runtime publishes in between reaches none of plegd's streams.
+pub fn sources_connected(health: &serde_json::Value) -> anyhow::Result<bool> {
+    let sources = health["sources"]
+        .as_array()
+        .with_context(|| format!("plegd health shows no sources: {health}"))?;
+    Ok(sources
+        .iter()
+        .all(|s| !matches!(s["state"].as_str(), Some("connecting" | "reconnecting"))))
 }
 
 /// A local TCP port free a moment ago.

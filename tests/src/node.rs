@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::{
     Version,
     audit::{self, Folding, Record},
-    bench::Jitter,
+    bench::{Jitter, sources_connected},
     containerd::{self, CRI_NAMESPACE},
     cri::{CgroupDriver, ContainerSpec, Cri, PidMode, Pod},
     image,
@@ -807,7 +807,8 @@ const CHURN_IN_FLIGHT: usize = 8;
 /// every pid mode, with `systemctl restart containerd` and `systemctl restart plegd` halfway;
 /// the soak's checker ([`audit::check`]) on what a watcher received: nothing lost, duplicated,
 /// reordered or with a wrong exit. What changed during the two restarts folds as the soak's
-/// containerd-restart fault allows (the outage).
+/// restart faults allow (the outage, then full relists alone until plegd's push sources are
+/// connected again).
 async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String> {
     let began = Instant::now();
     let watcher = Watcher::start()?;
@@ -829,7 +830,8 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
     let mut jitter = Jitter::new(seed);
     let mut running = tokio::task::JoinSet::new();
     let mut results = Vec::new();
-    let mut outage = None;
+    // When the restarts began, plegd was back, and its push sources were connected again.
+    let mut restarted = None;
     for n in 0..lifecycles {
         while running.len() >= CHURN_IN_FLIGHT {
             results.extend(running.join_next().await);
@@ -848,7 +850,12 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
                 Native::connect_socket(socket, CRI_NAMESPACE).await?,
             );
             run("systemctl", &["restart", UNIT])?;
-            outage = Some((down, SystemTime::now()));
+            let up = SystemTime::now();
+            wait_for("plegd's push sources connected", STEP, || match health() {
+                Ok(health) => Ok(sources_connected(&health)?.then_some(())),
+                Err(_) => Ok(None),
+            })?;
+            restarted = Some((down, up, SystemTime::now()));
             println!(
                 "{MARK} note churn: {} lifecycles in, containerd and plegd restarted",
                 n + 1
@@ -882,8 +889,9 @@ async fn churn(cri: &Cri, lifecycles: usize, seed: u64) -> anyhow::Result<String
             .await;
     }
     let folding = Folding {
-        outage,
-        polled: outage.map(|(down, up)| soak::polled_across_a_restart(down, up)),
+        outage: restarted.map(|(down, up, _)| (down, up)),
+        polled: restarted
+            .map(|(down, _, connected)| soak::polled_across_a_restart(down, connected)),
         ..soak::Mode::Default.folding()
     };
     let report = audit::check(&truths, &watcher.records(), folding);
