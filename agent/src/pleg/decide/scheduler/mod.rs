@@ -116,9 +116,10 @@ pub const SETTLE_DELAYS: [Duration; 4] = [
 ];
 
 /// How soon a settling read comes once the runtime deleted the container's task
-/// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) right after, a few
-/// milliseconds on a calm node, tens under churn.
-pub const SETTLE_AFTER_DELETE: Duration = Duration::from_millis(100);
+/// (`/tasks/delete`): the CRI plugin writes its store (an fsync'd file) after it, a few
+/// milliseconds on a calm node, past a hundred under churn, where a read sooner finds the
+/// store still showing the container running and costs a read more (docs/benchmarks.md).
+pub const SETTLE_AFTER_DELETE: Duration = Duration::from_millis(250);
 
 /// The first settling read while the runtime's events answer, for a `/tasks/delete` that does
 /// not come (a stream that broke, an OOM kill told after the task was deleted): the delete
